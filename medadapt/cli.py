@@ -1,0 +1,180 @@
+"""The ``medadapt`` command line (Typer + rich).
+
+Every user error (:class:`medadapt.errors.MedAdaptError`, bad option values) is printed as one
+``error: ...`` line on stderr with exit code 1 and no traceback.
+"""
+
+from __future__ import annotations
+
+import enum
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+from rich.console import Console
+
+from medadapt.errors import DataError, MedAdaptError
+
+app = typer.Typer(
+    name="medadapt",
+    help="Medical retrieval adapters for Sentence-Transformers: evaluate, train heads, reproduce recipes.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    add_completion=False,
+)
+console = Console()
+err_console = Console(stderr=True)
+
+
+class Task(str, enum.Enum):
+    retrieval = "retrieval"
+    rerank = "rerank"
+    sts = "sts"
+
+
+def _quiet_libraries() -> None:
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    import warnings
+
+    warnings.filterwarnings("ignore")
+    try:
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.set_verbosity_error()
+        hf_logging.disable_progress_bar()
+    except ImportError:  # pragma: no cover
+        pass
+
+
+def _fail(message: str) -> None:
+    err_console.print(f"[bold red]error:[/] {message}", highlight=False, soft_wrap=True)
+    raise typer.Exit(code=1)
+
+
+def _task_file(data: str, task: Task, split: str) -> Path:
+    """Locate the JSONL for rerank / STS: the path itself, or ``<dir>/<task>.jsonl``, or
+    ``<dir>/<task>/<split>.jsonl``."""
+    from medadapt.data import resolve_data_dir
+
+    path = resolve_data_dir(data)
+    if path.is_file():
+        return path
+    for candidate in (path / task.value / f"{split}.jsonl", path / f"{task.value}.jsonl"):
+        if candidate.is_file():
+            return candidate
+    raise DataError(f"no {task.value} file in {path} (looked for {task.value}/{split}.jsonl and {task.value}.jsonl)")
+
+
+@app.command("eval")
+def eval_cmd(
+    model: Annotated[str, typer.Option(help="Model alias (minilm), saved model folder, or hub id.")] = "minilm",
+    data: Annotated[str, typer.Option(help="BEIR folder, task JSONL, or builtin dataset (medmini).")] = "medmini",
+    split: Annotated[str, typer.Option(help="qrels split (retrieval) or file split.")] = "test",
+    task: Annotated[Task, typer.Option(help="What to evaluate.")] = Task.retrieval,
+    metrics: Annotated[
+        Optional[str], typer.Option(help="Comma-separated metrics, e.g. ndcg@10,recall@100,f1@10.")
+    ] = None,
+    output: Annotated[Optional[Path], typer.Option(help="Write the metrics as JSON here.")] = None,
+    plot: Annotated[Optional[Path], typer.Option(help="Write a bar plot (PNG) of the metrics here.")] = None,
+    batch_size: Annotated[int, typer.Option(min=1, help="Encoding batch size.")] = 64,
+    device: Annotated[Optional[str], typer.Option(help="cpu, cuda, mps ... (default: auto).")] = None,
+    cache_dir: Annotated[
+        Optional[Path], typer.Option(help="Embedding cache folder (default $MEDADAPT_CACHE or ~/.cache/medadapt).")
+    ] = None,
+    no_cache: Annotated[bool, typer.Option("--no-cache", help="Encode without reading or writing the cache.")] = False,
+    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress bars.")] = False,
+) -> None:
+    """Evaluate a model on retrieval (nDCG/Recall/MRR/MAP@k), rerank (MAP@10) or STS (Pearson/Spearman)."""
+    _quiet_libraries()
+    try:
+        from medadapt.eval import DEFAULT_METRICS, RERANK_METRICS, parse_metric, results_table, write_json
+
+        metric_list = [m.strip() for m in metrics.split(",") if m.strip()] if metrics else None
+        if metric_list:
+            for m in metric_list:
+                try:
+                    parse_metric(m)
+                except ValueError as exc:
+                    raise MedAdaptError(str(exc)) from None
+        if task is Task.retrieval:
+            from medadapt.data import load_beir
+
+            dataset = load_beir(data, [split])  # validate data before loading a model
+        else:
+            task_path = _task_file(data, task, split)
+            from medadapt.data import load_rerank, load_sts
+
+            items = load_rerank(task_path) if task is Task.rerank else load_sts(task_path)
+
+        from medadapt.models import load
+
+        t0 = time.perf_counter()
+        st_model = load(model, device=device)
+        if task is Task.retrieval:
+            import tempfile
+
+            from medadapt.cache import EmbeddingCache
+            from medadapt.eval import evaluate_retrieval
+
+            tmp = tempfile.TemporaryDirectory() if no_cache else None
+            cache = EmbeddingCache(tmp.name if tmp else cache_dir)
+            try:
+                results = evaluate_retrieval(
+                    st_model, dataset, split, metric_list or DEFAULT_METRICS, cache=cache,
+                    batch_size=batch_size, show_progress=not quiet,
+                )
+            finally:
+                if tmp:
+                    tmp.cleanup()
+        elif task is Task.rerank:
+            from medadapt.eval import evaluate_rerank
+
+            results = evaluate_rerank(st_model, items, metric_list or RERANK_METRICS, batch_size, not quiet)
+        else:
+            from medadapt.eval import evaluate_sts
+
+            if metric_list:
+                raise MedAdaptError("--metrics does not apply to STS (it reports pearson and spearman)")
+            try:
+                results = evaluate_sts(st_model, items, batch_size, not quiet)
+            except ValueError as exc:
+                raise MedAdaptError(str(exc)) from None
+        seconds = time.perf_counter() - t0
+        console.print(results_table({f"{Path(model).name or model} on {Path(data).name or data}/{split}": results},
+                                    task.value, title=f"medadapt eval ({seconds:.1f} s)"))
+        if output:
+            write_json(output, results)
+            console.print(f"wrote {output}")
+        if plot:
+            from medadapt.eval import plot_results
+
+            plot_results({Path(model).name or model: results}, plot, title=f"{task.value}: {data}/{split}")
+            console.print(f"wrote {plot}")
+    except MedAdaptError as exc:
+        _fail(str(exc))
+    except KeyboardInterrupt:
+        _fail("interrupted")
+
+
+@app.command("version")
+def version_cmd() -> None:
+    """Print the medadapt version."""
+    from medadapt import __version__
+
+    console.print(__version__)
+
+
+def main() -> None:
+    """Entry point of the ``medadapt`` console script."""
+    try:
+        app()
+    except MedAdaptError as exc:  # pragma: no cover - raised outside a command body
+        err_console.print(f"error: {exc}")
+        sys.exit(1)
+
+
+if __name__ == "__main__":  # pragma: no cover
+    main()

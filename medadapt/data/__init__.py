@@ -1,0 +1,26 @@
+"""Data loading: BEIR retrieval folders, FlagEmbedding training groups, STS pairs, rerank lists."""
+
+from medadapt.data.beir import BeirDataset, available_splits, load_beir, load_corpus, load_qrels, load_queries
+from medadapt.data.builtin import BUILTIN_DATASETS, resolve_data_dir
+from medadapt.data.jsonl import iter_jsonl
+from medadapt.data.rerank import RerankItem, load_rerank
+from medadapt.data.sts import StsPair, load_sts
+from medadapt.data.training import TrainingGroup, load_training_groups
+
+__all__ = [
+    "BeirDataset",
+    "BUILTIN_DATASETS",
+    "RerankItem",
+    "StsPair",
+    "TrainingGroup",
+    "available_splits",
+    "iter_jsonl",
+    "load_beir",
+    "load_corpus",
+    "load_qrels",
+    "load_queries",
+    "load_rerank",
+    "load_sts",
+    "load_training_groups",
+    "resolve_data_dir",
+]

@@ -1,0 +1,147 @@
+"""BEIR-layout retrieval data: ``corpus.jsonl``, ``queries.jsonl`` and ``qrels/<split>.tsv``.
+
+Qrels are graded (integer scores); scores <= 0 are kept for nDCG but count as non-relevant.
+"""
+
+from __future__ import annotations
+
+import csv
+from dataclasses import dataclass, field as dc_field
+from pathlib import Path
+
+from medadapt.data.builtin import resolve_data_dir
+from medadapt.data.jsonl import field, iter_jsonl, require_file
+from medadapt.errors import DataError
+
+Qrels = dict[str, dict[str, int]]
+
+
+@dataclass
+class BeirDataset:
+    """A loaded BEIR folder.
+
+    Attributes:
+        corpus: doc id -> ``{"title": str, "text": str}`` in file order.
+        queries: query id -> text.
+        qrels: split name -> ``{query_id: {doc_id: grade}}`` for the splits that were loaded.
+        root: the folder it came from.
+    """
+
+    corpus: dict[str, dict[str, str]]
+    queries: dict[str, str]
+    qrels: dict[str, Qrels] = dc_field(default_factory=dict)
+    root: Path | None = None
+
+    def doc_text(self, doc_id: str) -> str:
+        """Title and text joined by a space (the BEIR / MTEB convention); the text alone if untitled."""
+        doc = self.corpus[doc_id]
+        title = doc.get("title") or ""
+        return f"{title} {doc['text']}".strip() if title else doc["text"]
+
+    @property
+    def doc_ids(self) -> list[str]:
+        return list(self.corpus)
+
+    def doc_texts(self) -> list[str]:
+        return [self.doc_text(d) for d in self.corpus]
+
+    def split_queries(self, split: str) -> dict[str, str]:
+        """The queries judged in ``split`` (in qrels order)."""
+        if split not in self.qrels:
+            raise DataError(f"split {split!r} was not loaded (loaded: {', '.join(self.qrels) or 'none'})")
+        return {qid: self.queries[qid] for qid in self.qrels[split]}
+
+
+def available_splits(root: str | Path) -> list[str]:
+    qdir = resolve_data_dir(root) / "qrels"
+    return sorted(p.stem for p in qdir.glob("*.tsv")) if qdir.is_dir() else []
+
+
+def load_corpus(path: str | Path) -> dict[str, dict[str, str]]:
+    path = Path(path)
+    corpus: dict[str, dict[str, str]] = {}
+    for lineno, obj in iter_jsonl(path, "corpus file"):
+        doc_id = str(field(obj, "_id", (str, int), path, lineno))
+        text = field(obj, "text", str, path, lineno)
+        title = field(obj, "title", str, path, lineno, required=False) or ""
+        if doc_id in corpus:
+            raise DataError(f"{path}:{lineno}: duplicate document id {doc_id!r}")
+        corpus[doc_id] = {"title": title, "text": text}
+    if not corpus:
+        raise DataError(f"{path}: corpus is empty")
+    return corpus
+
+
+def load_queries(path: str | Path) -> dict[str, str]:
+    path = Path(path)
+    queries: dict[str, str] = {}
+    for lineno, obj in iter_jsonl(path, "queries file"):
+        qid = str(field(obj, "_id", (str, int), path, lineno))
+        queries[qid] = field(obj, "text", str, path, lineno)
+    if not queries:
+        raise DataError(f"{path}: no queries")
+    return queries
+
+
+def load_qrels(path: str | Path) -> Qrels:
+    """Read a BEIR qrels TSV (``query-id  corpus-id  score``, header optional)."""
+    path = require_file(path, "qrels file")
+    qrels: Qrels = {}
+    with open(path, encoding="utf-8", newline="") as f:
+        for lineno, row in enumerate(csv.reader(f, delimiter="\t"), start=1):
+            if not row or not "".join(row).strip():
+                continue
+            if lineno == 1 and row[0].strip().lower() in ("query-id", "query_id", "qid"):
+                continue
+            if len(row) < 3:
+                raise DataError(f"{path}:{lineno}: expected 3 tab-separated columns, got {len(row)}")
+            qid, did, score = row[0].strip(), row[1].strip(), row[2].strip()
+            try:
+                grade = int(float(score))
+            except ValueError:
+                raise DataError(f"{path}:{lineno}: relevance score {score!r} is not a number") from None
+            qrels.setdefault(qid, {})[did] = grade
+    if not qrels:
+        raise DataError(f"{path}: qrels file has no judgements")
+    return qrels
+
+
+def load_beir(root: str | Path, splits: list[str] | str | None = None) -> BeirDataset:
+    """Load a BEIR folder (or a builtin dataset name such as ``"medmini"``).
+
+    Args:
+        root: folder with ``corpus.jsonl``, ``queries.jsonl`` and ``qrels/``.
+        splits: qrels splits to load (``"test"``, ``["train", "dev"]``); ``None`` loads every split found.
+
+    Raises:
+        DataError: missing files, malformed JSON (with file and line), an empty corpus, or qrels ids
+            found in no corpus / queries file.
+    """
+    root = resolve_data_dir(root)
+    if not root.is_dir():
+        raise DataError(f"data folder not found: {root}")
+    corpus = load_corpus(require_file(root / "corpus.jsonl", "corpus file"))
+    queries = load_queries(require_file(root / "queries.jsonl", "queries file"))
+    if splits is None:
+        splits = available_splits(root)
+        if not splits:
+            raise DataError(f"no qrels found in {root / 'qrels'}")
+    elif isinstance(splits, str):
+        splits = [splits]
+    data = BeirDataset(corpus=corpus, queries=queries, root=root)
+    for split in splits:
+        qpath = root / "qrels" / f"{split}.tsv"
+        if not qpath.is_file():
+            have = ", ".join(available_splits(root)) or "none"
+            raise DataError(f"qrels file not found: {qpath} (available splits: {have})")
+        qrels = load_qrels(qpath)
+        missing_q = [q for q in qrels if q not in queries]
+        missing_d = sorted({d for rel in qrels.values() for d in rel if d not in corpus})
+        if missing_q:
+            raise DataError(
+                f"{qpath}: {len(missing_q)} query id(s) not in queries.jsonl, e.g. {missing_q[:3]}"
+            )
+        if missing_d:
+            raise DataError(f"{qpath}: {len(missing_d)} document id(s) not in corpus.jsonl, e.g. {missing_d[:3]}")
+        data.qrels[split] = qrels
+    return data

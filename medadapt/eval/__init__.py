@@ -1,0 +1,27 @@
+"""Evaluation as in CMedTEB and CURE: retrieval (nDCG/Recall/MRR/MAP/P/F1/Accuracy@K), rerank MAP@10,
+STS Pearson/Spearman; results as a table, JSON and plots."""
+
+from medadapt.eval.metrics import ALL_METRICS, DEFAULT_METRICS, evaluate_run, parse_metric, truncate_run
+from medadapt.eval.report import plot_results, results_table, write_json
+from medadapt.eval.rerank import RERANK_METRICS, evaluate_rerank
+from medadapt.eval.retrieval import dense_run, encode_split, evaluate_retrieval
+from medadapt.eval.search import exact_search
+from medadapt.eval.sts import evaluate_sts
+
+__all__ = [
+    "ALL_METRICS",
+    "DEFAULT_METRICS",
+    "RERANK_METRICS",
+    "dense_run",
+    "encode_split",
+    "evaluate_rerank",
+    "evaluate_retrieval",
+    "evaluate_run",
+    "evaluate_sts",
+    "exact_search",
+    "parse_metric",
+    "plot_results",
+    "results_table",
+    "truncate_run",
+    "write_json",
+]

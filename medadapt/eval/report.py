@@ -1,0 +1,61 @@
+"""Results as a CMedTEB-style table (rich), JSON, and a bar plot (matplotlib, extra ``[plot]``)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from medadapt.io import atomic_write_json
+
+Results = dict[str, float]
+
+
+def results_table(results: dict[str, Results], task: str, title: str | None = None):
+    """A rich ``Table`` with one row per (model/dataset, metric)."""
+    from rich.table import Table
+
+    table = Table(title=title, show_lines=False)
+    table.add_column("task")
+    table.add_column("run")
+    table.add_column("metric")
+    table.add_column("value", justify="right")
+    for run_name, metrics in results.items():
+        for metric, value in metrics.items():
+            table.add_row(task, run_name, metric, f"{value:.4f}")
+    return table
+
+
+def write_json(path: str | Path, metrics: Results) -> None:
+    """Write metrics as a flat JSON object ``{"ndcg@10": 0.57, ...}`` atomically."""
+    atomic_write_json(path, {k: round(float(v), 6) for k, v in metrics.items()})
+
+
+def plot_results(results: dict[str, Results], path: str | Path, title: str = "") -> Path:
+    """Grouped bar chart: one group per metric, one bar per run. Written atomically as PNG."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError as exc:  # pragma: no cover - depends on the environment
+        from medadapt.errors import MedAdaptError
+
+        raise MedAdaptError("plotting needs matplotlib: pip install 'medadapt[plot]'") from exc
+    from medadapt.io import atomic_open
+
+    runs = list(results)
+    metrics = list(dict.fromkeys(m for r in results.values() for m in r))
+    width = 0.8 / max(len(runs), 1)
+    fig, ax = plt.subplots(figsize=(max(4, 1.3 * len(metrics) + 2), 3.5))
+    for i, run in enumerate(runs):
+        xs = [j + i * width for j in range(len(metrics))]
+        ax.bar(xs, [results[run].get(m, 0.0) for m in metrics], width=width, label=run)
+    ax.set_xticks([j + width * (len(runs) - 1) / 2 for j in range(len(metrics))], metrics)
+    ax.set_ylim(0, 1)
+    ax.set_title(title)
+    ax.legend(fontsize="small")
+    fig.tight_layout()
+    path = Path(path)
+    with atomic_open(path, "wb") as f:
+        fig.savefig(f, format="png", dpi=120)
+    plt.close(fig)
+    return path

@@ -1,0 +1,85 @@
+"""Load a recipe YAML into :class:`~medadapt.recipes.schema.Recipe`, with ``--set a.b=c`` overrides and
+errors that name the file and the field."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import ValidationError
+
+from medadapt.errors import ConfigError
+from medadapt.recipes.schema import Recipe
+
+
+def parse_override(item: str) -> tuple[list[str], Any]:
+    """``"training.lr=1e-4"`` -> ``(["training", "lr"], 0.0001)``; the value is parsed as YAML."""
+    if "=" not in item:
+        raise ConfigError(f"override {item!r} must look like section.field=value")
+    key, raw = item.split("=", 1)
+    parts = [p for p in key.strip().split(".")]
+    if not all(parts):
+        raise ConfigError(f"override {item!r} has an empty key part")
+    try:
+        value = yaml.safe_load(raw) if raw.strip() else ""
+    except yaml.YAMLError:
+        value = raw
+    return parts, value
+
+
+def apply_overrides(data: dict, overrides: list[str]) -> dict:
+    for item in overrides:
+        parts, value = parse_override(item)
+        node = data
+        for p in parts[:-1]:
+            child = node.get(p)
+            if child is None:
+                child = node[p] = {}
+            if not isinstance(child, dict):
+                raise ConfigError(f"override {item!r}: {p!r} is not a section")
+            node = child
+        node[parts[-1]] = value
+    return data
+
+
+def format_validation_error(source: str, exc: ValidationError) -> str:
+    msgs = []
+    for err in exc.errors():
+        loc = ".".join(str(x) for x in err["loc"])
+        msgs.append(f"{loc or '<root>'}: {err['msg']}")
+    return f"{source}: invalid recipe: " + "; ".join(msgs)
+
+
+def recipe_from_dict(data: dict, source: str = "<dict>", overrides: list[str] | None = None) -> Recipe:
+    data = apply_overrides(dict(data), list(overrides or []))
+    try:
+        return Recipe.model_validate(data)
+    except ValidationError as exc:
+        raise ConfigError(format_validation_error(source, exc)) from None
+
+
+def load_recipe(path: str | Path, overrides: list[str] | None = None) -> Recipe:
+    """Read, override and validate a recipe file."""
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"recipe not found: {path}")
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f":{mark.line + 1}" if mark is not None else ""
+        raise ConfigError(f"{path}{where}: invalid YAML ({getattr(exc, 'problem', exc)})") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: a recipe must be a YAML mapping of sections")
+    return recipe_from_dict(data, str(path), overrides)
+
+
+def resolve_path(value: str, recipe_path: str | Path | None) -> Path:
+    """Resolve a relative path in a recipe: against the current directory if it exists there, else
+    against the recipe file's folder."""
+    p = Path(value).expanduser()
+    if p.is_absolute() or p.exists() or recipe_path is None:
+        return p
+    alt = Path(recipe_path).resolve().parent / p
+    return alt if alt.exists() else p

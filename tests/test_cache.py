@@ -1,0 +1,68 @@
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from medadapt.cache import EmbeddingCache
+
+
+def test_cache_roundtrip_subset_and_order(tiny_bert, tmp_path):
+    cache = EmbeddingCache(tmp_path / "c", chunk_size=4)
+    texts = [f"symptoms of condition {i}" for i in range(10)]
+    first = cache.encode(tiny_bert, texts, role="document", show_progress=False)
+    direct = tiny_bert.encode_document(texts)
+    np.testing.assert_allclose(first, direct, atol=1e-6)
+    shards = list((tmp_path / "c").glob("*/shard-*.safetensors"))
+    assert len(shards) == 3  # chunk_size 4 -> 4 + 4 + 2
+    again = cache.encode(tiny_bert, texts[::-1][:5], role="document", show_progress=False)
+    np.testing.assert_array_equal(again, first[::-1][:5])
+    assert len(list((tmp_path / "c").glob("*/shard-*.safetensors"))) == 3  # nothing re-encoded
+
+
+def test_cache_keys_separate_roles_prompts_and_weights(tiny_bert, tmp_path):
+    cache = EmbeddingCache(tmp_path)
+    texts = ["asthma inhaler"]
+    q = cache.encode(tiny_bert, texts, role="query", show_progress=False)
+    qp = cache.encode(tiny_bert, texts, role="query", prompt="query: ", show_progress=False)
+    raw = cache.encode(tiny_bert, texts, role="query", normalize=False, show_progress=False)
+    assert not np.allclose(q, qp)
+    assert np.linalg.norm(raw) != pytest.approx(1.0)
+    np.testing.assert_allclose(raw / np.linalg.norm(raw), q, atol=1e-5)
+    import torch
+
+    with torch.no_grad():
+        next(tiny_bert.parameters()).add_(0.5)
+    cache2 = EmbeddingCache(tmp_path)  # fresh fingerprint memo
+    changed = cache2.encode(tiny_bert, texts, role="query", show_progress=False)
+    assert not np.allclose(changed, q)
+    assert len(list(tmp_path.glob("*/meta.json"))) == 4
+
+
+def test_cache_killed_mid_run_leaves_no_partial_files(tiny_bert, tmp_path, monkeypatch):
+    cache = EmbeddingCache(tmp_path, chunk_size=3)
+    texts = [f"text number {i}" for i in range(9)]
+    calls = {"n": 0}
+    real = tiny_bert.encode_document
+
+    def flaky(*args, **kwargs):
+        calls["n"] += 1
+        if calls["n"] == 2:
+            raise KeyboardInterrupt
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(tiny_bert, "encode_document", flaky)
+    with pytest.raises(KeyboardInterrupt):
+        cache.encode(tiny_bert, texts, role="document", show_progress=False)
+    files = [p.name for p in tmp_path.glob("*/*")]
+    assert sum(f.startswith("shard-") for f in files) == 1 and not any(f.endswith(".tmp") for f in files)
+    monkeypatch.setattr(tiny_bert, "encode_document", real)
+    out = cache.encode(tiny_bert, texts, role="document", show_progress=False)  # resumes
+    np.testing.assert_allclose(out, real(texts), atol=1e-6)
+    assert len(list(tmp_path.glob("*/shard-*"))) == 3
+
+
+def test_cache_rejects_bad_settings(tmp_path):
+    with pytest.raises(ValueError):
+        EmbeddingCache(tmp_path, dtype="int8")
+    with pytest.raises(ValueError):
+        EmbeddingCache(tmp_path, chunk_size=0)

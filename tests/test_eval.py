@@ -1,0 +1,107 @@
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from medadapt.data import load_beir
+from medadapt.data.rerank import RerankItem
+from medadapt.data.sts import StsPair
+from medadapt.eval import (
+    evaluate_rerank,
+    evaluate_retrieval,
+    evaluate_run,
+    evaluate_sts,
+    exact_search,
+    parse_metric,
+)
+
+QRELS = {"a": {"d1": 1, "d2": 2}, "b": {"d3": 1}}
+RUN = {"a": {"d1": 1.0, "d9": 2.0, "d2": 0.5}, "b": {"d7": 3.0, "d3": 2.0}}
+
+
+def test_metrics_match_hand_computation():
+    r = evaluate_run(QRELS, RUN, ["ndcg@10", "recall@1", "mrr@10", "mrr@1", "precision@2", "f1@2", "accuracy@1",
+                                  "accuracy@2", "map@10"])
+    # query a: ranking d9(0) d1(1) d2(2); ideal d2(2) d1(1); trec_eval's gain is the grade itself
+    dcg_a = 1 / math.log2(3) + 2 / math.log2(4)
+    idcg_a = 2 / math.log2(2) + 1 / math.log2(3)
+    dcg_b, idcg_b = 1 / math.log2(3), 1.0
+    assert r["ndcg@10"] == pytest.approx((dcg_a / idcg_a + dcg_b / idcg_b) / 2)
+    assert r["mrr@10"] == pytest.approx((1 / 2 + 1 / 2) / 2)
+    assert r["mrr@1"] == 0.0
+    assert r["recall@1"] == 0.0
+    assert r["precision@2"] == pytest.approx((0.5 + 0.5) / 2)
+    # f1@2: a: P=.5 R=.5 -> .5 ; b: P=.5 R=1 -> 2/3
+    assert r["f1@2"] == pytest.approx((0.5 + 2 / 3) / 2)
+    assert r["accuracy@1"] == 0.0 and r["accuracy@2"] == 1.0
+    assert r["map@10"] == pytest.approx(((1 / 2 + 2 / 3) / 2 + 1 / 2) / 2)
+
+
+def test_missing_query_in_run_counts_as_zero():
+    r = evaluate_run(QRELS, {"a": RUN["a"]}, ["recall@100"])
+    assert r["recall@100"] == pytest.approx(0.5)
+
+
+@pytest.mark.parametrize("bad", ["ndcg", "ndcg@0", "foo@10", "ndcg@x"])
+def test_bad_metric_names(bad):
+    with pytest.raises(ValueError):
+        parse_metric(bad)
+
+
+def test_exact_search_equals_brute_force():
+    rng = np.random.default_rng(0)
+    q, d = rng.normal(size=(37, 16)).astype("float32"), rng.normal(size=(500, 16)).astype("float32")
+    scores, idx = exact_search(q, d, k=7, query_chunk=10)
+    full = q @ d.T
+    np.testing.assert_array_equal(idx, np.argsort(-full, axis=1)[:, :7])
+    np.testing.assert_allclose(scores, np.take_along_axis(full, idx, 1), rtol=1e-5)
+    with pytest.raises(ValueError, match="dimension mismatch"):
+        exact_search(q, d[:, :8], 3)
+
+
+def test_evaluate_retrieval_independent_pytrec(tiny_bert, tiny_beir_dir, tmp_path):
+    import pytrec_eval
+
+    from medadapt.cache import EmbeddingCache
+
+    data = load_beir(tiny_beir_dir, "test")
+    res, run = evaluate_retrieval(tiny_bert, data, "test", ["ndcg@10", "recall@100"], cache=EmbeddingCache(tmp_path),
+                                  show_progress=False, return_run=True)
+    # independent computation: brute-force cosine ranking + pytrec_eval directly
+    qids = list(data.qrels["test"])
+    q = tiny_bert.encode_query([data.queries[i] for i in qids])
+    d = tiny_bert.encode_document(data.doc_texts())
+    sims = q @ d.T
+    ref_run = {qid: {did: float(s) for did, s in zip(data.doc_ids, sims[i])} for i, qid in enumerate(qids)}
+    ev = pytrec_eval.RelevanceEvaluator(data.qrels["test"], {"ndcg_cut.10"}).evaluate(ref_run)
+    assert res["ndcg@10"] == pytest.approx(np.mean([v["ndcg_cut_10"] for v in ev.values()]), abs=1e-6)
+    assert res["recall@100"] == pytest.approx(1.0)
+    assert set(run) == set(qids)
+
+
+def test_rerank_and_sts(tiny_bert):
+    items = [
+        RerankItem("diabetes thirst", ["diabetes blood sugar thirst", "asthma inhaler", "gout toe"], [2, 0, 0]),
+        RerankItem("asthma wheezing", ["eczema itchy", "asthma wheezing inhaler"], [0, 1]),
+    ]
+    r = evaluate_rerank(tiny_bert, items)
+    assert set(r) == {"map@10", "ndcg@10", "mrr@10"} and all(0 <= v <= 1 for v in r.values())
+    pairs = [StsPair("diabetes", "diabetes", 5.0), StsPair("diabetes", "asthma inhaler wheezing", 0.0),
+             StsPair("gout toe", "gout uric acid toe", 4.0), StsPair("insomnia", "eczema rash", 0.5)]
+    s = evaluate_sts(tiny_bert, pairs)
+    assert -1 <= s["pearson"] <= 1 and -1 <= s["spearman"] <= 1
+    with pytest.raises(ValueError, match="constant"):
+        evaluate_sts(tiny_bert, [StsPair("a", "b", 1.0), StsPair("c", "d", 1.0)])
+
+
+def test_plot_and_json(tmp_path):
+    import json
+
+    from medadapt.eval import plot_results, write_json
+
+    write_json(tmp_path / "r.json", {"ndcg@10": 0.5})
+    assert json.loads((tmp_path / "r.json").read_text()) == {"ndcg@10": 0.5}
+    png = plot_results({"a": {"ndcg@10": 0.5, "recall@100": 0.9}, "b": {"ndcg@10": 0.6}}, tmp_path / "p.png")
+    assert png.read_bytes()[:4] == b"\x89PNG"
