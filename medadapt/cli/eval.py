@@ -1,57 +1,22 @@
-"""The ``medadapt`` command line (Typer + rich).
-
-Every user error (:class:`medadapt.errors.MedAdaptError`, bad option values) is printed as one
-``error: ...`` line on stderr with exit code 1 and no traceback.
-"""
+"""``medadapt eval``: retrieval, rerank and STS evaluation from the command line."""
 
 from __future__ import annotations
 
 import enum
-import os
-import sys
 import time
 from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
-from rich.console import Console
 
+from medadapt.cli._common import console, fail, quiet_libraries
 from medadapt.errors import DataError, MedAdaptError
-
-app = typer.Typer(
-    name="medadapt",
-    help="Medical retrieval adapters for Sentence-Transformers: evaluate, train heads, reproduce recipes.",
-    no_args_is_help=True,
-    pretty_exceptions_enable=False,
-    add_completion=False,
-)
-console = Console()
-err_console = Console(stderr=True)
 
 
 class Task(str, enum.Enum):
     retrieval = "retrieval"
     rerank = "rerank"
     sts = "sts"
-
-
-def _quiet_libraries() -> None:
-    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    import warnings
-
-    warnings.filterwarnings("ignore")
-    try:
-        from transformers.utils import logging as hf_logging
-
-        hf_logging.set_verbosity_error()
-        hf_logging.disable_progress_bar()
-    except ImportError:  # pragma: no cover
-        pass
-
-
-def _fail(message: str) -> None:
-    err_console.print(f"[bold red]error:[/] {message}", highlight=False, soft_wrap=True)
-    raise typer.Exit(code=1)
 
 
 def _task_file(data: str, task: Task, split: str) -> Path:
@@ -68,7 +33,6 @@ def _task_file(data: str, task: Task, split: str) -> Path:
     raise DataError(f"no {task.value} file in {path} (looked for {task.value}/{split}.jsonl and {task.value}.jsonl)")
 
 
-@app.command("eval")
 def eval_cmd(
     model: Annotated[str, typer.Option(help="Model alias (minilm), saved model folder, or hub id.")] = "minilm",
     data: Annotated[str, typer.Option(help="BEIR folder, task JSONL, or builtin dataset (medmini).")] = "medmini",
@@ -88,7 +52,7 @@ def eval_cmd(
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress bars.")] = False,
 ) -> None:
     """Evaluate a model on retrieval (nDCG/Recall/MRR/MAP@k), rerank (MAP@10) or STS (Pearson/Spearman)."""
-    _quiet_libraries()
+    quiet_libraries()
     try:
         from medadapt.eval import DEFAULT_METRICS, RERANK_METRICS, parse_metric, results_table, write_json
 
@@ -154,27 +118,6 @@ def eval_cmd(
             plot_results({Path(model).name or model: results}, plot, title=f"{task.value}: {data}/{split}")
             console.print(f"wrote {plot}")
     except MedAdaptError as exc:
-        _fail(str(exc))
+        fail(str(exc))
     except KeyboardInterrupt:
-        _fail("interrupted")
-
-
-@app.command("version")
-def version_cmd() -> None:
-    """Print the medadapt version."""
-    from medadapt import __version__
-
-    console.print(__version__)
-
-
-def main() -> None:
-    """Entry point of the ``medadapt`` console script."""
-    try:
-        app()
-    except MedAdaptError as exc:  # pragma: no cover - raised outside a command body
-        err_console.print(f"error: {exc}")
-        sys.exit(1)
-
-
-if __name__ == "__main__":  # pragma: no cover
-    main()
+        fail("interrupted")

@@ -1,0 +1,45 @@
+"""The ``medadapt`` command line (Typer + rich).
+
+One module per command (``eval.py``, ...); this file only assembles the app. Every user error
+(:class:`medadapt.errors.MedAdaptError`, bad option values) is printed as one ``error: ...`` line on
+stderr with exit code 1 and no traceback.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import typer
+
+from medadapt.cli._common import console, err_console
+from medadapt.cli.eval import eval_cmd
+from medadapt.errors import MedAdaptError
+
+app = typer.Typer(
+    name="medadapt",
+    help="Medical retrieval adapters for Sentence-Transformers: evaluate, train heads, reproduce recipes.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    add_completion=False,
+)
+app.command("eval")(eval_cmd)
+
+
+@app.command("version")
+def version_cmd() -> None:
+    """Print the medadapt version."""
+    from medadapt import __version__
+
+    console.print(__version__)
+
+
+def main() -> None:
+    """Entry point of the ``medadapt`` console script."""
+    try:
+        app()
+    except MedAdaptError as exc:  # pragma: no cover - raised outside a command body
+        err_console.print(f"error: {exc}")
+        sys.exit(1)
+
+
+__all__ = ["app", "main"]
