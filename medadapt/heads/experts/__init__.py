@@ -1,0 +1,19 @@
+"""Expert networks for MoE heads. Importing this package registers every built-in expert family."""
+
+from __future__ import annotations
+
+from medadapt.heads.experts.kan import KANExpert
+from medadapt.heads.experts.mlp import MLPGeluExpert, MLPSwiGLUExpert
+from medadapt.heads.experts.mlp_kan import MLPKANExpert
+from medadapt.heads.experts.registry import available_experts, build_expert, expert_class, register_expert
+
+__all__ = [
+    "KANExpert",
+    "MLPGeluExpert",
+    "MLPKANExpert",
+    "MLPSwiGLUExpert",
+    "available_experts",
+    "build_expert",
+    "expert_class",
+    "register_expert",
+]

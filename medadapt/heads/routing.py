@@ -1,0 +1,112 @@
+"""Top-k router over routed experts (paper eq. 2) with learned or random assignment and routing statistics.
+
+Affinity ``s_i = softmax_i(v^T e_i)`` with a learnable centroid ``e_i`` per routed expert. The gate keeps the
+``k`` largest ``s_i`` and zeroes the rest. By default the kept scores are renormalised to sum to 1 (as in
+Mixtral / DeepSeek-V3); the paper's eq. 2 uses the raw scores, available with ``renormalize=False``. With
+``k = 1`` and renormalisation the kept weight is always 1, so the centroids then only learn from the
+load-balancing term.
+
+Modes (switchable at any time through ``mode``):
+
+* ``"learned"``: the top-k of ``s`` as above.
+* ``"random"``: the paper's warm-up (§III-D): each input goes to ``k`` experts drawn uniformly without
+  replacement (global torch RNG), each with weight ``1/k``, so every expert receives data early on. The
+  affinity is still computed so the load-balancing loss and statistics stay defined.
+* ``"off"``: routed experts are skipped entirely (used to pre-train shared experts alone).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal, get_args
+
+import torch
+from torch import Tensor, nn
+
+from medadapt.errors import ConfigError
+from medadapt.losses.load_balance import switch_load_balance
+
+__all__ = ["RoutingMode", "RoutingDecision", "TopKRouter"]
+
+RoutingMode = Literal["learned", "random", "off"]
+
+
+@dataclass
+class RoutingDecision:
+    """Result of routing a batch of ``N`` inputs over ``E`` experts.
+
+    Attributes:
+        weights: ``(N, E)`` gate values ``g_i`` (zero where not selected).
+        selected: ``(N, E)`` boolean top-k mask.
+        probs: ``(N, E)`` affinities ``s_i``.
+        aux_loss: unweighted load-balancing loss ``N * sum f_i P_i`` (scalar).
+    """
+
+    weights: Tensor
+    selected: Tensor
+    probs: Tensor
+    aux_loss: Tensor
+
+
+class TopKRouter(nn.Module):
+    """Learnable-centroid top-k gate (see module docstring).
+
+    Args:
+        dim: input width.
+        num_experts: number of routed experts ``E``.
+        top_k: experts per input, ``1 <= top_k <= E``.
+        renormalize: renormalise the kept gate values to sum to 1.
+        init_std: standard deviation of the initial centroids (small = near-uniform routing at start).
+    """
+
+    def __init__(self, dim: int, num_experts: int, top_k: int, renormalize: bool, init_std: float) -> None:
+        super().__init__()
+        if not 1 <= top_k <= num_experts:
+            raise ConfigError(f"top_k must be in [1, {num_experts}], got {top_k}")
+        self.num_experts, self.top_k, self.renormalize = num_experts, top_k, renormalize
+        self.centroids = nn.Parameter(torch.randn(num_experts, dim) * init_std)
+        # Diagnostics only: not saved with the weights.
+        counts = torch.zeros(num_experts, dtype=torch.float64)
+        self.register_buffer("running_counts", counts, persistent=False)
+        self.register_buffer("last_load", torch.zeros(num_experts), persistent=False)
+        self.inputs_seen = 0
+
+    def forward(self, v: Tensor, mode: RoutingMode = "learned") -> RoutingDecision:
+        if mode not in get_args(RoutingMode) or mode == "off":
+            raise ConfigError(f"router mode must be 'learned' or 'random', got {mode!r}")
+        probs = torch.softmax(v @ self.centroids.T, dim=-1)
+        if mode == "learned":
+            kept, index = probs.topk(self.top_k, dim=-1)
+            if self.renormalize:
+                kept = kept / kept.sum(-1, keepdim=True)
+        else:
+            index = torch.rand(probs.shape, device=v.device).topk(self.top_k, dim=-1).indices
+            kept = torch.full(index.shape, 1.0 / self.top_k, dtype=v.dtype, device=v.device)
+        weights = torch.zeros_like(probs).scatter(-1, index, kept)
+        selected = torch.zeros_like(probs, dtype=torch.bool).scatter(-1, index, True)
+        self._record(selected)
+        return RoutingDecision(weights, selected, probs, switch_load_balance(probs, selected))
+
+    @torch.no_grad()
+    def _record(self, selected: Tensor) -> None:
+        counts = selected.sum(0)
+        self.last_load.copy_(counts.float() / counts.sum().clamp_min(1))
+        self.running_counts += counts.to(self.running_counts.dtype)
+        self.inputs_seen += selected.shape[0]
+
+    def stats(self) -> dict[str, list[float] | int]:
+        """Per-expert load fractions: ``last_load`` (last batch) and ``running_load`` (since last reset),
+        plus raw ``running_counts`` and ``inputs_seen``."""
+        total = float(self.running_counts.sum())
+        running = (self.running_counts / total).tolist() if total else [0.0] * self.num_experts
+        return {
+            "last_load": self.last_load.tolist(),
+            "running_load": running,
+            "running_counts": [int(c) for c in self.running_counts.tolist()],
+            "inputs_seen": self.inputs_seen,
+        }
+
+    def reset_stats(self) -> None:
+        self.running_counts.zero_()
+        self.last_load.zero_()
+        self.inputs_seen = 0

@@ -1,0 +1,8 @@
+"""Training losses; each takes embeddings and returns a dict of named parts that the trainer sums and logs."""
+
+from __future__ import annotations
+
+from medadapt.losses.infonce import InfoNCELoss
+from medadapt.losses.load_balance import LoadBalanceLoss, switch_load_balance
+
+__all__ = ["InfoNCELoss", "LoadBalanceLoss", "switch_load_balance"]

@@ -1,0 +1,55 @@
+"""InfoNCE contrastive loss on cosine similarity (paper eq. 3; van den Oord et al. 2018).
+
+    L = -log( exp(s(q, d+)) / ( sum_{d in positives} exp(s(q, d)) + sum_{d-} exp(s(q, d-)) ) ),
+    s(q, d) = cos(q, d) / tau
+
+with ``sim`` the cosine similarity. For query ``i`` the candidate set is every positive in the batch (its own
+positive is the target, the other ``B - 1`` are in-batch negatives) plus every hard negative in the batch
+(``B * n``, shared across queries as in the paper's "negative samples of q in the current batch"). Eq. 3 is
+written without a temperature; we divide similarities by ``temperature`` as is standard (0.05 by default).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from medadapt.errors import ConfigError
+
+__all__ = ["InfoNCELoss"]
+
+
+class InfoNCELoss(nn.Module):
+    """In-batch + hard-negative InfoNCE, returned as ``{"infonce": loss}``.
+
+    Args:
+        temperature: softmax temperature ``tau`` applied to cosine similarities.
+
+    Inputs:
+        query: ``(B, d)`` query embeddings (normalised internally).
+        positive: ``(B, d)`` embeddings of each query's positive document.
+        negatives: optional ``(B, n, d)`` hard negatives (any ``n >= 0``).
+
+    Example:
+        >>> loss = InfoNCELoss(temperature=0.05)
+        >>> loss(q, d_pos, d_neg)["infonce"].backward()
+    """
+
+    def __init__(self, temperature: float = 0.05) -> None:
+        super().__init__()
+        if temperature <= 0:
+            raise ConfigError(f"temperature must be > 0, got {temperature}")
+        self.temperature = temperature
+
+    def forward(self, query: Tensor, positive: Tensor, negatives: Tensor | None = None) -> dict[str, Tensor]:
+        if query.shape != positive.shape or query.dim() != 2:
+            raise ValueError(f"query and positive must be (B, d); got {query.shape}, {positive.shape}")
+        candidates = positive
+        if negatives is not None:
+            if negatives.dim() != 3 or negatives.shape[0] != query.shape[0]:
+                raise ValueError(f"negatives must be (B, n, d); got {tuple(negatives.shape)}")
+            candidates = torch.cat([positive, negatives.reshape(-1, negatives.shape[-1])], dim=0)
+        scores = F.normalize(query, dim=-1) @ F.normalize(candidates, dim=-1).T / self.temperature
+        target = torch.arange(query.shape[0], device=query.device)
+        return {"infonce": F.cross_entropy(scores, target)}

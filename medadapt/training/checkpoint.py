@@ -1,0 +1,91 @@
+"""Atomic, resumable training checkpoints.
+
+Each checkpoint is a directory ``step-XXXXXXXX`` written under a temporary name and renamed into place, so
+a killed run leaves only complete checkpoints; :func:`latest_checkpoint` ignores temporaries. Weights go to
+``head.safetensors``; optimizer / scheduler states go to ``optimizer.pt`` (``torch.save`` of tensors and
+plain containers, read back with ``torch.load(weights_only=True)``, which refuses arbitrary objects);
+counters and loss history go to ``state.json``. Hand-written because Accelerate's ``save_state`` writes
+in place (non-atomically) and expects one optimizer per run, while the Med-MoE schedule has two.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+PREFIX = "step-"
+
+
+@dataclass
+class CheckpointConfig:
+    """Where and how often :func:`~medadapt.training.head_trainer.train_head` checkpoints.
+
+    Attributes:
+        directory: folder holding ``step-*`` checkpoints.
+        every_steps: save every N optimiser steps (``None``: only at the end of each stage).
+        keep: how many recent checkpoints to keep.
+        resume: continue from the newest checkpoint in ``directory`` when there is one.
+    """
+
+    directory: Path
+    every_steps: int | None = None
+    keep: int = 2
+    resume: bool = True
+
+    def __post_init__(self) -> None:
+        self.directory = Path(self.directory)
+        if self.every_steps is not None and self.every_steps < 1:
+            raise ValueError("every_steps must be >= 1 or None")
+        if self.keep < 1:
+            raise ValueError("keep must be >= 1")
+
+
+def latest_checkpoint(directory: str | Path) -> Path | None:
+    directory = Path(directory)
+    if not directory.is_dir():
+        return None
+    done = sorted(p for p in directory.glob(f"{PREFIX}*") if p.is_dir() and (p / "state.json").is_file())
+    return done[-1] if done else None
+
+
+def save_checkpoint(config: CheckpointConfig, step: int, head_state: dict[str, torch.Tensor],
+                    optimizer_state: dict[str, Any], state: dict[str, Any]) -> Path:
+    """Write one checkpoint atomically and prune old ones; returns its path."""
+    from safetensors.torch import save_file
+
+    config.directory.mkdir(parents=True, exist_ok=True)
+    final = config.directory / f"{PREFIX}{step:08d}"
+    tmp = config.directory / f".tmp-{uuid.uuid4().hex}"
+    tmp.mkdir()
+    try:
+        save_file({k: v.detach().cpu().contiguous() for k, v in head_state.items()}, str(tmp / "head.safetensors"))
+        torch.save(optimizer_state, tmp / "optimizer.pt")
+        (tmp / "state.json").write_text(json.dumps(state), encoding="utf-8")
+        if final.exists():
+            shutil.rmtree(final)
+        os.replace(tmp, final)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    done = sorted(p for p in config.directory.glob(f"{PREFIX}*") if p.is_dir())
+    for old in done[: -config.keep]:
+        shutil.rmtree(old, ignore_errors=True)
+    return final
+
+
+def load_checkpoint(path: str | Path) -> tuple[dict[str, torch.Tensor], dict[str, Any], dict[str, Any]]:
+    """Return ``(head_state, optimizer_state, state)`` of a checkpoint directory."""
+    from safetensors.torch import load_file
+
+    path = Path(path)
+    head_state = load_file(str(path / "head.safetensors"))
+    optimizer_state = torch.load(path / "optimizer.pt", weights_only=True)
+    state = json.loads((path / "state.json").read_text(encoding="utf-8"))
+    return head_state, optimizer_state, state
