@@ -80,12 +80,7 @@ def main() -> int:
             run = bm25_run(data, args.split)
         rows.append({"dataset": name, "method": "BM25 (bm25s)", **evaluate_run(data.qrels[args.split], run, METRICS),
                      "seconds": round(t.seconds, 1), "cached": "-"})
-        texts = data.doc_texts()
-        from medadapt.cache import text_hash
-
-        ns = cache.namespace(model, "document", "", True)[0]
-        have = cache._index(cache.root / ns)[0] if (cache.root / ns).exists() else {}
-        cached = all(text_hash(x) in have for x in texts)
+        cached = cache.count_missing(model, data.doc_texts(), role="document") == 0
         with Timer() as t:
             res = evaluate_retrieval(model, data, args.split, METRICS, cache=cache, show_progress=True)
         rows.append({"dataset": name, "method": f"frozen {args.model}", **res, "seconds": round(t.seconds, 1),

@@ -9,8 +9,11 @@ Layout (all files safetensors / JSON, never pickle)::
     <root>/<namespace>/shard-<uuid>.safetensors  # {"hashes": uint8[n,16], "embeddings": float[n,d]}
 
 * The **namespace** is a hash of the backbone identity (:func:`medadapt.models.model_fingerprint`), max
-  sequence length, role (query / document / plain), effective prompt, output (normalised or not) and
-  storage dtype. Each **text** is keyed by a 128-bit BLAKE2b hash of its UTF-8 bytes, so any subset or
+  sequence length, role (query / document / plain), effective prompt and storage dtype.
+* What is stored is the input of the model's trailing ``Normalize`` module (the pooled embedding), so one
+  encode serves both the model's own output (``normalize=True``: rows L2-normalised on read, exactly what
+  ``Normalize`` does) and the un-normalised input that medadapt heads take (``normalize=False``). For a
+  model without a trailing ``Normalize`` both are the model's output. Each **text** is keyed by a 128-bit BLAKE2b hash of its UTF-8 bytes, so any subset or
   re-ordering of a corpus hits the cache.
 * Missing texts are encoded in chunks (``chunk_size`` texts, longest first); every finished chunk is
   written as its own shard with temp-file + ``os.replace``. A killed run loses at most the chunk in
@@ -66,6 +69,13 @@ def effective_prompt(model, role: Role, prompt: str | None = None, prompt_name: 
     return ""
 
 
+def ends_with_normalize(model) -> bool:
+    from sentence_transformers.base.modules import Normalize
+
+    modules = list(getattr(model, "_modules", {}).values())
+    return bool(modules) and isinstance(modules[-1], Normalize)
+
+
 def without_normalize(model):
     """A view of ``model`` with its trailing ``Normalize`` module(s) removed (shares the other modules).
 
@@ -116,14 +126,14 @@ class EmbeddingCache:
             self._fingerprints[key] = model_fingerprint(model)
         return self._fingerprints[key]
 
-    def namespace(self, model, role: Role, prompt: str, normalized: bool) -> tuple[str, dict]:
+    def namespace(self, model, role: Role, prompt: str) -> tuple[str, dict]:
         meta = {
             "format": CACHE_FORMAT,
             "model": self.fingerprint(model),
             "max_seq_length": getattr(model, "max_seq_length", None),
             "role": role,
             "prompt": prompt,
-            "normalized": normalized,
+            "stored": "pre_normalize",
             "dtype": self.dtype,
         }
         digest = hashlib.sha256(json.dumps(meta, sort_keys=True).encode()).hexdigest()[:32]
@@ -179,8 +189,8 @@ class EmbeddingCache:
             texts: the texts, in the order wanted back.
             role: ``"query"`` uses ``encode_query``, ``"document"`` ``encode_document``, ``"plain"`` ``encode``.
             prompt / prompt_name: as in sentence-transformers; part of the cache key.
-            normalize: ``False`` returns the embedding *before* the model's ``Normalize`` module (the input
-                of medadapt heads).
+            normalize: ``True`` returns what the model's ``encode`` returns; ``False`` returns the embedding
+                *before* the model's trailing ``Normalize`` module (the input of medadapt heads).
         """
         if role not in ("query", "document", "plain"):
             raise ValueError(f"role must be 'query', 'document' or 'plain', got {role!r}")
@@ -188,7 +198,7 @@ class EmbeddingCache:
         if not texts:
             return np.zeros((0, model.get_sentence_embedding_dimension() or 0), dtype=np.float32)
         eff_prompt = effective_prompt(model, role, prompt, prompt_name)
-        ns, meta = self.namespace(model, role, eff_prompt, normalize)
+        ns, meta = self.namespace(model, role, eff_prompt)
         ns_dir = self.root / ns
         ns_dir.mkdir(parents=True, exist_ok=True)
         if not (ns_dir / "meta.json").exists():
@@ -201,17 +211,27 @@ class EmbeddingCache:
             if h not in index and h not in missing:
                 missing[h] = t
         if missing:
-            self._encode_missing(model, missing, role, eff_prompt, normalize, batch_size, show_progress, desc)
+            self._encode_missing(model, ns_dir, missing, role, eff_prompt, batch_size, show_progress, desc)
             index, _ = self._index(ns_dir)
-        return self._gather(ns_dir, index, hashes)
+        out = self._gather(ns_dir, index, hashes)
+        if normalize and ends_with_normalize(model):
+            out /= np.maximum(np.linalg.norm(out, axis=1, keepdims=True), 1e-12)
+        return out
 
-    def _encode_missing(self, model, missing, role, prompt, normalize, batch_size, show_progress, desc) -> None:
+    def count_missing(self, model, texts: Sequence[str], role: Role = "plain", *, prompt: str | None = None,
+                      prompt_name: str | None = None) -> int:
+        """How many distinct ``texts`` are not cached yet for this model and role (nothing is encoded)."""
+        ns, _ = self.namespace(model, role, effective_prompt(model, role, prompt, prompt_name))
+        ns_dir = self.root / ns
+        index = self._index(ns_dir)[0] if ns_dir.is_dir() else {}
+        return len({h for h in map(text_hash, texts) if h not in index})
+
+    def _encode_missing(self, model, ns_dir, missing, role, prompt, batch_size, show_progress, desc) -> None:
         from tqdm.auto import tqdm
 
-        encoder = model if normalize else without_normalize(model)
+        encoder = without_normalize(model) if ends_with_normalize(model) else model
         fn = {"query": encoder.encode_query, "document": encoder.encode_document, "plain": encoder.encode}[role]
         items = sorted(missing.items(), key=lambda kv: -len(kv[1]))  # longest first, like ST does per call
-        ns_dir = self.root / self.namespace(model, role, prompt, normalize)[0]
         bar = tqdm(total=len(items), desc=desc or f"encoding ({role})", unit="text", disable=not show_progress)
         try:
             for start in range(0, len(items), self.chunk_size):
