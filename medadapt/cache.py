@@ -8,12 +8,13 @@ Layout (all files safetensors / JSON, never pickle)::
     <root>/<namespace>/meta.json                 # what the namespace is (model fingerprint, role, ...)
     <root>/<namespace>/shard-<uuid>.safetensors  # {"hashes": uint8[n,16], "embeddings": float[n,d]}
 
-* The **namespace** is a hash of the backbone identity (:func:`medadapt.models.model_fingerprint`), max
+* The **namespace** is a hash of the backbone identity (:func:`medadapt.models.modules_fingerprint`), max
   sequence length, role (query / document / plain), effective prompt and storage dtype.
-* What is stored is the input of the model's trailing ``Normalize`` module (the pooled embedding), so one
-  encode serves both the model's own output (``normalize=True``: rows L2-normalised on read, exactly what
-  ``Normalize`` does) and the un-normalised input that medadapt heads take (``normalize=False``). For a
-  model without a trailing ``Normalize`` both are the model's output. Each **text** is keyed by a 128-bit BLAKE2b hash of its UTF-8 bytes, so any subset or
+* What is stored is the output of the model's **backbone**: every module before the trailing run of
+  embedding-level modules (``Normalize`` and medadapt heads, see :func:`split_backbone`). Those are applied
+  on read, in torch, in eval mode. So one encode of a corpus serves the plain backbone, the backbone with
+  any trained head (evaluating a new head costs no transformer pass), and the un-normalised head inputs
+  that training needs (``normalize=False``). Each **text** is keyed by a 128-bit BLAKE2b hash of its UTF-8 bytes, so any subset or
   re-ordering of a corpus hits the cache.
 * Missing texts are encoded in chunks (``chunk_size`` texts, longest first); every finished chunk is
   written as its own shard with temp-file + ``os.replace``. A killed run loses at most the chunk in
@@ -69,27 +70,74 @@ def effective_prompt(model, role: Role, prompt: str | None = None, prompt_name: 
     return ""
 
 
-def ends_with_normalize(model) -> bool:
+def torch_no_grad_lazy(fn):
+    """``torch.no_grad`` without importing torch at module import time."""
+    import functools
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        import torch
+
+        with torch.no_grad():
+            return fn(*args, **kwargs)
+
+    return wrapper
+
+
+def is_embedding_module(module) -> bool:
+    """True for modules that read and write only ``features["sentence_embedding"]``: ``Normalize`` and
+    medadapt heads (which declare ``operates_on_sentence_embedding = True``). Such modules can run on cached
+    embeddings instead of on token features."""
     from sentence_transformers.base.modules import Normalize
 
-    modules = list(getattr(model, "_modules", {}).values())
-    return bool(modules) and isinstance(modules[-1], Normalize)
+    return isinstance(module, Normalize) or bool(getattr(module, "operates_on_sentence_embedding", False))
 
 
-def without_normalize(model):
-    """A view of ``model`` with its trailing ``Normalize`` module(s) removed (shares the other modules).
-
-    Heads sit before ``Normalize``, so the fast training path caches these un-normalised embeddings.
-    """
-    from sentence_transformers import SentenceTransformer
-    from sentence_transformers.base.modules import Normalize
-
+def split_backbone(model) -> tuple[list, list]:
+    """Split a SentenceTransformer's modules into the *backbone* (everything up to the trailing run of
+    embedding-level modules) and the *embedding modules* (heads, ``Normalize``) after it."""
     modules = list(model._modules.values())
-    while modules and isinstance(modules[-1], Normalize):
-        modules.pop()
-    view = SentenceTransformer(modules=modules, device=str(model.device), prompts=dict(model.prompts or {}))
+    i = len(modules)
+    while i > 0 and is_embedding_module(modules[i - 1]):
+        i -= 1
+    if i == 0:
+        raise ValueError("the model has no backbone modules before its embedding-level modules")
+    return modules[:i], modules[i:]
+
+
+def backbone_view(model):
+    """A ``SentenceTransformer`` made of ``model``'s backbone modules only (shared, not copied), with the
+    same prompts; its ``encode`` returns the pooled embedding that heads and ``Normalize`` take."""
+    from sentence_transformers import SentenceTransformer
+
+    backbone, _ = split_backbone(model)
+    view = SentenceTransformer(modules=backbone, device=str(model.device), prompts=dict(model.prompts or {}))
     view.default_prompt_name = model.default_prompt_name
     return view
+
+
+@torch_no_grad_lazy
+def apply_embedding_modules(modules: list, emb: np.ndarray, batch_size: int = 8192) -> np.ndarray:
+    """Run embedding-level modules (heads, ``Normalize``) in eval mode over cached embeddings."""
+    import torch
+
+    if not modules or len(emb) == 0:
+        return emb
+    device = next((p.device for m in modules for p in m.parameters()), torch.device("cpu"))
+    states = [m.training for m in modules]
+    for m in modules:
+        m.eval()
+    try:
+        out = []
+        for start in range(0, len(emb), batch_size):
+            features = {"sentence_embedding": torch.from_numpy(emb[start : start + batch_size]).to(device)}
+            for m in modules:
+                features = m(features)
+            out.append(features["sentence_embedding"].float().cpu().numpy())
+        return np.concatenate(out).astype(np.float32, copy=False)
+    finally:
+        for m, state in zip(modules, states):
+            m.train(state)
 
 
 class EmbeddingCache:
@@ -119,11 +167,13 @@ class EmbeddingCache:
 
     # ------------------------------------------------------------------ keys
     def fingerprint(self, model) -> str:
-        from medadapt.models import model_fingerprint
+        """Fingerprint of the model's *backbone* modules (see :func:`split_backbone`), memoised per model
+        object: a backbone with or without heads shares one cache namespace."""
+        from medadapt.models import modules_fingerprint
 
         key = id(model)
         if key not in self._fingerprints:
-            self._fingerprints[key] = model_fingerprint(model)
+            self._fingerprints[key] = modules_fingerprint(split_backbone(model)[0])
         return self._fingerprints[key]
 
     def namespace(self, model, role: Role, prompt: str) -> tuple[str, dict]:
@@ -133,7 +183,7 @@ class EmbeddingCache:
             "max_seq_length": getattr(model, "max_seq_length", None),
             "role": role,
             "prompt": prompt,
-            "stored": "pre_normalize",
+            "stored": "backbone_output",
             "dtype": self.dtype,
         }
         digest = hashlib.sha256(json.dumps(meta, sort_keys=True).encode()).hexdigest()[:32]
@@ -214,9 +264,13 @@ class EmbeddingCache:
             self._encode_missing(model, ns_dir, missing, role, eff_prompt, batch_size, show_progress, desc)
             index, _ = self._index(ns_dir)
         out = self._gather(ns_dir, index, hashes)
-        if normalize and ends_with_normalize(model):
-            out /= np.maximum(np.linalg.norm(out, axis=1, keepdims=True), 1e-12)
-        return out
+        _, tail = split_backbone(model)
+        if not normalize:
+            from sentence_transformers.base.modules import Normalize
+
+            while tail and isinstance(tail[-1], Normalize):
+                tail = tail[:-1]
+        return apply_embedding_modules(tail, out)
 
     def count_missing(self, model, texts: Sequence[str], role: Role = "plain", *, prompt: str | None = None,
                       prompt_name: str | None = None) -> int:
@@ -229,7 +283,8 @@ class EmbeddingCache:
     def _encode_missing(self, model, ns_dir, missing, role, prompt, batch_size, show_progress, desc) -> None:
         from tqdm.auto import tqdm
 
-        encoder = without_normalize(model) if ends_with_normalize(model) else model
+        _, tail = split_backbone(model)
+        encoder = backbone_view(model) if tail else model
         fn = {"query": encoder.encode_query, "document": encoder.encode_document, "plain": encoder.encode}[role]
         items = sorted(missing.items(), key=lambda kv: -len(kv[1]))  # longest first, like ST does per call
         bar = tqdm(total=len(items), desc=desc or f"encoding ({role})", unit="text", disable=not show_progress)

@@ -84,17 +84,22 @@ def load(name_or_path: str, device: str | None = None, **kwargs) -> "SentenceTra
 
 
 def model_fingerprint(model, full_hash_max_params: int = 300_000_000) -> str:
-    """A stable identity for a model's weights and module configuration.
+    """A stable identity for a SentenceTransformer's modules, their configuration and weights.
 
     Hashes every parameter's bytes for models up to ``full_hash_max_params`` parameters; above that, a
     hash of each tensor's name, shape, and a strided sample of its values (fast for multi-billion LLMs,
     still changes when training changes the weights).
     """
+    return modules_fingerprint(list(getattr(model, "_modules", {}).values()), full_hash_max_params)
+
+
+def modules_fingerprint(modules, full_hash_max_params: int = 300_000_000) -> str:
+    """:func:`model_fingerprint` of a list of modules (e.g. a model's backbone without its heads)."""
     import torch
 
     h = hashlib.sha256()
-    h.update(type(model).__name__.encode())
-    for i, module in enumerate(getattr(model, "_modules", {}).values()):
+    h.update(b"SentenceTransformer")
+    for i, module in enumerate(modules):
         h.update(f"{i}:{type(module).__module__}.{type(module).__qualname__}".encode())
         get_cfg = getattr(module, "get_config_dict", None)
         if callable(get_cfg):
@@ -102,8 +107,8 @@ def model_fingerprint(model, full_hash_max_params: int = 300_000_000) -> str:
                 h.update(json.dumps(get_cfg(), sort_keys=True, default=str).encode())
             except Exception:  # noqa: BLE001 - configs with exotic values still fingerprint by weights
                 pass
-    n_params = sum(p.numel() for p in model.parameters())
-    state = model.state_dict()
+    n_params = sum(p.numel() for m in modules for p in m.parameters())
+    state = {f"{i}.{k}": v for i, m in enumerate(modules) for k, v in m.state_dict().items()}
     for name in sorted(state):
         t = state[name]
         if not isinstance(t, torch.Tensor):

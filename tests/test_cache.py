@@ -72,3 +72,23 @@ def test_cache_rejects_bad_settings(tmp_path):
         EmbeddingCache(tmp_path, dtype="int8")
     with pytest.raises(ValueError):
         EmbeddingCache(tmp_path, chunk_size=0)
+
+
+def test_cache_serves_backbone_with_head_without_reencoding(tiny_bert, tmp_path):
+    import torch
+
+    from medadapt.heads import MoEConfig, MoEHead, attach
+
+    cache = EmbeddingCache(tmp_path)
+    texts = [f"gout toe pain {i}" for i in range(6)]
+    cache.encode(tiny_bert, texts, role="document", show_progress=False)
+    shards = set(tmp_path.glob("*/shard-*"))
+    head = MoEHead(MoEConfig.single_expert(32, "mlp_gelu", zero_init_output=False))
+    attach(tiny_bert, head)
+    with_head = cache.encode(tiny_bert, texts, role="document", show_progress=False)
+    assert set(tmp_path.glob("*/shard-*")) == shards  # served from the backbone's cache
+    with torch.no_grad():
+        direct = tiny_bert.encode_document(texts)
+    np.testing.assert_allclose(with_head, direct, atol=1e-5)
+    raw = cache.encode(tiny_bert, texts, role="document", normalize=False, show_progress=False)
+    np.testing.assert_allclose(raw / np.linalg.norm(raw, axis=1, keepdims=True), direct, atol=1e-5)

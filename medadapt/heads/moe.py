@@ -58,6 +58,9 @@ class MoEHead(Module):
     """
 
     config_keys: list[str] = [f.name for f in dataclasses.fields(MoEConfig)]
+    #: reads and writes only ``features["sentence_embedding"]``: the embedding cache may run it on cached
+    #: backbone outputs (see :func:`medadapt.cache.split_backbone`).
+    operates_on_sentence_embedding: bool = True
 
     def __init__(self, config: MoEConfig | None = None, **config_kwargs: Any) -> None:
         super().__init__()
