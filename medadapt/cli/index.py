@@ -1,0 +1,161 @@
+"""``medadapt index`` and ``medadapt search``: build a retrieval index folder, query it, write TREC runs."""
+
+from __future__ import annotations
+
+import enum
+import time
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from medadapt.cli._common import console, fail, quiet_libraries
+from medadapt.errors import DataError, MedAdaptError
+
+
+class Kind(str, enum.Enum):
+    dense = "dense"
+    lexical = "lexical"
+    hybrid = "hybrid"
+
+
+class Fusion(str, enum.Enum):
+    minmax = "minmax"
+    zscore = "zscore"
+    rrf = "rrf"
+
+
+def index_cmd(
+    corpus: Annotated[str, typer.Option(help="BEIR folder, corpus.jsonl, or builtin dataset (medmini).")],
+    out: Annotated[Path, typer.Option(help="Index folder to write (replaced atomically if it is an index).")],
+    model: Annotated[str, typer.Option(help="Model alias (minilm), saved model folder, or hub id.")] = "minilm",
+    kind: Annotated[Kind, typer.Option(help="dense (FAISS), lexical (BM25) or hybrid (both, fused).")] = Kind.dense,
+    factory: Annotated[str, typer.Option(help="FAISS index_factory string: Flat, HNSW32, IVF4096,PQ64 ...")] = "Flat",
+    ef_construction: Annotated[int, typer.Option(min=1, help="HNSW build breadth.")] = 40,
+    ef_search: Annotated[int, typer.Option(min=1, help="HNSW search breadth.")] = 64,
+    nprobe: Annotated[int, typer.Option(min=1, help="IVF lists probed per query.")] = 16,
+    fusion: Annotated[Fusion, typer.Option(help="Hybrid fusion method.")] = Fusion.minmax,
+    dense_weight: Annotated[float, typer.Option(min=0.0, max=1.0, help="Hybrid weight of the dense side.")] = 0.5,
+    language: Annotated[str, typer.Option(help="BM25 tokenisation: auto, en, zh, none.")] = "auto",
+    batch_size: Annotated[int, typer.Option(min=1, help="Encoding batch size.")] = 64,
+    device: Annotated[Optional[str], typer.Option(help="cpu, cuda, mps ... (default: auto).")] = None,
+    cache_dir: Annotated[Optional[Path], typer.Option(help="Embedding cache folder.")] = None,
+    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress bars.")] = False,
+) -> None:
+    """Build a dense, lexical or hybrid index over a corpus and save it as a checked folder."""
+    quiet_libraries()
+    try:
+        from pydantic import ValidationError
+
+        from medadapt.retrieval.config import RetrieverConfig
+        from medadapt.retrieval.corpus import load_documents
+
+        try:
+            config = RetrieverConfig(
+                kind=kind.value, batch_size=batch_size,
+                dense={"factory": factory, "ef_construction": ef_construction, "ef_search": ef_search,
+                       "nprobe": nprobe},
+                lexical={"language": language},
+                fusion={"method": fusion.value, "dense_weight": dense_weight},
+            )
+        except ValidationError as exc:
+            err = exc.errors()[0]
+            raise MedAdaptError(f"{'.'.join(map(str, err['loc']))}: {err['msg']}") from None
+        t0 = time.perf_counter()
+        docs = load_documents(corpus)  # validate the corpus before loading a model
+        st_model = None
+        if config.uses_dense:
+            from medadapt.models import load
+
+            st_model = load(model, device=device)
+        from medadapt.cache import EmbeddingCache
+        from medadapt.retrieval.retriever import Retriever
+
+        retriever = Retriever.build(docs, st_model, config=config, cache=EmbeddingCache(cache_dir),
+                                    model_name=model if st_model is not None else None, show_progress=not quiet)
+        retriever.save(out)
+        console.print(f"indexed {len(docs)} documents ({kind.value}"
+                      f"{', ' + factory if config.uses_dense else ''}) in {time.perf_counter() - t0:.1f} s -> {out}")
+    except MedAdaptError as exc:
+        fail(str(exc))
+    except KeyboardInterrupt:
+        fail("interrupted")
+
+
+def read_queries(path: Path) -> dict[str, str]:
+    """Queries from a BEIR ``queries.jsonl`` or a TSV ``qid<TAB>text`` file."""
+    if not path.is_file():
+        raise DataError(f"queries file not found: {path}")
+    if path.suffix == ".jsonl":
+        from medadapt.data import load_queries
+
+        return load_queries(path)
+    queries: dict[str, str] = {}
+    for lineno, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
+        if not line.strip():
+            continue
+        parts = line.split("\t", 1)
+        if len(parts) != 2 or not parts[1].strip():
+            raise DataError(f"{path}:{lineno}: expected 'qid<TAB>query text'")
+        queries[parts[0].strip()] = parts[1].strip()
+    if not queries:
+        raise DataError(f"{path}: no queries")
+    return queries
+
+
+def search_cmd(
+    index: Annotated[Path, typer.Option(help="Index folder written by `medadapt index`.")],
+    query: Annotated[Optional[str], typer.Argument(help="One query (or use --queries).")] = None,
+    queries: Annotated[Optional[Path], typer.Option(help="queries.jsonl or qid<TAB>text file: batch search.")] = None,
+    k: Annotated[int, typer.Option("--k", "-k", min=1, help="Documents per query.")] = 10,
+    output: Annotated[Optional[Path], typer.Option(help="TREC run file for --queries (default: stdout).")] = None,
+    tag: Annotated[str, typer.Option(help="Run tag (last TREC column).")] = "medadapt",
+    model: Annotated[Optional[str], typer.Option(help="Model to use (default: the one recorded in the index; "
+                                                      "refused if it differs).")] = None,
+    device: Annotated[Optional[str], typer.Option(help="cpu, cuda, mps ... (default: auto).")] = None,
+    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress messages.")] = False,
+) -> None:
+    """Search an index: one query as a table, or --queries as a TREC run (qid Q0 docid rank score tag)."""
+    quiet_libraries()
+    try:
+        if (query is None) == (queries is None):
+            raise MedAdaptError("give either one QUERY or --queries FILE")
+        batch = read_queries(queries) if queries is not None else None
+        from medadapt.retrieval.retriever import Retriever
+
+        retriever = Retriever.load(index, model=model, device=device)
+        if batch is None:
+            _print_hits(retriever.search(query, k), query)
+            return
+        from medadapt.io import atomic_open
+
+        t0 = time.perf_counter()
+        qids = list(batch)
+        results = retriever.batch_search([batch[q] for q in qids], k)
+        lines = [
+            f"{qid} Q0 {hit.id} {hit.rank} {hit.score:.6f} {tag}\n"
+            for qid, res in zip(qids, results) for hit in res
+        ]
+        if output is None:
+            typer.echo("".join(lines), nl=False)
+        else:
+            with atomic_open(output, "w") as f:
+                f.writelines(lines)
+            if not quiet:
+                console.print(f"searched {len(qids)} queries in {time.perf_counter() - t0:.1f} s -> {output}")
+    except MedAdaptError as exc:
+        fail(str(exc))
+    except KeyboardInterrupt:
+        fail("interrupted")
+
+
+def _print_hits(result, query: str) -> None:
+    from rich.table import Table
+
+    table = Table(title=f"top {len(result)} for: {query}")
+    for col in ("rank", "id", "score", "title", "text"):
+        table.add_column(col, overflow="fold" if col == "text" else "ellipsis")
+    for hit in result:
+        snippet = hit.text if len(hit.text) <= 160 else hit.text[:157] + "..."
+        table.add_row(str(hit.rank), hit.id, f"{hit.score:.4f}", hit.title, snippet)
+    console.print(table)

@@ -1,0 +1,28 @@
+"""Resolve what users pass as a corpus: a BEIR folder, a ``corpus.jsonl`` file, or a builtin dataset
+name (``medmini``), into :class:`~medadapt.retrieval.docstore.Documents`."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from medadapt.errors import DataError
+from medadapt.retrieval.docstore import Documents
+
+
+def load_documents(source: str | Path) -> Documents:
+    """Load a corpus (``{"_id", "title"?, "text"}`` per line) from a folder, a JSONL file or a builtin name.
+
+    Raises:
+        DataError: the path does not exist, holds no ``corpus.jsonl``, or the file is malformed.
+    """
+    from medadapt.data import load_corpus, resolve_data_dir
+
+    path = resolve_data_dir(source)
+    if path.is_dir():
+        path = path / "corpus.jsonl"
+        if not path.is_file():
+            raise DataError(f"no corpus.jsonl in {path.parent} (expected a BEIR folder, a corpus.jsonl or 'medmini')")
+    elif not path.is_file():
+        raise DataError(f"corpus not found: {source} (expected a BEIR folder, a corpus.jsonl or 'medmini')")
+    corpus = load_corpus(path)
+    return Documents(list(corpus), [d["text"] for d in corpus.values()], [d["title"] for d in corpus.values()])

@@ -1,0 +1,294 @@
+"""Dense index on FAISS: any ``index_factory`` string, inner product on (normalised) vectors.
+
+* Built in chunks: :meth:`DenseIndex.build_from_model` encodes ``chunk_size`` documents at a time through
+  the :class:`~medadapt.cache.EmbeddingCache` and adds them, so a million-document corpus never holds
+  more than one chunk of embeddings (and one encode batch of token tensors) at once. IVF / PQ indexes
+  are trained first on a sample of ``train_size`` documents.
+* GPU: with faiss-gpu installed (extra ``[gpu]``) and ``use_gpu`` ``"auto"``/``True``, the index is
+  cloned to every visible GPU for adding and searching; otherwise it stays on CPU. Saved files are
+  always CPU indexes.
+* Search is thread-safe: FAISS CPU indexes allow concurrent searches; GPU searches are serialised by
+  a lock (FAISS GPU resources are not thread-safe).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import numpy as np
+
+from medadapt.errors import MedAdaptError
+from medadapt.retrieval.config import DenseConfig
+from medadapt.retrieval.errors import IndexCorruptError
+
+FILE = "dense.faiss"
+
+
+def gpu_count() -> int:
+    import faiss
+
+    get = getattr(faiss, "get_num_gpus", None)
+    return int(get()) if callable(get) else 0
+
+
+def normalize(x: np.ndarray) -> np.ndarray:
+    x = np.ascontiguousarray(x, dtype=np.float32)
+    norms = np.linalg.norm(x, axis=1, keepdims=True)
+    return x / np.maximum(norms, 1e-12)
+
+
+def new_index(dim: int, factory: str):
+    """``faiss.index_factory(dim, factory, METRIC_INNER_PRODUCT)`` with a clear error for bad strings."""
+    import faiss
+
+    try:
+        return faiss.index_factory(int(dim), factory, faiss.METRIC_INNER_PRODUCT)
+    except RuntimeError as exc:
+        first = str(exc).strip().rsplit(": ", 1)[-1] if str(exc).strip() else ""
+        raise MedAdaptError(
+            f"invalid FAISS factory string {factory!r} for dimension {dim} "
+            f"({first}; examples: 'Flat', 'HNSW32', 'IVF1024,Flat', 'IVF4096,PQ64')"
+        ) from None
+
+
+def default_train_size(index) -> int:
+    import faiss
+
+    ivf = faiss.try_extract_index_ivf(index)
+    nlist = ivf.nlist if ivf is not None else 0
+    return max(10_000, 64 * nlist)
+
+
+class DenseIndex:
+    """A FAISS index over document positions ``0..n-1``.
+
+    Args:
+        index: a CPU FAISS index (inner-product metric).
+        config: :class:`DenseConfig`; ``ef_search`` / ``nprobe`` are applied now.
+        normalized: whether vectors are L2-normalised before adding and searching (cosine models).
+    """
+
+    def __init__(self, index, config: DenseConfig | None = None, normalized: bool = True):
+        self.config = config or DenseConfig()
+        self.normalized = normalized
+        self._cpu = index
+        self._lock = threading.Lock()
+        self._search_index = index
+        self._on_gpu = False
+        self.apply_search_params()
+        self._maybe_to_gpu()
+
+    # ------------------------------------------------------------------ construction
+    @classmethod
+    def empty(cls, dim: int, config: DenseConfig | None = None, normalized: bool = True) -> DenseIndex:
+        config = config or DenseConfig()
+        index = new_index(dim, config.factory)
+        hnsw = _hnsw(index)
+        if hnsw is not None:
+            hnsw.efConstruction = config.ef_construction
+        return cls(index, config, normalized)
+
+    @property
+    def dim(self) -> int:
+        return int(self._cpu.d)
+
+    @property
+    def ntotal(self) -> int:
+        return int(self._search_index.ntotal)
+
+    @property
+    def is_trained(self) -> bool:
+        return bool(self._cpu.is_trained)
+
+    def _prep(self, x: np.ndarray) -> np.ndarray:
+        x = np.ascontiguousarray(x, dtype=np.float32)
+        if x.ndim != 2 or x.shape[1] != self.dim:
+            raise ValueError(f"expected vectors of shape (n, {self.dim}), got {x.shape}")
+        return normalize(x) if self.normalized else x
+
+    def train(self, sample: np.ndarray) -> None:
+        """Train IVF / PQ components (no-op for indexes that need no training)."""
+        if not self._cpu.is_trained:
+            self._search_index.train(self._prep(sample))
+
+    def add(self, vectors: np.ndarray) -> None:
+        if not self._search_index.is_trained:
+            raise MedAdaptError(f"FAISS index {self.config.factory!r} must be trained before adding vectors")
+        with self._lock:
+            self._search_index.add(self._prep(vectors))
+
+    @classmethod
+    def build(cls, vectors: np.ndarray, config: DenseConfig | None = None, normalized: bool = True,
+              seed: int = 0) -> DenseIndex:
+        """Build from vectors already in memory (trained on a random sample when needed)."""
+        config = config or DenseConfig()
+        index = cls.empty(vectors.shape[1], config, normalized)
+        if not index.is_trained:
+            n = config.train_size or default_train_size(index._cpu)
+            rng = np.random.default_rng(seed)
+            sample = vectors if len(vectors) <= n else vectors[np.sort(rng.choice(len(vectors), n, replace=False))]
+            index.train(sample)
+        for start in range(0, len(vectors), config.chunk_size):
+            index.add(vectors[start : start + config.chunk_size])
+        return index
+
+    @classmethod
+    def build_chunked(
+        cls,
+        n_docs: int,
+        embed: Callable[[np.ndarray], np.ndarray],
+        dim: int,
+        config: DenseConfig | None = None,
+        normalized: bool = True,
+        seed: int = 0,
+        show_progress: bool = True,
+    ) -> DenseIndex:
+        """Build by calling ``embed(positions)`` for one chunk of document positions at a time.
+
+        ``embed`` returns the embeddings of those documents (e.g. through the embedding cache); only one
+        chunk is ever in memory. Trainable indexes first embed a random sample of ``train_size``
+        documents (those embeddings are cached, so they are not encoded twice).
+        """
+        from tqdm.auto import tqdm
+
+        config = config or DenseConfig()
+        index = cls.empty(dim, config, normalized)
+        if not index.is_trained:
+            n = min(n_docs, config.train_size or default_train_size(index._cpu))
+            rng = np.random.default_rng(seed)
+            index.train(embed(np.sort(rng.choice(n_docs, n, replace=False))))
+        bar = tqdm(total=n_docs, desc=f"indexing ({config.factory})", unit="doc", disable=not show_progress)
+        try:
+            for start in range(0, n_docs, config.chunk_size):
+                positions = np.arange(start, min(n_docs, start + config.chunk_size))
+                index.add(embed(positions))
+                bar.update(len(positions))
+        finally:
+            bar.close()
+        return index
+
+    @classmethod
+    def build_from_model(cls, model, texts: Sequence[str], cache=None, config: DenseConfig | None = None,
+                         batch_size: int = 64, show_progress: bool = True) -> DenseIndex:
+        """Encode ``texts`` with ``model.encode_document`` through the embedding cache, chunk by chunk."""
+        from medadapt.cache import EmbeddingCache
+
+        cache = cache if cache is not None else EmbeddingCache()
+        normalized = model_uses_cosine(model)
+
+        def embed(positions: np.ndarray) -> np.ndarray:
+            return cache.encode(model, [texts[int(i)] for i in positions], role="document",
+                                batch_size=batch_size, show_progress=False)
+
+        dim = embedding_dim(model)
+        if dim is None:
+            dim = int(embed(np.arange(1)).shape[1])
+        return cls.build_chunked(len(texts), embed, int(dim), config, normalized, show_progress=show_progress)
+
+    # ------------------------------------------------------------------ search
+    def apply_search_params(self) -> None:
+        """Set ``efSearch`` / ``nprobe`` on whatever index type the factory produced."""
+        import faiss
+
+        ps = faiss.ParameterSpace()
+        hnsw = _hnsw(self._cpu)
+        if hnsw is not None:
+            hnsw.efSearch = self.config.ef_search
+        if faiss.try_extract_index_ivf(self._cpu) is not None:
+            ps.set_index_parameter(self._cpu, "nprobe", self.config.nprobe)
+
+    def search(self, queries: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+        """Top-``k`` ``(scores, positions)`` per query, padded with ``-inf`` / ``-1``."""
+        q = self._prep(queries)
+        k = max(1, min(k, max(self.ntotal, 1)))
+        if self._on_gpu:
+            with self._lock:
+                s, i = self._search_index.search(q, k)
+        else:
+            s, i = self._search_index.search(q, k)
+        s = np.where(i < 0, -np.inf, s).astype(np.float32)
+        return s, i.astype(np.int64)
+
+    def reconstruct_all(self) -> np.ndarray:
+        """All stored vectors (Flat-like indexes only); used by tests and exact re-scoring."""
+        return self.cpu_index().reconstruct_n(0, self.ntotal)
+
+    # ------------------------------------------------------------------ gpu
+    def _maybe_to_gpu(self) -> None:
+        use = self.config.use_gpu
+        n = gpu_count() if use else 0
+        if use is True and n == 0:
+            raise MedAdaptError("use_gpu=True but no GPU is visible to FAISS: pip install 'medadapt[gpu]'")
+        if n > 0:
+            import faiss
+
+            try:
+                self._search_index = faiss.index_cpu_to_all_gpus(self._cpu)
+                self._on_gpu = True
+            except RuntimeError:  # index type without a GPU implementation (e.g. HNSW): stay on CPU
+                if use is True:
+                    raise MedAdaptError(f"FAISS has no GPU implementation of {self.config.factory!r}") from None
+
+    def cpu_index(self):
+        if self._on_gpu:
+            import faiss
+
+            with self._lock:
+                return faiss.index_gpu_to_cpu(self._search_index)
+        return self._cpu
+
+    # ------------------------------------------------------------------ persistence
+    def save(self, folder: str | Path) -> None:
+        """``faiss.write_index`` to a temporary file, then rename (atomic)."""
+        import faiss
+
+        from medadapt.io import atomic_open
+
+        folder = Path(folder)
+        with atomic_open(folder / FILE, "wb") as f:
+            f.write(faiss.serialize_index(self.cpu_index()).tobytes())
+
+    @classmethod
+    def load(cls, folder: str | Path, config: DenseConfig, normalized: bool, mmap: bool = False) -> DenseIndex:
+        import faiss
+
+        path = Path(folder) / FILE
+        if not path.is_file():
+            raise IndexCorruptError(f"{path}: dense index file is missing")
+        try:
+            flags = faiss.IO_FLAG_MMAP | faiss.IO_FLAG_READ_ONLY if mmap else 0
+            index = faiss.read_index(str(path), flags)
+        except RuntimeError as exc:
+            msg = str(exc).strip().rsplit(": ", 1)[-1] if str(exc).strip() else type(exc).__name__
+            raise IndexCorruptError(f"{path}: FAISS cannot read the index ({msg})") from None
+        return cls(index, config, normalized)
+
+
+def _hnsw(index):
+    """The ``faiss.HNSW`` structure inside ``index`` (also behind IDMap / pre-transforms), or ``None``."""
+    import faiss
+
+    for _ in range(4):
+        if hasattr(index, "hnsw"):
+            return index.hnsw
+        inner = getattr(index, "index", None)
+        if inner is None:
+            return None
+        index = faiss.downcast_index(inner)
+    return None
+
+
+def model_uses_cosine(model) -> bool:
+    """True when the model's similarity is cosine (vectors are normalised); dot product keeps them raw."""
+    name = (getattr(model, "similarity_fn_name", None) or "cosine").lower()
+    if name not in ("cosine", "dot"):
+        raise MedAdaptError(f"similarity {name!r} is not supported for inner-product retrieval (use cosine or dot)")
+    return name == "cosine"
+
+
+def embedding_dim(model) -> int | None:
+    """The model's output dimension (sentence-transformers renamed the getter in v6)."""
+    getter = getattr(model, "get_embedding_dimension", None) or model.get_sentence_embedding_dimension
+    return getter()

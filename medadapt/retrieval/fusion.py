@@ -1,0 +1,124 @@
+"""Score fusion as small pure functions over ``{doc_id: score}`` lists.
+
+Missing-document rule (the same for every weighted-sum method): a document absent from one list is
+given that list's **lowest normalised score** among the documents it did return (0 after min-max, the
+list's minimum z-score after z-score). A document is therefore never rewarded for being missing, and
+never punished below the worst document the list did retrieve. For reciprocal rank fusion a missing
+document contributes nothing from that list (rank = infinity). An empty list contributes nothing at all.
+
+Ties in the fused ranking break by document id, so results are deterministic.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+
+Scores = Mapping[str, float]
+
+
+def minmax_normalize(scores: Scores) -> dict[str, float]:
+    """Map scores linearly onto [0, 1]; a list whose scores are all equal maps to 1.0."""
+    if not scores:
+        return {}
+    lo, hi = min(scores.values()), max(scores.values())
+    if hi - lo <= 0:
+        return {d: 1.0 for d in scores}
+    return {d: (s - lo) / (hi - lo) for d, s in scores.items()}
+
+
+def zscore_normalize(scores: Scores) -> dict[str, float]:
+    """Subtract the mean and divide by the (population) standard deviation; constant lists map to 0."""
+    if not scores:
+        return {}
+    values = list(scores.values())
+    mean = sum(values) / len(values)
+    std = math.sqrt(sum((v - mean) ** 2 for v in values) / len(values))
+    if std <= 0:
+        return {d: 0.0 for d in scores}
+    return {d: (s - mean) / std for d, s in scores.items()}
+
+
+def _weights(n: int, weights: Sequence[float] | None) -> list[float]:
+    if weights is None:
+        return [1.0 / n] * n
+    if len(weights) != n:
+        raise ValueError(f"got {len(weights)} weights for {n} lists")
+    if any(w < 0 for w in weights):
+        raise ValueError("fusion weights must be non-negative")
+    return [float(w) for w in weights]
+
+
+def _ranked(fused: dict[str, float], k: int | None) -> dict[str, float]:
+    items = sorted(fused.items(), key=lambda kv: (-kv[1], kv[0]))
+    return dict(items[:k] if k is not None else items)
+
+
+def weighted_sum(normalized: Sequence[Mapping[str, float]], weights: Sequence[float] | None = None,
+                 k: int | None = None) -> dict[str, float]:
+    """Weighted sum of already-normalised lists, applying the missing-document rule."""
+    ws = _weights(len(normalized), weights)
+    floors = [min(n.values()) if n else 0.0 for n in normalized]
+    docs: dict[str, None] = {}
+    for n in normalized:
+        docs.update(dict.fromkeys(n))
+    fused = {
+        d: sum(w * n.get(d, floor) for w, n, floor in zip(ws, normalized, floors) if n) for d in docs
+    }
+    return _ranked(fused, k)
+
+
+def minmax_fusion(lists: Sequence[Scores], weights: Sequence[float] | None = None,
+                  k: int | None = None) -> dict[str, float]:
+    """Min-max normalise each list, then weighted sum (missing documents count as that list's 0).
+
+    Example::
+
+        >>> minmax_fusion([{"a": 3, "b": 1}, {"b": 10, "c": 5}], weights=[0.5, 0.5])
+        {'a': 0.5, 'b': 0.5, 'c': 0.0}
+    """
+    return weighted_sum([minmax_normalize(s) for s in lists], weights, k)
+
+
+def zscore_fusion(lists: Sequence[Scores], weights: Sequence[float] | None = None,
+                  k: int | None = None) -> dict[str, float]:
+    """Z-score each list, then weighted sum (missing documents get that list's minimum z-score)."""
+    return weighted_sum([zscore_normalize(s) for s in lists], weights, k)
+
+
+def rrf_fusion(lists: Sequence[Scores], k_rrf: int = 60, weights: Sequence[float] | None = None,
+               k: int | None = None) -> dict[str, float]:
+    """Reciprocal rank fusion (Cormack et al. 2009): ``sum_i w_i / (k_rrf + rank_i(d))``, ranks from 1.
+
+    Each list is ranked by descending score (ties by document id); unweighted RRF uses weight 1 per list.
+    """
+    ws = [1.0] * len(lists) if weights is None else _weights(len(lists), weights)
+    fused: dict[str, float] = {}
+    for w, scores in zip(ws, lists):
+        for rank, (d, _) in enumerate(sorted(scores.items(), key=lambda kv: (-kv[1], kv[0])), start=1):
+            fused[d] = fused.get(d, 0.0) + w / (k_rrf + rank)
+    return _ranked(fused, k)
+
+
+FUSERS = {"minmax": minmax_fusion, "zscore": zscore_fusion}
+
+
+def fuse(lists: Sequence[Scores], method: str = "minmax", weights: Sequence[float] | None = None,
+         k: int | None = None, rrf_k: int = 60) -> dict[str, float]:
+    """Dispatch on ``method`` (``"minmax"``, ``"zscore"`` or ``"rrf"``)."""
+    if method == "rrf":
+        return rrf_fusion(lists, rrf_k, weights, k)
+    if method not in FUSERS:
+        raise ValueError(f"unknown fusion method {method!r}; choose one of: minmax, zscore, rrf")
+    return FUSERS[method](lists, weights, k)
+
+
+def fuse_runs(runs: Sequence[Mapping[str, Scores]], method: str = "minmax",
+              weights: Sequence[float] | None = None, k: int | None = None, rrf_k: int = 60
+              ) -> dict[str, dict[str, float]]:
+    """Fuse whole runs ``{qid: {doc_id: score}}`` query by query (queries missing from a run count as
+    empty lists)."""
+    qids: dict[str, None] = {}
+    for run in runs:
+        qids.update(dict.fromkeys(run))
+    return {q: fuse([run.get(q, {}) for run in runs], method, weights, k, rrf_k) for q in qids}

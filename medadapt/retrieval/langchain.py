@@ -1,0 +1,106 @@
+"""LangChain adapters (extra ``[langchain]``: langchain-core only).
+
+* :class:`MedAdaptRetriever` wraps a :class:`~medadapt.retrieval.Retriever` as a LangChain
+  ``BaseRetriever``; ``invoke`` / ``ainvoke`` return ``Document`` objects whose ``id`` is the corpus id and
+  whose metadata holds ``id``, ``score``, ``rank``, ``title`` and the retriever ``kind``.
+* :class:`MedAdaptEmbeddings` exposes a SentenceTransformer as LangChain ``Embeddings`` using
+  ``encode_query`` for queries and ``encode_document`` for documents (asymmetric models stay correct).
+
+This module imports langchain-core at import time; :mod:`medadapt.retrieval` only imports it when one of
+these names is first used, so the rest of medadapt works without it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from typing import Any
+
+try:
+    from langchain_core.callbacks import AsyncCallbackManagerForRetrieverRun, CallbackManagerForRetrieverRun
+    from langchain_core.documents import Document
+    from langchain_core.embeddings import Embeddings
+    from langchain_core.retrievers import BaseRetriever
+except ImportError as exc:  # pragma: no cover - exercised only without the extra
+    from medadapt.errors import MedAdaptError
+
+    raise MedAdaptError("the LangChain adapters need langchain-core: pip install 'medadapt[langchain]'") from exc
+
+from pydantic import ConfigDict, Field, PrivateAttr
+
+
+class MedAdaptRetriever(BaseRetriever):
+    """A LangChain retriever over a medadapt index.
+
+    Example::
+
+        from medadapt.retrieval import MedAdaptRetriever, Retriever
+        lc = MedAdaptRetriever(retriever=Retriever.load("medquad.index"), k=5)
+        docs = lc.invoke("What are the symptoms of gout?")      # or: await lc.ainvoke(...)
+    """
+
+    model_config = ConfigDict(arbitrary_types_allowed=True)
+
+    retriever: Any = Field(description="a medadapt.retrieval.Retriever")
+    k: int = Field(10, ge=1, description="documents returned per query")
+
+    @classmethod
+    def from_index(cls, folder: str, model: Any = None, k: int = 10, **kwargs) -> MedAdaptRetriever:
+        from medadapt.retrieval.retriever import Retriever
+
+        return cls(retriever=Retriever.load(folder, model=model, **kwargs), k=k)
+
+    def _to_documents(self, result) -> list[Document]:
+        kind = self.retriever.kind
+        return [
+            Document(
+                page_content=hit.text,
+                id=hit.id,
+                metadata={"id": hit.id, "score": hit.score, "rank": hit.rank, "title": hit.title, "kind": kind},
+            )
+            for hit in result
+        ]
+
+    def _get_relevant_documents(self, query: str, *, run_manager: CallbackManagerForRetrieverRun) -> list[Document]:
+        return self._to_documents(self.retriever.search(query, self.k))
+
+    async def _aget_relevant_documents(
+        self, query: str, *, run_manager: AsyncCallbackManagerForRetrieverRun
+    ) -> list[Document]:
+        # Retriever.search is thread-safe, so a worker thread keeps the event loop free.
+        result = await asyncio.to_thread(self.retriever.search, query, self.k)
+        return self._to_documents(result)
+
+
+class MedAdaptEmbeddings(Embeddings):
+    """LangChain ``Embeddings`` over a SentenceTransformer (queries: ``encode_query``; documents:
+    ``encode_document``), normalised when the model's similarity is cosine.
+
+    Args:
+        model: a ``SentenceTransformer`` or a name for :func:`medadapt.load` (``"minilm"``, a folder...).
+        batch_size: encoding batch size.
+    """
+
+    def __init__(self, model: Any = "minilm", batch_size: int = 64):
+        if isinstance(model, str):
+            from medadapt.models import load
+
+            model = load(model)
+        from medadapt.retrieval.dense import model_uses_cosine
+
+        self.model = model
+        self.batch_size = batch_size
+        self.normalize = model_uses_cosine(model)
+        self._lock = threading.Lock()
+
+    def _encode(self, fn, texts: list[str]) -> list[list[float]]:
+        with self._lock:
+            emb = fn(list(texts), batch_size=self.batch_size, convert_to_numpy=True,
+                     normalize_embeddings=self.normalize, show_progress_bar=False)
+        return emb.astype("float32").tolist()
+
+    def embed_documents(self, texts: list[str]) -> list[list[float]]:
+        return self._encode(self.model.encode_document, texts)
+
+    def embed_query(self, text: str) -> list[float]:
+        return self._encode(self.model.encode_query, [text])[0]

@@ -1,0 +1,108 @@
+"""Sharded dense builds for corpora larger than one machine's memory.
+
+Recipe (documented in ``docs/retrieval.md``):
+
+1. :func:`train_shard_template` trains the index once on a sample (IVF centroids, PQ codebooks) and
+   writes the empty, trained index: every shard must share it.
+2. :func:`build_shard` (one per machine / process) adds a contiguous slice of the corpus, with the
+   slice's global document positions as FAISS ids, and writes ``shard-XXXX.faiss``.
+3. :func:`merge_shards` combines the shard files into one index:
+   * IVF indexes (``IVF…``): inverted lists are merged (``IndexIVF.merge_from``); with ``ondisk=True``
+     the lists are instead merged into one ``.ivfdata`` file with ``faiss.contrib.ondisk.merge_ondisk``,
+     so the merged index never has to fit in memory;
+   * Flat / PQ / SQ (flat-code indexes): codes are appended (``merge_from``);
+   * graph indexes (HNSW), which cannot be merged: a ``faiss.IndexShards`` searches every shard and
+     merges the top-k lists at query time.
+
+FAISS is used for all of it; the hand-written part is only the bookkeeping of ids, files and checks.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+
+from medadapt.errors import MedAdaptError
+from medadapt.retrieval.config import DenseConfig
+from medadapt.retrieval.dense import DenseIndex, default_train_size, new_index, normalize
+
+
+def train_shard_template(sample: np.ndarray, config: DenseConfig, out: str | Path, normalized: bool = True) -> Path:
+    """Train an empty index of ``config.factory`` on ``sample`` and write it to ``out``."""
+    import faiss
+
+    index = new_index(sample.shape[1], config.factory)
+    if not index.is_trained:
+        n = config.train_size or default_train_size(index)
+        x = normalize(sample[:n]) if normalized else np.ascontiguousarray(sample[:n], dtype=np.float32)
+        index.train(x)
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    faiss.write_index(index, str(out))
+    return out
+
+
+def build_shard(template: str | Path, vectors: np.ndarray, start: int, out: str | Path,
+                normalized: bool = True, ef_construction: int = 40) -> Path:
+    """Add ``vectors`` (global positions ``start .. start+len-1``) to a copy of the template, write ``out``."""
+    import faiss
+
+    from medadapt.retrieval.dense import _hnsw
+
+    index = faiss.read_index(str(template))
+    x = normalize(vectors) if normalized else np.ascontiguousarray(vectors, dtype=np.float32)
+    ids = np.arange(start, start + len(x), dtype=np.int64)
+    if faiss.try_extract_index_ivf(index) is not None:
+        index.add_with_ids(x, ids)
+    else:  # flat-code and graph indexes number vectors sequentially; remember the offset in the file name
+        hnsw = _hnsw(index)
+        if hnsw is not None:
+            hnsw.efConstruction = ef_construction
+        index.add(x)
+    out = Path(out)
+    tmp = out.with_name(f".{out.name}.tmp")
+    faiss.write_index(index, str(tmp))
+    tmp.replace(out)
+    return out
+
+
+def merge_shards(shards: Sequence[str | Path], config: DenseConfig, normalized: bool = True,
+                 ondisk: str | Path | None = None) -> DenseIndex:
+    """Merge shard files (in corpus order) into one :class:`DenseIndex`.
+
+    Args:
+        shards: shard files from :func:`build_shard`, ordered by their ``start``.
+        ondisk: for IVF indexes, a path for the merged ``.ivfdata`` inverted lists (memory-mapped).
+    """
+    import faiss
+
+    if not shards:
+        raise MedAdaptError("no shards to merge")
+    first = faiss.read_index(str(shards[0]))
+    if faiss.try_extract_index_ivf(first) is not None:
+        if ondisk is not None:
+            from faiss.contrib.ondisk import merge_ondisk
+
+            merged = faiss.read_index(str(shards[0]))
+            merged.reset()
+            merge_ondisk(merged, [str(s) for s in shards], str(ondisk))
+        else:
+            merged = first
+            for s in shards[1:]:
+                merged.merge_from(faiss.read_index(str(s)), 0)  # ids are already global positions
+        return DenseIndex(merged, config, normalized)
+    from medadapt.retrieval.dense import _hnsw
+
+    if _hnsw(first) is None:
+        merged = first
+        for s in shards[1:]:
+            merged.merge_from(faiss.read_index(str(s)), 0)
+        return DenseIndex(merged, config, normalized)
+    # HNSW graphs cannot be merged: search the shards side by side (threaded, successive ids). The
+    # result is searchable but is not one file; keep the shard files as the saved form.
+    combined = faiss.IndexShards(first.d, True, True)
+    for part in [first] + [faiss.read_index(str(s)) for s in shards[1:]]:
+        combined.add_shard(part)  # the faiss wrapper keeps a reference to each shard
+    return DenseIndex(combined, config, normalized)
