@@ -1,0 +1,492 @@
+"""``medadapt data``: training-data curation (mine, filter, dedup, label, sts-triplets).
+
+Every command validates its inputs before loading a model, shows progress bars (``--quiet`` hides them),
+writes its output atomically, and reports user errors as one ``error: ...`` line.
+"""
+
+from __future__ import annotations
+
+import enum
+import importlib
+import json
+import re
+from collections.abc import Callable
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from medadapt.cli._common import console, fail, quiet_libraries
+from medadapt.errors import ConfigError, DataError, MedAdaptError
+
+data_app = typer.Typer(
+    name="data",
+    help="Curate training data: hard negatives, consistency filter, diversity dedup, LLM consensus labels, "
+    "synonym STS triplets.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    add_completion=False,
+)
+
+
+class Retriever(str, enum.Enum):
+    dense = "dense"
+    bm25 = "bm25"
+
+
+class Language(str, enum.Enum):
+    auto = "auto"
+    en = "en"
+    zh = "zh"
+
+
+class Preset(str, enum.Enum):
+    hyrec = "hyrec"
+    med_moe = "med-moe"
+    bmretriever = "bmretriever"
+
+
+class Kind(str, enum.Enum):
+    query = "query"
+    document = "document"
+
+
+class Policy(str, enum.Enum):
+    unanimous = "unanimous"
+    majority = "majority"
+
+
+class AgreementOn(str, enum.Enum):
+    label = "label"
+    grade = "grade"
+
+
+class LabelFormat(str, enum.Enum):
+    pairs = "pairs"
+    groups = "groups"
+
+
+class StsFormat(str, enum.Enum):
+    triplets = "triplets"
+    pairs = "pairs"
+
+
+class Mode(str, enum.Enum):
+    all = "all"
+    any = "any"
+
+
+_CJK = re.compile(r"[\u4e00-\u9fff]")
+
+ModelOpt = Annotated[str, typer.Option(help="Model alias (minilm), saved model folder, or hub id (dense).")]
+LanguageOpt = Annotated[Language, typer.Option(help="BM25 tokenisation (auto: by CJK share).")]
+DeviceOpt = Annotated[Optional[str], typer.Option(help="cpu, cuda, mps ... (default: auto).")]
+CacheOpt = Annotated[Optional[Path], typer.Option(help="Embedding cache folder (default $MEDADAPT_CACHE or "
+                                                       "~/.cache/medadapt).")]
+QuietOpt = Annotated[bool, typer.Option("--quiet", "-q", help="No progress bars.")]
+OutputOpt = Annotated[Path, typer.Option("--output", "-o", help="Output JSONL (written atomically).")]
+
+
+# --------------------------------------------------------------------------------------------- helpers
+def _message(exc: Exception) -> str:
+    """One line for a user error (pydantic errors shortened to their first problem)."""
+    try:
+        from pydantic import ValidationError
+    except ImportError:  # pragma: no cover
+        ValidationError = ()  # type: ignore[assignment]
+    if isinstance(exc, ValidationError):
+        err = exc.errors()[0]
+        loc = ".".join(str(x) for x in err.get("loc", ())) or "config"
+        return f"invalid {loc}: {err.get('msg', exc)}".replace("Value error, ", "")
+    return " ".join(str(exc).split())
+
+
+def _guard(fn: Callable[[], None]) -> None:
+    quiet_libraries()
+    try:
+        from pydantic import ValidationError
+
+        try:
+            fn()
+        except (MedAdaptError, ValueError, ValidationError) as exc:
+            fail(_message(exc))
+    except KeyboardInterrupt:
+        fail("interrupted")
+
+
+def _check_output(output: Path) -> None:
+    if output.exists() and output.is_dir():
+        raise DataError(f"--output is a folder: {output}")
+
+
+def _detect_language(texts: list[str]) -> str:
+    sample = "".join(texts[:200])
+    return "zh" if len(_CJK.findall(sample)) > 0.2 * max(len(sample), 1) else "en"
+
+
+def _searcher(retriever: Retriever, ids: list[str], texts: list[str], model: str, device, cache_dir, language,
+              quiet: bool):
+    if retriever is Retriever.bm25:
+        from medadapt.curation import BM25Searcher
+
+        lang = _detect_language(texts) if language is Language.auto else language.value
+        return BM25Searcher(ids, texts, language=lang)
+    from medadapt.cache import EmbeddingCache
+    from medadapt.curation import DenseSearcher
+    from medadapt.models import load
+
+    return DenseSearcher(load(model, device=device), ids, texts, cache=EmbeddingCache(cache_dir),
+                         show_progress=not quiet)
+
+
+def _parse_window(window: str) -> tuple[int, int]:
+    m = re.fullmatch(r"\s*(\d+)\s*[-,:]\s*(\d+)\s*", window)
+    if not m:
+        raise ConfigError(f"--window must look like 20-100, got {window!r}")
+    return int(m.group(1)), int(m.group(2))
+
+
+def _import_object(spec: str, what: str):
+    """``package.module:attr`` -> the object (a class is instantiated without arguments)."""
+    module_name, _, attr = spec.partition(":")
+    if not module_name or not attr:
+        raise ConfigError(f"{what} {spec!r} must be 'openai:MODEL@BASE_URL' or 'package.module:object'")
+    try:
+        obj = getattr(importlib.import_module(module_name), attr)
+    except (ImportError, AttributeError) as exc:
+        raise ConfigError(f"cannot import {what} {spec!r}: {exc}") from None
+    if isinstance(obj, type):
+        obj = obj()
+    return obj
+
+
+def _openai_backend(spec: str, api_key_env: str):
+    from medadapt.curation import OpenAIChat
+
+    rest = spec[len("openai:"):]
+    model, _, base_url = rest.partition("@")
+    if not model:
+        raise ConfigError(f"{spec!r}: expected openai:MODEL or openai:MODEL@BASE_URL")
+    return OpenAIChat(model, base_url or "https://api.openai.com/v1", api_key_env=api_key_env)
+
+
+def _texts_from_jsonl(path: Path, field: str, join_title: bool) -> tuple[list[dict], list[str]]:
+    from medadapt.data.jsonl import field as get_field, iter_jsonl
+
+    rows, texts = [], []
+    for lineno, obj in iter_jsonl(path, "input file"):
+        text = get_field(obj, field, str, path, lineno)
+        title = obj.get("title") if join_title else None
+        texts.append(f"{title} {text}".strip() if isinstance(title, str) and title else text)
+        rows.append(obj)
+    if not rows:
+        raise DataError(f"{path}: no lines")
+    return rows, texts
+
+
+# --------------------------------------------------------------------------------------------- mine
+@data_app.command("mine")
+def mine_cmd(
+    output: OutputOpt,
+    data: Annotated[str, typer.Option(help="BEIR folder or builtin dataset (medmini).")] = "medmini",
+    split: Annotated[str, typer.Option(help="qrels split whose queries are mined.")] = "train",
+    retriever: Annotated[Retriever, typer.Option(help="Candidate retriever.")] = Retriever.dense,
+    model: ModelOpt = "minilm",
+    language: LanguageOpt = Language.auto,
+    preset: Annotated[Optional[Preset], typer.Option(
+        help="Paper settings: hyrec (ranks 20-100, 3 negs), med-moe (6-10, 5), bmretriever (1-100, 1)."
+    )] = None,
+    window: Annotated[Optional[str], typer.Option(help="Rank window lo-hi (1-based).")] = None,
+    num_negatives: Annotated[Optional[int], typer.Option(min=1, help="Negatives per query.")] = None,
+    margin: Annotated[Optional[float], typer.Option(min=0.0, help="Drop candidates scoring above "
+                                                                 "pos_score*(1-margin).")] = None,
+    absolute_margin: Annotated[Optional[float], typer.Option(help="Drop candidates scoring above "
+                                                                  "pos_score-margin.")] = None,
+    text_dup_threshold: Annotated[float, typer.Option(
+        min=0.0, max=1.0, help="Drop candidates with char-3-gram Jaccard >= this to a positive (0: off)."
+    )] = 0.8,
+    seed: Annotated[int, typer.Option(help="Sampling seed.")] = 42,
+    no_scores: Annotated[bool, typer.Option("--no-scores", help="Omit pos_scores / neg_scores.")] = False,
+    keep_empty: Annotated[bool, typer.Option("--keep-empty", help="Keep queries without negatives.")] = False,
+    batch_size: Annotated[int, typer.Option(min=1, help="Queries per search call.")] = 256,
+    device: DeviceOpt = None,
+    cache_dir: CacheOpt = None,
+    quiet: QuietOpt = False,
+) -> None:
+    """Mine hard negatives by rank window; write FlagEmbedding JSONL {query, pos, neg, *_scores}."""
+
+    def run() -> None:
+        from medadapt.curation import MiningConfig, MiningReport, mine_hard_negatives, write_training_groups
+        from medadapt.data import load_beir
+
+        _check_output(output)
+        overrides: dict = {"margin": margin, "absolute_margin": absolute_margin, "seed": seed,
+                           "with_scores": not no_scores, "drop_empty": not keep_empty,
+                           "text_dup_threshold": text_dup_threshold or None}
+        if window is not None:
+            overrides["window"] = _parse_window(window)
+        if num_negatives is not None:
+            overrides["num_negatives"] = num_negatives
+        config = MiningConfig.preset(preset.value, **overrides) if preset else MiningConfig(**overrides)
+        dataset = load_beir(data, [split])
+        searcher = _searcher(retriever, dataset.doc_ids, dataset.doc_texts(), model, device, cache_dir,
+                             language, quiet)
+        report = MiningReport()
+        groups = mine_hard_negatives(dataset, split, searcher, config, batch_size=batch_size,
+                                     show_progress=not quiet, report=report)
+        n = write_training_groups(output, groups)
+        console.print(_report_line(report.to_dict()))
+        console.print(f"wrote {n} training groups to {output}")
+
+    _guard(run)
+
+
+def _report_line(d: dict) -> str:
+    return ", ".join(f"{k.replace('_', ' ')}: {v}" for k, v in d.items())
+
+
+# --------------------------------------------------------------------------------------------- filter
+@data_app.command("filter")
+def filter_cmd(
+    input: Annotated[Path, typer.Option("--input", "-i", help="FlagEmbedding JSONL of synthetic groups.")],
+    output: OutputOpt,
+    corpus: Annotated[Optional[str], typer.Option(
+        help="BEIR folder or corpus.jsonl searched besides the positives (BMRetriever: the whole corpus)."
+    )] = None,
+    retriever: Annotated[Retriever, typer.Option(help="Retriever judging consistency.")] = Retriever.dense,
+    model: ModelOpt = "minilm",
+    language: LanguageOpt = Language.auto,
+    top_k: Annotated[int, typer.Option(min=1, help="Keep a pair when its passage ranks in this top-k.")] = 3,
+    mode: Annotated[Mode, typer.Option(help="Several positives: all / any must rank.")] = Mode.all,
+    batch_size: Annotated[int, typer.Option(min=1, help="Queries per search call.")] = 256,
+    device: DeviceOpt = None,
+    cache_dir: CacheOpt = None,
+    quiet: QuietOpt = False,
+) -> None:
+    """Consistency filter (BMRetriever): keep synthetic pairs whose passage ranks in the retriever's top-k."""
+
+    def run() -> None:
+        from medadapt.curation import filter_consistent_groups, write_training_groups
+        from medadapt.data import load_training_groups
+
+        _check_output(output)
+        groups = load_training_groups(input)
+        texts: dict[str, str] = {}  # text -> id
+        if corpus:
+            from medadapt.data import load_corpus, resolve_data_dir
+
+            path = Path(corpus)
+            docs = load_corpus(path if path.is_file() else resolve_data_dir(corpus) / "corpus.jsonl")
+            for did, doc in docs.items():
+                text = f"{doc['title']} {doc['text']}".strip() if doc["title"] else doc["text"]
+                texts.setdefault(text, did)
+        for g in groups:
+            for p in g.pos:
+                texts.setdefault(p, f"synthetic-{len(texts)}")
+        ids, doc_texts = list(texts.values()), list(texts)
+        searcher = _searcher(retriever, ids, doc_texts, model, device, cache_dir, language, quiet)
+        kept = filter_consistent_groups(groups, searcher, texts, top_k, mode.value, batch_size=batch_size,
+                                        show_progress=not quiet)
+        n = write_training_groups(output, kept)
+        console.print(f"kept {n} of {len(groups)} groups (top-{top_k}, {retriever.value}); wrote {output}")
+
+    _guard(run)
+
+
+# --------------------------------------------------------------------------------------------- dedup
+@data_app.command("dedup")
+def dedup_cmd(
+    input: Annotated[Path, typer.Option("--input", "-i", help="JSONL whose lines hold the texts "
+                                                               "(queries.jsonl, corpus.jsonl ...).")],
+    output: OutputOpt,
+    kind: Annotated[Kind, typer.Option(help="query (encode_query, τ=0.85) or document (encode_document, "
+                                            "title+text, τ=0.78).")] = Kind.query,
+    field: Annotated[str, typer.Option(help="JSON field holding the text.")] = "text",
+    model: ModelOpt = "minilm",
+    k: Annotated[int, typer.Option(min=1, help="Neighbours retrieved per candidate.")] = 5,
+    threshold: Annotated[Optional[float], typer.Option(help="Similarity τ (default by --kind).")] = None,
+    max_neighbors: Annotated[int, typer.Option(min=0, help="Discard when > m neighbours exceed τ.")] = 1,
+    seed_size: Annotated[int, typer.Option(min=0, help="Items inserted unconditionally first.")] = 5000,
+    batch_size: Annotated[int, typer.Option(min=1, help="Candidates checked per batch.")] = 2048,
+    index: Annotated[str, typer.Option(help="flat (exact) or hnsw (approximate, for millions).")] = "flat",
+    discarded: Annotated[Optional[Path], typer.Option(help="Also write the discarded lines here.")] = None,
+    report: Annotated[Optional[Path], typer.Option(help="Write the counts as JSON here.")] = None,
+    device: DeviceOpt = None,
+    cache_dir: CacheOpt = None,
+    quiet: QuietOpt = False,
+) -> None:
+    """Diversity-aware dedup (CARE App. B): stream into an index; drop items with > m neighbours above τ."""
+
+    def run() -> None:
+        from medadapt.cache import EmbeddingCache
+        from medadapt.curation import DedupConfig, diversity_dedup, write_jsonl
+        from medadapt.io import atomic_write_json
+        from medadapt.models import load
+
+        _check_output(output)
+        make = DedupConfig.for_queries if kind is Kind.query else DedupConfig.for_documents
+        overrides = {"k": k, "max_neighbors": max_neighbors, "seed_size": seed_size, "batch_size": batch_size,
+                     "index": index}
+        if threshold is not None:
+            overrides["threshold"] = threshold
+        config = make(**overrides)
+        rows, texts = _texts_from_jsonl(input, field, join_title=kind is Kind.document)
+        st = load(model, device=device)
+        emb = EmbeddingCache(cache_dir).encode(st, texts, role=kind.value, show_progress=not quiet,
+                                               desc=f"encoding {kind.value}s")
+        res = diversity_dedup(emb, config, show_progress=not quiet)
+        write_jsonl(output, (r for r, keep in zip(rows, res.kept) if keep))
+        if discarded:
+            write_jsonl(discarded, (r for r, keep in zip(rows, res.kept) if not keep))
+        summary = {**res.summary(), "k": config.k, "threshold": config.threshold,
+                   "max_neighbors": config.max_neighbors}
+        if report:
+            atomic_write_json(report, summary)
+        console.print(f"kept {res.n_kept} of {len(rows)} ({res.n_discarded} discarded; seed {res.seed_size}, "
+                      f"k={config.k}, τ={config.threshold}, m={config.max_neighbors}); wrote {output}")
+
+    _guard(run)
+
+
+# --------------------------------------------------------------------------------------------- label
+def _load_label_items(path: Path) -> list[tuple[str, list[str]]]:
+    from medadapt.data.jsonl import field as get_field, iter_jsonl
+
+    items = []
+    for lineno, obj in iter_jsonl(path, "input file"):
+        query = get_field(obj, "query", str, path, lineno)
+        if "passages" in obj:
+            passages = get_field(obj, "passages", list, path, lineno)
+        elif "pos" in obj or "neg" in obj:
+            passages = (get_field(obj, "pos", list, path, lineno, required=False) or []) + (
+                get_field(obj, "neg", list, path, lineno, required=False) or [])
+        else:
+            raise DataError(f"{path}:{lineno}: expected 'passages' or FlagEmbedding 'pos'/'neg' fields")
+        if not passages or any(not isinstance(p, str) for p in passages):
+            raise DataError(f"{path}:{lineno}: passages must be a non-empty list of strings")
+        items.append((query, passages))
+    if not items:
+        raise DataError(f"{path}: no items")
+    return items
+
+
+@data_app.command("label")
+def label_cmd(
+    input: Annotated[Path, typer.Option("--input", "-i", help="{query, passages} or {query, pos, neg}.")],
+    output: OutputOpt,
+    judge: Annotated[list[str], typer.Option(help="Judge, repeat >= 2 times: openai:MODEL[@BASE_URL] or "
+                                                  "package.module:object.")],
+    rubric: Annotated[str, typer.Option(help="cmedteb (S/A/B/C/D) or cure (0-2).")] = "cmedteb",
+    policy: Annotated[Policy, typer.Option(help="unanimous (CMedTEB) or majority.")] = Policy.unanimous,
+    agreement_on: Annotated[AgreementOn, typer.Option(help="Agree on labels or grades.")] = AgreementOn.label,
+    positive_grades: Annotated[Optional[str], typer.Option(help="Comma-separated grades counted positive "
+                                                               "(default: S,A / 2,1).")] = None,
+    fmt: Annotated[LabelFormat, typer.Option("--format", help="pairs (one labelled pair per line) or groups "
+                                                                "(FlagEmbedding).")] = LabelFormat.pairs,
+    api_key_env: Annotated[str, typer.Option(help="Environment variable holding the API key of openai: "
+                                                  "judges.")] = "OPENAI_API_KEY",
+    report: Annotated[Optional[Path], typer.Option(help="Write counts and Fleiss' kappa (JSON).")] = None,
+    quiet: QuietOpt = False,
+) -> None:
+    """Multi-judge consensus labels (CMedTEB): keep pairs the judges agree on; report Fleiss' kappa."""
+
+    def run() -> None:
+        from medadapt.curation import PromptJudge, get_rubric, label_pairs, write_jsonl, write_training_groups
+        from medadapt.io import atomic_write_json
+
+        _check_output(output)
+        rub = get_rubric(rubric)
+        if positive_grades:
+            rub = rub.with_positive(g.strip().upper() for g in positive_grades.split(",") if g.strip())
+        if len(judge) < 2:
+            raise ConfigError("give at least two --judge options")
+        items = _load_label_items(input)
+        judges = []
+        for spec in judge:
+            if spec.startswith("openai:"):
+                judges.append(PromptJudge(_openai_backend(spec, api_key_env), rub))
+            else:
+                obj = _import_object(spec, "judge")
+                if not callable(obj):
+                    raise ConfigError(f"judge {spec!r} is not callable")
+                judges.append(obj)
+        result = label_pairs(items, judges, rub, policy.value, agreement_on.value, show_progress=not quiet)
+        if fmt is LabelFormat.pairs:
+            n = write_jsonl(output, (p.to_dict() for p in result.kept))
+        else:
+            n = write_training_groups(output, result.to_training_groups())
+        summary = result.summary()
+        if report:
+            atomic_write_json(report, summary)
+        console.print(f"kept {summary['kept']} of {summary['pairs']} pairs ({summary['positives']} positive, "
+                      f"{summary['negatives']} negative; {policy.value} on {agreement_on.value}s); "
+                      f"Fleiss' kappa labels {summary['fleiss_kappa_labels']:.3f}, "
+                      f"grades {summary['fleiss_kappa_grades']:.3f}")
+        console.print(f"wrote {n} lines to {output}")
+
+    _guard(run)
+
+
+# --------------------------------------------------------------------------------------------- sts
+def _load_sentences(path: Path) -> list[str]:
+    if path.suffix == ".jsonl":
+        _, texts = _texts_from_jsonl(path, "text", join_title=False)
+        return texts
+    if not path.is_file():
+        raise DataError(f"sentences file not found: {path}")
+    lines = [ln.strip() for ln in path.read_text(encoding="utf-8").splitlines() if ln.strip()]
+    if not lines:
+        raise DataError(f"{path}: no sentences")
+    return lines
+
+
+@data_app.command("sts-triplets")
+def sts_cmd(
+    synonyms: Annotated[Path, typer.Option(help="Synonym dictionary: JSON {term: [synonyms]} or TSV "
+                                                "term<TAB>synonym...")],
+    sentences: Annotated[Path, typer.Option(help="Sentences mentioning the terms: .txt (one per line) or "
+                                                 ".jsonl with a 'text' field.")],
+    generator: Annotated[str, typer.Option(help="openai:MODEL[@BASE_URL] or package.module:object.")],
+    output: OutputOpt,
+    per_pair: Annotated[int, typer.Option(min=1, help="Sentences per (term, synonym) pair.")] = 1,
+    symmetric: Annotated[bool, typer.Option(help="Let every synonym replace the others too.")] = True,
+    fmt: Annotated[StsFormat, typer.Option("--format", help="triplets, or STS pairs {sentence1, sentence2, "
+                                                              "score}.")] = StsFormat.triplets,
+    seed: Annotated[int, typer.Option(help="Sentence sampling seed.")] = 42,
+    api_key_env: Annotated[str, typer.Option(help="Environment variable with the API key (openai:).")] =
+    "OPENAI_API_KEY",
+    quiet: QuietOpt = False,
+) -> None:
+    """Synonym STS data (CMedTEB): positive / hard-negative / easy-negative sentences per synonym pair."""
+
+    def run() -> None:
+        from medadapt.curation import (
+            PromptGenerator,
+            StsReport,
+            build_sts_triplets,
+            load_synonyms,
+            to_sts_pairs,
+            write_jsonl,
+        )
+
+        _check_output(output)
+        syn = load_synonyms(synonyms)
+        sents = _load_sentences(sentences)
+        if generator.startswith("openai:"):
+            gen = PromptGenerator(_openai_backend(generator, api_key_env))
+        else:
+            gen = _import_object(generator, "generator")
+            if not callable(gen):
+                raise ConfigError(f"generator {generator!r} is not callable")
+        rep = StsReport()
+        triplets = build_sts_triplets(syn, sents, gen, per_pair=per_pair, symmetric=symmetric, seed=seed,
+                                      show_progress=not quiet, report=rep)
+        rows = [t.to_dict() for t in triplets] if fmt is StsFormat.triplets else to_sts_pairs(triplets)
+        n = write_jsonl(output, rows)
+        console.print(_report_line(rep.to_dict()))
+        console.print(f"wrote {n} lines to {output}")
+
+    _guard(run)
+
+
+__all__ = ["data_app"]

@@ -1,0 +1,166 @@
+"""Diversity-aware deduplication (CARE / CMedTEB §4.1 and Appendix B, Table 14).
+
+Streaming rule from the paper: a vector index is seeded with ``seed_size`` items; each further candidate
+retrieves its top-``k`` neighbours from the evolving index and is **discarded when more than
+``max_neighbors`` (m) of them have similarity above ``threshold`` (τ)**, otherwise it is inserted. Queries
+and documents are deduplicated separately; paper defaults ``k=5``, ``m=1``, ``τ=0.85`` for queries and
+``τ=0.78`` for documents (:meth:`DedupConfig.for_queries` / :meth:`DedupConfig.for_documents`). Note the
+rule's literal meaning: with ``m=1`` a candidate with a single near-duplicate is still kept; ``m=0``
+discards on any neighbour above τ.
+
+Implementation (hand-written; FAISS provides the index, not the policy): candidates are processed in
+batches. A batch is searched against the index (top-``k``), then checked against the earlier *kept*
+members of the same batch with a ``batch × batch`` similarity block; kept items are added to the index.
+Because the number of top-``k`` neighbours above τ equals ``min(k, #items above τ)``, this is exactly the
+one-at-a-time streaming result with an exact (``flat``) index, while memory stays
+``O(n × dim + batch²)``. ``index="hnsw"`` (FAISS ``IndexHNSWFlat``) trades exactness for speed on
+millions of items. Embeddings are L2-normalised, so similarity is cosine.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+DEDUP_CONFIG_VERSION = 1
+
+
+class DedupConfig(BaseModel):
+    """Settings of :func:`diversity_dedup` (paper names: ``k``, ``τ`` = threshold, ``m`` = max_neighbors)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    version: int = DEDUP_CONFIG_VERSION
+    k: int = Field(5, ge=1)
+    threshold: float = Field(0.85, gt=-1.0, le=1.0)
+    max_neighbors: int = Field(1, ge=0)
+    seed_size: int = Field(5000, ge=0)
+    batch_size: int = Field(2048, ge=1)
+    index: Literal["flat", "hnsw"] = "flat"
+    hnsw_m: int = Field(32, ge=4)
+
+    @model_validator(mode="after")
+    def _check(self) -> DedupConfig:
+        if self.max_neighbors >= self.k:
+            raise ValueError(f"max_neighbors ({self.max_neighbors}) must be < k ({self.k}), "
+                             "otherwise nothing can be discarded")
+        return self
+
+    @classmethod
+    def for_queries(cls, **overrides) -> DedupConfig:
+        """Paper defaults for queries: k=5, τ=0.85, m=1, 5,000 seed items."""
+        return cls(**{"k": 5, "threshold": 0.85, "max_neighbors": 1, "seed_size": 5000, **overrides})
+
+    @classmethod
+    def for_documents(cls, **overrides) -> DedupConfig:
+        """Paper defaults for documents: k=5, τ=0.78, m=1, 5,000 seed items."""
+        return cls(**{"k": 5, "threshold": 0.78, "max_neighbors": 1, "seed_size": 5000, **overrides})
+
+
+@dataclass
+class DedupResult:
+    """Outcome: ``kept`` is a boolean mask over the input (input order); ``neighbors_above`` counts, per
+    item, its top-``k`` neighbours above τ at insertion time (``-1`` for seed items)."""
+
+    kept: np.ndarray
+    neighbors_above: np.ndarray
+    seed_size: int
+
+    @property
+    def kept_indices(self) -> np.ndarray:
+        return np.nonzero(self.kept)[0]
+
+    @property
+    def discarded_indices(self) -> np.ndarray:
+        return np.nonzero(~self.kept)[0]
+
+    @property
+    def n_kept(self) -> int:
+        return int(self.kept.sum())
+
+    @property
+    def n_discarded(self) -> int:
+        return int((~self.kept).sum())
+
+    def summary(self) -> dict:
+        n = len(self.kept)
+        return {"items": n, "seed": self.seed_size, "kept": self.n_kept, "discarded": self.n_discarded,
+                "kept_fraction": round(self.n_kept / n, 4) if n else 0.0}
+
+
+def _new_index(dim: int, config: DedupConfig):
+    import faiss
+
+    if config.index == "hnsw":
+        index = faiss.IndexHNSWFlat(dim, config.hnsw_m, faiss.METRIC_INNER_PRODUCT)
+        index.hnsw.efSearch = max(64, 4 * config.k)
+        return index
+    return faiss.IndexFlatIP(dim)
+
+
+def diversity_dedup(embeddings: np.ndarray, config: DedupConfig | None = None,
+                    show_progress: bool = True) -> DedupResult:
+    """Run the streaming diversity filter over ``embeddings`` (``n × dim``) in row order.
+
+    The first ``config.seed_size`` rows seed the index unconditionally (shuffle beforehand for a random
+    seed set). Returns a :class:`DedupResult`.
+    """
+    from tqdm.auto import tqdm
+
+    from medadapt.eval.search import normalize_rows
+
+    config = config or DedupConfig()
+    x = np.asarray(embeddings, dtype=np.float32)
+    if x.ndim != 2:
+        raise ValueError(f"embeddings must be a 2-D array, got shape {x.shape}")
+    if not np.isfinite(x).all():
+        raise ValueError("embeddings hold NaN or infinite values")
+    n = len(x)
+    x = np.ascontiguousarray(normalize_rows(x))
+    kept = np.zeros(n, dtype=bool)
+    above = np.full(n, -1, dtype=np.int64)
+    seed = min(config.seed_size, n)
+    index = _new_index(x.shape[1], config)
+    kept[:seed] = True
+    for start in range(0, seed, 65536):
+        index.add(x[start : min(seed, start + 65536)])
+    tau, k, m = config.threshold, config.k, config.max_neighbors
+    with tqdm(total=n - seed, desc="dedup", unit="item", disable=not show_progress) as bar:
+        for start in range(seed, n, config.batch_size):
+            batch = x[start : start + config.batch_size]
+            b = len(batch)
+            if index.ntotal:
+                sims, ids = index.search(batch, min(k, index.ntotal))
+                counts = ((sims > tau) & (ids >= 0)).sum(axis=1)
+            else:
+                counts = np.zeros(b, dtype=np.int64)
+            intra = np.tril(batch @ batch.T > tau, k=-1)  # earlier members of the batch only
+            has_intra = intra.any(axis=1)
+            keep = np.zeros(b, dtype=bool)
+            total = counts.astype(np.int64).copy()
+            for j in range(b):
+                if has_intra[j]:
+                    total[j] = counts[j] + int(intra[j, :j][keep[:j]].sum())
+                keep[j] = min(k, total[j]) <= m
+            above[start : start + b] = np.minimum(k, total)
+            kept[start : start + b] = keep
+            if keep.any():
+                index.add(np.ascontiguousarray(batch[keep]))
+            bar.update(b)
+    return DedupResult(kept=kept, neighbors_above=above, seed_size=seed)
+
+
+def dedup_texts(model, texts: list[str], config: DedupConfig | None = None,
+                role: Literal["query", "document", "plain"] = "query", cache=None, batch_size: int = 64,
+                show_progress: bool = True) -> DedupResult:
+    """Encode ``texts`` through the embedding cache (``role`` picks ``encode_query`` /
+    ``encode_document``) and run :func:`diversity_dedup`."""
+    from medadapt.cache import EmbeddingCache
+
+    cache = cache if cache is not None else EmbeddingCache()
+    emb = cache.encode(model, texts, role=role, batch_size=batch_size, show_progress=show_progress,
+                       desc=f"encoding {role}s")
+    return diversity_dedup(emb, config, show_progress)

@@ -1,0 +1,86 @@
+"""Dense searcher adapter: a SentenceTransformer + :class:`medadapt.cache.EmbeddingCache` + FAISS exact
+search (:func:`medadapt.eval.exact_search`). Queries go through ``encode_query`` and documents through
+``encode_document`` (so asymmetric / prompted models search correctly), both cached on disk."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from medadapt.curation.search import Hit
+
+
+class DenseSearcher:
+    """Searcher over a fixed corpus with a dense model.
+
+    Args:
+        model: a ``SentenceTransformer``.
+        corpus_ids / corpus_texts: the documents (same length, ids unique).
+        cache: embedding cache (default: :class:`~medadapt.cache.EmbeddingCache` at its default root).
+        batch_size / show_progress: passed to the cache's encoder.
+
+    Document embeddings are computed on the first call (``doc_embeddings``), then kept in memory.
+    """
+
+    def __init__(self, model, corpus_ids: Sequence[str], corpus_texts: Sequence[str], cache=None,
+                 batch_size: int = 64, show_progress: bool = True):
+        from medadapt.cache import EmbeddingCache
+
+        corpus_ids = [str(i) for i in corpus_ids]
+        if len(corpus_ids) != len(corpus_texts):
+            raise ValueError(f"{len(corpus_ids)} corpus ids but {len(corpus_texts)} texts")
+        if len(set(corpus_ids)) != len(corpus_ids):
+            raise ValueError("corpus ids must be unique")
+        if not corpus_ids:
+            raise ValueError("the corpus is empty")
+        self.model = model
+        self.corpus_ids = corpus_ids
+        self.corpus_texts = list(corpus_texts)
+        self.cache = cache if cache is not None else EmbeddingCache()
+        self.batch_size = batch_size
+        self.show_progress = show_progress
+        self._pos = {d: i for i, d in enumerate(corpus_ids)}
+        self._docs: np.ndarray | None = None
+
+    def _prepare(self, emb: np.ndarray) -> np.ndarray:
+        from medadapt.eval.search import prepare_for_similarity
+
+        return prepare_for_similarity(np.asarray(emb, dtype=np.float32),
+                                      getattr(self.model, "similarity_fn_name", None))
+
+    @property
+    def doc_embeddings(self) -> np.ndarray:
+        if self._docs is None:
+            emb = self.cache.encode(self.model, self.corpus_texts, role="document",
+                                    batch_size=self.batch_size, show_progress=self.show_progress,
+                                    desc="encoding corpus")
+            self._docs = self._prepare(emb)
+        return self._docs
+
+    def encode_queries(self, query_texts: Sequence[str]) -> np.ndarray:
+        emb = self.cache.encode(self.model, list(query_texts), role="query", batch_size=self.batch_size,
+                                show_progress=False)
+        return self._prepare(emb)
+
+    def __call__(self, query_texts: list[str], k: int) -> list[list[Hit]]:
+        from medadapt.eval.search import exact_search
+
+        if not query_texts:
+            return []
+        docs = self.doc_embeddings
+        scores, idx = exact_search(self.encode_queries(query_texts), docs, k)
+        return [[(self.corpus_ids[j], float(s)) for s, j in zip(srow, irow) if j >= 0]
+                for srow, irow in zip(scores, idx)]
+
+    def score(self, query_texts: list[str], doc_ids: list[list[str]]) -> list[list[float]]:
+        """Similarity of each query with the given documents (ids must be in the corpus)."""
+        if not query_texts:
+            return []
+        q = self.encode_queries(query_texts)
+        docs = self.doc_embeddings
+        out = []
+        for qv, ids in zip(q, doc_ids):
+            rows = [self._pos[d] for d in ids]
+            out.append([float(x) for x in docs[rows] @ qv] if rows else [])
+        return out

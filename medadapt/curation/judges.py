@@ -1,0 +1,103 @@
+"""Relevance judges: the :class:`Judge` protocol and :class:`PromptJudge`, which turns any text-completion
+callable (an LLM behind an HTTP API, a local model, a test fake) into a judge using a
+:class:`~medadapt.curation.rubrics.Rubric` prompt (CMedTEB §3.1 multi-LLM labelling).
+
+A judge is any callable ``judge(query: str, passages: list[str]) -> list[str]`` returning one grade per
+passage (a level of the rubric in use). Give it a ``name`` attribute to label its votes.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable
+from typing import Protocol, runtime_checkable
+
+from medadapt.curation.rubrics import CMEDTEB_RUBRIC, Rubric
+from medadapt.errors import MedAdaptError
+
+
+class JudgeError(MedAdaptError):
+    """A judge returned something that cannot be read as grades of the rubric."""
+
+
+@runtime_checkable
+class Judge(Protocol):
+    def __call__(self, query: str, passages: list[str]) -> list[str]: ...
+
+
+def judge_name(judge, index: int) -> str:
+    return str(getattr(judge, "name", None) or f"judge{index}")
+
+
+_JSON_OBJECT = re.compile(r"\{.*\}", re.DOTALL)
+
+
+def extract_json(text: str) -> dict:
+    """The JSON object in an LLM reply (code fences and chatter around it are ignored)."""
+    match = _JSON_OBJECT.search(text or "")
+    if not match:
+        raise JudgeError(f"judge reply holds no JSON object: {text[:80]!r}")
+    try:
+        obj = json.loads(match.group(0))
+    except json.JSONDecodeError as exc:
+        raise JudgeError(f"judge reply is not valid JSON ({exc.msg}): {text[:80]!r}") from None
+    if not isinstance(obj, dict):
+        raise JudgeError("judge reply is not a JSON object")
+    return obj
+
+
+def _grade(value, rubric: Rubric) -> str:
+    grade = str(value).strip().strip('"').upper()
+    if grade not in rubric.levels:
+        raise JudgeError(f"grade {value!r} is not one of {', '.join(rubric.levels)} (rubric {rubric.name})")
+    return grade
+
+
+def parse_grades(reply: str, rubric: Rubric, num_passages: int) -> list[str]:
+    """Grades from a reply: ``{"Passage-i": grade}`` for batch rubrics, ``{"score": grade}`` for
+    per-passage rubrics (then ``num_passages`` must be 1)."""
+    obj = extract_json(reply)
+    if rubric.per_passage:
+        if "score" not in obj:
+            raise JudgeError("judge reply has no 'score' field")
+        return [_grade(obj["score"], rubric)]
+    missing = [i for i in range(num_passages) if f"Passage-{i}" not in obj]
+    if missing:
+        raise JudgeError(f"judge reply misses Passage-{missing[0]} "
+                         f"({len(missing)} of {num_passages} missing)")
+    return [_grade(obj[f"Passage-{i}"], rubric) for i in range(num_passages)]
+
+
+class PromptJudge:
+    """A judge built from a completion function ``complete(prompt) -> reply_text``.
+
+    Args:
+        complete: e.g. :class:`~medadapt.curation.openai_backend.OpenAIChat`, or any callable.
+        rubric: the grading scale and prompt (default CMedTEB S/A/B/C/D).
+        name: label of this judge's votes.
+        retries: extra attempts when a reply cannot be parsed.
+        fields: extra template fields (e.g. ``clinical_role`` for CURE).
+    """
+
+    def __init__(self, complete: Callable[[str], str], rubric: Rubric = CMEDTEB_RUBRIC,
+                 name: str | None = None, retries: int = 1, **fields):
+        self.complete = complete
+        self.rubric = rubric
+        self.name = name or getattr(complete, "name", None) or "prompt-judge"
+        self.retries = retries
+        self.fields = fields
+
+    def __call__(self, query: str, passages: list[str]) -> list[str]:
+        prompts = self.rubric.render(query, passages, **self.fields)
+        grades: list[str] = []
+        for prompt in prompts:
+            n = 1 if self.rubric.per_passage else len(passages)
+            for attempt in range(self.retries + 1):
+                try:
+                    grades.extend(parse_grades(self.complete(prompt), self.rubric, n))
+                    break
+                except JudgeError:
+                    if attempt == self.retries:
+                        raise
+        return grades

@@ -1,0 +1,53 @@
+"""The search protocol that decouples curation from any particular retriever.
+
+A *searcher* is any callable ``search(query_texts: list[str], k: int) -> list[list[tuple[str, float]]]``
+returning, for each query, up to ``k`` ``(doc_id, score)`` pairs, best first. Higher scores mean more
+relevant. Optionally a searcher also offers ``score(query_texts, doc_ids) -> list[list[float]]`` (the
+score of given documents for each query); hard-negative mining uses it to know a positive's score when the
+positive was not retrieved (needed by the false-negative margin, see :mod:`medadapt.curation.negatives`).
+
+Adapters shipped here: :class:`medadapt.curation.dense.DenseSearcher` (any SentenceTransformer, embedding
+cache, FAISS exact search) and :class:`medadapt.curation.bm25.BM25Searcher` (bm25s). Any other retrieval
+layer plugs in by being such a callable.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Protocol, runtime_checkable
+
+Hit = tuple[str, float]
+
+
+@runtime_checkable
+class Searcher(Protocol):
+    """``search(query_texts, k)`` -> per query, ``[(doc_id, score), ...]`` best first (at most ``k``)."""
+
+    def __call__(self, query_texts: list[str], k: int) -> list[list[Hit]]: ...
+
+
+@runtime_checkable
+class Scorer(Protocol):
+    """Optional companion of a searcher: scores of given documents for each query."""
+
+    def score(self, query_texts: list[str], doc_ids: list[list[str]]) -> list[list[float]]: ...
+
+
+def batched_search(
+    searcher: Searcher, query_texts: Sequence[str], k: int, batch_size: int = 256, show_progress: bool = True,
+    desc: str = "searching",
+) -> list[list[Hit]]:
+    """Call ``searcher`` on ``batch_size`` queries at a time with a progress bar; checks the output shape."""
+    from tqdm.auto import tqdm
+
+    out: list[list[Hit]] = []
+    query_texts = list(query_texts)
+    with tqdm(total=len(query_texts), desc=desc, unit="query", disable=not show_progress) as bar:
+        for start in range(0, len(query_texts), batch_size):
+            batch = query_texts[start : start + batch_size]
+            hits = searcher(batch, k)
+            if len(hits) != len(batch):
+                raise ValueError(f"searcher returned {len(hits)} result lists for {len(batch)} queries")
+            out.extend([(str(d), float(s)) for d, s in row] for row in hits)
+            bar.update(len(batch))
+    return out
