@@ -12,7 +12,10 @@ import sys
 import typer
 
 from medadapt.cli._common import console, err_console
+from medadapt.cli.data import data_app
 from medadapt.cli.eval import eval_cmd
+from medadapt.cli.train import train_cmd
+from medadapt.cli.index import index_cmd, search_cmd
 from medadapt.errors import MedAdaptError
 
 app = typer.Typer(
@@ -23,6 +26,10 @@ app = typer.Typer(
     add_completion=False,
 )
 app.command("eval")(eval_cmd)
+app.command("train")(train_cmd)
+app.command("index")(index_cmd)
+app.command("search")(search_cmd)
+app.add_typer(data_app, name="data")
 
 
 @app.command("version")

@@ -1,0 +1,64 @@
+"""``medadapt train RECIPE.yaml``: run a recipe (see :mod:`medadapt.training.runner`)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from medadapt.cli._common import console, fail, quiet_libraries
+from medadapt.errors import MedAdaptError
+
+
+def train_cmd(
+    recipe: Annotated[Path, typer.Argument(help="Recipe YAML (see recipes/).")],
+    output: Annotated[Optional[Path], typer.Option(help="Model folder to write (default runs/<recipe name>).")] = None,
+    set_: Annotated[
+        Optional[list[str]], typer.Option("--set", help="Override a recipe field: section.field=value (repeatable).")
+    ] = None,
+    no_eval: Annotated[bool, typer.Option("--no-eval", help="Skip the evaluation after training.")] = False,
+    check: Annotated[
+        bool, typer.Option("--check", help="Exit with code 2 when a metric misses the recipe's eval.expected.")
+    ] = False,
+    cache_dir: Annotated[Optional[Path], typer.Option(help="Embedding cache folder.")] = None,
+    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress bars.")] = False,
+) -> None:
+    """Train a head (or backbone / LoRA) as a recipe describes; resumes from OUTPUT/checkpoints after a kill.
+
+    Runs on Accelerate: `accelerate launch -m medadapt train RECIPE` spreads it over GPUs / processes."""
+    quiet_libraries()
+    try:
+        from medadapt.recipes import load_recipe
+
+        spec = load_recipe(recipe, list(set_ or []))
+        out = output or Path("runs") / spec.name
+        from medadapt.cache import EmbeddingCache
+        from medadapt.training import run_recipe
+
+        result = run_recipe(spec, out, recipe_path=recipe, cache=EmbeddingCache(cache_dir), show_progress=not quiet,
+                            evaluate=not no_eval, log=lambda m: console.print(m, highlight=False))
+    except MedAdaptError as exc:
+        fail(str(exc))
+        return
+    except KeyboardInterrupt:
+        fail(f"interrupted; run the same command again to resume from {output or 'runs/<name>'}/checkpoints")
+        return
+    from rich.table import Table
+
+    if result.loss_history:
+        console.print(f"loss {result.loss_history[0]['loss']:.4f} -> {result.loss_history[-1]['loss']:.4f} "
+                      f"in {result.train_seconds:.1f} s (encoding {result.encode_seconds:.1f} s)")
+    if result.metrics:
+        table = Table(title=f"{spec.name}: {spec.eval.data or spec.data.path} / {spec.eval.split}")
+        table.add_column("metric")
+        table.add_column("value", justify="right")
+        table.add_column("expected", justify="right")
+        for metric, value in result.metrics.items():
+            target = result.expected.get(metric)
+            mark = "" if target is None else f"{target[0]:.4f} {'ok' if target[1] else 'MISSED'}"
+            table.add_row(metric, f"{value:.4f}", mark)
+        console.print(table)
+    console.print(f"saved model to {result.output_dir}  (load with medadapt.load('{result.output_dir}'))")
+    if check and any(not ok for _, ok in result.expected.values()):
+        raise typer.Exit(code=2)
