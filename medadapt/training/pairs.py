@@ -1,4 +1,4 @@
-"""Training pairs from BEIR qrels, and their hard negatives."""
+"""Training pairs from BEIR qrels, their hard negatives, and the cached embeddings heads train on."""
 
 from __future__ import annotations
 
@@ -66,3 +66,52 @@ def fill_negatives(negatives: list[list[int]], positives: list[set[int]], num: i
                 chosen.append(cand)
         out[i] = chosen
     return out
+
+
+@dataclass
+class HeadTrainingData:
+    """Everything the fast path trains a head on: pairs, raw (pre-Normalize) backbone embeddings of the
+    distinct training queries and of the whole corpus, and hard negatives per distinct query."""
+
+    pairs: TrainingPairs
+    query_raw: np.ndarray
+    doc_raw: np.ndarray
+    negatives: np.ndarray | None
+
+    def tensors(self):
+        """``(query, positive, negatives | None)`` float tensors, one row per pair (see ``train_head``)."""
+        import torch
+
+        q = torch.from_numpy(self.query_raw[self.pairs.pair_query])
+        p = torch.from_numpy(self.doc_raw[self.pairs.pair_doc])
+        n = None if self.negatives is None else torch.from_numpy(self.doc_raw[self.negatives[self.pairs.pair_query]])
+        return q, p, n
+
+
+def prepare_head_training(model, data: BeirDataset, split: str, cache, *, mining=None,
+                          max_queries: int | None = None, batch_size: int = 64, show_progress: bool = True,
+                          log=print) -> HeadTrainingData:
+    """Encode (through ``cache``) the training queries and corpus with ``model``'s backbone, and mine hard
+    negatives on those embeddings with :func:`medadapt.curation.fast_mining.mine_from_embeddings` when a
+    :class:`~medadapt.curation.mining_config.MiningConfig` is given (queries left with fewer eligible
+    candidates are padded with random non-positive documents)."""
+    import time
+
+    pairs = pairs_from_qrels(data, split, max_queries)
+    q_raw = cache.encode(model, [data.queries[q] for q in pairs.query_ids], role="query", normalize=False,
+                         batch_size=batch_size, show_progress=show_progress, desc="encoding training queries")
+    d_raw = cache.encode(model, data.doc_texts(), role="document", normalize=False, batch_size=batch_size,
+                         show_progress=show_progress, desc="encoding corpus")
+    negatives = None
+    if mining is not None:
+        from medadapt.curation.fast_mining import mine_from_embeddings
+
+        t0 = time.perf_counter()
+        cosine = (getattr(model, "similarity_fn_name", None) or "cosine") == "cosine"
+        mined = mine_from_embeddings(q_raw, d_raw, pairs.positives, mining, normalize=cosine)
+        negatives = fill_negatives(mined, pairs.positives, mining.num_negatives, len(d_raw), mining.seed)
+        short = sum(len(m) < mining.num_negatives for m in mined)
+        log(f"mined {mining.num_negatives} hard negatives for {len(pairs.query_ids)} queries "
+            f"(ranks {mining.window[0]}-{mining.window[1]}; {short} padded with random documents) "
+            f"in {time.perf_counter() - t0:.1f} s")
+    return HeadTrainingData(pairs, q_raw, d_raw, negatives)

@@ -28,8 +28,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from medadapt.errors import ConfigError
 from medadapt.io import atomic_write_json, atomic_write_text
 from medadapt.recipes.loader import resolve_path
@@ -150,45 +148,23 @@ def _jsonable(obj):
     return obj
 
 
-def _encode_training_data(recipe, model, data, cache, show_progress, log):
-    """Raw (pre-Normalize) backbone embeddings of the training queries and the corpus, plus pairs and
-    hard negatives. Returns ``(pairs, q_raw, d_raw, negatives | None)``."""
-    from medadapt.training.pairs import fill_negatives, pairs_from_qrels
+def _prepare(recipe, model, data, cache, show_progress, log):
+    from medadapt.training.pairs import prepare_head_training
 
-    pairs = pairs_from_qrels(data, recipe.data.train_split, recipe.data.max_train_queries)
-    bs = recipe.model.encode_batch_size
-    q_raw = cache.encode(model, [data.queries[q] for q in pairs.query_ids], role="query", normalize=False,
-                         batch_size=bs, show_progress=show_progress, desc="encoding training queries")
-    d_raw = cache.encode(model, data.doc_texts(), role="document", normalize=False, batch_size=bs,
-                         show_progress=show_progress, desc="encoding corpus")
-    negatives = None
-    mining = recipe.data.hard_negatives
-    if mining is not None:
-        from medadapt.curation.fast_mining import mine_from_embeddings
-
-        t0 = time.perf_counter()
-        mined = mine_from_embeddings(q_raw, d_raw, pairs.positives, mining,
-                                     normalize=(model.similarity_fn_name or "cosine") == "cosine")
-        negatives = fill_negatives(mined, pairs.positives, mining.num_negatives, len(d_raw), mining.seed)
-        short = sum(len(m) < mining.num_negatives for m in mined)
-        log(f"mined {mining.num_negatives} hard negatives for {len(pairs.query_ids)} queries "
-            f"(ranks {mining.window[0]}-{mining.window[1]}; {short} padded with random documents) "
-            f"in {time.perf_counter() - t0:.1f} s")
-    return pairs, q_raw, d_raw, negatives
+    return prepare_head_training(model, data, recipe.data.train_split, cache, mining=recipe.data.hard_negatives,
+                                 max_queries=recipe.data.max_train_queries,
+                                 batch_size=recipe.model.encode_batch_size, show_progress=show_progress, log=log)
 
 
 def _train_head_fast(recipe, model, data, cache, accelerator, output_dir, result, show_progress, log):
-    import torch
-
     from medadapt.heads import MoEHead, attach
     from medadapt.training.checkpoint import CheckpointConfig
     from medadapt.training.head_trainer import HeadTrainConfig, train_head
 
     t0 = time.perf_counter()
-    pairs, q_raw, d_raw, negatives = _encode_training_data(recipe, model, data, cache, show_progress, log)
+    prepared = _prepare(recipe, model, data, cache, show_progress, log)
     result.encode_seconds = time.perf_counter() - t0
-    dim = q_raw.shape[1]
-    head = MoEHead(recipe.head.to_config(dim))
+    head = MoEHead(recipe.head.to_config(prepared.query_raw.shape[1]))
     t = recipe.training
     config = HeadTrainConfig(
         epochs=t.epochs, shared_epochs=t.shared_epochs, random_routing_epochs=t.random_routing_epochs,
@@ -196,13 +172,9 @@ def _train_head_fast(recipe, model, data, cache, accelerator, output_dir, result
         load_balance_weight=recipe.loss.load_balance_weight, scheduler=t.scheduler, warmup_ratio=t.warmup_ratio,
         max_grad_norm=t.max_grad_norm, seed=t.seed, device=str(accelerator.device),
     )
-    q = torch.from_numpy(q_raw[pairs.pair_query])
-    p = torch.from_numpy(d_raw[pairs.pair_doc])
-    n = None
-    if negatives is not None:
-        n = torch.from_numpy(d_raw[negatives[pairs.pair_query]])
+    q, p, n = prepared.tensors()
     checkpoint = CheckpointConfig(output_dir / "checkpoints", every_steps=t.checkpoint_every_steps)
-    log(f"training {sum(x.numel() for x in head.parameters()):,}-parameter head on {len(pairs):,} pairs "
+    log(f"training {sum(x.numel() for x in head.parameters()):,}-parameter head on {len(prepared.pairs):,} pairs "
         f"({'with' if n is not None else 'without'} hard negatives) on {accelerator.device}")
     with _progress(show_progress and accelerator.is_main_process) as update:
         train = train_head(head, q, p, n, config, progress=update, checkpoint=checkpoint, accelerator=accelerator)
@@ -259,8 +231,9 @@ def _train_slow(recipe, model, data, cache, output_dir, result, show_progress, l
 
         attach(model, MoEHead(recipe.head.to_config(model.get_sentence_embedding_dimension())))
     t0 = time.perf_counter()
-    pairs, q_raw, d_raw, negatives = _encode_training_data(recipe, model, data, cache, show_progress, log)
+    prepared = _prepare(recipe, model, data, cache, show_progress, log)
     result.encode_seconds = time.perf_counter() - t0
+    pairs, negatives = prepared.pairs, prepared.negatives
     texts = data.doc_texts()
     columns: dict[str, list[str]] = {
         "anchor": [data.queries[pairs.query_ids[i]] for i in pairs.pair_query],
