@@ -236,3 +236,40 @@ def test_attach_inserts_before_normalize_and_find_head(tiny_bert):
     assert type(raw[-1]).__name__ == "MoEHead"
     with pytest.raises(ValueError, match="dimension"):
         attach(tiny_bert, MoEHead(MoEConfig.single_expert(DIM + 1)))
+
+
+def test_residual_scale_interpolates_and_training_ignores_it():
+    import torch
+
+    from medadapt.errors import ConfigError
+    from medadapt.heads import MoEConfig, MoEHead
+
+    torch.manual_seed(0)
+    head = MoEHead(MoEConfig.single_expert(16, "mlp_gelu", zero_init_output=False))
+    v = torch.randn(5, 16)
+    full = head({"sentence_embedding": v.clone()})["sentence_embedding"]
+    head.residual_scale = 0.5
+    half = head({"sentence_embedding": v.clone()})["sentence_embedding"]
+    torch.testing.assert_close(half, v + 0.5 * (full - v))
+    head.residual_scale = 0.0
+    torch.testing.assert_close(head({"sentence_embedding": v.clone()})["sentence_embedding"], v)
+    assert head.get_config_dict()["residual_scale"] == 0.0
+    with pytest.raises(ConfigError, match="residual_scale"):
+        MoEConfig.single_expert(16, residual_scale=1.5)
+
+
+def test_train_head_learns_at_full_scale_and_restores_scale():
+    import torch
+
+    from medadapt.heads import MoEConfig, MoEHead
+    from medadapt.training.head_trainer import HeadTrainConfig, train_head
+
+    q, d = torch.randn(32, 16), torch.randn(32, 16)
+    torch.manual_seed(0)
+    a = MoEHead(MoEConfig.single_expert(16, "mlp_gelu"))
+    torch.manual_seed(0)
+    b = MoEHead(MoEConfig.single_expert(16, "mlp_gelu", residual_scale=0.3))
+    cfg = HeadTrainConfig(epochs=1, shared_epochs=1, random_routing_epochs=0, batch_size=16)
+    ra, rb = train_head(a, q, d, None, cfg), train_head(b, q, d, None, cfg)
+    assert [r["loss"] for r in ra.loss_history] == [r["loss"] for r in rb.loss_history]
+    assert b.residual_scale == 0.3

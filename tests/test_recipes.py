@@ -56,4 +56,6 @@ def test_resolve_path_relative_to_recipe(tmp_path):
 
 @pytest.mark.parametrize("path", sorted(Path(__file__).resolve().parents[1].glob("recipes/*.yaml")))
 def test_shipped_recipes_validate(path):
-    load_recipe(path)
+    from medadapt.asym.recipe import is_care_recipe, load_care_recipe
+
+    (load_care_recipe if is_care_recipe(path) else load_recipe)(path)

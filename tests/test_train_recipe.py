@@ -45,6 +45,7 @@ def overrides(model_dir, data_dir):
         f"data.path={data_dir}",
         "data.hard_negatives.window=[2, 6]",
         "head.expansion=1",
+        "head.residual_scale=1.0",
         "training.batch_size=4",
         "training.lr=1e-2",
         "training.shared_epochs=5",

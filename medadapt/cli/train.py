@@ -29,15 +29,19 @@ def train_cmd(
     Runs on Accelerate: `accelerate launch -m medadapt train RECIPE` spreads it over GPUs / processes."""
     quiet_libraries()
     try:
-        from medadapt.recipes import load_recipe
-
-        spec = load_recipe(recipe, list(set_ or []))
-        out = output or Path("runs") / spec.name
+        from medadapt.asym.recipe import is_care_recipe, load_care_recipe, run_care_recipe
         from medadapt.cache import EmbeddingCache
+        from medadapt.recipes import load_recipe
         from medadapt.training import run_recipe
 
-        result = run_recipe(spec, out, recipe_path=recipe, cache=EmbeddingCache(cache_dir), show_progress=not quiet,
-                            evaluate=not no_eval, log=lambda m: console.print(m, highlight=False))
+        common = dict(cache=EmbeddingCache(cache_dir), show_progress=not quiet, evaluate=not no_eval,
+                      log=lambda m: console.print(m, highlight=False))
+        if is_care_recipe(recipe):  # `kind: care`: asymmetric query / document towers (medadapt.asym)
+            spec = load_care_recipe(recipe, list(set_ or []))
+            result = run_care_recipe(spec, output or Path("runs") / spec.name, **common)
+        else:
+            spec = load_recipe(recipe, list(set_ or []))
+            result = run_recipe(spec, output or Path("runs") / spec.name, recipe_path=recipe, **common)
     except MedAdaptError as exc:
         fail(str(exc))
         return

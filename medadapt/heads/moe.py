@@ -70,6 +70,7 @@ class MoEHead(Module):
             raise TypeError("Pass either a MoEConfig or its fields as keyword arguments, not both")
         self.config = config
         self.routing: RoutingMode = config.routing
+        self.residual_scale: float = config.residual_scale  # run-time, like routing (see MoEConfig)
         self.shared_experts = nn.ModuleList(config.build_expert(name) for name in config.shared_experts)
         self.routed_experts = nn.ModuleList(config.build_expert(name) for name in config.routed_experts)
         self.router: TopKRouter | None = None
@@ -104,7 +105,7 @@ class MoEHead(Module):
             h = h + self.alpha * self._routed(v)
         else:
             self.last_aux_loss = v.new_zeros(())
-        out = v + h if self.config.residual else h
+        out = v + self.residual_scale * h if self.config.residual else h
         return out.reshape(*leading, self.config.dim)
 
     def _routed(self, v: Tensor) -> Tensor:
@@ -153,7 +154,7 @@ class MoEHead(Module):
         return self.config.dim
 
     def get_config_dict(self) -> dict[str, Any]:
-        return dataclasses.replace(self.config, routing=self.routing).to_dict()
+        return dataclasses.replace(self.config, routing=self.routing, residual_scale=self.residual_scale).to_dict()
 
     def save(self, output_path: str, *args: Any, safe_serialization: bool = True, **kwargs: Any) -> None:
         self.save_config(output_path)

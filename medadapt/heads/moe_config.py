@@ -34,7 +34,12 @@ class MoEConfig:
         alpha_init: initial value of the trainable routed-branch scale ``alpha``. Must be non-zero when
             ``zero_init_output`` is set, otherwise alpha and the routed experts' output layers would both get
             zero gradient forever.
-        residual: output ``v + h`` instead of ``h``.
+        residual: output ``v + residual_scale * h`` instead of ``h``.
+        residual_scale: scale ``γ`` of the learned correction at inference. Training always learns the
+            full-strength correction (``train_head`` sets ``γ = 1`` while it trains); a saved ``γ < 1``
+            interpolates between the backbone (0) and the trained head (1), which is WiSE-FT's weight-space
+            ensembling for a zero-initialised residual head (Wortsman et al., CVPR 2022): it trades a little
+            in-domain gain for robustness on unseen query styles (see docs/benchmarks.md).
         zero_init_output: zero the last layer of every expert, so ``h = 0`` at initialisation.
         routing: ``"learned"`` (top-k gate), ``"random"`` (warm-up) or ``"off"`` (routed branch skipped);
             can be switched at train time with :meth:`MoEHead.set_routing`.
@@ -52,6 +57,7 @@ class MoEConfig:
     expansion: int = 4
     alpha_init: float = 1.0
     residual: bool = True
+    residual_scale: float = 1.0
     zero_init_output: bool = True
     routing: RoutingMode = "learned"
     renormalize_top_k: bool = True
@@ -62,6 +68,10 @@ class MoEConfig:
     def __post_init__(self) -> None:
         self.shared_experts = list(self.shared_experts)
         self.routed_experts = list(self.routed_experts)
+        if not 0.0 <= self.residual_scale <= 1.0:
+            raise ConfigError(f"residual_scale must be in [0, 1], got {self.residual_scale}")
+        if self.residual_scale != 1.0 and not self.residual:
+            raise ConfigError("residual_scale only applies with residual=True")
         if self.dim < 1 or self.expansion < 1:
             raise ConfigError(f"dim and expansion must be >= 1, got {self.dim} and {self.expansion}")
         if not self.shared_experts and not self.routed_experts:

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+from medadapt.losses.asym_infonce import AsymInfoNCELoss
 from medadapt.losses.infonce import InfoNCELoss
 from medadapt.losses.load_balance import LoadBalanceLoss, switch_load_balance
+from medadapt.losses.mrl import MatryoshkaLoss
 
-__all__ = ["InfoNCELoss", "LoadBalanceLoss", "switch_load_balance"]
+__all__ = ["AsymInfoNCELoss", "InfoNCELoss", "LoadBalanceLoss", "MatryoshkaLoss", "switch_load_balance"]

@@ -77,6 +77,7 @@ class MoEHeadSection(Section):
     expansion: int = Field(4, ge=1)
     alpha_init: float = 1.0
     residual: bool = True
+    residual_scale: float = Field(1.0, ge=0, le=1, description="WiSE-FT interpolation at inference")
     zero_init_output: bool = True
     renormalize_top_k: bool = True
     gate_init_std: float = Field(0.02, ge=0)

@@ -275,6 +275,9 @@ def train_head(
     load_balance = LoadBalanceLoss(config.load_balance_weight)
     is_moe = isinstance(head, MoEHead)
     original_routing = head.routing if is_moe else None
+    original_scale = head.residual_scale if is_moe else None
+    if is_moe:
+        head.residual_scale = 1.0  # learn the full-strength correction; the configured scale applies after
     was_training = head.training
     result = TrainResult()
     start = time.perf_counter()
@@ -383,6 +386,7 @@ def train_head(
     finally:
         if is_moe:
             head.set_routing(original_routing)
+            head.residual_scale = original_scale
         head.train(was_training)
     result.routing_stats = head.routing_stats() if is_moe else {}
     result.seconds = time.perf_counter() - start

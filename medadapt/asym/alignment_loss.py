@@ -1,0 +1,74 @@
+"""Stage-I query-alignment objective of CARE (§4.2.1, eq. 2 and eq. 3).
+
+    L_MSE   = 1/B sum_i || E_Q(x_i)/|E_Q(x_i)| - E_D(x_i)/|E_D(x_i)| ||^2          (eq. 2)
+    L_align = w_c * L_AsymInfoNCE + w_m * L_MSE                                      (eq. 3)
+
+The student is the query tower ``E_Q``, the teacher the frozen document tower ``E_D``, and ``x_i`` the same
+unlabeled text on both sides (self-contrastive). The paper states eq. 3 as a weighted sum with one weight
+``lambda`` on the MSE term whose value is not given; here both weights are named and configurable
+(``contrastive_weight``, ``mse_weight``; 1 and 1 by default), so the Table-4 ablations "w/o MSE" and
+"w/o Contrastive" are ``mse_weight=0`` and ``contrastive_weight=0``.
+
+``L_MSE`` is the squared L2 distance between unit vectors summed over dimensions (``2 - 2 cos``), averaged
+over the batch: on the same scale for any embedding width, unlike ``torch.nn.MSELoss``'s mean over
+elements, which divides by the dimension. Hand-written: no library ships this pair of losses on
+precomputed teacher embeddings.
+"""
+
+from __future__ import annotations
+
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from medadapt.errors import ConfigError
+from medadapt.losses.asym_infonce import AsymInfoNCELoss
+
+__all__ = ["NormalizedMSELoss", "QueryAlignmentLoss"]
+
+
+class NormalizedMSELoss(nn.Module):
+    """Eq. 2: ``{"mse": mean_i ||norm(student_i) - norm(teacher_i)||^2}``.
+
+    Inputs: ``student`` and ``teacher``, both ``(B, d)``.
+    """
+
+    def forward(self, student: Tensor, teacher: Tensor) -> dict[str, Tensor]:
+        if student.shape != teacher.shape or student.dim() != 2:
+            raise ValueError(f"student and teacher must be (B, d); got {tuple(student.shape)}, "
+                             f"{tuple(teacher.shape)}")
+        diff = F.normalize(student.float(), dim=-1) - F.normalize(teacher.float(), dim=-1)
+        return {"mse": diff.pow(2).sum(dim=-1).mean()}
+
+
+class QueryAlignmentLoss(nn.Module):
+    """Eq. 3: weighted Asym-InfoNCE (eq. 1) + normalised MSE (eq. 2); returns the *weighted* parts
+    ``{"asym_infonce": w_c * L1, "mse": w_m * L2}`` (a zero-weight part is left out).
+
+    Args:
+        temperature: Asym-InfoNCE temperature.
+        contrastive_weight: ``w_c`` (0 disables the contrastive term: ablation "w/o Contrastive").
+        mse_weight: ``w_m`` (0 disables the MSE term: ablation "w/o MSE").
+
+    Example:
+        >>> loss = QueryAlignmentLoss(temperature=0.05, mse_weight=1.0)
+        >>> parts = loss(query_tower(texts), teacher_embeddings)      # teacher from the EmbeddingCache
+        >>> sum(parts.values()).backward()
+    """
+
+    def __init__(self, temperature: float = 0.05, contrastive_weight: float = 1.0,
+                 mse_weight: float = 1.0) -> None:
+        super().__init__()
+        if contrastive_weight < 0 or mse_weight < 0 or contrastive_weight + mse_weight == 0:
+            raise ConfigError("contrastive_weight and mse_weight must be >= 0 and not both 0")
+        self.contrastive = AsymInfoNCELoss(temperature)
+        self.mse = NormalizedMSELoss()
+        self.contrastive_weight = contrastive_weight
+        self.mse_weight = mse_weight
+
+    def forward(self, student: Tensor, teacher: Tensor) -> dict[str, Tensor]:
+        parts: dict[str, Tensor] = {}
+        if self.contrastive_weight:
+            parts["asym_infonce"] = self.contrastive_weight * self.contrastive(student, teacher)["asym_infonce"]
+        if self.mse_weight:
+            parts["mse"] = self.mse_weight * self.mse(student, teacher)["mse"]
+        return parts

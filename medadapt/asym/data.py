@@ -1,0 +1,111 @@
+"""Training items for the asymmetric stages, built from a BEIR folder.
+
+* :func:`self_contrastive_texts`: unlabeled texts for stage I (queries of some splits and/or corpus
+  documents; CARE aligns on millions of raw texts, §4.2.1). Each carries the *role* under which the teacher
+  (document tower) embeds it: ``"query"`` for queries (so a document tower with a query instruction uses
+  it), ``"document"`` for documents (whose embeddings the corpus cache already holds).
+* :func:`labelled_pairs` + :func:`mine_hard_negatives`: (query, positive, hard negatives) for the
+  independent initialisation and stage II, negatives mined with the frozen document tower on cached
+  embeddings, skipping the very top ranks and every judged-relevant document (CARE §4.1 stresses false
+  negatives in medical retrieval).
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from medadapt.errors import DataError
+
+__all__ = ["TrainPair", "labelled_pairs", "mine_hard_negatives", "mined_pairs", "self_contrastive_texts"]
+
+
+@dataclass
+class TrainPair:
+    """One labelled training item: query text, index of its positive document, indices of hard negatives
+    (indices into ``BeirDataset.doc_ids``)."""
+
+    query: str
+    positive: int
+    negatives: list[int] = field(default_factory=list)
+
+
+def self_contrastive_texts(data, query_splits: list[str], include_corpus: bool = True,
+                           max_texts: int | None = None, seed: int = 0,
+                           max_corpus_texts: int | None = None) -> list[tuple[str, str]]:
+    """``[(text, teacher_role)]``: the distinct queries of ``query_splits`` (role ``"query"``) and, with
+    ``include_corpus``, corpus documents (role ``"document"``; a random ``max_corpus_texts`` of them when
+    set); shuffled and capped at ``max_texts``."""
+    items: list[tuple[str, str]] = []
+    seen: set[str] = set()
+    for split in query_splits:
+        for text in data.split_queries(split).values():
+            if text not in seen:
+                seen.add(text)
+                items.append((text, "query"))
+    rng = random.Random(seed)
+    if include_corpus:
+        docs = data.doc_texts()
+        if max_corpus_texts is not None and max_corpus_texts < len(docs):
+            docs = rng.sample(docs, max_corpus_texts)
+        items.extend((text, "document") for text in docs)
+    if not items:
+        raise DataError("no texts for self-contrastive alignment (empty splits and no corpus)")
+    rng.shuffle(items)
+    return items[:max_texts] if max_texts else items
+
+
+def labelled_pairs(data, split: str, max_queries: int | None = None, seed: int = 0) -> list[TrainPair]:
+    """One :class:`TrainPair` per (query, relevant document) in ``split`` (grade > 0), no negatives yet."""
+    position = {d: i for i, d in enumerate(data.doc_ids)}
+    qids = list(data.qrels[split]) if split in data.qrels else []
+    if not qids:
+        raise DataError(f"split {split!r} has no judged queries")
+    if max_queries:
+        qids = sorted(random.Random(seed).sample(qids, min(max_queries, len(qids))), key=qids.index)
+    pairs = []
+    for qid in qids:
+        for did, grade in data.qrels[split][qid].items():
+            if grade > 0 and did in position:
+                pairs.append(TrainPair(data.queries[qid], position[did]))
+    return pairs
+
+
+def mine_hard_negatives(pairs: list[TrainPair], query_emb: np.ndarray, doc_emb: np.ndarray, count: int,
+                        skip_top: int = 0, depth: int = 50, exclude: list[set[int]] | None = None) -> None:
+    """Fill ``pair.negatives`` in place with ``count`` documents ranked after the first ``skip_top`` by
+    cosine similarity of ``query_emb[i]`` (row per pair) to ``doc_emb``, never a positive of that query
+    (``exclude[i]``, default the pair's own positive). Fewer than ``count`` are padded by repeating."""
+    from medadapt.eval.search import exact_search, normalize_rows
+
+    if count <= 0:
+        return
+    _, idx = exact_search(normalize_rows(query_emb), normalize_rows(doc_emb), depth + skip_top + count)
+    for i, pair in enumerate(pairs):
+        banned = exclude[i] if exclude is not None else {pair.positive}
+        ranked = [int(j) for j in idx[i] if j >= 0 and int(j) not in banned][skip_top:]
+        chosen = ranked[:count] or [j for j in range(len(doc_emb)) if j not in banned][:count]
+        while len(chosen) < count:
+            chosen.append(chosen[len(chosen) % max(1, len(chosen))])
+        pair.negatives = chosen
+
+
+def mined_pairs(data, split: str, max_queries: int | None, count: int, skip_top: int, depth: int, document,
+                cache, batch_size: int = 64, seed: int = 0) -> list[TrainPair]:
+    """:func:`labelled_pairs` of ``split`` with ``count`` hard negatives each, mined by ``document`` (a
+    SentenceTransformer) on embeddings from ``cache`` (queries with role ``"query"``, corpus ``"document"``);
+    every document judged relevant to the query is excluded."""
+    pairs = labelled_pairs(data, split, max_queries=max_queries, seed=seed)
+    if count:
+        position = {d: i for i, d in enumerate(data.doc_ids)}
+        qid_of = {data.queries[q]: q for q in data.qrels[split]}
+        exclude = [{position[d] for d, g in data.qrels[split][qid_of[p.query]].items()
+                    if g > 0 and d in position} for p in pairs]
+        q_emb = cache.encode(document, [p.query for p in pairs], role="query", batch_size=batch_size,
+                             show_progress=False)
+        d_emb = cache.encode(document, data.doc_texts(), role="document", batch_size=batch_size,
+                             show_progress=False)
+        mine_hard_negatives(pairs, q_emb, d_emb, count, skip_top=skip_top, depth=depth, exclude=exclude)
+    return pairs

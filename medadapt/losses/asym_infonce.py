@@ -1,0 +1,71 @@
+"""Asymmetric InfoNCE (CARE, arXiv "CARE/CMedTEB" §4.2.1 eq. 1 and §4.2.2 eq. 4).
+
+    L = -1/B sum_i log( exp(s(q_i, d_i) / tau) / sum_{d in D_i} exp(s(q_i, d) / tau) ),
+    s(q, d) = cos(E_Q(q), E_D(d))
+
+``q`` is embedded by the small **query** encoder ``E_Q`` and ``d`` by the large **document** encoder
+``E_D``; the two towers differ, which is the only thing that makes it "asymmetric". The candidate set
+``D_i`` is every target in the batch (the ``B - 1`` other targets are in-batch negatives) plus every hard
+negative in the batch.
+
+* **Stage I (eq. 1, self-contrastive)**: ``q_i`` and ``d_i`` are the *same* unlabeled text; the student
+  ``E_Q(x_i)`` must pick the teacher's ``E_D(x_i)`` out of the batch. No hard negatives.
+* **Stage II (eq. 4)**: ``(q_i, d_i)`` is a labelled (query, positive document) pair, with hard negatives.
+
+The paper writes the similarity without a temperature; like every InfoNCE in medadapt we divide cosine
+similarities by ``temperature`` (0.05 by default). Hand-written: sentence-transformers'
+``MultipleNegativesRankingLoss`` computes the same quantity but only inside its trainer (it takes texts,
+runs the model itself and cannot be given cached teacher embeddings), which stage I needs.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from medadapt.errors import ConfigError
+
+__all__ = ["AsymInfoNCELoss"]
+
+
+class AsymInfoNCELoss(nn.Module):
+    """Query-tower vs document-tower InfoNCE, returned as ``{"asym_infonce": loss}``.
+
+    Args:
+        temperature: softmax temperature ``tau`` applied to cosine similarities.
+
+    Inputs:
+        query: ``(B, d)`` query-tower (student) embeddings; normalised internally.
+        target: ``(B, d)`` document-tower (teacher) embeddings of each row's positive: the same text in
+            stage I, the relevant document in stage II. May carry no gradient (frozen teacher).
+        negatives: optional ``(B, n, d)`` document-tower embeddings of hard negatives.
+
+    Example:
+        >>> loss = AsymInfoNCELoss(temperature=0.05)
+        >>> parts = loss(student(texts), teacher_cache[texts])      # stage I, eq. 1
+        >>> parts["asym_infonce"].backward()
+    """
+
+    def __init__(self, temperature: float = 0.05) -> None:
+        super().__init__()
+        if temperature <= 0:
+            raise ConfigError(f"temperature must be > 0, got {temperature}")
+        self.temperature = temperature
+
+    def forward(self, query: Tensor, target: Tensor, negatives: Tensor | None = None) -> dict[str, Tensor]:
+        if query.dim() != 2 or query.shape != target.shape:
+            raise ValueError(
+                f"query and target must both be (B, d) with the same d (truncate the document embedding to the "
+                f"query dimension first, e.g. with MatryoshkaTruncate); got {tuple(query.shape)}, "
+                f"{tuple(target.shape)}"
+            )
+        candidates = target
+        if negatives is not None:
+            if negatives.dim() != 3 or negatives.shape[::2] != (query.shape[0], query.shape[1]):
+                raise ValueError(f"negatives must be (B, n, d) matching query; got {tuple(negatives.shape)}")
+            candidates = torch.cat([target, negatives.reshape(-1, negatives.shape[-1])], dim=0)
+        q, c = F.normalize(query.float(), dim=-1), F.normalize(candidates.float(), dim=-1)
+        scores = q @ c.T / self.temperature
+        labels = torch.arange(query.shape[0], device=query.device)
+        return {"asym_infonce": F.cross_entropy(scores, labels)}

@@ -1,0 +1,324 @@
+"""CARE asymmetric retrieval (medadapt.asym): towers, losses, stages, save/load, LoRA placement.
+
+Every model is tiny and random, built offline: the BERT query tower comes from ``conftest.py``, the Qwen2
+decoder document tower from :func:`build_tiny_qwen2` below (BPE tokenizer trained on the fly).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from conftest import corpus_texts
+
+pytestmark = pytest.mark.filterwarnings("ignore")
+
+
+def build_tiny_qwen2(path: Path, seed: int = 0, padding_side: str = "left") -> Path:
+    """A random 3-layer Qwen2 (hidden 48) with a byte-level BPE tokenizer whose EOS/pad is ``<|endoftext|>``."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2Model
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=300, special_tokens=["<|endoftext|>"],
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tok.train_from_iterator(corpus_texts() * 3, trainer)
+    hf_tok = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|endoftext|>", pad_token="<|endoftext|>",
+                                     model_max_length=64, padding_side=padding_side)
+    torch.manual_seed(seed)
+    config = Qwen2Config(vocab_size=tok.get_vocab_size(), hidden_size=48, intermediate_size=64, num_hidden_layers=3,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128)
+    out = path / "qwen2"
+    Qwen2Model(config).save_pretrained(out)
+    hf_tok.save_pretrained(out)
+    return out
+
+
+@pytest.fixture(scope="session")
+def tiny_qwen2_dir(tmp_path_factory) -> Path:
+    return build_tiny_qwen2(tmp_path_factory.mktemp("tiny_qwen2"))
+
+
+def doc_tower(path, padding_side="left"):
+    from sentence_transformers import SentenceTransformer
+    from sentence_transformers.base.modules import Normalize
+
+    from medadapt.asym import decoder_tower_modules
+
+    return SentenceTransformer(modules=[*decoder_tower_modules(str(path), padding_side=padding_side), Normalize()],
+                               device="cpu")
+
+
+@pytest.fixture()
+def asym(tiny_bert, tiny_qwen2_dir):
+    from medadapt.asym import build_asymmetric_model
+
+    return build_asymmetric_model(tiny_bert, doc_tower(tiny_qwen2_dir))
+
+
+def snapshot(modules) -> dict[str, torch.Tensor]:
+    return {f"{i}.{k}": v.detach().clone() for i, m in enumerate(modules) for k, v in m.state_dict().items()}
+
+
+def same(a: dict, b: dict) -> bool:
+    return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+# ------------------------------------------------------------------------------------------ EOS pooling
+def test_append_eos_right_and_left_padding():
+    from medadapt.asym import append_eos
+
+    eos, pad = 9, 0
+    right = torch.tensor([[5, 6, 7], [5, 0, 0]]), torch.tensor([[1, 1, 1], [1, 0, 0]])
+    ids, mask = append_eos(*right, eos, pad)
+    assert ids.tolist() == [[5, 6, 7, 9], [5, 9, 0, 0]]
+    assert mask.tolist() == [[1, 1, 1, 1], [1, 1, 0, 0]]
+    left = torch.tensor([[5, 6, 7], [0, 0, 5]]), torch.tensor([[1, 1, 1], [0, 0, 1]])
+    ids, mask = append_eos(*left, eos, pad)
+    assert ids.tolist() == [[5, 6, 7, 9], [0, 0, 5, 9]]
+    assert mask.tolist() == [[1, 1, 1, 1], [0, 0, 1, 1]]
+    # an existing trailing EOS is not doubled; a column nobody needs is dropped
+    ids, mask = append_eos(torch.tensor([[5, 9, 0]]), torch.tensor([[1, 1, 0]]), eos, pad)
+    assert ids.tolist() == [[5, 9, 0]] and mask.tolist() == [[1, 1, 0]]
+
+
+@pytest.mark.parametrize("side", ["left", "right"])
+def test_eos_pooling_picks_last_non_pad_token(tiny_qwen2_dir, side):
+    model = doc_tower(tiny_qwen2_dir, side)
+    transformer = model[0]
+    eos = transformer.tokenizer.eos_token_id
+    texts = ["diabetes insulin glucose thirst and more words here", "gout", "asthma inhaler"]
+    features = model.preprocess(texts, task="document")
+    ids, mask = features["input_ids"], features["attention_mask"]
+    lengths = mask.sum(1)
+    for row in range(len(texts)):
+        valid = ids[row][mask[row].bool()]
+        assert valid[-1].item() == eos and (valid[:-1] != eos).all()
+        assert bool(mask[row, -1]) == (side == "left" or lengths[row] == lengths.max())
+    with torch.no_grad():
+        out = model(dict(features))
+    last = mask.shape[1] - 1 - mask.flip(1).argmax(1)
+    expected = out["token_embeddings"][torch.arange(len(texts)), last]
+    torch.testing.assert_close(out["sentence_embedding"], torch.nn.functional.normalize(expected, dim=-1))
+    batched = model.encode_document(texts, convert_to_tensor=True)
+    single = torch.stack([model.encode_document([t], convert_to_tensor=True)[0] for t in texts])
+    torch.testing.assert_close(batched, single, atol=1e-4, rtol=1e-4)
+
+
+def test_eos_fits_in_max_seq_length(tiny_qwen2_dir):
+    model = doc_tower(tiny_qwen2_dir, "right")
+    model.max_seq_length = 8
+    features = model.preprocess([" ".join(corpus_texts())], task="document")
+    assert features["input_ids"].shape[1] == 8
+    assert features["input_ids"][0, -1].item() == model[0].tokenizer.eos_token_id
+
+
+# ------------------------------------------------------------------------------------------ MRL
+def test_matryoshka_loss_averages_nested_dims():
+    from medadapt.losses import InfoNCELoss, MatryoshkaLoss
+
+    torch.manual_seed(0)
+    q, p, n = torch.randn(6, 16), torch.randn(6, 16), torch.randn(6, 2, 16)
+    base = InfoNCELoss(0.1)
+    mrl = MatryoshkaLoss(base, dims=[16, 4, 8])
+    assert mrl.dims == [4, 8, 16]
+    expected = sum(base(q[:, :d], p[:, :d], n[:, :, :d])["infonce"] for d in (4, 8, 16)) / 3
+    torch.testing.assert_close(mrl(q, p, n)["infonce"], expected)
+    assert set(mrl.last_per_dim) == {4, 8, 16}
+    with pytest.raises(ValueError, match="exceeds"):
+        MatryoshkaLoss(base, dims=[32])(q, p)
+
+
+def test_mrl_truncation_to_query_dimension(asym, tmp_path):
+    from medadapt.asym import MatryoshkaTruncate, route_modules
+
+    doc_route = route_modules(asym, "document")
+    assert isinstance(doc_route[-1], MatryoshkaTruncate) and doc_route[-1].dim == 32  # 48-d Qwen2 -> 32-d BERT
+    q = asym.encode_query(["what is gout"])
+    d = asym.encode_document(["gout is a condition"])
+    assert q.shape == d.shape == (1, 32)
+    np.testing.assert_allclose(np.linalg.norm(d, axis=1), 1.0, rtol=1e-5)
+
+
+def test_projection_variant_maps_query_to_document_dim(tiny_bert, tiny_qwen2_dir):
+    from medadapt.asym import MatryoshkaTruncate, build_asymmetric_model, route_modules
+
+    model = build_asymmetric_model(tiny_bert, doc_tower(tiny_qwen2_dir), projection=True)
+    assert not any(isinstance(m, MatryoshkaTruncate) for m in route_modules(model, "document"))
+    assert model.encode_query(["gout"]).shape == model.encode_document(["gout"]).shape == (1, 48)
+
+
+# ------------------------------------------------------------------------------------------ losses
+def test_asym_infonce_and_alignment_loss():
+    from medadapt.asym import QueryAlignmentLoss
+    from medadapt.errors import ConfigError
+    from medadapt.losses import AsymInfoNCELoss
+
+    torch.manual_seed(0)
+    t = torch.randn(8, 16)
+    loss = AsymInfoNCELoss(0.05)
+    assert loss(t, t)["asym_infonce"] < 1e-3 < loss(torch.randn(8, 16), t)["asym_infonce"]
+    with pytest.raises(ValueError, match="truncate"):
+        loss(torch.randn(8, 16), torch.randn(8, 32))
+    parts = QueryAlignmentLoss(0.05, contrastive_weight=1.0, mse_weight=2.0)(t * 3, t)
+    assert set(parts) == {"asym_infonce", "mse"} and parts["mse"] < 1e-6
+    assert set(QueryAlignmentLoss(mse_weight=0.0)(t, t)) == {"asym_infonce"}
+    assert set(QueryAlignmentLoss(contrastive_weight=0.0)(t, t)) == {"mse"}
+    with pytest.raises(ConfigError):
+        QueryAlignmentLoss(contrastive_weight=0.0, mse_weight=0.0)
+
+
+# ------------------------------------------------------------------------------------------ stages
+def test_stage1_updates_query_tower_only(asym):
+    from medadapt.asym import LoopConfig, align_queries, route_modules, tower
+
+    texts = corpus_texts()
+    teacher = torch.from_numpy(tower(asym, "document").encode_document(texts))
+    before_doc = snapshot(route_modules(asym, "document"))
+    before_q = snapshot(route_modules(asym, "query"))
+    flags = [p.requires_grad for p in asym.parameters()]
+    result = align_queries(asym, texts, teacher, LoopConfig(epochs=2, batch_size=8, lr=1e-3))
+    assert result.steps == 6 and np.isfinite(result.final_loss)
+    assert same(before_doc, snapshot(route_modules(asym, "document")))
+    assert not same(before_q, snapshot(route_modules(asym, "query")))
+    assert flags == [p.requires_grad for p in asym.parameters()]  # requires_grad restored
+
+
+def test_lora_lands_on_document_tower_and_stage2_trains_it(asym):
+    from medadapt.asym import (DocumentLoraConfig, LoopConfig, TrainPair, attach_document_lora, has_lora,
+                               joint_finetune, route_modules)
+
+    attach_document_lora(asym, DocumentLoraConfig(r=4, alpha=8))
+    q_route, d_route = route_modules(asym, "query"), route_modules(asym, "document")
+    assert has_lora(d_route[0]) and not any(has_lora(m) for m in q_route)
+    lora_names = [n for n, _ in asym.named_parameters() if "lora_" in n]
+    assert lora_names and all(n.startswith("0.sub_modules.document.") for n in lora_names)
+    base_before = {n: p.detach().clone() for n, p in d_route[0].named_parameters() if "lora_" not in n}
+    lora_b_before = {n: p.detach().clone() for n, p in d_route[0].named_parameters() if "lora_B" in n}
+    texts = corpus_texts()
+    pairs = [TrainPair(texts[i], i ^ 1, [(i + 4) % len(texts)]) for i in range(len(texts))]
+    result = joint_finetune(asym, pairs, texts, LoopConfig(epochs=1, batch_size=6, lr=1e-2))
+    assert result.steps == 4
+    for n, p in d_route[0].named_parameters():
+        if "lora_" not in n:
+            assert torch.equal(p, base_before[n]), n  # the LLM's own weights stay frozen
+    assert any(not torch.equal(p, lora_b_before[n]) for n, p in d_route[0].named_parameters() if "lora_B" in n)
+
+
+def test_stage2_with_frozen_document_table(asym):
+    from medadapt.asym import LoopConfig, TrainPair, joint_finetune, route_modules, tower
+
+    texts = corpus_texts()
+    table = torch.from_numpy(tower(asym, "document").encode_document(texts))
+    before = snapshot(route_modules(asym, "document"))
+    pairs = [TrainPair(texts[i], i ^ 1, [(i + 2) % len(texts)]) for i in range(len(texts))]
+    joint_finetune(asym, pairs, texts, LoopConfig(batch_size=8), train_document=False, doc_table=table)
+    assert same(before, snapshot(route_modules(asym, "document")))
+
+
+def test_stage_resumes_from_checkpoint(asym, tmp_path):
+    from medadapt.asym import LoopConfig, align_queries, route_modules, tower
+    from medadapt.training.checkpoint import CheckpointConfig, latest_checkpoint
+
+    texts = corpus_texts()
+    teacher = torch.from_numpy(tower(asym, "document").encode_document(texts))
+    ck = CheckpointConfig(tmp_path / "ck", every_steps=2)
+    full = align_queries(asym, texts, teacher, LoopConfig(epochs=1, batch_size=8), checkpoint=ck)
+    assert latest_checkpoint(ck.directory).name == "step-00000003"
+    state = snapshot(route_modules(asym, "query"))
+    again = align_queries(asym, texts, teacher, LoopConfig(epochs=1, batch_size=8), checkpoint=ck)
+    assert len(again.loss_history) == len(full.loss_history) == 3 and again.steps == 3
+    assert same(state, snapshot(route_modules(asym, "query")))
+
+
+# ------------------------------------------------------------------------------------------ towers
+def test_pruned_and_static_query_towers(tiny_bert, tmp_path):
+    from sentence_transformers import SentenceTransformer
+
+    from medadapt.asym import build_asymmetric_model, prune_layers, static_from_document
+
+    pruned = prune_layers(tiny_bert, 1)
+    assert pruned[0].auto_model.config.num_hidden_layers == 1 and len(pruned[0].auto_model.encoder.layer) == 1
+    assert len(tiny_bert[0].auto_model.encoder.layer) == 2  # the document tower is untouched
+    static = static_from_document(tiny_bert, corpus_texts())
+    assert static.get_embedding_dimension() == 32
+    model = build_asymmetric_model([static], tiny_bert)
+    q = model.encode_query(["symptoms of gout"])
+    assert q.shape == (1, 32) and np.isfinite(q).all()
+    model.save(str(tmp_path / "static"))
+    loaded = SentenceTransformer(str(tmp_path / "static"), device="cpu", trust_remote_code=True)
+    np.testing.assert_array_equal(loaded.encode_query(["symptoms of gout"]), q)
+
+
+def test_save_load_reproduces_encodings_exactly(asym, tmp_path):
+    from sentence_transformers import SentenceTransformer
+
+    from medadapt.asym import DocumentLoraConfig, EosTransformer, attach_document_lora, merge_document_lora
+    from medadapt.asym import route_modules
+    from medadapt.models import load
+
+    asym.prompts = {"query": "query: "}
+    attach_document_lora(asym, DocumentLoraConfig(r=4, alpha=8))
+    with torch.no_grad():
+        for n, p in asym.named_parameters():
+            if "lora_B" in n:
+                p.normal_(0, 0.1)  # a non-trivial adapter
+    assert merge_document_lora(asym)
+    texts = corpus_texts()
+    q, d = asym.encode_query(texts), asym.encode_document(texts)
+    asym.save(str(tmp_path / "m"))
+    for loaded in (SentenceTransformer(str(tmp_path / "m"), device="cpu", trust_remote_code=True),
+                   load(str(tmp_path / "m"), device="cpu")):
+        assert isinstance(route_modules(loaded, "document")[0], EosTransformer)
+        np.testing.assert_array_equal(loaded.encode_query(texts), q)
+        np.testing.assert_array_equal(loaded.encode_document(texts), d)
+
+
+def test_evaluate_asymmetric_reuses_standalone_document_cache(tiny_bert_dir, tiny_beir_dir, tmp_path):
+    from sentence_transformers import SentenceTransformer
+
+    from medadapt.asym import build_asymmetric_model, evaluate_asymmetric, prune_layers, tower
+    from medadapt.cache import EmbeddingCache
+    from medadapt.data import load_beir
+
+    data = load_beir(tiny_beir_dir, ["test"])
+    cache = EmbeddingCache(tmp_path / "cache")
+    document = SentenceTransformer(str(tiny_bert_dir), device="cpu")
+    cache.encode(document, data.doc_texts(), role="document", show_progress=False)
+    model = build_asymmetric_model(prune_layers(document, 1), document)
+    assert cache.count_missing(tower(model, "document"), data.doc_texts(), role="document") == 0
+    metrics = evaluate_asymmetric(model, data, "test", ["ndcg@10"], cache=cache)
+    assert 0.0 <= metrics["ndcg@10"] <= 1.0
+
+
+def test_sentence_transformers_trainer_with_router_mapping(tiny_bert, tmp_path):
+    """The asymmetric model is a plain Router model: ST's trainer routes columns with ``router_mapping``."""
+    from datasets import Dataset
+    from sentence_transformers import SentenceTransformerTrainer, SentenceTransformerTrainingArguments
+    from sentence_transformers.sentence_transformer.losses import MultipleNegativesRankingLoss
+
+    from medadapt.asym import build_asymmetric_model, prune_layers, route_modules
+
+    model = build_asymmetric_model(prune_layers(tiny_bert, 1), tiny_bert)
+    texts = corpus_texts()
+    before = snapshot(route_modules(model, "query"))
+    args = SentenceTransformerTrainingArguments(
+        output_dir=str(tmp_path / "st"), num_train_epochs=1, per_device_train_batch_size=4, use_cpu=True,
+        router_mapping={"question": "query", "positive": "document"}, report_to=[], save_strategy="no")
+    data = Dataset.from_dict({"question": texts[1::2], "positive": texts[0::2]})
+    SentenceTransformerTrainer(model=model, args=args, train_dataset=data,
+                               loss=MultipleNegativesRankingLoss(model)).train()
+    assert not same(before, snapshot(route_modules(model, "query")))
+
+
+def test_query_speed_reports_throughput_and_latency():
+    from medadapt.asym import query_speed
+
+    speed = query_speed(lambda batch: [len(t) for t in batch], ["a", "bb", "ccc"] * 10, batch_size=4,
+                        latency_samples=5)
+    assert speed["qps"] > 0 and 0 <= speed["p50_ms"] <= speed["p90_ms"]
