@@ -109,3 +109,25 @@ def test_frozen_backbone_without_head_is_refused(tiny_bert_dir, tiny_beir_dir, t
     recipe = load_recipe(TINY, [*overrides(tiny_bert_dir, tiny_beir_dir), "head={kind: none}"])
     with pytest.raises(ConfigError, match="nothing to train"):
         run_recipe(recipe, tmp_path / "o", show_progress=False)
+
+
+@pytest.mark.slow
+def test_slow_path_lora_with_head_trains_and_reloads(tiny_bert_dir, synonym_beir_dir, tmp_path, cache_env):
+    """`model.peft` switches the same recipe to end-to-end training through sentence-transformers' trainer:
+    LoRA adapters on the backbone plus the head, saved and reloaded as one model."""
+    from medadapt.training import run_recipe
+
+    recipe = load_recipe(TINY, [
+        *overrides(tiny_bert_dir, synonym_beir_dir),
+        "model.peft={kind: lora, r: 4, alpha: 8, target_modules: [query, value]}",
+        "training.epochs=2", "training.batch_size=4", "training.lr=1e-3",
+    ])
+    out = tmp_path / "lora"
+    result = run_recipe(recipe, out, show_progress=False)
+    assert result.loss_history and result.metrics["ndcg@10"] > 0
+    model = medadapt.load(str(out), device="cpu")
+    names = [type(m).__name__ for m in model]
+    assert "MoEHead" in names
+    assert any("lora" in n for n, _ in model.named_parameters())
+    texts = ["symptoms of thirst"]
+    np.testing.assert_allclose(model.encode_query(texts), medadapt.load(str(out)).encode_query(texts), atol=1e-6)

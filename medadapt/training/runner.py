@@ -245,6 +245,7 @@ def _train_slow(recipe, model, data, cache, output_dir, result, show_progress, l
     dataset = Dataset.from_dict(columns)
     t = recipe.training
     ckpt_dir = output_dir / "checkpoints"
+    total_steps = max(1, len(dataset) // (t.batch_size * t.gradient_accumulation_steps)) * max(1, t.epochs)
     args = SentenceTransformerTrainingArguments(
         output_dir=str(ckpt_dir), num_train_epochs=t.epochs, per_device_train_batch_size=t.batch_size,
         learning_rate=t.lr, weight_decay=t.weight_decay, warmup_ratio=t.warmup_ratio, seed=t.seed,
@@ -252,7 +253,8 @@ def _train_slow(recipe, model, data, cache, output_dir, result, show_progress, l
         max_grad_norm=t.max_grad_norm or 0.0, bf16=t.mixed_precision == "bf16", fp16=t.mixed_precision == "fp16",
         gradient_accumulation_steps=t.gradient_accumulation_steps, batch_sampler=BatchSamplers.NO_DUPLICATES,
         save_strategy="steps" if t.checkpoint_every_steps else "epoch", save_steps=t.checkpoint_every_steps or 500,
-        save_total_limit=2, logging_steps=10, report_to="none", disable_tqdm=not show_progress,
+        save_total_limit=2, logging_steps=max(1, min(50, total_steps // 20)), report_to="none",
+        disable_tqdm=not show_progress,
     )
     loss = MultipleNegativesRankingLoss(model, scale=1.0 / recipe.loss.temperature)
     trainer = SentenceTransformerTrainer(model=model, args=args, train_dataset=dataset, loss=loss)
