@@ -101,6 +101,8 @@ def main() -> int:
                    help="override both recipes: section.field=value (repeatable)")
     p.add_argument("--skip-ablations", action="store_true", help="skip the stage-I loss ablations")
     p.add_argument("--stage2-only", action="store_true", help="also train the pruned tower with stage II alone")
+    p.add_argument("--part", choices=["all", "main", "ablations"], default="all",
+                   help="run everything, or split across two processes: main rows + timing, or the ablations")
     p.add_argument("--threads", type=int, default=None, help="torch threads for training and evaluation")
     p.add_argument("--latency-samples", type=int, default=200)
     p.add_argument("--speed-threads", type=int, default=1,
@@ -178,6 +180,15 @@ def main() -> int:
                               AsymInfoNCELoss(st.temperature), train_document=False, doc_table=doc_table,
                               query_max_length=st.query_max_length, progress=progress).seconds
 
+    if args.part == "ablations":
+        kind = "pruned 2-layer"
+        m = fresh(kind)
+        row(kind, "stage I w/o MSE", m, stage1(m, kind, mse_weight=0.0))
+        m = fresh(kind)
+        row(kind, "stage I w/o contrastive", m, stage1(m, kind, contrastive_weight=0.0))
+        finish(args, rows, ["query tower", "training", "ndcg@10", "recall@100", "mrr@10", "% of symmetric",
+                            "train s"], {"part": "ablations"})
+        return 0
     for kind in recipes:
         t = time.perf_counter()
         model = fresh(kind)
@@ -191,7 +202,7 @@ def main() -> int:
         if kind == "pruned 2-layer" and args.stage2_only:
             m = fresh(kind)
             row(kind, "stage II only (w/o align)", m, stage2(m, kind))
-        if kind == "pruned 2-layer" and not args.skip_ablations:
+        if kind == "pruned 2-layer" and not args.skip_ablations and args.part == "all":
             m = fresh(kind)
             row(kind, "stage I w/o MSE", m, stage1(m, kind, mse_weight=0.0))
             m = fresh(kind)
