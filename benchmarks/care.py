@@ -137,7 +137,7 @@ def main() -> int:
     items = self_contrastive_texts(data, base.stage1.query_splits, base.stage1.include_corpus,
                                    base.stage1.max_texts, base.training.seed, base.stage1.max_corpus_texts)
     texts = [x for x, _ in items]
-    teacher = teacher_targets(document, items, cache, dim=document.get_sentence_embedding_dimension(),
+    teacher = teacher_targets(document, items, cache, dim=document.get_embedding_dimension(),
                               batch_size=bs, show_progress=False)
     s2 = base.stage2
     pairs = mined_pairs(data, s2.split, s2.max_queries, s2.negatives, s2.skip_top, s2.depth, document, cache, bs,

@@ -448,7 +448,7 @@ def run_care_recipe(
         prompts["document"] = recipe.document.prompts["document"]
     model = build_asymmetric_model(query, document, projection=recipe.architecture.projection,
                                    truncate_to=recipe.architecture.truncate_to, prompts=prompts, device=device)
-    dim = model.get_sentence_embedding_dimension()
+    dim = model.get_embedding_dimension()
 
     # ---- stage I: query alignment against cached teacher embeddings
     if recipe.stage1.enabled:
