@@ -25,6 +25,7 @@ from torch import Tensor, nn
 
 from medadapt.errors import ConfigError
 from medadapt.training.checkpoint import CheckpointConfig, latest_checkpoint, load_checkpoint, save_checkpoint
+from medadapt.training.steps import optimizer_step
 
 __all__ = ["LoopConfig", "StageResult", "run_stage"]
 
@@ -199,16 +200,7 @@ def run_stage(
                 with accelerator.autocast() if accelerator is not None else contextlib.nullcontext():
                     parts = step_fn(run_model, indices)
                 loss = sum(parts.values())
-                optimizer.zero_grad(set_to_none=True)
-                if accelerator is not None:
-                    accelerator.backward(loss)
-                else:
-                    loss.backward()
-                if config.max_grad_norm is not None:
-                    torch.nn.utils.clip_grad_norm_(params, config.max_grad_norm)
-                lr = optimizer.param_groups[0]["lr"]
-                optimizer.step()
-                scheduler.step()
+                lr = optimizer_step(loss, optimizer, scheduler, params, config.max_grad_norm, accelerator)
                 step += 1
                 record = {"step": float(step), "epoch": float(epoch), "loss": float(loss.detach()),
                           **{k: float(v.detach()) for k, v in parts.items()}, "lr": float(lr)}

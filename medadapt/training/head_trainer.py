@@ -47,6 +47,7 @@ from medadapt.heads.moe import MoEHead
 from medadapt.losses.infonce import InfoNCELoss
 from medadapt.losses.load_balance import LoadBalanceLoss
 from medadapt.training.checkpoint import CheckpointConfig, latest_checkpoint, load_checkpoint, save_checkpoint
+from medadapt.training.steps import optimizer_step
 
 __all__ = [
     "HeadTrainConfig",
@@ -357,16 +358,8 @@ def train_head(
                                 model, head, index, query_emb, pos_emb, neg_emb, device, infonce, load_balance
                             )
                         loss = sum(parts.values())
-                        optimizer.zero_grad(set_to_none=True)
-                        if accelerator is not None:
-                            accelerator.backward(loss)
-                        else:
-                            loss.backward()
-                        if config.max_grad_norm is not None:
-                            torch.nn.utils.clip_grad_norm_(stage.params, config.max_grad_norm)
-                        lr = optimizer.param_groups[0]["lr"]
-                        optimizer.step()
-                        scheduler.step()
+                        lr = optimizer_step(loss, optimizer, scheduler, stage.params, config.max_grad_norm,
+                                            accelerator)
                         step += 1
                         record = {
                             "step": float(step),
