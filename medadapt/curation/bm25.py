@@ -14,7 +14,7 @@ from typing import Literal
 
 import numpy as np
 
-from medadapt.curation.search import Hit
+from medadapt.curation.search import Hit, checked_corpus_ids
 
 _PUNCT = re.compile(r"^[\W_]+$", re.UNICODE)
 
@@ -33,13 +33,7 @@ class BM25Searcher:
 
         if language not in ("en", "zh"):
             raise ValueError(f"language must be 'en' or 'zh', got {language!r}")
-        corpus_ids = [str(i) for i in corpus_ids]
-        if len(corpus_ids) != len(corpus_texts):
-            raise ValueError(f"{len(corpus_ids)} corpus ids but {len(corpus_texts)} texts")
-        if len(set(corpus_ids)) != len(corpus_ids):
-            raise ValueError("corpus ids must be unique")
-        if not corpus_ids:
-            raise ValueError("the corpus is empty")
+        corpus_ids = checked_corpus_ids(corpus_ids, corpus_texts)
         self.language = language
         self.corpus_ids = corpus_ids
         self._pos = {d: i for i, d in enumerate(corpus_ids)}

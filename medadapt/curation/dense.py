@@ -8,7 +8,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from medadapt.curation.search import Hit
+from medadapt.curation.search import Hit, checked_corpus_ids
 
 
 class DenseSearcher:
@@ -27,13 +27,7 @@ class DenseSearcher:
                  batch_size: int = 64, show_progress: bool = True):
         from medadapt.cache import EmbeddingCache
 
-        corpus_ids = [str(i) for i in corpus_ids]
-        if len(corpus_ids) != len(corpus_texts):
-            raise ValueError(f"{len(corpus_ids)} corpus ids but {len(corpus_texts)} texts")
-        if len(set(corpus_ids)) != len(corpus_ids):
-            raise ValueError("corpus ids must be unique")
-        if not corpus_ids:
-            raise ValueError("the corpus is empty")
+        corpus_ids = checked_corpus_ids(corpus_ids, corpus_texts)
         self.model = model
         self.corpus_ids = corpus_ids
         self.corpus_texts = list(corpus_texts)

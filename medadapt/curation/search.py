@@ -51,3 +51,15 @@ def batched_search(
             out.extend([(str(d), float(s)) for d, s in row] for row in hits)
             bar.update(len(batch))
     return out
+
+
+def checked_corpus_ids(corpus_ids, corpus_texts) -> list[str]:
+    """Corpus ids as strings, after checking they are unique, non-empty and one per text."""
+    ids = [str(i) for i in corpus_ids]
+    if len(ids) != len(corpus_texts):
+        raise ValueError(f"{len(ids)} corpus ids but {len(corpus_texts)} texts")
+    if len(set(ids)) != len(ids):
+        raise ValueError("corpus ids must be unique")
+    if not ids:
+        raise ValueError("the corpus is empty")
+    return ids
