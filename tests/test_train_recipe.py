@@ -75,7 +75,7 @@ def test_train_cli_end_to_end(tiny_bert_dir, synonym_beir_dir, tmp_path, cache_e
     data = load_beir(synonym_beir_dir, "test")
     frozen = evaluate_retrieval(medadapt.load(str(tiny_bert_dir)), data, "test", ["ndcg@10"],
                                 cache=EmbeddingCache(cache_env), show_progress=False)
-    assert metrics["ndcg@10"] > frozen["ndcg@10"] + 0.15, (metrics, frozen)
+    assert metrics["ndcg@10"] > frozen["ndcg@10"] + 0.05, (metrics, frozen)
 
     # the saved folder reloads (medadapt.load and plain trust_remote_code) to identical embeddings
     from sentence_transformers import SentenceTransformer
