@@ -29,19 +29,13 @@ def train_cmd(
     Runs on Accelerate: `accelerate launch -m medadapt train RECIPE` spreads it over GPUs / processes."""
     quiet_libraries()
     try:
-        from medadapt.asym.recipe import is_care_recipe, load_care_recipe, run_care_recipe
         from medadapt.cache import EmbeddingCache
-        from medadapt.recipes import load_recipe
-        from medadapt.training import run_recipe
+        from medadapt.recipes.kinds import resolve_kind
 
-        common = dict(cache=EmbeddingCache(cache_dir), show_progress=not quiet, evaluate=not no_eval,
-                      log=lambda m: console.print(m, highlight=False))
-        if is_care_recipe(recipe):  # `kind: care`: asymmetric query / document towers (medadapt.asym)
-            spec = load_care_recipe(recipe, list(set_ or []))
-            result = run_care_recipe(spec, output or Path("runs") / spec.name, **common)
-        else:
-            spec = load_recipe(recipe, list(set_ or []))
-            result = run_recipe(spec, output or Path("runs") / spec.name, recipe_path=recipe, **common)
+        load, run = resolve_kind(recipe)  # `kind:` of the YAML picks the package (medadapt.recipes.kinds)
+        spec = load(recipe, list(set_ or []))
+        result = run(spec, output or Path("runs") / spec.name, recipe_path=recipe, cache=EmbeddingCache(cache_dir),
+                     show_progress=not quiet, evaluate=not no_eval, log=lambda m: console.print(m, highlight=False))
     except MedAdaptError as exc:
         fail(str(exc))
         return
