@@ -9,6 +9,22 @@ the loop knows nothing about towers or losses.
 
 Determinism: epoch ``e``'s order is a permutation seeded by ``(seed, e)`` and the step index alone decides
 which items a step sees, so a resumed run repeats the uninterrupted one.
+
+Distributed (``accelerate launch --num_processes N``; :mod:`medadapt.training.distributed`): ``batch_size``
+is the global batch; each process gets a contiguous shard of it (in order, so the shards concatenated are the
+single-process batch). The step function embeds its shard through the prepared (DDP / DeepSpeed) model,
+all-gathers the embeddings with :func:`~medadapt.training.distributed.gather_with_grad` and returns the
+loss of the *global* batch, the same value on every process; the loop backpropagates ``N x loss`` so that
+averaging gradients over processes gives the single-process gradient. The model is not wrapped in DDP
+(a step runs it twice, once per route, and may leave trainable parameters unused, which DDP rejects);
+gradients are averaged with one flat all-reduce per step
+(:func:`~medadapt.training.distributed.average_gradients`) and the trainable parameters are broadcast from
+the main process at the start of the stage. DeepSpeed and FSDP keep their own engines (prepared models),
+which average gradients themselves. The logged loss curve therefore matches a
+one-process run with the same global batch and seed (up to float rounding). Clipping sees the averaged
+gradients (identical on every process); only the main process reports progress and writes checkpoints,
+the others wait for it. A global batch with fewer items than processes (a tiny last batch) is skipped, its
+step still counted.
 """
 
 from __future__ import annotations
@@ -25,6 +41,7 @@ from torch import Tensor, nn
 
 from medadapt.errors import ConfigError
 from medadapt.training.checkpoint import CheckpointConfig, latest_checkpoint, load_checkpoint, save_checkpoint
+from medadapt.training.distributed import average_gradients, broadcast_parameters, shard_bounds
 from medadapt.training.steps import optimizer_step
 
 __all__ = ["LoopConfig", "StageResult", "run_stage"]
@@ -112,7 +129,10 @@ def run_stage(
             receives the prepared one).
         params: the parameters to optimise; all others should have ``requires_grad=False``.
         n_items: number of training items; ``step_fn`` gets a list of item indices.
-        step_fn: ``step_fn(model, indices) -> {part: loss}``; the loop sums the parts.
+        step_fn: ``step_fn(model, indices) -> {part: loss}``; the loop sums the parts. ``indices`` are this
+            process's contiguous shard of the global batch; under several processes the parts must be the
+            global-batch loss, computed on embeddings gathered with
+            :func:`~medadapt.training.distributed.gather_with_grad` (identity with one process).
         config: :class:`LoopConfig`.
         accelerator: optional ``accelerate.Accelerator`` (device, DDP, autocast, backward).
         checkpoint: optional checkpoint settings; resumes from the newest matching checkpoint.
@@ -142,16 +162,30 @@ def run_stage(
     scheduler = get_scheduler(kind, optimizer, num_warmup_steps=int(config.warmup_ratio * total),
                               num_training_steps=max(1, total))
     run_model = model
+    sync = None
     if accelerator is not None:
         plugin = getattr(accelerator.state, "deepspeed_plugin", None)
+        dist_kind = str(getattr(accelerator, "distributed_type", ""))
         if plugin is not None:  # DeepSpeed needs model and optimiser prepared together, and a micro-batch size
             plugin.deepspeed_config["train_micro_batch_size_per_gpu"] = max(1, config.batch_size // world)
             run_model, optimizer = accelerator.prepare(model, optimizer)
-        else:
+        elif "FSDP" in dist_kind:  # sharded parameters: FSDP reduces (averages) gradients itself
             run_model = accelerator.prepare_model(model)
             optimizer = accelerator.prepare_optimizer(optimizer)
+        else:
+            # No DDP wrapper: a step runs the model twice (query and document routes) and some trainable
+            # parameters may be unused (e.g. BERT's pooler), both of which DDP's reducer rejects. Gradients
+            # are averaged by hand instead (one flat all-reduce), after backward and before clipping.
+            optimizer = accelerator.prepare_optimizer(optimizer)
+            if world > 1:
+                broadcast_parameters(params)
+                sync = lambda: average_gradients(params)  # noqa: E731
 
     resume = 0
+    # decided before anything is written: under several processes every process must take the same branch
+    had_checkpoint = checkpoint is not None and latest_checkpoint(checkpoint.directory) is not None
+    if accelerator is not None and world > 1:
+        accelerator.wait_for_everyone()
     if checkpoint is not None and checkpoint.resume:
         found = latest_checkpoint(checkpoint.directory)
         if found is not None:
@@ -196,11 +230,18 @@ def run_stage(
                 if step < resume:
                     step += 1
                     continue
-                indices = order[begin : begin + config.batch_size][rank::world].tolist()
+                global_batch = order[begin : begin + config.batch_size]
+                if len(global_batch) < world:  # some process would get no item: skip the step, count it
+                    scheduler.step()
+                    step += 1
+                    continue
+                lo, hi = shard_bounds(len(global_batch), rank, world)
+                indices = global_batch[lo:hi].tolist()
                 with accelerator.autocast() if accelerator is not None else contextlib.nullcontext():
                     parts = step_fn(run_model, indices)
                 loss = sum(parts.values())
-                lr = optimizer_step(loss, optimizer, scheduler, params, config.max_grad_norm, accelerator)
+                lr = optimizer_step(loss, optimizer, scheduler, params, config.max_grad_norm, accelerator,
+                                    loss_scale=float(world), sync_gradients=sync)
                 step += 1
                 record = {"step": float(step), "epoch": float(epoch), "loss": float(loss.detach()),
                           **{k: float(v.detach()) for k, v in parts.items()}, "lr": float(lr)}
@@ -209,7 +250,7 @@ def run_stage(
                     progress(name, step, total, record)
                 if checkpoint is not None and checkpoint.every_steps and step % checkpoint.every_steps == 0:
                     save(step)
-        if step > resume or (checkpoint is not None and latest_checkpoint(checkpoint.directory) is None):
+        if step > resume or not had_checkpoint:
             save(step)
     finally:
         model.train(was_training)

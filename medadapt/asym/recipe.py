@@ -371,6 +371,8 @@ def run_care_recipe(
     tr = recipe.training
     want_cpu = tr.device == "cpu" or not torch.cuda.is_available()
     accelerator = Accelerator(cpu=want_cpu, mixed_precision=tr.mixed_precision)
+    if not accelerator.is_main_process:  # under `accelerate launch`, only the main process reports
+        log, show_progress = (lambda _m: None), False
     device = str(accelerator.device)
     torch.manual_seed(tr.seed)
     result = CareRunResult(output_dir=output_dir)
@@ -407,8 +409,9 @@ def run_care_recipe(
     init = recipe.init
     init_pairs = None
     if init.query or init.document:
-        init_pairs = mined_pairs(data, init.split, init.max_queries, init.negatives, recipe.stage2.skip_top,
-                                 recipe.stage2.depth, document, cache, bs, tr.seed)
+        with accelerator.main_process_first():  # the main process fills the cache, the others read it
+            init_pairs = mined_pairs(data, init.split, init.max_queries, init.negatives, recipe.stage2.skip_top,
+                                     recipe.stage2.depth, document, cache, bs, tr.seed)
     if init.document:
         if lora_cfg is not None:
             from peft import get_peft_model
@@ -454,8 +457,9 @@ def run_care_recipe(
     if recipe.stage1.enabled:
         s1 = recipe.stage1
         t0 = time.perf_counter()
-        teacher = teacher_targets(document, stage1_items, cache, dim=dim, batch_size=bs,
-                                  show_progress=show_progress)
+        with accelerator.main_process_first():
+            teacher = teacher_targets(document, stage1_items, cache, dim=dim, batch_size=bs,
+                                      show_progress=show_progress)
         result.encode_seconds += time.perf_counter() - t0
         log(f"stage I: aligning the query tower on {len(stage1_items)} texts")
         res = align_queries(model, [t for t, _ in stage1_items], teacher, s1.to_loop(tr.seed),
@@ -468,8 +472,9 @@ def run_care_recipe(
     if recipe.stage2.enabled:
         s2 = recipe.stage2
         t0 = time.perf_counter()
-        pairs = mined_pairs(data, s2.split, s2.max_queries, s2.negatives, s2.skip_top, s2.depth, document,
-                            cache, bs, tr.seed)
+        with accelerator.main_process_first():
+            pairs = mined_pairs(data, s2.split, s2.max_queries, s2.negatives, s2.skip_top, s2.depth, document,
+                                cache, bs, tr.seed)
         doc_table = None
         if s2.train_document:
             if lora_cfg is not None:
@@ -478,8 +483,9 @@ def run_care_recipe(
         else:
             from medadapt.asym.model import tower
 
-            doc_table = torch.from_numpy(cache.encode(tower(model, "document"), doc_texts, role="document",
-                                                      batch_size=bs, show_progress=show_progress))
+            with accelerator.main_process_first():
+                doc_table = torch.from_numpy(cache.encode(tower(model, "document"), doc_texts, role="document",
+                                                          batch_size=bs, show_progress=show_progress))
         result.encode_seconds += time.perf_counter() - t0
         how = "frozen"
         if s2.train_document:

@@ -11,7 +11,10 @@
   ``train_document=False`` keeps the document tower frozen and reads document embeddings from a table
   (the CPU shortcut: the cached corpus stays valid).
 
-Every phase runs on :func:`~medadapt.asym.loop.run_stage` (Accelerate, resumable checkpoints). Texts are
+Every phase runs on :func:`~medadapt.asym.loop.run_stage` (Accelerate, resumable checkpoints). Under several
+processes each step embeds its shard of the global batch, then all-gathers query, positive, negative and
+teacher embeddings (:func:`~medadapt.training.distributed.gather_with_grad`), so in-batch negatives span the
+global batch and the loss equals the single-process one (see :mod:`medadapt.asym.loop`). Texts are
 routed by ``task`` through the model's Router (``model.preprocess(texts, task="query")``), exactly what
 ``encode_query`` / ``encode_document`` do at inference.
 """
@@ -30,6 +33,7 @@ from medadapt.asym.loop import LoopConfig, StageResult, run_stage
 from medadapt.asym.model import route_modules
 from medadapt.errors import ConfigError
 from medadapt.losses.asym_infonce import AsymInfoNCELoss
+from medadapt.training.distributed import gather_with_grad
 
 __all__ = ["align_queries", "embed", "init_tower", "joint_finetune", "route_parameters", "teacher_targets"]
 
@@ -106,8 +110,8 @@ def init_tower(tower, pairs: Sequence[TrainPair], doc_texts: Sequence[str], conf
         q = embed(tower, [b.query for b in batch], "query", run_model=run_model, max_length=max_length)
         docs = [doc_texts[b.positive] for b in batch] + [doc_texts[j] for b in batch for j in b.negatives]
         d = embed(tower, docs, "document", run_model=run_model, max_length=max_length)
-        neg = d[len(batch):].reshape(len(batch), n_neg, -1) if n_neg else None
-        return loss(q, d[: len(batch)], neg)
+        neg = gather_with_grad(d[len(batch):].reshape(len(batch), n_neg, -1)) if n_neg else None
+        return loss(gather_with_grad(q), gather_with_grad(d[: len(batch)]), neg)
 
     return run_stage("init", tower, params, len(pairs), step, config, **run_kwargs)
 
@@ -129,7 +133,7 @@ def align_queries(model, texts: Sequence[str], teacher: Tensor, config: LoopConf
 
     def step(run_model: nn.Module, idx: list[int]) -> dict[str, Tensor]:
         student = embed(model, [texts[i] for i in idx], "query", run_model=run_model, max_length=max_length)
-        return loss(student, teacher[idx].to(student.device))
+        return loss(gather_with_grad(student), gather_with_grad(teacher[idx].to(student.device)))
 
     try:
         return run_stage("stage1", model, params, len(texts), step, config, **run_kwargs)
@@ -170,8 +174,8 @@ def joint_finetune(model, pairs: Sequence[TrainPair], doc_texts: Sequence[str], 
                       max_length=doc_max_length)
         else:
             d = doc_table[doc_idx].to(q.device)
-        neg = d[len(batch):].reshape(len(batch), n_neg, -1) if n_neg else None
-        return loss(q, d[: len(batch)], neg)
+        neg = gather_with_grad(d[len(batch):].reshape(len(batch), n_neg, -1)) if n_neg else None
+        return loss(gather_with_grad(q), gather_with_grad(d[: len(batch)]), neg)
 
     try:
         return run_stage("stage2", model, params, len(pairs), step, config, **run_kwargs)

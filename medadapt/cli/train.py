@@ -42,6 +42,10 @@ def train_cmd(
     except KeyboardInterrupt:
         fail(f"interrupted; run the same command again to resume from {output or 'runs/<name>'}/checkpoints")
         return
+    from accelerate import PartialState
+
+    if not PartialState().is_main_process:  # under `accelerate launch`, one summary from the main process
+        return
     from rich.table import Table
 
     if result.loss_history:

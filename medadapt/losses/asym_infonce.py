@@ -16,6 +16,11 @@ The paper writes the similarity without a temperature; like every InfoNCE in med
 similarities by ``temperature`` (0.05 by default). Hand-written: sentence-transformers'
 ``MultipleNegativesRankingLoss`` computes the same quantity but only inside its trainer (it takes texts,
 runs the model itself and cannot be given cached teacher embeddings), which stage I needs.
+
+Distributed training: the candidate set must be the *global* batch. medadapt's loops pass embeddings
+all-gathered across processes with :func:`medadapt.training.distributed.gather_with_grad` (identity in one
+process), so this loss is computed on the global batch by every process; see that module for the gradient
+scaling this implies.
 """
 
 from __future__ import annotations

@@ -7,6 +7,11 @@ with ``sim`` the cosine similarity. For query ``i`` the candidate set is every p
 positive is the target, the other ``B - 1`` are in-batch negatives) plus every hard negative in the batch
 (``B * n``, shared across queries as in the paper's "negative samples of q in the current batch"). Eq. 3 is
 written without a temperature; we divide similarities by ``temperature`` as is standard (0.05 by default).
+
+Distributed training: the candidate set must be the *global* batch. medadapt's loops pass embeddings
+all-gathered across processes with :func:`medadapt.training.distributed.gather_with_grad` (identity in one
+process), so this loss is computed on the global batch by every process; see that module for the gradient
+scaling this implies.
 """
 
 from __future__ import annotations

@@ -20,9 +20,22 @@ other head (a sentence-transformers module mapping ``features["sentence_embeddin
 parameters for ``epochs`` epochs.
 
 Loss per step: ``InfoNCE`` (in-batch + hard negatives) ``+ LoadBalanceLoss(load_balance_weight)`` on the
-head's ``last_aux_loss``. Deterministic for a given ``seed`` (global RNG state is forked, not modified):
+head's load-balancing loss. Deterministic for a given ``seed`` (global RNG state is forked, not modified):
 each epoch's data order is seeded by ``(seed, epoch)`` and random routing is re-seeded at every step, so
 a run resumed from a checkpoint reproduces the uninterrupted run.
+
+Distributed (``accelerate launch --num_processes N``, see :mod:`medadapt.training.distributed`): every
+global batch is split into contiguous shards, one per process; each process maps its shard through the
+head, then all-gathers queries, positives, hard negatives and the router's probabilities / assignments
+(gradients kept for the local rows), so InfoNCE sees the whole global batch as in-batch negatives and the
+Switch load-balancing loss is computed over the whole global batch, exactly as with one process. The head
+is not wrapped in DDP (it is small, and stage 1 leaves routed experts unused); gradients of ``N x loss``
+are averaged by hand (:func:`~medadapt.training.distributed.average_gradients`) before clipping, so every
+process takes the single-process step and the logged loss curve matches the one-process run up to float
+rounding. Only the main process reports progress and writes checkpoints (all processes wait for it).
+Differences from one process: random routing (stage 2) draws per process, so that stage matches only in
+distribution; a global batch with fewer items than processes (a tiny final batch) is skipped, its step
+still counted.
 
 Example:
     >>> result = train_head(head, q_emb, pos_emb, neg_emb, HeadTrainConfig(epochs=3))
@@ -46,7 +59,16 @@ from medadapt.errors import ConfigError
 from medadapt.heads.moe import MoEHead
 from medadapt.losses.infonce import InfoNCELoss
 from medadapt.losses.load_balance import LoadBalanceLoss
+from medadapt.losses.load_balance import switch_load_balance
 from medadapt.training.checkpoint import CheckpointConfig, latest_checkpoint, load_checkpoint, save_checkpoint
+from medadapt.training.distributed import (
+    average_gradients,
+    broadcast_parameters,
+    gather_with_grad,
+    shard_bounds,
+    shard_sizes,
+    sum_across_processes,
+)
 from medadapt.training.steps import optimizer_step
 
 __all__ = [
@@ -238,8 +260,9 @@ def train_head(
     """Train ``head`` in place on cached raw backbone embeddings (see module docstring).
 
     Runs on Hugging Face Accelerate: pass an ``accelerate.Accelerator`` (the recipe runner does; under
-    ``accelerate launch`` each process takes its share of every global batch and DDP averages gradients),
-    or leave ``None`` for a plain single-device loop on ``config.device``.
+    ``accelerate launch`` each process takes a contiguous shard of every global batch, embeddings are
+    gathered so the loss is the global-batch loss, and gradients are averaged; module docstring), or leave
+    ``None`` for a plain single-device loop on ``config.device``. ``config.batch_size`` is the global batch.
 
     Resumable: with ``checkpoint``, the head, optimiser and scheduler states plus the step counter and loss
     history are saved atomically every ``checkpoint.every_steps`` steps and at each stage end; a later call
@@ -283,7 +306,9 @@ def train_head(
     result = TrainResult()
     start = time.perf_counter()
     head.to(device).train()
-    model = accelerator.prepare_model(head) if accelerator is not None else head
+    if world > 1:
+        broadcast_parameters(head.parameters())  # replicas start identical (what DDP would do)
+    routing = _RoutingCapture(head) if is_moe and head.router is not None else None
 
     resume_step, resume_optimizer = 0, None
     if checkpoint is not None and checkpoint.resume:
@@ -351,15 +376,22 @@ def train_head(
                         if step < resume_step:
                             step += 1
                             continue
-                        torch.manual_seed(config.seed * 1_000_003 + step)  # random routing, per step
-                        index = order[batch_start : batch_start + config.batch_size][rank::world]
+                        # random routing, per step (and per process: independent draws on each shard)
+                        torch.manual_seed(config.seed * 1_000_003 + step + rank * 1_000_000_007)
+                        global_index = order[batch_start : batch_start + config.batch_size]
+                        if len(global_index) < world:  # not every process would get an item: skip, count
+                            scheduler.step()
+                            step += 1
+                            continue
+                        lo, hi = shard_bounds(len(global_index), rank, world)
+                        sizes = shard_sizes(len(global_index), world)
                         with accelerator.autocast() if accelerator is not None else contextlib.nullcontext():
-                            parts = _step_losses(
-                                model, head, index, query_emb, pos_emb, neg_emb, device, infonce, load_balance
-                            )
+                            parts = _step_losses(head, routing, global_index[lo:hi], sizes, query_emb, pos_emb,
+                                                 neg_emb, device, infonce, load_balance)
                         loss = sum(parts.values())
                         lr = optimizer_step(loss, optimizer, scheduler, stage.params, config.max_grad_norm,
-                                            accelerator)
+                                            loss_scale=float(world),
+                                            sync_gradients=lambda: average_gradients(stage.params))
                         step += 1
                         record = {
                             "step": float(step),
@@ -377,19 +409,51 @@ def train_head(
                 result.stage_steps[stage.name] = stage.epochs * steps_per_epoch
                 save(stage_index)
     finally:
+        if routing is not None:
+            routing.remove()
         if is_moe:
             head.set_routing(original_routing)
             head.residual_scale = original_scale
         head.train(was_training)
+    if is_moe and head.router is not None and world > 1:
+        _merge_routing_stats(head)
     result.routing_stats = head.routing_stats() if is_moe else {}
     result.seconds = time.perf_counter() - start
     return result
 
 
+class _RoutingCapture:
+    """Keeps the router's last :class:`~medadapt.heads.routing.RoutingDecision` (forward hook on
+    ``head.router``), so the trainer can compute the load-balancing loss over the global batch."""
+
+    def __init__(self, head: MoEHead) -> None:
+        self.decision: Any | None = None
+        self._handle = head.router.register_forward_hook(self._hook)
+
+    def _hook(self, module: nn.Module, args: Any, output: Any) -> None:
+        self.decision = output
+
+    def take(self) -> Any | None:
+        decision, self.decision = self.decision, None
+        return decision
+
+    def remove(self) -> None:
+        self._handle.remove()
+
+
+def _merge_routing_stats(head: MoEHead) -> None:
+    """Sum the per-process routing counters so ``head.routing_stats()`` describes every process's inputs."""
+    router = head.router
+    router.running_counts.copy_(sum_across_processes(router.running_counts))
+    seen = sum_across_processes(torch.tensor([float(router.inputs_seen)], device=router.running_counts.device))
+    router.inputs_seen = int(seen.item())
+
+
 def _step_losses(
-    model: nn.Module,
     head: nn.Module,
+    routing: _RoutingCapture | None,
     index: Tensor,
+    sizes: list[int],
     query_emb: Tensor,
     pos_emb: Tensor,
     neg_emb: Tensor | None,
@@ -397,23 +461,33 @@ def _step_losses(
     infonce: InfoNCELoss,
     load_balance: LoadBalanceLoss,
 ) -> dict[str, Tensor]:
-    """One forward pass of ``model`` (the head, possibly DDP-wrapped) over queries, positives and negatives
-    together; the loss parts. ``head`` is the unwrapped module that holds ``last_aux_loss``."""
+    """One forward pass of ``head`` over this process's queries, positives and negatives together, then the
+    loss parts of the *global* batch: embeddings (and router probabilities / assignments) are gathered
+    from every process (``sizes``: every process's number of queries; identity with one process)."""
     queries = query_emb[index].to(device)
     positives = pos_emb[index].to(device)
     blocks = [queries, positives]
     if neg_emb is not None:
         negatives = neg_emb[index].to(device)
         blocks.append(negatives.reshape(-1, negatives.shape[-1]))
-    mapped = model({"sentence_embedding": torch.cat(blocks)})["sentence_embedding"].float()
+    mapped = head({"sentence_embedding": torch.cat(blocks)})["sentence_embedding"].float()
     batch = queries.shape[0]
     mapped_neg = None
     if neg_emb is not None:
-        mapped_neg = mapped[2 * batch :].reshape(batch, -1, mapped.shape[-1])
-    parts = infonce(mapped[:batch], mapped[batch : 2 * batch], mapped_neg)
-    aux = getattr(head, "last_aux_loss", None)
-    if aux is not None:
-        parts.update(load_balance(aux.to(device)))
+        mapped_neg = gather_with_grad(mapped[2 * batch :].reshape(batch, -1, mapped.shape[-1]), sizes)
+    parts = infonce(gather_with_grad(mapped[:batch], sizes), gather_with_grad(mapped[batch : 2 * batch], sizes),
+                    mapped_neg)
+    decision = routing.take() if routing is not None else None
+    if decision is not None:
+        rows_per_query = 2 + (0 if neg_emb is None else neg_emb.shape[1])
+        row_sizes = [s * rows_per_query for s in sizes]
+        aux = switch_load_balance(gather_with_grad(decision.probs, row_sizes),
+                                  gather_with_grad(decision.selected, row_sizes))
+        parts.update(load_balance(aux))
+    else:
+        aux = getattr(head, "last_aux_loss", None)
+        if aux is not None:
+            parts.update(load_balance(aux.to(device)))
     return parts
 
 

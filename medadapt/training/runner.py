@@ -10,8 +10,11 @@ Two paths, chosen by the recipe:
   ``SentenceTransformerTrainer`` (itself on Accelerate) with ``MultipleNegativesRankingLoss`` at
   ``scale = 1 / temperature`` and the mined hard negatives as extra columns; a head, if any, trains jointly.
 
-Both run unchanged on CPU, one GPU, or many under ``accelerate launch``; both checkpoint into
-``OUTPUT/checkpoints`` and resume from there after a kill.
+Both run unchanged on CPU, one GPU, or many under ``accelerate launch`` (``training.batch_size`` is the
+global batch; the fast path gathers embeddings across processes so the loss equals the one-process loss,
+see :mod:`medadapt.training.distributed`); both checkpoint into ``OUTPUT/checkpoints`` and resume from there
+after a kill. Under several processes only the main process logs, shows progress bars, saves and
+evaluates; it also fills the embedding cache first, the other processes then read it.
 
 Output folder (loadable by :func:`medadapt.load` and ``medadapt eval --model OUTPUT``): the saved
 SentenceTransformer, plus ``recipe.yaml`` (the resolved recipe), ``train_log.json`` and ``metrics.json``.
@@ -103,6 +106,8 @@ def run_recipe(
     data_path = resolve_path(recipe.data.path, recipe_path) if recipe.data.path != "medmini" else "medmini"
     data = load_beir(data_path, [recipe.data.train_split])
     accelerator = _accelerator(recipe)
+    if not accelerator.is_main_process:
+        log, show_progress = (lambda message: None), False
     model = load(recipe.model.backbone, device=str(accelerator.device))
     if recipe.model.max_seq_length:
         model.max_seq_length = recipe.model.max_seq_length
@@ -162,7 +167,8 @@ def _train_head_fast(recipe, model, data, cache, accelerator, output_dir, result
     from medadapt.training.head_trainer import HeadTrainConfig, train_head
 
     t0 = time.perf_counter()
-    prepared = _prepare(recipe, model, data, cache, show_progress, log)
+    with accelerator.main_process_first():  # main encodes into the cache, the others read it
+        prepared = _prepare(recipe, model, data, cache, show_progress, log)
     result.encode_seconds = time.perf_counter() - t0
     head = MoEHead(recipe.head.to_config(prepared.query_raw.shape[1]))
     t = recipe.training
@@ -231,7 +237,10 @@ def _train_slow(recipe, model, data, cache, output_dir, result, show_progress, l
 
         attach(model, MoEHead(recipe.head.to_config(model.get_sentence_embedding_dimension())))
     t0 = time.perf_counter()
-    prepared = _prepare(recipe, model, data, cache, show_progress, log)
+    from accelerate import PartialState
+
+    with PartialState().main_process_first():  # main encodes into the cache, the others read it
+        prepared = _prepare(recipe, model, data, cache, show_progress, log)
     result.encode_seconds = time.perf_counter() - t0
     pairs, negatives = prepared.pairs, prepared.negatives
     texts = data.doc_texts()

@@ -1,0 +1,219 @@
+"""Distributed training of medadapt's own loops (head trainer, CARE stages).
+
+(a) the gather / sharding helpers of :mod:`medadapt.training.distributed` in one process;
+(b) ``accelerate launch`` with 2 CPU processes (gloo) of ``recipes/med-moe-embed-tiny.yaml`` gives the loss
+    curve of the one-process run with the same global batch and seed, and its checkpoints resume in one
+    process onto the same curve;
+(c) the same for ``recipes/care-tiny.yaml`` (every CARE phase; marked slow).
+
+``accelerate launch --cpu --num_processes 2`` starts a single process (Accelerate's CPU launcher needs
+mpirun for more), so the launches use ``recipes/accelerate/cpu-2proc.yaml`` (torchrun launcher) with
+``model.device=cpu``: the runners then pick gloo on the CPU.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from medadapt.training.distributed import (
+    average_gradients,
+    broadcast_parameters,
+    gather_with_grad,
+    global_positive_indices,
+    gradient_scale,
+    is_distributed,
+    rank_and_world,
+    shard_bounds,
+    shard_sizes,
+    sum_across_processes,
+)
+
+ROOT = Path(__file__).resolve().parents[1]
+RECIPES = ROOT / "recipes"
+CPU_2PROC = RECIPES / "accelerate" / "cpu-2proc.yaml"
+
+
+# ----------------------------------------------------------------------------------------- (a) helpers
+def test_shards_are_contiguous_balanced_and_cover_the_batch_in_order():
+    assert shard_sizes(10, 4) == [3, 3, 2, 2]
+    assert shard_sizes(2, 2) == [1, 1] and shard_sizes(0, 3) == [0, 0, 0]
+    for n in range(0, 13):
+        for world in (1, 2, 3, 5):
+            bounds = [shard_bounds(n, r, world) for r in range(world)]
+            items = [i for lo, hi in bounds for i in range(lo, hi)]
+            assert items == list(range(n))
+            assert max(hi - lo for lo, hi in bounds) - min(hi - lo for lo, hi in bounds) <= 1
+    with pytest.raises(ValueError, match="rank"):
+        shard_bounds(4, 2, 2)
+    with pytest.raises(ValueError):
+        shard_sizes(3, 0)
+
+
+def test_single_process_helpers_are_identity_and_keep_gradients():
+    assert not is_distributed() and rank_and_world() == (0, 1) and gradient_scale() == 1.0
+    x = torch.randn(5, 3, requires_grad=True)
+    gathered = gather_with_grad(x, [5])
+    assert gathered is x
+    (gathered * torch.arange(3.0)).sum().backward()
+    torch.testing.assert_close(x.grad, torch.arange(3.0).expand(5, 3))
+    mask = torch.tensor([True, False])
+    assert torch.equal(gather_with_grad(mask), mask)
+    assert torch.equal(global_positive_indices(4), torch.arange(4))
+    with pytest.raises(ValueError, match="sizes"):
+        global_positive_indices(4, [3])
+
+    layer = torch.nn.Linear(3, 2)
+    layer(x.detach()).sum().backward()
+    before = layer.weight.grad.clone()
+    average_gradients(layer.parameters())  # no process group: untouched
+    broadcast_parameters(layer.parameters())
+    torch.testing.assert_close(layer.weight.grad, before)
+    total = sum_across_processes(before)
+    assert torch.equal(total, before) and total is not before
+
+
+def test_gathered_infonce_equals_the_full_batch_loss_in_one_process():
+    """What each process computes under N processes (shards mapped separately, then concatenated in rank
+    order) is the single-process InfoNCE of the global batch, gradients included."""
+    from medadapt.losses import InfoNCELoss
+
+    torch.manual_seed(0)
+    layer = torch.nn.Linear(8, 8)
+    q, p, n = torch.randn(7, 8), torch.randn(7, 8), torch.randn(7, 2, 8)
+    loss = InfoNCELoss(0.05)
+    full = loss(layer(q), layer(p), layer(n))["infonce"]
+    full_grad = torch.autograd.grad(full, layer.weight)[0]
+    pieces = [shard_bounds(7, r, 3) for r in range(3)]
+    sharded = loss(torch.cat([layer(q[a:b]) for a, b in pieces]), torch.cat([layer(p[a:b]) for a, b in pieces]),
+                   torch.cat([layer(n[a:b]) for a, b in pieces]))["infonce"]
+    torch.testing.assert_close(sharded, full)
+    torch.testing.assert_close(torch.autograd.grad(sharded, layer.weight)[0], full_grad)
+
+
+# --------------------------------------------------------------------------------- (b) and (c): launches
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _launch(recipe: Path, output: Path, overrides: list[str], cache: Path) -> subprocess.Popen:
+    """Start ``accelerate launch`` of ``medadapt train`` on 2 CPU processes (returns at once)."""
+    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(CPU_2PROC),
+           "--main_process_port", str(_free_port()), "-m", "medadapt", "train", str(recipe),
+           "--output", str(output), "--no-eval", "-q"]
+    for o in overrides:
+        cmd += ["--set", o]
+    env = {**os.environ, "MEDADAPT_CACHE": str(cache), "HF_HUB_OFFLINE": "1", "CUDA_VISIBLE_DEVICES": "",
+           "TOKENIZERS_PARALLELISM": "false", "OMP_NUM_THREADS": "1"}
+    return subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def _finish(proc: subprocess.Popen, timeout: float = 240) -> str:
+    try:
+        out, _ = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        out, _ = proc.communicate()
+        pytest.fail(f"accelerate launch timed out:\n{out[-3000:]}")
+    assert proc.returncode == 0, out[-5000:]
+    return out
+
+
+def _losses(history: list[dict]) -> list[tuple[float, float]]:
+    return [(row["step"], row["loss"]) for row in history]
+
+
+def _assert_same_curve(one: list[dict], two: list[dict]) -> None:
+    assert [r["step"] for r in one] == [r["step"] for r in two]
+    for a, b in zip(one, two):
+        for key in ("loss", "infonce", "load_balance", "asym_infonce", "mse", "lr"):
+            if key in a:
+                assert b[key] == pytest.approx(a[key], rel=1e-4, abs=1e-5), (key, a, b)
+
+
+HEAD_OVERRIDES = [
+    "model.device=cpu",
+    "data.hard_negatives.window=[2, 6]",
+    "training.batch_size=5",  # 12 pairs: global batches 5, 5, 2 -> uneven shards 3/2 and 1/1
+    "training.shared_epochs=2",
+    "training.random_routing_epochs=0",  # random routing draws per process (documented); see docstring
+    "training.epochs=3",
+    "training.checkpoint_every_steps=4",
+]
+
+
+def test_two_processes_train_the_head_recipe_like_one(tiny_bert_dir, tiny_beir_dir, tmp_path):
+    from medadapt.cache import EmbeddingCache
+    from medadapt.recipes import load_recipe
+    from medadapt.training import run_recipe
+
+    recipe_file = RECIPES / "med-moe-embed-tiny.yaml"
+    overrides = [f"model.backbone={tiny_bert_dir}", f"data.path={tiny_beir_dir}", *HEAD_OVERRIDES]
+    cache = tmp_path / "cache"
+    two_dir, one_dir = tmp_path / "two", tmp_path / "one"
+    proc = _launch(recipe_file, two_dir, overrides, cache)
+    one = run_recipe(load_recipe(recipe_file, overrides), one_dir, cache=EmbeddingCache(tmp_path / "cache1"),
+                     show_progress=False, evaluate=False, log=lambda m: None)
+    out = _finish(proc)
+    assert out.count("-parameter head on 12 pairs") == 1, out  # only the main process logs
+
+    two = json.loads((two_dir / "train_log.json").read_text())
+    assert len(one.loss_history) == 5 * 3 and one.loss_history[0]["load_balance"] == 0.0
+    _assert_same_curve(one.loss_history, two["loss_history"])
+    stats = two["routing_stats"]  # counters summed over both processes = the one-process counters
+    assert stats["running_counts"] == one.routing_stats["running_counts"]
+    assert stats["inputs_seen"] == one.routing_stats["inputs_seen"]
+
+    # the main process wrote complete checkpoints; resuming one of them in a single process continues the
+    # same curve
+    checkpoints = sorted(p.name for p in (two_dir / "checkpoints").iterdir())
+    assert checkpoints == ["step-00000012", "step-00000015"]
+    resumed_dir = tmp_path / "resumed"
+    (resumed_dir / "checkpoints").mkdir(parents=True)
+    shutil.copytree(two_dir / "checkpoints" / "step-00000012", resumed_dir / "checkpoints" / "step-00000012")
+    resumed = run_recipe(load_recipe(recipe_file, overrides), resumed_dir, cache=EmbeddingCache(tmp_path / "cache1"),
+                         show_progress=False, evaluate=False, log=lambda m: None)
+    _assert_same_curve(one.loss_history, resumed.loss_history)
+
+
+@pytest.mark.slow
+def test_two_processes_train_the_care_recipe_like_one(tiny_bert_dir, tiny_beir_dir, tmp_path):
+    """Every CARE phase (init of both towers with MRL, stage I against cached teacher embeddings, stage II
+    with LoRA on the document route) under 2 processes follows the one-process curves."""
+    from test_asym import build_tiny_qwen2
+
+    from medadapt.asym.recipe import run_care_recipe
+    from medadapt.cache import EmbeddingCache
+
+    # dropout draws differ per process (like random routing); switch it off to compare curves exactly
+    bert = tmp_path / "bert"
+    shutil.copytree(tiny_bert_dir, bert)
+    config = json.loads((bert / "config.json").read_text())
+    config.update({k: 0.0 for k in config if k.endswith("dropout_prob")})
+    (bert / "config.json").write_text(json.dumps(config))
+    qwen = build_tiny_qwen2(tmp_path / "qwen")
+    recipe_file = RECIPES / "care-tiny.yaml"
+    overrides = [f"document.model={qwen}", f"query.model={bert}", f"data.path={tiny_beir_dir}",
+                 "training.device=cpu", "stage1.batch_size=7"]  # uneven shards 4/3
+    two_dir = tmp_path / "two"
+    proc = _launch(recipe_file, two_dir, overrides, tmp_path / "cache")
+    one = run_care_recipe(recipe_file, tmp_path / "one", overrides, cache=EmbeddingCache(tmp_path / "cache1"),
+                          show_progress=False, evaluate=False, log=lambda m: None)
+    _finish(proc)
+    two = json.loads((two_dir / "train_log.json").read_text())
+    assert set(two["stages"]) == set(one.stages) == {"init_document", "init_query", "stage1", "stage2"}
+    for name, summary in one.stages.items():
+        assert two["stages"][name]["steps"] == summary["steps"]
+        for key in ("first_loss", "last_loss"):
+            assert two["stages"][name][key] == pytest.approx(summary[key], rel=1e-4, abs=1e-5), name
+    _assert_same_curve(one.loss_history, two["loss_history"])
