@@ -56,6 +56,17 @@ def test_resolve_path_relative_to_recipe(tmp_path):
 
 @pytest.mark.parametrize("path", sorted(Path(__file__).resolve().parents[1].glob("recipes/*.yaml")))
 def test_shipped_recipes_validate(path):
-    from medadapt.asym.recipe import is_care_recipe, load_care_recipe
+    from medadapt.recipes.kinds import resolve_kind
 
-    (load_care_recipe if is_care_recipe(path) else load_recipe)(path)
+    load, _run = resolve_kind(path)  # the loader `medadapt train` would use for this recipe's `kind:`
+    assert load(path, []).name
+
+
+def test_unknown_recipe_kind_lists_valid_kinds(tmp_path):
+    from medadapt.errors import ConfigError
+    from medadapt.recipes.kinds import resolve_kind
+
+    path = tmp_path / "r.yaml"
+    path.write_text("kind: nonsense\nname: x\n")
+    with pytest.raises(ConfigError, match="unknown recipe kind 'nonsense'.*care"):
+        resolve_kind(path)
