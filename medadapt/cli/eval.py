@@ -1,4 +1,5 @@
-"""``medadapt eval``: retrieval, rerank and STS evaluation from the command line."""
+"""``medadapt eval``: retrieval, rerank, STS, and BMRetriever's QA / entity-linking / paper-recommendation
+tasks from the command line (file formats: docs/evaluation.md)."""
 
 from __future__ import annotations
 
@@ -17,6 +18,16 @@ class Task(str, enum.Enum):
     retrieval = "retrieval"
     rerank = "rerank"
     sts = "sts"
+    qa = "qa"
+    entity_linking = "entity-linking"
+    recommendation = "recommendation"
+
+
+#: Default metrics of the pool-ranking tasks (BMRetriever §4).
+def _pool_defaults(task: Task) -> tuple[str, ...]:
+    from medadapt.eval import ENTITY_LINKING_METRICS, QA_METRICS
+
+    return QA_METRICS if task is Task.qa else ENTITY_LINKING_METRICS
 
 
 def _task_file(data: str, task: Task, split: str) -> Path:
@@ -50,8 +61,13 @@ def eval_cmd(
     ] = None,
     no_cache: Annotated[bool, typer.Option("--no-cache", help="Encode without reading or writing the cache.")] = False,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress bars.")] = False,
+    query_prompt: Annotated[
+        Optional[str], typer.Option(help="Instruction prepended to queries (sets the model's 'query' prompt), "
+                                         "e.g. 'Given a question, retrieve ...\\nQuery: '.")
+    ] = None,
 ) -> None:
-    """Evaluate a model on retrieval (nDCG/Recall/MRR/MAP@k), rerank (MAP@10) or STS (Pearson/Spearman)."""
+    """Evaluate a model on retrieval (nDCG/Recall/MRR/MAP@k), rerank (MAP@10), STS (Pearson/Spearman), QA
+    (Recall@5/20, nDCG@20), entity linking (Recall@1/5, MRR@5) or paper recommendation (MAP, nDCG)."""
     quiet_libraries()
     try:
         from medadapt.eval import DEFAULT_METRICS, RERANK_METRICS, parse_metric, results_table, write_json
@@ -67,6 +83,16 @@ def eval_cmd(
             from medadapt.data import load_beir
 
             dataset = load_beir(data, [split])  # validate data before loading a model
+        elif task in (Task.qa, Task.entity_linking):
+            from medadapt.eval import load_pool_task
+
+            items = load_pool_task(_task_file(data, task, split))
+        elif task is Task.recommendation:
+            from medadapt.eval import load_recommendation
+
+            if metric_list:
+                raise MedAdaptError("--metrics does not apply to recommendation (it reports map and ndcg)")
+            items = load_recommendation(_task_file(data, task, split))
         else:
             task_path = _task_file(data, task, split)
             from medadapt.data import load_rerank, load_sts
@@ -77,6 +103,10 @@ def eval_cmd(
 
         t0 = time.perf_counter()
         st_model = load(model, device=device)
+        if query_prompt is not None:
+            st_model.prompts = {**(st_model.prompts or {}), "query": query_prompt.replace("\\n", "\n")}
+            if task is Task.sts:  # symmetric task: both sentences get the instruction (BIOSSES, Table 10)
+                st_model.default_prompt_name = "query"
         if task is Task.retrieval:
             import tempfile
 
@@ -93,6 +123,14 @@ def eval_cmd(
             finally:
                 if tmp:
                     tmp.cleanup()
+        elif task in (Task.qa, Task.entity_linking):
+            from medadapt.eval import evaluate_pool
+
+            results = evaluate_pool(st_model, items, metric_list or _pool_defaults(task), batch_size, not quiet)
+        elif task is Task.recommendation:
+            from medadapt.eval import evaluate_recommendation
+
+            results = evaluate_recommendation(st_model, items, batch_size, not quiet)
         elif task is Task.rerank:
             from medadapt.eval import evaluate_rerank
 

@@ -25,3 +25,30 @@ __all__ = [
     "truncate_run",
     "write_json",
 ]
+
+# BMRetriever evaluation tasks (QA, entity linking: pool ranking; paper recommendation).
+from medadapt.eval.pool import (  # noqa: E402
+    ENTITY_LINKING_METRICS,
+    QA_METRICS,
+    PoolQuery,
+    evaluate_pool,
+    load_pool_task,
+)
+from medadapt.eval.recommendation import (  # noqa: E402
+    RECOMMENDATION_METRICS,
+    RecommendationQuery,
+    evaluate_recommendation,
+    load_recommendation,
+)
+
+__all__ += [
+    "ENTITY_LINKING_METRICS",
+    "QA_METRICS",
+    "RECOMMENDATION_METRICS",
+    "PoolQuery",
+    "RecommendationQuery",
+    "evaluate_pool",
+    "evaluate_recommendation",
+    "load_pool_task",
+    "load_recommendation",
+]

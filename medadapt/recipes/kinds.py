@@ -46,10 +46,24 @@ def _care() -> tuple[Loader, Runner]:
     return load_care_recipe, run
 
 
+def _bmretriever() -> tuple[Loader, Runner]:
+    from medadapt.bmretriever.recipe import load_bmretriever_recipe, run_bmretriever_recipe
+
+    return load_bmretriever_recipe, run_bmretriever_recipe
+
+
+def _hyrec() -> tuple[Loader, Runner]:
+    from medadapt.hyrec.recipe import load_hyrec_recipe, run_hyrec_recipe
+
+    return load_hyrec_recipe, run_hyrec_recipe
+
+
 # kind -> lazy (load, run). `None` is the head / backbone recipe without a `kind:` key.
 RECIPE_KINDS: dict[str | None, Callable[[], tuple[Loader, Runner]]] = {
     None: _default,
     "care": _care,
+    "hyrec": _hyrec,
+    "bmretriever": _bmretriever,
 }
 
 

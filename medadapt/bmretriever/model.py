@@ -1,0 +1,111 @@
+"""The BMRetriever encoder (§3.1): one sentence-transformers model for queries and passages.
+
+* ``kind="decoder"``: a decoder LLM (Pythia, Gemma, BioMistral, Qwen, Llama: any ``AutoModel``) through
+  CARE's document-tower code, :func:`medadapt.asym.decoder.decoder_tower_modules` (``EosTransformer``
+  appends ``<EOS>``, ``Pooling("lasttoken")`` reads its final hidden state). No second implementation.
+* ``kind="sentence_transformer"``: any ST model (the CPU-sized run uses the packaged MiniLM).
+
+Similarity is the dot product (Appendix E); ``normalize=True`` keeps / adds a ``Normalize`` module (then dot
+equals cosine). Instructions are the model's ``prompts`` (``query`` / ``document``), so ``encode_query`` and
+``encode_document`` apply them. LoRA (Appendix D: ``r=16, alpha=32``) wraps the first ``Transformer``'s
+Hugging Face model with PEFT; :func:`merge_lora` folds it back so saved folders load without PEFT.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from medadapt.errors import ConfigError
+
+__all__ = ["attach_lora", "build_retriever", "enable_gradient_checkpointing", "first_transformer", "merge_lora"]
+
+
+def first_transformer(model):
+    """The first ``Transformer`` module of a SentenceTransformer (the one LoRA adapts)."""
+    from sentence_transformers.base.modules import Transformer
+
+    for module in model._modules.values():
+        if isinstance(module, Transformer):
+            return module
+    raise ConfigError(f"{type(model).__name__} has no Transformer module to adapt")
+
+
+def build_retriever(
+    name: str,
+    kind: Literal["decoder", "sentence_transformer"] = "decoder",
+    *,
+    max_seq_length: int | None = None,
+    padding_side: Literal["left", "right"] = "right",
+    torch_dtype: str | None = None,
+    normalize: bool = False,
+    prompts: dict[str, str] | None = None,
+    device: str | None = None,
+):
+    """Build the retriever: decoder tower (EOS pooling) or an ST model, dot-product similarity, prompts."""
+    import torch
+    from sentence_transformers import SentenceTransformer
+    from sentence_transformers.base.modules import Normalize
+
+    from medadapt.asym.decoder import decoder_tower_modules
+    from medadapt.asym.model import strip_normalize
+    from medadapt.models import load, resolve_model_path
+
+    if kind == "decoder":
+        kwargs: dict[str, Any] = {"dtype": getattr(torch, torch_dtype)} if torch_dtype else {}
+        modules = decoder_tower_modules(resolve_model_path(name), max_seq_length, padding_side,
+                                        model_kwargs=kwargs)
+    elif kind == "sentence_transformer":
+        base = load(name, device=device)
+        if max_seq_length:
+            base.max_seq_length = max_seq_length
+        modules = list(base._modules.values())
+    else:
+        raise ConfigError(f"model kind must be 'decoder' or 'sentence_transformer', got {kind!r}")
+    modules = list(strip_normalize(modules))
+    if normalize:
+        modules.append(Normalize())
+    model = SentenceTransformer(modules=modules, device=device, prompts=dict(prompts or {}),
+                                similarity_fn_name="dot")
+    return model
+
+
+def attach_lora(model, r: int = 16, alpha: int = 32, dropout: float = 0.1,
+                target_modules: list[str] | None = None, *, gradient_checkpointing: bool = False):
+    """Wrap the model's first ``Transformer`` with a PEFT LoRA adapter in place (only LoRA weights train).
+
+    Uses the CARE helpers' :class:`~medadapt.asym.lora.DocumentLoraConfig` for the PEFT config."""
+    from peft import get_peft_model
+
+    from medadapt.asym.lora import DocumentLoraConfig, has_lora
+
+    transformer = first_transformer(model)
+    if has_lora(transformer):
+        raise ConfigError("the retriever already has a LoRA adapter")
+    hf = transformer.model
+    if gradient_checkpointing:
+        enable_gradient_checkpointing(model)
+    config = DocumentLoraConfig(r=r, alpha=alpha, dropout=dropout, target_modules=target_modules)
+    transformer.model = get_peft_model(hf, config.to_peft())
+    return transformer.model
+
+
+def enable_gradient_checkpointing(model) -> None:
+    """Turn on activation checkpointing in the first ``Transformer`` (non-reentrant, so LoRA and frozen
+    embeddings still get gradients)."""
+    hf = first_transformer(model).model
+    if not hasattr(hf, "gradient_checkpointing_enable"):
+        raise ConfigError(f"{type(hf).__name__} does not support gradient checkpointing")
+    hf.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    if hasattr(hf, "enable_input_require_grads"):
+        hf.enable_input_require_grads()
+
+
+def merge_lora(model) -> bool:
+    """Fold the LoRA adapter into the weights (``merge_and_unload``); ``False`` when there is none."""
+    from peft import PeftModel
+
+    transformer = first_transformer(model)
+    if not isinstance(transformer.model, PeftModel):
+        return False
+    transformer.model = transformer.model.merge_and_unload()
+    return True

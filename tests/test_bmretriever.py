@@ -1,0 +1,305 @@
+"""BMRetriever (issue #8): instructions, stage I / II data builders, synthetic data, the decoder retriever,
+recipes (every shipped one validates, the tiny twin trains end to end and resumes).
+
+Models are tiny and random, built offline: the Qwen2 decoder comes from ``test_asym.build_tiny_qwen2``, the
+BERT base retriever from ``conftest``.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+
+import pytest
+
+from conftest import TOPICS
+from test_asym import build_tiny_qwen2
+
+pytestmark = pytest.mark.filterwarnings("ignore")
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def tiny_decoder_dir(tmp_path_factory) -> Path:
+    return build_tiny_qwen2(tmp_path_factory.mktemp("bmr_qwen2"), padding_side="right")
+
+
+# ------------------------------------------------------------------------------------------- instructions
+def test_instruction_tables_and_query_prompt():
+    from medadapt.bmretriever import EVAL_INSTRUCTIONS, FINETUNE_INSTRUCTIONS, query_prompt
+
+    assert len(FINETUNE_INSTRUCTIONS) == 12 and len(EVAL_INSTRUCTIONS) == 11
+    assert EVAL_INSTRUCTIONS["drugbank"] == "Given a drug, retrieve passages for its definition"
+    assert query_prompt("Find it") == "Find it\nQuery: "
+    assert query_prompt("") == ""
+    with pytest.raises(ValueError, match="placeholder"):
+        query_prompt("x", "no placeholder")
+
+
+# ------------------------------------------------------------------------------------------- stage I data
+def test_crop_pair_gives_two_disjoint_spans_deterministically():
+    from medadapt.bmretriever import CropConfig, crop_pair
+
+    words = [f"w{i}" for i in range(100)]
+    text = " ".join(words)
+    cfg = CropConfig(min_words=5, max_words=20)
+    for seed in range(30):
+        a, b = crop_pair(text, random.Random(seed), cfg)
+        sa, sb = a.split(), b.split()
+        assert 5 <= len(sa) <= 20 and 5 <= len(sb) <= 20
+        assert not set(sa) & set(sb)  # disjoint
+        assert a in text and b in text  # contiguous spans
+        assert crop_pair(text, random.Random(seed), cfg) == (a, b)
+    assert crop_pair("too short", random.Random(0), cfg) is None
+    with pytest.raises(ValueError):
+        CropConfig(min_words=5, max_words=2)
+
+
+def _write_corpus(path: Path, rows: list[dict]) -> Path:
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    return path
+
+
+def test_pretrain_pairs_title_and_crop_modes(tmp_path):
+    from medadapt.bmretriever import CorpusSource, CropConfig, iter_pretrain_pairs, pretrain_dataset
+    from medadapt.errors import DataError
+
+    long = " ".join(f"token{i}" for i in range(40))
+    f = _write_corpus(tmp_path / "c.jsonl", [
+        {"_id": "a", "title": "Asthma", "text": "wheezing and cough"},
+        {"_id": "b", "title": "", "text": long},
+        {"_id": "c", "text": "short"},
+    ])
+    crop = CropConfig(4, 8)
+    auto = list(iter_pretrain_pairs([CorpusSource(f)], crop, seed=1))
+    assert auto[0] == {"anchor": "Asthma", "positive": "wheezing and cough"}
+    assert len(auto) == 2 and auto[1]["anchor"] in long and auto[1]["positive"] in long  # "short" skipped
+    assert auto == list(iter_pretrain_pairs([CorpusSource(f)], crop, seed=1))
+    assert list(iter_pretrain_pairs([CorpusSource(f, mode="title")], crop)) == auto[:1]
+    assert all(p["anchor"] != "Asthma" for p in iter_pretrain_pairs([CorpusSource(f, mode="crop")], crop))
+    # a BEIR folder reads its corpus.jsonl; max_pairs subsamples
+    (tmp_path / "beir").mkdir()
+    _write_corpus(tmp_path / "beir" / "corpus.jsonl", [{"_id": str(i), "title": f"t{i}", "text": f"x{i}"}
+                                                        for i in range(50)])
+    ds = pretrain_dataset([CorpusSource(tmp_path / "beir")], seed=3, max_pairs=10)
+    assert ds.column_names == ["anchor", "positive"] and len(ds) == 10
+    assert list(ds) == list(pretrain_dataset([CorpusSource(tmp_path / "beir")], seed=3, max_pairs=10))
+    assert len(pretrain_dataset([CorpusSource(tmp_path / "beir")])) == 50  # streamed through from_generator
+    with pytest.raises(DataError, match="not found"):
+        list(iter_pretrain_pairs([CorpusSource(tmp_path / "missing.jsonl")]))
+    bad = _write_corpus(tmp_path / "bad.jsonl", [{"_id": "x", "title": "t"}])
+    with pytest.raises(DataError, match="bad.jsonl:1"):
+        list(iter_pretrain_pairs([CorpusSource(bad)]))
+
+
+# ------------------------------------------------------------------------------------------- stage II data
+def test_beir_groups_mine_one_negative_from_top_100(tiny_bert, tiny_beir_dir):
+    from medadapt.bmretriever import beir_groups, groups_to_dataset
+    from medadapt.cache import EmbeddingCache
+    from medadapt.curation import DenseSearcher, MiningConfig
+    from medadapt.data import load_beir
+
+    data = load_beir(tiny_beir_dir, ["train"])
+    searcher = DenseSearcher(tiny_bert, data.doc_ids, data.doc_texts(), cache=EmbeddingCache(tiny_beir_dir / "c"),
+                             show_progress=False)
+    mining = MiningConfig.preset("bmretriever", text_dup_threshold=None, embedding_dup_threshold=None)
+    groups = beir_groups(data, "train", searcher, mining, seed=0, show_progress=False)
+    assert len(groups) == 12 and all(len(g.neg) == 1 and g.neg[0] not in g.pos for g in groups)
+    again = beir_groups(data, "train", searcher, mining, seed=0, show_progress=False)
+    assert [g.neg for g in groups] == [g.neg for g in again]
+    few = beir_groups(data, "train", searcher, mining, max_queries=5, seed=0, show_progress=False)
+    assert len(few) == 5
+    ds = groups_to_dataset(groups)
+    assert ds.column_names == ["anchor", "positive", "negative"] and len(ds) == 12
+    assert groups_to_dataset(groups, hard_negatives=False).column_names == ["anchor", "positive"]
+
+
+def test_groups_to_dataset_rows_and_task_prompts():
+    from medadapt.bmretriever import groups_to_dataset
+    from medadapt.data.training import TrainingGroup
+    from medadapt.errors import DataError
+
+    groups = [TrainingGroup("q1", ["p1", "p2"], ["n1"], prompt="Task A"), TrainingGroup("q2", ["p3"], [])]
+    ds = groups_to_dataset(groups, query_template="{instruction}: ")
+    assert ds["anchor"] == ["Task A: q1", "Task A: q1"] and ds["negative"] == ["n1", "n1"]  # q2 has no negative
+    with pytest.raises(DataError):
+        groups_to_dataset([])
+
+
+def test_synthetic_generators_and_consistency_filter(tiny_bert, tiny_beir_dir):
+    from medadapt.bmretriever import (
+        FakeQueryGenerator,
+        FakeTaskGenerator,
+        QueryGenerator,
+        TaskGenerator,
+        synthesize_query_groups,
+        synthesize_task_groups,
+    )
+    from medadapt.cache import EmbeddingCache
+    from medadapt.curation import DenseSearcher
+    from medadapt.data import load_beir
+
+    data = load_beir(tiny_beir_dir, [])
+    texts = data.doc_texts()
+    gen = FakeQueryGenerator(noise=0.5, seed=1)
+    assert isinstance(gen, QueryGenerator)
+    queries = gen.generate_queries(texts, "instr")
+    assert queries == FakeQueryGenerator(noise=0.5, seed=1).generate_queries(texts, "instr")
+    assert all(q.startswith("what about ") for q in queries)
+
+    class Oracle:  # a searcher that returns the passage a query was made from only for half of them
+        def __call__(self, query_texts, k):
+            return [[(data.doc_ids[i % 12], 1.0)] if i % 2 == 0 else [("d_none", 1.0)] for i, _ in
+                    enumerate(query_texts)]
+
+    text_to_id = {t: d for d, t in zip(data.doc_ids, texts)}
+    kept = synthesize_query_groups(texts, FakeQueryGenerator(), "Find", Oracle(), text_to_id, top_k=3,
+                                   show_progress=False)
+    assert [g.pos[0] for g in kept] == texts[::2] and all(g.prompt == "Find" for g in kept)
+    searcher = DenseSearcher(tiny_bert, data.doc_ids, texts, cache=EmbeddingCache(tiny_beir_dir / "c"),
+                             show_progress=False)
+    real = synthesize_query_groups(texts, gen, "Find", searcher, text_to_id, top_k=3, show_progress=False)
+    assert len(real) <= len(texts)
+    tasks = FakeTaskGenerator(TOPICS[:3])
+    assert isinstance(tasks, TaskGenerator)
+    groups = synthesize_task_groups(tasks, 4)
+    assert len(groups) == 4 and groups[0].prompt.startswith("Given a question about diabetes")
+    assert groups[0].neg and groups[0].neg[0].startswith("asthma")
+
+
+# ------------------------------------------------------------------------------------------- model
+def test_decoder_retriever_eos_pooling_prompts_and_lora(tiny_decoder_dir):
+    import torch
+
+    from medadapt.asym.decoder import EosTransformer
+    from medadapt.bmretriever import attach_lora, build_retriever, merge_lora
+    from medadapt.errors import ConfigError
+
+    model = build_retriever(str(tiny_decoder_dir), "decoder", max_seq_length=32,
+                            prompts={"query": "Q: ", "document": "P: "}, device="cpu")
+    assert isinstance(model[0], EosTransformer) and model.similarity_fn_name == "dot"
+    feats = model[0].preprocess(["asthma cough"])
+    last = int(feats["attention_mask"][0].sum()) - 1
+    assert int(feats["input_ids"][0, last]) == model[0].tokenizer.eos_token_id
+    q = model.encode_query(["asthma"], convert_to_tensor=True)
+    plain = model.encode(["Q: asthma"], convert_to_tensor=True)
+    assert torch.allclose(q, plain, atol=1e-5)  # the query prompt is the instruction
+    assert model.similarity(q, q).item() == pytest.approx(float(q[0] @ q[0]), rel=1e-5)  # dot product
+    attach_lora(model, r=2, alpha=4, dropout=0.0)
+    trainable = [n for n, p in model.named_parameters() if p.requires_grad]
+    assert trainable and all("lora_" in n for n in trainable)
+    with pytest.raises(ConfigError, match="already"):
+        attach_lora(model)
+    assert merge_lora(model) and not merge_lora(model)
+    assert torch.allclose(model.encode_query(["asthma"], convert_to_tensor=True), q, atol=1e-5)  # B=0 at init
+
+
+# ------------------------------------------------------------------------------------------- recipes
+@pytest.mark.parametrize("name", ["410m", "1b", "2b", "7b", "tiny", "minilm"])
+def test_shipped_recipes_validate(name):
+    from medadapt.bmretriever import load_bmretriever_recipe
+    from medadapt.recipes.kinds import resolve_kind
+
+    path = ROOT / "recipes" / f"bmretriever-{name}.yaml"
+    load, _ = resolve_kind(path)
+    recipe = load(path, [])
+    assert recipe.kind == "bmretriever" and recipe.name == f"bmretriever-{name}"
+    if name in ("410m", "1b", "2b", "7b"):
+        m = recipe.model
+        assert m.kind == "decoder" and m.lora.r == 16 and m.lora.alpha == 32 and m.max_seq_length == 512
+        assert m.torch_dtype == "bfloat16" and m.gradient_checkpointing and not m.normalize
+        assert recipe.stage1.epochs == 2 and recipe.stage2.epochs == 1
+        assert recipe.stage1.warmup_steps == recipe.stage2.warmup_steps == 100
+        assert recipe.stage1.temperature == recipe.stage2.temperature == 1.0
+        assert len(recipe.stage2.tasks) == 12
+    paper = {"410m": (5e-5, 5e-5, 256), "1b": (5e-5, 5e-5, 256), "2b": (4e-5, 2e-5, 128), "7b": (2e-5, 1e-5, 64)}
+    if name in paper:
+        assert (recipe.stage1.lr, recipe.stage2.lr, recipe.stage1.batch_size) == paper[name]
+    assert load_bmretriever_recipe(path, ["stage2.lr=0.5"]).stage2.lr == 0.5
+
+
+def test_schema_errors_are_clear(tmp_path):
+    from medadapt.bmretriever import load_bmretriever_recipe
+    from medadapt.errors import ConfigError
+
+    path = ROOT / "recipes" / "bmretriever-tiny.yaml"
+    with pytest.raises(ConfigError, match="stage1.bogus"):
+        load_bmretriever_recipe(path, ["stage1.bogus=1"])
+    with pytest.raises(ConfigError, match="model.kind"):
+        load_bmretriever_recipe(path, ["model.kind=encoder"])
+    with pytest.raises(ConfigError, match="no instruction"):
+        load_bmretriever_recipe(path, ["stage2.tasks=[{name: mystery}]"])
+    with pytest.raises(ConfigError, match="not a BMRetriever recipe"):
+        load_bmretriever_recipe(ROOT / "recipes" / "care-tiny.yaml")
+
+
+def _tiny_overrides(decoder, beir, bert) -> list[str]:
+    return [f"model.name={decoder}", f"data.path={beir}", f"stage2.base_retriever={bert}"]
+
+
+def test_tiny_recipe_trains_both_stages_saves_and_resumes(tiny_decoder_dir, tiny_bert_dir, tiny_beir_dir, tmp_path):
+    from medadapt.bmretriever import BmRetrieverRunResult, run_bmretriever_recipe
+    from medadapt.cache import EmbeddingCache
+    from medadapt.models import load
+
+    recipe = ROOT / "recipes" / "bmretriever-tiny.yaml"
+    out = tmp_path / "run"
+    cache = EmbeddingCache(tmp_path / "cache")
+    res = run_bmretriever_recipe(recipe, out, overrides=_tiny_overrides(tiny_decoder_dir, tiny_beir_dir,
+                                                                        tiny_bert_dir),
+                                 cache=cache, show_progress=False, log=lambda m: None)
+    assert isinstance(res, BmRetrieverRunResult)
+    assert res.stages["stage1"]["steps"] == 3 and res.stages["stage2"]["steps"] == 3  # 12 rows / batch 4
+    assert res.stages["stage2"]["rows"] == 12 and len(res.loss_history) == 6
+    assert all(r["loss"] > 0 for r in res.loss_history)
+    assert set(res.metrics) == {"ndcg@10", "recall@10"} and 0 <= res.metrics["ndcg@10"] <= 1
+    log = json.loads((out / "train_log.json").read_text())
+    assert log["num_processes"] == 1 and len(log["loss_history"]) == 6
+    model = load(str(out), device="cpu")
+    assert model.prompts["query"] == "Given a question, retrieve relevant documents that answer the question\nQuery: "
+    assert model.prompts["document"] == "Represent this passage. Passage: "
+    assert model.similarity_fn_name == "dot"
+    assert not any("lora_" in n for n, _ in model.named_parameters())  # merged on save
+    # a re-run finds the finished stage I and trains only stage II
+    again = run_bmretriever_recipe(recipe, tmp_path / "run", overrides=_tiny_overrides(
+        tiny_decoder_dir, tiny_beir_dir, tiny_bert_dir) + ["stage2.enabled=false"], cache=cache,
+        show_progress=False, evaluate=False, log=lambda m: None)
+    assert again.stages == {"stage1": {"resumed": True}}
+
+
+def test_stage2_datasets_with_synthetic_pairs(tiny_bert_dir, tiny_beir_dir, tmp_path):
+    from medadapt.bmretriever import load_bmretriever_recipe
+    from medadapt.bmretriever.recipe import stage1_dataset, stage2_datasets
+    from medadapt.cache import EmbeddingCache
+
+    recipe = load_bmretriever_recipe(ROOT / "recipes" / "bmretriever-tiny.yaml", _tiny_overrides(
+        "unused", tiny_beir_dir, tiny_bert_dir) + ["stage2.synthetic={generator: fake, passages: 12, top_k: 12}"])
+    s1 = stage1_dataset(recipe)
+    assert len(s1) == 12 and s1[0]["anchor"] == "diabetes"  # title -> text pairs of the BEIR corpus
+    data, prompts = stage2_datasets(recipe, cache=EmbeddingCache(tmp_path / "c"), show_progress=False,
+                                    log=lambda m: None)
+    assert set(data) == {"medquad", "synthetic"}
+    assert len(data["synthetic"]) == 12  # top_k = corpus size: every generated pair passes the filter
+    assert data["synthetic"].column_names == ["anchor", "positive", "negative"]
+    assert prompts["synthetic"]["anchor"] == ("Given a question, retrieve Pubmed passages that answer the "
+                                              "question.\nQuery: ")
+    assert prompts["medquad"]["positive"] == prompts["medquad"]["negative"] == "Represent this passage. Passage: "
+
+
+def test_gradient_checkpointing_with_lora_still_trains_the_adapter(tiny_decoder_dir):
+    import torch
+
+    from medadapt.bmretriever import attach_lora, build_retriever, first_transformer
+
+    model = build_retriever(str(tiny_decoder_dir), "decoder", max_seq_length=32, device="cpu")
+    attach_lora(model, r=2, alpha=4, dropout=0.0, gradient_checkpointing=True)
+    hf = first_transformer(model).model
+    assert hf.base_model.model.is_gradient_checkpointing
+    model.train()
+    feats = model.preprocess(["asthma cough", "gout toe"])
+    emb = model(feats)["sentence_embedding"]
+    (emb @ emb.T).sum().backward()
+    grads = {n: p.grad for n, p in model.named_parameters() if p.requires_grad}
+    assert grads and all(g is not None and torch.isfinite(g).all() for g in grads.values())
+    assert any(float(g.abs().sum()) > 0 for g in grads.values())
