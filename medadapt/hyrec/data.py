@@ -1,0 +1,306 @@
+"""Training data for HyReC: (query, positive, hard negatives) triples, union labels, and the shared-state
+cache of the frozen variant.
+
+* :func:`build_examples` turns a BEIR split into :class:`Example` s, with hard negatives mined by
+  :mod:`medadapt.curation` in the paper's ANN window (Appendix B: ranks 20-100): dense
+  (:class:`~medadapt.curation.dense.DenseSearcher` on a frozen embedder through the EmbeddingCache) or BM25
+  (:class:`~medadapt.curation.bm25.BM25Searcher`, for languages where the frozen embedder is useless).
+* :class:`SharedStateCache` stores the frozen sharing backbone's token states (fp16) per text, keyed on the
+  backbone fingerprint, the token limit and the text hash, in memory and optionally as safetensors shards
+  on disk (``$MEDADAPT_CACHE/../hyrec-states``), so the corpus is pushed through the frozen layers once for
+  every training epoch, every ablation and the evaluation. Hand-written for the same reason as
+  :class:`medadapt.cache.EmbeddingCache`: nothing caches per-token states.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import random
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+import numpy as np
+import torch
+from torch import Tensor
+from torch.nn.utils.rnn import pad_sequence
+
+from medadapt.errors import DataError
+
+__all__ = ["Example", "build_examples", "SharedStateCache", "UnionLabelCache"]
+
+
+@dataclass
+class Example:
+    query: str
+    positive: str
+    negatives: list[str] = field(default_factory=list)
+
+
+def build_examples(data, split: str, *, negatives: Literal["dense", "bm25", "none"] = "dense",
+                   window: tuple[int, int] = (20, 100), num_negatives: int = 3,
+                   max_queries: int | None = None, miner_model: str = "minilm",
+                   language: Literal["zh", "en"] = "en", cache=None, seed: int = 42,
+                   show_progress: bool = True) -> list[Example]:
+    """One :class:`Example` per (query, positive) of ``split`` (queries sampled down to ``max_queries``)."""
+    from medadapt.curation.mining import mine_hard_negatives
+    from medadapt.curation.mining_config import MiningConfig
+
+    qrels = data.qrels.get(split)
+    if qrels is None:
+        raise DataError(f"split {split!r} was not loaded")
+    if negatives == "none":
+        out = [Example(data.queries[q], data.doc_text(d))
+               for q, rel in qrels.items() for d, g in rel.items() if g > 0]
+    else:
+        if negatives == "dense":
+            from medadapt.curation.dense import DenseSearcher
+            from medadapt.models import load
+
+            searcher = DenseSearcher(load(miner_model, device="cpu"), data.doc_ids, data.doc_texts(),
+                                     cache=cache, show_progress=show_progress)
+        elif negatives == "bm25":
+            from medadapt.curation.bm25 import BM25Searcher
+
+            searcher = BM25Searcher(data.doc_ids, data.doc_texts(), language=language)
+        else:
+            raise DataError(f"negatives must be 'dense', 'bm25' or 'none', got {negatives!r}")
+        window = (min(window[0], len(data.corpus)), min(window[1], len(data.corpus)))
+        cfg = MiningConfig(window=window, num_negatives=num_negatives, seed=seed, with_scores=False,
+                           drop_empty=False, text_dup_threshold=0.8)
+        groups = mine_hard_negatives(data, split, searcher, cfg, show_progress=show_progress)
+        out = [Example(g.query, p, list(g.neg)) for g in groups for p in g.pos]
+    if not out:
+        raise DataError(f"split {split!r} has no (query, positive) pair")
+    if max_queries is not None and len(out) > max_queries:
+        out = random.Random(seed).sample(out, max_queries)
+    return out
+
+
+def _hash(text: str) -> str:
+    return hashlib.blake2b(text.encode("utf-8"), digest_size=16).hexdigest()
+
+
+class SharedStateCache:
+    """Per-text token states of a frozen sharing backbone.
+
+    Args:
+        root: folder for safetensors shards (``None``: memory only).
+        chunk_size: texts encoded (and written as one shard) at a time.
+        batch_size: encoding batch size.
+    """
+
+    def __init__(self, root: str | Path | None = None, chunk_size: int = 512, batch_size: int = 32):
+        self.root = Path(root).expanduser() if root is not None else None
+        self.chunk_size = chunk_size
+        self.batch_size = batch_size
+        self._mem: dict[str, dict[str, tuple[Tensor, Tensor]]] = {}
+        self._loaded: set[str] = set()
+        self._pooled_mem: dict[str, dict[str, Tensor]] = {}
+        self._fp: dict = {}
+        self._ns: dict[tuple[int, str], str] = {}
+
+    @staticmethod
+    def default_root() -> Path:
+        from medadapt.cache import default_cache_dir
+
+        return default_cache_dir().parent / "hyrec-states"
+
+    def namespace(self, model, role: str) -> str:
+        """Cache namespace of ``model``'s frozen sharing backbone for ``role`` (memoised per model object:
+        the frozen backbone does not change while it is cached)."""
+        key = (id(model), role)
+        if key not in self._ns:
+            max_len = model.config.query_max_length if role == "query" else model.config.passage_max_length
+            ident = f"{model.shared_fingerprint()}|{max_len}"
+            self._ns[key] = hashlib.sha256(ident.encode()).hexdigest()[:32]
+        return self._ns[key]
+
+    def _load_disk(self, ns: str) -> None:
+        if ns in self._loaded or self.root is None:
+            return
+        from safetensors.torch import load_file
+
+        mem = self._mem.setdefault(ns, {})
+        for shard in sorted((self.root / ns).glob("shard-*.safetensors")):
+            state = load_file(str(shard))
+            for k, v in state.items():
+                h, kind = k.split(".")
+                if kind == "ids":
+                    mem[h] = (v, state[f"{h}.h"])
+        self._loaded.add(ns)
+
+    @torch.no_grad()
+    def ensure(self, model, texts: Sequence[str], role: str, show_progress: bool = False) -> None:
+        """Compute (and store) the states of every text not cached yet."""
+        from tqdm.auto import tqdm
+
+        ns = self.namespace(model, role)
+        self._load_disk(ns)
+        mem = self._mem.setdefault(ns, {})
+        missing = list(dict.fromkeys(t for t in texts if _hash(t) not in mem))
+        if not missing:
+            return
+        missing.sort(key=len, reverse=True)
+        was = model.training
+        model.eval()
+        what = "queries" if role == "query" else "documents"
+        bar = tqdm(total=len(missing), desc=f"shared states ({what})", unit="text", disable=not show_progress)
+        try:
+            for c in range(0, len(missing), self.chunk_size):
+                chunk = missing[c : c + self.chunk_size]
+                new: dict[str, tuple[Tensor, Tensor]] = {}
+                for b in range(0, len(chunk), self.batch_size):
+                    batch = chunk[b : b + self.batch_size]
+                    feats = {k: v.to(model.device) for k, v in model.tokenize(batch, role).items()}
+                    states = model.shared_states(feats["input_ids"], feats["attention_mask"],
+                                                 feats.get("token_type_ids"))
+                    for i, t in enumerate(batch):
+                        n = int(feats["attention_mask"][i].sum())
+                        new[_hash(t)] = (feats["input_ids"][i, :n].to(torch.int32).cpu(),
+                                         states[i, :n].to(torch.float16).cpu())
+                    bar.update(len(batch))
+                mem.update(new)
+                if self.root is not None:
+                    self._write(ns, new)
+        finally:
+            bar.close()
+            model.train(was)
+
+    def _write(self, ns: str, new: dict[str, tuple[Tensor, Tensor]]) -> None:
+        import os
+
+        from safetensors.torch import save_file
+
+        folder = self.root / ns
+        folder.mkdir(parents=True, exist_ok=True)
+        state = {}
+        for h, (ids, st) in new.items():
+            state[f"{h}.ids"], state[f"{h}.h"] = ids.contiguous(), st.contiguous()
+        name = f"shard-{uuid.uuid4().hex}.safetensors"
+        tmp = folder / f".tmp-{name}"
+        save_file(state, str(tmp))
+        os.replace(tmp, folder / name)
+
+    def batch(self, model, texts: Sequence[str], role: str) -> tuple[Tensor, Tensor, Tensor]:
+        """Padded ``(input_ids, attention_mask, states float32)`` for ``texts`` (computed if missing)."""
+        self.ensure(model, texts, role)
+        mem = self._mem[self.namespace(model, role)]
+        items = [mem[_hash(t)] for t in texts]
+        ids, mask = self._pad_ids(model, [i for i, _ in items])
+        states = pad_sequence([s for _, s in items], batch_first=True).float()
+        return ids, mask, states
+
+    @staticmethod
+    def _pad_ids(model, id_rows: list[Tensor]) -> tuple[Tensor, Tensor]:
+        pad = model.tokenizer.pad_token_id or 0
+        ids = pad_sequence([i.long() for i in id_rows], batch_first=True, padding_value=pad)
+        mask = pad_sequence([torch.ones(len(i), dtype=torch.long) for i in id_rows], batch_first=True)
+        return ids, mask
+
+    def _derived(self, model, texts: Sequence[str], role: str, kind: str, show_progress: bool = False
+                 ) -> dict[str, Tensor]:
+        """Memoised (in memory) outputs of a frozen part on top of the shared states: ``kind`` is
+        ``"lexicon"`` (lexicon-encoder token states, float32) or ``"pooled"`` (pooled dense-encoder output).
+        Missing texts are computed in eval mode (no dropout), longest first, with a progress bar."""
+        from tqdm.auto import tqdm
+
+        from medadapt.models import modules_fingerprint
+
+        key = (kind, id(model))
+        if key not in self._fp:
+            parts = list(model.lexicon) if kind == "lexicon" else list(model.dense_layers)
+            self._fp[key] = f"{modules_fingerprint(parts)}|{model.config.pooling}"
+        mem = self._pooled_mem.setdefault(f"{self.namespace(model, role)}|{kind}|{self._fp[key]}", {})
+        missing = list(dict.fromkeys(t for t in texts if _hash(t) not in mem))
+        if not missing:
+            return mem
+        if kind == "pooled" and self._same_frozen_encoders(model):
+            # the dense and lexicon encoders are identical frozen copies: pool the cached lexicon states
+            lex = self._derived(model, missing, role, "lexicon", show_progress)
+            for t in missing:
+                x = lex[_hash(t)]
+                mem[_hash(t)] = x[0].clone() if model.config.pooling == "cls" else x.mean(0)
+            return mem
+        self.ensure(model, missing, role, show_progress=show_progress)
+        missing.sort(key=lambda t: len(self._mem[self.namespace(model, role)][_hash(t)][0]), reverse=True)
+        was = model.training
+        model.eval()
+        try:
+            with torch.no_grad():
+                for b in tqdm(range(0, len(missing), self.batch_size), desc=f"{kind} states", unit="batch",
+                              disable=not show_progress):
+                    batch = missing[b : b + self.batch_size]
+                    ids, mask, states = self.batch(model, batch, role)
+                    states, dmask = states.to(model.device), mask.to(model.device)
+                    if kind == "lexicon":
+                        out = model.lexicon_states(states, dmask).float().cpu()
+                        for r, t in enumerate(batch):
+                            mem[_hash(t)] = out[r, : int(mask[r].sum())]
+                    else:
+                        out = model.pooled_from_states(states, dmask).float().cpu()
+                        for t, v in zip(batch, out):
+                            mem[_hash(t)] = v
+        finally:
+            model.train(was)
+        return mem
+
+    def _same_frozen_encoders(self, model) -> bool:
+        for kind in ("lexicon", "pooled"):
+            if (kind, id(model)) not in self._fp:
+                parts = list(model.lexicon) if kind == "lexicon" else list(model.dense_layers)
+                from medadapt.models import modules_fingerprint
+
+                self._fp[(kind, id(model))] = f"{modules_fingerprint(parts)}|{model.config.pooling}"
+        return self._fp[("lexicon", id(model))] == self._fp[("pooled", id(model))]
+
+    def warm(self, model, texts: Sequence[str], role: str, *, lexicon: bool = False, pooled: bool = False,
+             show_progress: bool = False) -> None:
+        """Compute the shared states (and optionally lexicon states / pooled dense inputs) of ``texts`` now,
+        in length-sorted batches, instead of on demand during training."""
+        self.ensure(model, texts, role, show_progress=show_progress)
+        if lexicon:
+            self._derived(model, texts, role, "lexicon", show_progress)
+        if pooled:
+            self._derived(model, texts, role, "pooled", show_progress)
+
+    def lexicon_batch(self, model, texts: Sequence[str], role: str) -> tuple[Tensor, Tensor, Tensor]:
+        """Like :meth:`batch` but with the (frozen) lexicon encoder's output: with a frozen lexicon encoder
+        only the projectors need gradients."""
+        mem = self._derived(model, texts, role, "lexicon")
+        shared = self._mem[self.namespace(model, role)]
+        ids, mask = self._pad_ids(model, [shared[_hash(t)][0] for t in texts])
+        states = pad_sequence([mem[_hash(t)] for t in texts], batch_first=True)
+        return ids, mask, states
+
+    def pooled(self, model, texts: Sequence[str], role: str) -> Tensor:
+        """Pooled outputs of the (frozen) dense encoder for ``texts`` (before the projector)."""
+        mem = self._derived(model, texts, role, "pooled")
+        return torch.stack([mem[_hash(t)] for t in texts])
+
+
+class UnionLabelCache:
+    """Memoised BMES labels per (text, role), padded to a batch's token length."""
+
+    def __init__(self, model, language: str):
+        from medadapt.hyrec.labels import UnionLabeler
+
+        self.model = model
+        self.labeler = UnionLabeler(model.tokenizer, language)  # type: ignore[arg-type]
+        self._mem: dict[tuple[str, str], list[int]] = {}
+
+    def labels(self, texts: Sequence[str], role: str, length: int) -> Tensor:
+        from medadapt.hyrec.labels import IGNORE
+
+        out = torch.full((len(texts), length), IGNORE, dtype=torch.long)
+        cfg = self.model.config
+        max_len = cfg.query_max_length if role == "query" else cfg.passage_max_length
+        for r, t in enumerate(texts):
+            key = (t, role)
+            if key not in self._mem:
+                self._mem[key] = self.labeler(t, max_length=max_len)["union_labels"]
+            lab = self._mem[key][:length]
+            out[r, : len(lab)] = torch.tensor(lab, dtype=torch.long)
+        return out

@@ -1,0 +1,149 @@
+"""Evaluate a HyReC model lexical-only, dense-only or hybrid on a BEIR split.
+
+* **lexical**: document sparse vectors go into :meth:`medadapt.retrieval.LexicalIndex.from_sparse`
+  (``n_terms = model.n_terms``); queries are sparse vectors from the same head; exact top-k.
+* **dense**: normalised dense vectors, FAISS exact search (:func:`medadapt.eval.search.exact_search`).
+  ``dense_source="cache"`` encodes through the saved sentence-transformers side and the
+  :class:`~medadapt.cache.EmbeddingCache` (the projector runs on cached backbone outputs, so a frozen
+  dense encoder reuses the backbone's cached corpus); ``"model"`` computes it from the sharing backbone
+  in the same pass as the lexical side (uses ``passage_max_length``); ``"states"`` takes the pooled dense
+  inputs from ``state_cache`` (only valid while the dense encoder is frozen).
+* **hybrid**: the Normalisation Module sum ``S_lex + dense_weight * S_den`` (eq. 9) computed *exactly* for
+  every document in the union of both top-``depth`` lists (missing scores are computed, not imputed), or
+  ``fusion="minmax"`` (:func:`medadapt.retrieval.fusion.minmax_fusion` over the two runs).
+
+Also reports sparsity (mean active terms per query / document) as ``q_terms`` / ``d_terms``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Literal
+
+import numpy as np
+
+from medadapt.errors import ConfigError
+
+__all__ = ["evaluate_hyrec", "MODES"]
+
+MODES = ("lexical", "dense", "hybrid")
+
+
+def _load(model_or_dir):
+    from medadapt.hyrec.model import HyReCModel
+
+    if isinstance(model_or_dir, HyReCModel):
+        return model_or_dir
+    return HyReCModel.load(model_or_dir, device="cpu")
+
+
+def _data(dataset, split):
+    from medadapt.data import load_beir
+    from medadapt.data.beir import BeirDataset
+
+    return dataset if isinstance(dataset, BeirDataset) else load_beir(dataset, [split])
+
+
+def _run(qids, doc_ids, scores, idx) -> dict[str, dict[str, float]]:
+    return {q: {doc_ids[j]: float(v) for v, j in zip(scores[r], idx[r]) if j >= 0}
+            for r, q in enumerate(qids)}
+
+
+def evaluate_hyrec(model_or_dir, dataset, split: str = "test",
+                   mode: Literal["lexical", "dense", "hybrid"] = "hybrid",
+                   metrics: Iterable[str] = ("ndcg@10", "recall@100", "mrr@10"), *, cache=None,
+                   state_cache=None, dense_source: Literal["model", "cache", "states"] = "model",
+                   fusion: Literal["nm", "minmax"] = "nm", depth: int = 100, batch_size: int = 32,
+                   show_progress: bool = True, return_runs: bool = False,
+                   cached_lexicon: bool = False):
+    """Metrics of ``mode`` on ``split`` (plus ``q_terms`` / ``d_terms`` when the lexical side is used).
+
+    Args:
+        model_or_dir: a :class:`~medadapt.hyrec.model.HyReCModel` or a saved folder.
+        dataset: a loaded :class:`~medadapt.data.beir.BeirDataset`, a BEIR folder or a builtin name.
+        state_cache: a :class:`~medadapt.hyrec.data.SharedStateCache` (frozen variant) to reuse token states.
+        return_runs: also return ``{mode: run}`` for every mode computed.
+        cached_lexicon: take the lexicon encoder's states from ``state_cache`` (frozen lexicon encoder only).
+    """
+    import scipy.sparse as sp
+
+    from medadapt.eval.metrics import evaluate_run, parse_metric
+    from medadapt.eval.search import exact_search
+    from medadapt.retrieval.inverted import to_csr
+    from medadapt.retrieval.lexical import LexicalIndex
+
+    if mode not in MODES:
+        raise ConfigError(f"unknown HyReC evaluation mode {mode!r}; valid: {', '.join(MODES)}")
+    if fusion not in ("nm", "minmax"):
+        raise ConfigError(f"unknown fusion {fusion!r}; valid: nm, minmax")
+    model = _load(model_or_dir)
+    data = _data(dataset, split)
+    metrics = list(metrics)
+    depth = max([parse_metric(m)[1] for m in metrics] + [depth])
+    queries = data.split_queries(split)
+    qids, qtexts = list(queries), list(queries.values())
+    doc_ids, dtexts = data.doc_ids, data.doc_texts()
+    want_lex, want_dense = mode in ("lexical", "hybrid"), mode in ("dense", "hybrid")
+    if dense_source not in ("model", "cache", "states"):
+        raise ConfigError(f"unknown dense_source {dense_source!r}; valid: model, cache, states")
+    if dense_source == "states" and state_cache is None:
+        raise ConfigError("dense_source='states' needs a state_cache")
+    from_model_dense = want_dense and dense_source in ("model", "states")
+    kw = {"batch_size": batch_size, "state_cache": state_cache, "show_progress": show_progress,
+          "cached_pooled": dense_source == "states", "cached_lexicon": cached_lexicon}
+    d_dense, d_lex = (None, None)
+    q_dense, q_lex = (None, None)
+    if state_cache is not None:
+        for texts, role in ((dtexts, "document"), (qtexts, "query")):
+            state_cache.warm(model, texts, role, lexicon=want_lex and cached_lexicon,
+                             pooled=from_model_dense and dense_source == "states",
+                             show_progress=show_progress)
+    if want_lex or from_model_dense:
+        d_dense, d_lex = model.encode(dtexts, "document", lexical=want_lex, dense=from_model_dense, **kw)
+        q_dense, q_lex = model.encode(qtexts, "query", lexical=want_lex, dense=from_model_dense, **kw)
+    if want_dense and dense_source == "cache":
+        from medadapt.cache import EmbeddingCache
+
+        cache = cache if cache is not None else EmbeddingCache()
+        q_dense = cache.encode(model.st, qtexts, role="query", batch_size=batch_size,
+                               show_progress=show_progress)
+        d_dense = cache.encode(model.st, dtexts, role="document", batch_size=batch_size,
+                               show_progress=show_progress)
+    runs: dict[str, dict[str, dict[str, float]]] = {}
+    extra: dict[str, float] = {}
+    if want_lex:
+        index = LexicalIndex.from_sparse(d_lex, n_terms=model.n_terms)
+        qm = to_csr(q_lex, model.n_terms)
+        s, i = index.search(qm, depth)
+        runs["lexical"] = _run(qids, doc_ids, s, i)
+        extra["q_terms"] = float(np.mean([len(v) for v in q_lex])) if q_lex else 0.0
+        extra["d_terms"] = float(np.mean([len(v) for v in d_lex])) if d_lex else 0.0
+    if want_dense:
+        s, i = exact_search(np.asarray(q_dense, np.float32), np.asarray(d_dense, np.float32), depth)
+        runs["dense"] = _run(qids, doc_ids, s, i)
+    if mode == "hybrid":
+        if fusion == "minmax":
+            from medadapt.retrieval.fusion import fuse_runs
+
+            runs["hybrid"] = fuse_runs([runs["lexical"], runs["dense"]], "minmax", k=depth)
+        else:
+            pos = {d: k for k, d in enumerate(doc_ids)}
+            dm = to_csr(d_lex, model.n_terms).tocsr()
+            w = model.config.dense_weight
+            hybrid = {}
+            for r, q in enumerate(qids):
+                cand = sorted(set(runs["lexical"][q]) | set(runs["dense"][q]))
+                if not cand:
+                    hybrid[q] = {}
+                    continue
+                rows = np.fromiter((pos[d] for d in cand), dtype=np.int64, count=len(cand))
+                lex = np.asarray((dm[rows] @ qm[r].T).todense()).ravel()
+                den = d_dense[rows] @ q_dense[r]
+                total = lex + w * den
+                top = np.lexsort((rows, -total))[:depth]
+                hybrid[q] = {cand[t]: float(total[t]) for t in top}
+            runs["hybrid"] = hybrid
+    result = evaluate_run(data.qrels[split], runs[mode], metrics)
+    result.update(extra)
+    return (result, runs) if return_runs else result

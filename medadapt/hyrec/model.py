@@ -1,0 +1,445 @@
+"""The HyReC model: GLAE + weight / union / dense projectors + bagging (§3.1).
+
+``forward`` maps tokenised texts to ``{"dense": (B, D), "term_weights": (B, T), "union_logits": (B, T, 4),
+"term_mask": (B, T), "input_ids": (B, T)}``. :meth:`HyReCModel.encode_dense` returns normalised dense
+vectors; :meth:`HyReCModel.encode_lexical` returns one ``{term_id: weight}`` per text (tokenizer terms plus
+bagged words, L2-normalised: the Normalisation Module), ready for
+:meth:`medadapt.retrieval.LexicalIndex.from_sparse` with ``n_terms = model.n_terms``.
+
+Saved folder = a sentence-transformers model (the dense side: ``Transformer`` -> ``Pooling`` ->
+:class:`~medadapt.hyrec.projectors.DenseProjector` -> ``Normalize``; ``medadapt.load(folder)`` gives the
+dense retriever alone) plus ``hyrec/``: ``config.json``, ``lexical.safetensors`` (lexicon encoder, weight and
+union projectors) and ``words.json`` (strings of learned words). :meth:`HyReCModel.load` restores both sides
+exactly.
+
+Term mask: padding, special tokens ([CLS], [SEP], ...) and the unknown token never become terms.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+import torch
+from torch import Tensor, nn
+
+from medadapt.errors import ConfigError, ModelLoadError
+from medadapt.hyrec.bagging import WordVocab, sparse_from_tokens
+from medadapt.hyrec.glae import embed, encoder_layers, extended_mask, run_layers, split_layers
+from medadapt.hyrec.normalize import normalize_sparse
+from medadapt.hyrec.projectors import DenseProjector, UnionProjector, WeightProjector
+
+__all__ = ["HyReCConfig", "HyReCModel", "HYREC_FORMAT"]
+
+HYREC_FORMAT = 1
+SUBDIR = "hyrec"
+Role = Literal["query", "document"]
+
+
+@dataclass
+class HyReCConfig:
+    """Architecture and inference settings.
+
+    Attributes:
+        branch_layers: ``N``, layers of the lexicon encoder and of the dense encoder.
+        variant: ``full`` (all trains) or ``frozen`` (sharing backbone frozen).
+        pooling: dense pooling, ``cls`` (the paper, eq. 6) or ``mean`` (what MiniLM was trained with).
+        union: predict the semantic union and bag words at inference.
+        n_word_buckets: size of the learned-word id range above the tokenizer vocabulary.
+        keep_subterms: a bagged word also keeps its tokens as terms.
+        min_union: union probability (eq. 7) a word needs to be emitted.
+        query_max_length / passage_max_length: token limits (paper: 64 / 256).
+        dense_weight: ``S = S_lex + dense_weight * S_den`` (eq. 9; 1 in the paper).
+        language: union labelling language, ``zh`` or ``en``.
+        dense_max_length: token limit of the saved sentence-transformers (dense) side when it encodes on its
+            own (``encode_dense`` through the EmbeddingCache); default ``passage_max_length``.
+        lexicon_layers: layers of the lexicon encoder, copied from the first dense-encoder layers (default
+            ``branch_layers``, the paper's symmetric GLAE).
+        term_bias: add a learned per-term bias inside the weight projector (a learned IDF-like prior; not in
+            the paper, off by default; useful when the backbone's token embeddings are frozen and new).
+    """
+
+    branch_layers: int = 1
+    variant: Literal["full", "frozen"] = "full"
+    pooling: Literal["cls", "mean"] = "cls"
+    union: bool = True
+    n_word_buckets: int = 2**20
+    keep_subterms: bool = True
+    min_union: float = 0.0
+    query_max_length: int = 64
+    passage_max_length: int = 256
+    dense_weight: float = 1.0
+    language: Literal["zh", "en"] = "zh"
+    dense_max_length: int | None = None
+    lexicon_layers: int | None = None
+    term_bias: bool = False
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**dataclasses.asdict(self), "format_version": HYREC_FORMAT}
+
+    @classmethod
+    def from_dict(cls, obj: dict[str, Any]) -> HyReCConfig:
+        obj = dict(obj)
+        version = obj.pop("format_version", HYREC_FORMAT)
+        if version != HYREC_FORMAT:
+            raise ModelLoadError(f"unsupported HyReC format version {version} "
+                                 f"(this medadapt reads {HYREC_FORMAT})")
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(obj) - known)
+        if unknown:
+            raise ModelLoadError(f"unknown HyReC config keys: {', '.join(unknown)}")
+        return cls(**obj)
+
+
+def cjk_characters(texts: Sequence[str]) -> list[str]:
+    """Sorted distinct CJK characters of ``texts``."""
+    import re
+
+    pattern = re.compile(r"[\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff]")
+    return sorted({c for t in texts for c in pattern.findall(t)})
+
+
+class HyReCModel(nn.Module):
+    """HyReC over a sentence-transformers model (see the module docstring).
+
+    Build one with :meth:`from_backbone`, reload with :meth:`load`.
+    """
+
+    def __init__(self, st_model, config: HyReCConfig, lexicon: nn.ModuleList | None = None,
+                 words: WordVocab | None = None):
+        super().__init__()
+        self.st = st_model
+        self.config = config
+        auto = self.auto_model
+        shared, dense, lex = split_layers(auto, config.branch_layers, config.lexicon_layers)
+        self._n_shared = len(shared)
+        self.lexicon = lexicon if lexicon is not None else lex
+        hidden = auto.config.hidden_size
+        self.weight_proj = WeightProjector(hidden, init_bias=1.0,
+                                           vocab_size=len(self.tokenizer) if config.term_bias else None)
+        self.union_proj = UnionProjector(hidden)
+        self.words = words or WordVocab(len(self.tokenizer), config.n_word_buckets)
+        self._excluded_ids = torch.tensor(sorted(set(self.tokenizer.all_special_ids)), dtype=torch.long)
+        if config.variant == "frozen":
+            self.freeze_shared()
+
+    # ------------------------------------------------------------------ construction
+    @classmethod
+    def from_backbone(cls, backbone: str, config: HyReCConfig | None = None, *,
+                      extend_with: Sequence[str] = (),
+                      device: str | None = None, seed: int = 0, num_layers: int | None = None) -> HyReCModel:
+        """A fresh HyReC model on ``backbone`` (alias, folder or hub id; its first module must be a
+        ``Transformer``). ``extend_with``: texts whose CJK characters unknown to the tokenizer are added as
+        new tokens (new embedding rows drawn with ``seed``, scaled like the existing ones)."""
+        from sentence_transformers import SentenceTransformer
+        from sentence_transformers.base.modules import Normalize, Transformer
+        from sentence_transformers.sentence_transformer.modules import Pooling
+
+        from medadapt.models import load
+
+        config = config or HyReCConfig()
+        base = load(backbone, device="cpu")
+        transformer = base[0]
+        if not isinstance(transformer, Transformer):
+            raise ConfigError(f"{backbone}: the first module must be a Transformer, "
+                              f"got {type(transformer).__name__}")
+        transformer.max_seq_length = config.dense_max_length or config.passage_max_length
+        if num_layers is not None:
+            from medadapt.hyrec.glae import truncate_layers
+
+            truncate_layers(transformer.auto_model, num_layers)
+        if extend_with:
+            extend_vocabulary(transformer, cjk_characters(extend_with), seed=seed)
+        dim = transformer.get_embedding_dimension()
+        pooling = Pooling(dim, pooling_mode=config.pooling)
+        st = SentenceTransformer(modules=[transformer, pooling, DenseProjector(dim), Normalize()],
+                                 device="cpu", prompts=dict(base.prompts or {}))
+        model = cls(st, config)
+        return model.to(device) if device else model
+
+    # ------------------------------------------------------------------ parts
+    @property
+    def transformer(self):
+        return self.st[0]
+
+    @property
+    def auto_model(self) -> nn.Module:
+        return self.transformer.auto_model
+
+    @property
+    def tokenizer(self):
+        return self.transformer.tokenizer
+
+    @property
+    def projector(self) -> DenseProjector:
+        return self.st[2]
+
+    @property
+    def shared_layers(self) -> list[nn.Module]:
+        return list(encoder_layers(self.auto_model)[: self._n_shared])
+
+    @property
+    def dense_layers(self) -> list[nn.Module]:
+        return list(encoder_layers(self.auto_model)[self._n_shared :])
+
+    @property
+    def n_terms(self) -> int:
+        """Size of the term space (tokenizer ids + learned-word buckets): the inverted index's ``n_terms``."""
+        return self.words.n_terms
+
+    @property
+    def vocab_size(self) -> int:
+        return self.words.vocab_size
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.parameters()).device
+
+    def shared_parameters(self) -> list[nn.Parameter]:
+        params = list(self.auto_model.embeddings.parameters())
+        for layer in self.shared_layers:
+            params += list(layer.parameters())
+        return params
+
+    def freeze_shared(self) -> None:
+        for p in self.shared_parameters():
+            p.requires_grad_(False)
+
+    def shared_fingerprint(self) -> str:
+        """Identity of the frozen sharing backbone and tokenizer (keys the shared-state cache)."""
+        from medadapt.models import modules_fingerprint
+
+        mods = [self.auto_model.embeddings, *self.shared_layers]
+        added = sorted(self.tokenizer.get_added_vocab().items())
+        tok = json.dumps({"n": len(self.tokenizer), "added": added}, ensure_ascii=False)
+        import hashlib
+
+        return hashlib.sha256((modules_fingerprint(mods) + tok).encode()).hexdigest()[:24]
+
+    # ------------------------------------------------------------------ tokenising
+    def tokenize(self, texts: Sequence[str], role: Role, offsets: bool = False) -> dict[str, Tensor]:
+        max_len = self.config.query_max_length if role == "query" else self.config.passage_max_length
+        enc = self.tokenizer(list(texts), padding=True, truncation=True, max_length=max_len,
+                             return_tensors="pt", return_offsets_mapping=offsets)
+        return dict(enc)
+
+    def term_mask(self, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
+        """1 where a token may be a term: not padding, not special, not unknown."""
+        excluded = torch.isin(input_ids, self._excluded_ids.to(input_ids.device))
+        return attention_mask.bool() & ~excluded
+
+    # ------------------------------------------------------------------ forward
+    def shared_states(self, input_ids: Tensor, attention_mask: Tensor, token_type_ids: Tensor | None = None
+                      ) -> Tensor:
+        """``S^(x)`` (eq. 1): embeddings and the first ``L - N`` layers."""
+        hidden = embed(self.auto_model, input_ids, token_type_ids)
+        return run_layers(self.shared_layers, hidden, extended_mask(attention_mask, hidden.dtype))
+
+    def lexicon_states(self, states: Tensor, attention_mask: Tensor) -> Tensor:
+        """``L^(x)`` (eq. 2): the lexicon encoder over shared states."""
+        return run_layers(self.lexicon, states, extended_mask(attention_mask, states.dtype))
+
+    def heads_from_lexicon(self, lex: Tensor, input_ids: Tensor) -> tuple[Tensor, Tensor]:
+        """``(term_weights, union_logits)`` from lexicon states (eq. 4, 5)."""
+        return self.weight_proj(lex, input_ids), self.union_proj(lex)
+
+    def lexical_from_states(self, states: Tensor, attention_mask: Tensor, input_ids: Tensor
+                            ) -> tuple[Tensor, Tensor]:
+        """``(term_weights (B, T), union_logits (B, T, 4))`` from shared states (eq. 2, 4, 5)."""
+        return self.heads_from_lexicon(self.lexicon_states(states, attention_mask), input_ids)
+
+    def pooled_from_states(self, states: Tensor, attention_mask: Tensor) -> Tensor:
+        """Dense encoder (eq. 3) + pooling, before the projector."""
+        d = run_layers(self.dense_layers, states, extended_mask(attention_mask, states.dtype))
+        if self.config.pooling == "cls":
+            return d[:, 0]
+        m = attention_mask.unsqueeze(-1).to(d.dtype)
+        return (d * m).sum(1) / m.sum(1).clamp_min(1e-9)
+
+    def dense_from_pooled(self, pooled: Tensor) -> Tensor:
+        """Dense projector (eq. 6); not normalised."""
+        return self.projector.linear(pooled)
+
+    def forward(self, features: dict[str, Tensor], states: Tensor | None = None, with_dense: bool = True
+                ) -> dict[str, Tensor]:
+        """All three outputs for tokenised texts; pass precomputed ``states`` to skip the sharing backbone."""
+        ids, mask = features["input_ids"], features["attention_mask"]
+        if states is None:
+            if self.config.variant == "frozen":
+                with torch.no_grad():
+                    states = self.shared_states(ids, mask, features.get("token_type_ids"))
+            else:
+                states = self.shared_states(ids, mask, features.get("token_type_ids"))
+        weights, union = self.lexical_from_states(states, mask, ids)
+        tmask = self.term_mask(ids, mask)
+        dense = self.dense_from_pooled(self.pooled_from_states(states, mask)) if with_dense else None
+        return {"dense": dense, "term_weights": weights * tmask.to(weights.dtype), "union_logits": union,
+                "term_mask": tmask, "input_ids": ids}
+
+    def term_vectors(self, term_weights: Tensor, input_ids: Tensor) -> Tensor:
+        """Scatter-max token weights into ``(B, vocab_size)`` vectors over tokenizer terms (training scores:
+        bagging is an inference-time step, §3.1.4)."""
+        out = term_weights.new_zeros(term_weights.shape[0], self.vocab_size)
+        return out.scatter_reduce(1, input_ids, term_weights, reduce="amax", include_self=True)
+
+    # ------------------------------------------------------------------ inference
+    @torch.no_grad()
+    def encode(self, texts: Sequence[str], role: Role = "document", *, lexical: bool = True,
+               dense: bool = True,
+               batch_size: int = 32, state_cache=None, show_progress: bool = False, desc: str | None = None,
+               cached_pooled: bool = False, cached_lexicon: bool = False
+               ) -> tuple[np.ndarray | None, list[dict[int, float]] | None]:
+        """``(dense (n, D) normalised or None, lexical list of normalised {term_id: weight} or None)``.
+
+        With ``state_cache`` (a :class:`~medadapt.hyrec.data.SharedStateCache`, frozen variant only) the
+        sharing backbone's token states are read from / written to the cache; ``cached_pooled`` also takes
+        the pooled dense-encoder outputs from it (valid only while the dense encoder is frozen) and
+        ``cached_lexicon`` the lexicon encoder's states (valid only while the lexicon encoder is frozen).
+        """
+        from tqdm.auto import tqdm
+
+        was = self.training
+        self.eval()
+        texts = list(texts)
+        dense_out: list[np.ndarray] = []
+        lex_out: list[dict[int, float]] = []
+        order = sorted(range(len(texts)), key=lambda i: -len(texts[i]))
+        try:
+            what = "queries" if role == "query" else "documents"
+            for start in tqdm(range(0, len(texts), batch_size), desc=desc or f"encoding {what}", unit="batch",
+                              disable=not show_progress):
+                idx = order[start : start + batch_size]
+                batch = [texts[i] for i in idx]
+                if state_cache is not None and cached_lexicon and (cached_pooled or not dense):
+                    ids, mask, states = state_cache.lexicon_batch(self, batch, role)  # states unused below
+                    ids, mask = ids.to(self.device), mask.to(self.device)
+                elif state_cache is not None:
+                    ids, mask, states = state_cache.batch(self, batch, role)
+                    ids, mask, states = ids.to(self.device), mask.to(self.device), states.to(self.device)
+                else:
+                    feats = {k: v.to(self.device) for k, v in self.tokenize(batch, role).items()}
+                    ids, mask = feats["input_ids"], feats["attention_mask"]
+                    states = self.shared_states(ids, mask, feats.get("token_type_ids"))
+                states = states.float()
+                if dense:
+                    pooled = (state_cache.pooled(self, batch, role) .to(self.device) if cached_pooled and
+                              state_cache is not None else self.pooled_from_states(states, mask))
+                    d = self.dense_from_pooled(pooled)
+                    dense_out.append(torch.nn.functional.normalize(d, dim=-1).cpu().numpy())
+                if lexical:
+                    if cached_lexicon and state_cache is not None:
+                        _, _, lex = state_cache.lexicon_batch(self, batch, role)
+                        weights, union = self.heads_from_lexicon(lex.to(self.device), ids)
+                    else:
+                        weights, union = self.lexical_from_states(states, mask, ids)
+                    lex_out.extend(self._sparse(ids, mask, weights, union))
+        finally:
+            self.train(was)
+        inv = np.argsort(np.asarray(order, dtype=np.int64)) if texts else np.zeros(0, dtype=np.int64)
+        d_arr = np.concatenate(dense_out)[inv] if dense and dense_out else None
+        if dense and not texts:
+            d_arr = np.zeros((0, self.projector.out_features), dtype=np.float32)
+        lex = [lex_out[i] for i in inv] if lexical else None
+        return d_arr, lex
+
+    def _sparse(self, ids: Tensor, mask: Tensor, weights: Tensor, union: Tensor) -> list[dict[int, float]]:
+        tmask = self.term_mask(ids, mask).cpu().numpy()
+        ids_np, w_np = ids.cpu().numpy(), weights.float().cpu().numpy()
+        probs = torch.softmax(union.float(), dim=-1).cpu().numpy() if self.config.union else None
+        out = []
+        for r in range(ids_np.shape[0]):
+            keep = tmask[r]
+            # bag over the valid tokens in order (special / unknown tokens are dropped first)
+            p_row = probs[r][keep] if probs is not None else None
+            vec = sparse_from_tokens(ids_np[r][keep], w_np[r][keep], p_row, self.words,
+                                     keep_subterms=self.config.keep_subterms,
+                                     min_union=self.config.min_union, word_text=self._word_text)
+            out.append(normalize_sparse(vec))
+        return out
+
+    def _word_text(self, token_ids: Sequence[int]) -> str:
+        return self.tokenizer.decode(list(token_ids)).replace(" ", "") if self.config.language == "zh" \
+            else self.tokenizer.decode(list(token_ids))
+
+    def encode_dense(self, texts: Sequence[str], role: Role = "document", **kwargs) -> np.ndarray:
+        return self.encode(texts, role, lexical=False, dense=True, **kwargs)[0]
+
+    def encode_lexical(self, texts: Sequence[str], role: Role = "document", **kwargs
+                       ) -> list[dict[int, float]]:
+        return self.encode(texts, role, lexical=True, dense=False, **kwargs)[1]
+
+    def decode(self, vector: dict[int, float], top: int | None = None) -> list[tuple[str, float]]:
+        """Human-readable ``(term, weight)`` pairs of a sparse vector, heaviest first."""
+        items = sorted(vector.items(), key=lambda kv: -kv[1])[:top]
+        tok = self.tokenizer
+        return [(self.words.decode(t, lambda i: tok.convert_ids_to_tokens(i)).strip(), w) for t, w in items]
+
+    # ------------------------------------------------------------------ persistence
+    def save(self, folder: str | Path) -> None:
+        """Write the sentence-transformers folder (dense side) and ``hyrec/`` (lexical side)."""
+        from safetensors.torch import save_file
+
+        from medadapt.io import atomic_write_json
+        from medadapt.training.runner import _save_model_atomically
+
+        folder = Path(folder)
+        _save_model_atomically(self.st, folder)
+        sub = folder / SUBDIR
+        sub.mkdir(parents=True, exist_ok=True)
+        state = {f"lexicon.{k}": v for k, v in self.lexicon.state_dict().items()}
+        state.update({f"weight_proj.{k}": v for k, v in self.weight_proj.state_dict().items()})
+        state.update({f"union_proj.{k}": v for k, v in self.union_proj.state_dict().items()})
+        tmp = sub / ".lexical.safetensors.tmp"
+        save_file({k: v.detach().cpu().contiguous() for k, v in state.items()}, str(tmp))
+        tmp.replace(sub / "lexical.safetensors")
+        atomic_write_json(sub / "words.json", self.words.to_json())
+        atomic_write_json(sub / "config.json", self.config.to_dict())
+
+    @classmethod
+    def load(cls, folder: str | Path, device: str | None = None) -> HyReCModel:
+        from safetensors.torch import load_file
+
+        from medadapt.models import load
+
+        folder = Path(folder)
+        sub = folder / SUBDIR
+        if not (sub / "config.json").is_file():
+            raise ModelLoadError(f"{folder}: not a HyReC model (no {SUBDIR}/config.json)")
+        config = HyReCConfig.from_dict(json.loads((sub / "config.json").read_text(encoding="utf-8")))
+        words = WordVocab.from_json(json.loads((sub / "words.json").read_text(encoding="utf-8")))
+        st = load(str(folder), device="cpu")
+        model = cls(st, config, words=words)
+        state = load_file(str(sub / "lexical.safetensors"))
+        for prefix, module in (("lexicon.", model.lexicon), ("weight_proj.", model.weight_proj),
+                               ("union_proj.", model.union_proj)):
+            part = {k[len(prefix):]: v for k, v in state.items() if k.startswith(prefix)}
+            module.load_state_dict(part, strict=True)
+        return model.to(device) if device else model
+
+
+def extend_vocabulary(transformer, characters: Sequence[str], seed: int = 0) -> int:
+    """Add ``characters`` the tokenizer maps to the unknown token as new tokens and grow the embedding
+    matrix; new rows are drawn from N(mean, std) of the existing rows with ``seed`` (deterministic, so two
+    runs on the same texts build the same model). Returns the number of tokens added."""
+    tok = transformer.tokenizer
+    unk = tok.unk_token_id
+    new = [c for c in characters
+           if tok.convert_tokens_to_ids(c) == unk and tok.tokenize(c) in ([tok.unk_token], [])]
+    if not new:
+        return 0
+    before = len(tok)
+    tok.add_tokens(new)
+    auto = transformer.auto_model
+    emb = auto.get_input_embeddings()
+    old = emb.weight.data[:before]
+    auto.resize_token_embeddings(len(tok), mean_resizing=False)
+    g = torch.Generator().manual_seed(seed)
+    rows = torch.randn(len(tok) - before, old.shape[1], generator=g) * old.std(0) + old.mean(0)
+    with torch.no_grad():
+        auto.get_input_embeddings().weight[before:] = rows.to(old.dtype)
+    return len(tok) - before

@@ -1,0 +1,110 @@
+"""The three HyReC projectors (§3.1.4).
+
+* :class:`WeightProjector` — ``W_i = log(1 + ReLU(w_w · l_i + b_w))`` (eq. 5), one weight per token.
+* :class:`UnionProjector` — logits of ``U_i = softmax(W_u l_i + b_u)`` over ``{S, B, M, E}`` (eq. 4).
+* :class:`DenseProjector` — ``D_vec = W_d d + b_d`` (eq. 6) as a sentence-transformers module placed after
+  pooling and before ``Normalize``; identity-initialised by default, so an untrained projector returns
+  the backbone's embedding exactly. It declares ``operates_on_sentence_embedding``, so the
+  :class:`~medadapt.cache.EmbeddingCache` caches the backbone output before it and applies it on read.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+try:
+    from typing import Self
+except ImportError:  # pragma: no cover - Python < 3.11
+    from typing_extensions import Self
+
+import torch
+import torch.nn.functional as F
+from sentence_transformers.base.modules import Module
+from torch import Tensor, nn
+
+__all__ = ["WeightProjector", "UnionProjector", "DenseProjector"]
+
+
+class WeightProjector(nn.Module):
+    """Term importance ``log(1 + ReLU(w · l + b))`` (eq. 5); input ``(..., H)``, output ``(...)``.
+
+    With ``vocab_size`` a per-term bias ``b_t`` (zero-initialised) is added inside the ReLU: a learned
+    IDF-like prior, an extension that is not in the paper (``HyReCConfig.term_bias``). :class:`HyReCModel`
+    starts the bias at 1 so every valid term is active at first (no ReLU is dead before training)."""
+
+    def __init__(self, hidden: int, init_bias: float = 0.0, vocab_size: int | None = None):
+        super().__init__()
+        self.linear = nn.Linear(hidden, 1)
+        nn.init.constant_(self.linear.bias, init_bias)
+        self.term_bias = None
+        if vocab_size:
+            self.term_bias = nn.Embedding(vocab_size, 1)
+            nn.init.zeros_(self.term_bias.weight)
+
+    def forward(self, states: Tensor, input_ids: Tensor | None = None) -> Tensor:
+        logits = self.linear(states).squeeze(-1)
+        if self.term_bias is not None:
+            if input_ids is None:
+                raise ValueError("this weight projector has a per-term bias: pass input_ids")
+            logits = logits + self.term_bias(input_ids).squeeze(-1)
+        return torch.log1p(F.relu(logits))
+
+
+class UnionProjector(nn.Module):
+    """Union logits over ``{S, B, M, E}`` (eq. 4 before the softmax); ``(..., H)`` -> ``(..., 4)``."""
+
+    def __init__(self, hidden: int):
+        super().__init__()
+        self.linear = nn.Linear(hidden, 4)
+
+    def forward(self, states: Tensor) -> Tensor:
+        return self.linear(states)
+
+
+class DenseProjector(Module):
+    """Linear dense projector on the pooled embedding (eq. 6), a sentence-transformers module.
+
+    Args:
+        in_features / out_features: dimensions.
+        identity_init: start as the identity (needs ``in_features == out_features``).
+    """
+
+    config_keys: list[str] = ["in_features", "out_features", "identity_init"]
+    operates_on_sentence_embedding: bool = True
+
+    def __init__(self, in_features: int, out_features: int | None = None, identity_init: bool = True):
+        super().__init__()
+        out_features = out_features or in_features
+        self.in_features, self.out_features, self.identity_init = in_features, out_features, identity_init
+        self.linear = nn.Linear(in_features, out_features)
+        if identity_init:
+            if in_features != out_features:
+                raise ValueError("identity_init needs in_features == out_features")
+            with torch.no_grad():
+                self.linear.weight.copy_(torch.eye(in_features))
+                self.linear.bias.zero_()
+
+    def forward(self, features: dict[str, Any], **kwargs: Any) -> dict[str, Any]:
+        features["sentence_embedding"] = self.linear(features["sentence_embedding"])
+        return features
+
+    def get_embedding_dimension(self) -> int:
+        return self.out_features
+
+    def get_config_dict(self) -> dict[str, Any]:
+        return {"in_features": self.in_features, "out_features": self.out_features,
+                "identity_init": self.identity_init}
+
+    def save(self, output_path: str, *args: Any, safe_serialization: bool = True, **kwargs: Any) -> None:
+        self.save_config(output_path)
+        self.save_torch_weights(output_path, safe_serialization=safe_serialization)
+
+    @classmethod
+    def load(cls, model_name_or_path: str, subfolder: str = "", token: bool | str | None = None,
+             cache_folder: str | None = None, revision: str | None = None, local_files_only: bool = False,
+             **kwargs: Any) -> Self:
+        hub = {"subfolder": subfolder, "token": token, "cache_folder": cache_folder, "revision": revision,
+               "local_files_only": local_files_only}
+        config = cls.load_config(model_name_or_path, **hub)
+        module = cls(**config)
+        return cls.load_torch_weights(model_name_or_path, model=module, **hub)

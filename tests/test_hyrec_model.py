@@ -1,0 +1,167 @@
+"""HyReC model: GLAE split, forward shapes, vocabulary extension, save/load round trip, lexical index vs
+brute force, frozen-variant state cache."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from medadapt.errors import ConfigError, ModelLoadError
+from medadapt.hyrec.data import SharedStateCache
+from medadapt.hyrec.glae import encoder_layers, split_layers, truncate_layers
+from medadapt.hyrec.model import HyReCConfig, HyReCModel
+
+TEXTS = ["what are the symptoms of gout", "asthma is a condition with wheezing inhaler airway breath cough",
+         "diabetes: blood sugar insulin thirst 500mg", "treatment of migraine depends on symptoms"]
+
+
+def make(tiny_bert_dir, **kw) -> HyReCModel:
+    torch.manual_seed(0)
+    cfg = HyReCConfig(**{"branch_layers": 1, "language": "en", "pooling": "mean", "n_word_buckets": 1000,
+                         "query_max_length": 16, "passage_max_length": 32, **kw})
+    return HyReCModel.from_backbone(str(tiny_bert_dir), cfg)
+
+
+def test_glae_split_copies_pretrained_layers(tiny_bert):
+    auto = tiny_bert[0].auto_model
+    shared, dense, lexicon = split_layers(auto, 1)
+    layers = encoder_layers(auto)
+    assert len(shared) == 1 and len(dense) == 1 and len(lexicon) == 1
+    assert shared[0] is layers[0] and dense[0] is layers[1]
+    assert lexicon[0] is not dense[0]
+    for (n1, p1), (n2, p2) in zip(lexicon[0].named_parameters(), dense[0].named_parameters()):
+        assert n1 == n2 and p1.shape == p2.shape and torch.equal(p1, p2)
+        assert p1.data_ptr() != p2.data_ptr()
+    with pytest.raises(ConfigError, match="branch_layers"):
+        split_layers(auto, 3)
+    with pytest.raises(ConfigError, match="lexicon_layers"):
+        split_layers(auto, 1, 2)
+
+
+def test_truncate_layers(tiny_bert):
+    auto = tiny_bert[0].auto_model
+    truncate_layers(auto, 1)
+    assert len(encoder_layers(auto)) == 1 and auto.config.num_hidden_layers == 1
+    with pytest.raises(ConfigError):
+        truncate_layers(auto, 5)
+
+
+def test_forward_shapes_and_term_mask(tiny_bert_dir):
+    model = make(tiny_bert_dir)
+    feats = model.tokenize(TEXTS, "document")
+    with torch.no_grad():
+        out = model(feats)
+    B, T = feats["input_ids"].shape
+    assert out["dense"].shape == (B, 32)
+    assert out["term_weights"].shape == (B, T) and out["union_logits"].shape == (B, T, 4)
+    assert (out["term_weights"] >= 0).all()
+    specials = torch.isin(feats["input_ids"], torch.tensor(model.tokenizer.all_special_ids))
+    assert (out["term_weights"][specials] == 0).all()
+    vec = model.term_vectors(out["term_weights"], feats["input_ids"])
+    assert vec.shape == (B, model.vocab_size)
+    r = 0
+    for t in feats["input_ids"][r].unique():
+        pos = feats["input_ids"][r] == t
+        assert vec[r, t] == pytest.approx(float(out["term_weights"][r][pos].max()))
+
+
+def test_frozen_variant_freezes_only_the_sharing_backbone(tiny_bert_dir):
+    model = make(tiny_bert_dir, variant="frozen")
+    assert not any(p.requires_grad for p in model.shared_parameters())
+    assert all(p.requires_grad for p in model.lexicon.parameters())
+    assert all(p.requires_grad for layer in model.dense_layers for p in layer.parameters())
+
+
+def test_untrained_dense_side_equals_backbone(tiny_bert_dir, tiny_bert):
+    model = make(tiny_bert_dir, passage_max_length=64)
+    ours = model.encode_dense(TEXTS, "document")
+    ref = tiny_bert.encode(TEXTS, normalize_embeddings=True)
+    np.testing.assert_allclose(ours, ref, atol=1e-5)  # identity projector, same mean pooling
+
+
+def test_encode_lexical_is_normalised_and_within_term_range(tiny_bert_dir):
+    model = make(tiny_bert_dir)
+    with torch.no_grad():
+        model.weight_proj.linear.bias.fill_(1.0)  # make every term active
+        model.union_proj.linear.weight.zero_()
+        model.union_proj.linear.bias.copy_(torch.tensor([0.0, 0.0, 5.0, 0.0]))  # all M: one word per text
+    vecs = model.encode_lexical(TEXTS, "document")
+    for v in vecs:
+        assert v and all(0 <= t < model.n_terms for t in v)
+        assert sum(w * w for w in v.values()) == pytest.approx(1.0)
+    assert any(t >= model.vocab_size for v in vecs for t in v)  # bagged words above the tokenizer vocabulary
+    decoded = model.decode(vecs[0], top=3)
+    assert len(decoded) == 3 and all(isinstance(s, str) for s, _ in decoded)
+
+
+def test_save_load_round_trip_is_exact(tiny_bert_dir, tmp_path):
+    model = make(tiny_bert_dir)
+    with torch.no_grad():
+        model.weight_proj.linear.bias.fill_(0.5)
+        for p in model.lexicon.parameters():
+            p.add_(0.01 * torch.randn_like(p))
+        model.projector.linear.weight.mul_(1.1)
+    d1, l1 = model.encode(TEXTS, "document")
+    model.save(tmp_path / "m")
+    again = HyReCModel.load(tmp_path / "m")
+    d2, l2 = again.encode(TEXTS, "document")
+    np.testing.assert_array_equal(d1, d2)
+    assert l1 == l2
+    assert again.config == model.config and again.n_terms == model.n_terms
+    assert set(model.words.strings) <= set(again.words.strings)
+    import medadapt
+
+    st = medadapt.load(str(tmp_path / "m"), device="cpu")  # the dense side is a plain ST folder
+    np.testing.assert_allclose(st.encode(TEXTS[:1], normalize_embeddings=True), d1[:1], atol=1e-5)
+    with pytest.raises(ModelLoadError):
+        HyReCModel.load(tmp_path)
+
+
+def test_lexical_index_equals_brute_force(tiny_bert_dir):
+    from medadapt.retrieval.lexical import LexicalIndex
+
+    model = make(tiny_bert_dir)
+    with torch.no_grad():
+        model.weight_proj.linear.bias.fill_(0.3)
+    docs = model.encode_lexical(TEXTS, "document")
+    queries = model.encode_lexical(["symptoms of gout", "insulin for diabetes", "cough"], "query")
+    index = LexicalIndex.from_sparse(docs, n_terms=model.n_terms)
+    scores, idx = index.search(queries, k=len(docs))
+    for r, q in enumerate(queries):
+        brute = np.array([sum(w * d.get(t, 0.0) for t, w in q.items()) for d in docs], dtype=np.float32)
+        found = {int(i): float(s) for s, i in zip(scores[r], idx[r]) if i >= 0}
+        for i, s in found.items():
+            assert s == pytest.approx(brute[i], abs=1e-5)
+        assert {i for i in range(len(docs)) if brute[i] > 0} == set(found)
+        assert list(found) == sorted(found, key=lambda i: (-brute[i], i))
+
+
+def test_state_cache_gives_the_same_outputs(tiny_bert_dir, tmp_path):
+    model = make(tiny_bert_dir, variant="frozen")
+    with torch.no_grad():
+        model.weight_proj.linear.bias.fill_(0.3)
+    d1, l1 = model.encode(TEXTS, "document")
+    cache = SharedStateCache(tmp_path / "states", chunk_size=2)
+    d2, l2 = model.encode(TEXTS, "document", state_cache=cache)
+    np.testing.assert_allclose(d1, d2, atol=2e-3)  # states are stored in fp16
+    assert set(map(frozenset, l1)) == set(map(frozenset, l2))
+    assert list((tmp_path / "states").rglob("shard-*.safetensors"))
+    fresh = SharedStateCache(tmp_path / "states")
+    ids, mask, states = fresh.batch(model, TEXTS[:2], "document")  # read back from disk
+    ref = model.tokenize(TEXTS[:2], "document")
+    assert torch.equal(ids, ref["input_ids"]) and torch.equal(mask, ref["attention_mask"])
+    d3, _ = model.encode(TEXTS, "document", state_cache=cache, lexical=False, cached_pooled=True)
+    np.testing.assert_allclose(d2, d3, atol=1e-5)
+
+
+def test_extend_vocabulary_adds_unknown_cjk_characters(tiny_bert_dir):
+    cfg = HyReCConfig(branch_layers=1, language="zh", n_word_buckets=10)
+    base = HyReCModel.from_backbone(str(tiny_bert_dir), cfg)
+    model = HyReCModel.from_backbone(str(tiny_bert_dir), cfg, extend_with=["高血压患者", "血压"], seed=1)
+    assert model.vocab_size == base.vocab_size + 5
+    assert model.auto_model.get_input_embeddings().weight.shape[0] == model.vocab_size
+    ids = model.tokenize(["高血压"], "query")["input_ids"][0].tolist()
+    assert model.tokenizer.unk_token_id not in ids and all(i >= base.vocab_size for i in ids[1:-1])
+    again = HyReCModel.from_backbone(str(tiny_bert_dir), cfg, extend_with=["高血压患者", "血压"], seed=1)
+    assert model.shared_fingerprint() == again.shared_fingerprint()

@@ -1,0 +1,99 @@
+"""HyReC recipes: schema validation, `medadapt train recipes/hyrec-tiny.yaml` end to end through the CLI,
+evaluation modes."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from medadapt.errors import ConfigError
+from medadapt.hyrec.recipe import load_hyrec_recipe
+
+ROOT = Path(__file__).resolve().parents[1]
+TINY = ROOT / "recipes" / "hyrec-tiny.yaml"
+
+
+@pytest.mark.parametrize("name", ["hyrec.yaml", "hyrec-tiny.yaml", "hyrec-minilm-zh.yaml",
+                                  "hyrec-minilm-medquad.yaml"])
+def test_shipped_recipes_validate(name):
+    spec = load_hyrec_recipe(ROOT / "recipes" / name)
+    assert spec.kind == "hyrec" and spec.loss.temperature == 0.05
+
+
+def test_recipe_errors_are_clear(tmp_path):
+    with pytest.raises(ConfigError, match="bogus"):
+        load_hyrec_recipe(TINY, ["model.bogus=1"])
+    with pytest.raises(ConfigError, match="variant"):
+        load_hyrec_recipe(TINY, ["model.variant=half"])
+    other = tmp_path / "r.yaml"
+    other.write_text("kind: care\nname: x\n")
+    with pytest.raises(ConfigError, match="kind: hyrec"):
+        load_hyrec_recipe(other)
+    from medadapt.recipes.kinds import resolve_kind
+
+    load, _ = resolve_kind(TINY)
+    assert load is load_hyrec_recipe
+
+
+def test_cli_trains_tiny_recipe_end_to_end(tiny_bert_dir, tiny_beir_dir, tmp_path):
+    from medadapt.cli import app
+    from medadapt.hyrec import HyReCModel, evaluate_hyrec
+
+    out = tmp_path / "run"
+    result = CliRunner().invoke(app, [
+        "train", str(TINY), "--output", str(out), "--quiet",
+        "--set", f"model.backbone={tiny_bert_dir}", "--set", f"data.path={tiny_beir_dir}",
+        "--set", "training.epochs=4", "--set", "training.batch_size=6", "--set", "training.lr=1e-3",
+    ])
+    assert result.exit_code == 0, result.output
+    log = json.loads((out / "train_log.json").read_text())
+    losses = [r["loss"] for r in log["loss_history"]]
+    assert len(losses) == 8
+    assert sum(losses[-2:]) < sum(losses[:2])  # the loss goes down
+    assert {"lexical", "dense", "union"} <= set(log["loss_history"][0])
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert {"lexical/ndcg@10", "dense/ndcg@10", "hybrid/ndcg@10", "lexical/q_terms"} <= set(metrics)
+    model = HyReCModel.load(out)
+    again = evaluate_hyrec(model, tiny_beir_dir, "test", "hybrid", ["ndcg@10"], show_progress=False)
+    assert again["ndcg@10"] == pytest.approx(metrics["hybrid/ndcg@10"], abs=1e-6)
+    lex = evaluate_hyrec(out, tiny_beir_dir, "test", "lexical", ["ndcg@10"], show_progress=False)
+    assert lex["ndcg@10"] == pytest.approx(metrics["lexical/ndcg@10"], abs=1e-6)
+    mm = evaluate_hyrec(model, tiny_beir_dir, "test", "hybrid", ["ndcg@10"], fusion="minmax", show_progress=False)
+    assert 0 <= mm["ndcg@10"] <= 1
+    with pytest.raises(ConfigError, match="mode"):
+        evaluate_hyrec(model, tiny_beir_dir, "test", "sparse")
+
+
+def test_frozen_variant_with_state_cache_trains(tiny_bert_dir, tiny_beir_dir, tmp_path):
+    from medadapt.hyrec.data import SharedStateCache
+    from medadapt.hyrec.recipe import run_hyrec_recipe
+
+    res = run_hyrec_recipe(TINY, tmp_path / "frozen", [
+        f"model.backbone={tiny_bert_dir}", f"data.path={tiny_beir_dir}", "model.variant=frozen",
+        "training.state_cache=memory", "training.dense_inputs=states", "training.train_dense_encoder=false",
+        "eval.dense_source=states", "loss.union_weight=0", "training.epochs=2"],
+        state_cache=SharedStateCache(None), show_progress=False, log=lambda m: None)
+    assert res.loss_history and "union" not in res.loss_history[0]
+    assert set(res.mode_metrics) == {"lexical", "dense", "hybrid"}
+    # projectors only: lexicon encoder frozen and cached, a learned per-term bias; frozen parts stay unchanged
+    from medadapt.hyrec import HyReCModel
+
+    before = HyReCModel.from_backbone(str(tiny_bert_dir), HyReCModel.load(tmp_path / "frozen").config)
+    res2 = run_hyrec_recipe(TINY, tmp_path / "heads", [
+        f"model.backbone={tiny_bert_dir}", f"data.path={tiny_beir_dir}", "model.variant=frozen",
+        "model.term_bias=true", "training.state_cache=memory", "training.dense_inputs=states",
+        "training.train_dense_encoder=false", "training.train_lexicon_encoder=false", "eval.dense_source=states",
+        "training.epochs=10", "training.batch_size=6", "training.lr=1e-2"],
+        state_cache=SharedStateCache(None), show_progress=False, log=lambda m: None)
+    assert res2.loss_history[-1]["loss"] < res2.loss_history[0]["loss"]
+    after = HyReCModel.load(tmp_path / "heads")
+    for a, b in zip(after.lexicon.parameters(), before.lexicon.parameters()):
+        assert torch.equal(a, b)
+    assert not torch.equal(after.weight_proj.term_bias.weight, torch.zeros_like(after.weight_proj.term_bias.weight))
+    with pytest.raises(ConfigError, match="frozen"):
+        run_hyrec_recipe(TINY, tmp_path / "bad", [f"model.backbone={tiny_bert_dir}", f"data.path={tiny_beir_dir}",
+                                                  "training.state_cache=memory"], show_progress=False)
