@@ -67,6 +67,19 @@ def test_cli_trains_tiny_recipe_end_to_end(tiny_bert_dir, tiny_beir_dir, tmp_pat
     with pytest.raises(ConfigError, match="mode"):
         evaluate_hyrec(model, tiny_beir_dir, "test", "sparse")
 
+    # `medadapt eval --mode` on the saved folder gives the recipe's numbers for each side
+    runner = CliRunner()
+    for mode in ("lexical", "dense", "hybrid"):
+        res = runner.invoke(app, ["eval", "--model", str(out), "--data", str(tiny_beir_dir), "--split", "test",
+                                  "--mode", mode, "--metrics", "ndcg@10", "--no-cache", "--quiet",
+                                  "--output", str(tmp_path / f"{mode}.json")])
+        assert res.exit_code == 0, res.output
+        got = json.loads((tmp_path / f"{mode}.json").read_text())
+        assert got["ndcg@10"] == pytest.approx(metrics[f"{mode}/ndcg@10"], abs=1e-6)
+    bad = runner.invoke(app, ["eval", "--model", str(tiny_bert_dir), "--data", str(tiny_beir_dir),
+                              "--mode", "lexical", "--quiet"])
+    assert bad.exit_code == 1 and "HyReC model folder" in bad.output
+
 
 def test_frozen_variant_with_state_cache_trains(tiny_bert_dir, tiny_beir_dir, tmp_path):
     from medadapt.hyrec.data import SharedStateCache

@@ -14,6 +14,20 @@ from medadapt.cli._common import console, fail, quiet_libraries
 from medadapt.errors import DataError, MedAdaptError
 
 
+class Mode(str, enum.Enum):
+    """Which side of a HyReC model (dense + lexical branch) retrieval uses."""
+
+    dense = "dense"
+    lexical = "lexical"
+    hybrid = "hybrid"
+
+
+def _hyrec_dir(model: str) -> Path | None:
+    """The model folder when it holds a HyReC lexical branch (``hyrec/config.json``), else ``None``."""
+    path = Path(model)
+    return path if (path / "hyrec" / "config.json").is_file() else None
+
+
 class Task(str, enum.Enum):
     retrieval = "retrieval"
     rerank = "rerank"
@@ -61,6 +75,10 @@ def eval_cmd(
     ] = None,
     no_cache: Annotated[bool, typer.Option("--no-cache", help="Encode without reading or writing the cache.")] = False,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress bars.")] = False,
+    mode: Annotated[
+        Optional[Mode], typer.Option(help="HyReC models: lexical-only, dense-only or hybrid retrieval "
+                                          "(default hybrid; other models are dense).")
+    ] = None,
     query_prompt: Annotated[
         Optional[str], typer.Option(help="Instruction prepended to queries (sets the model's 'query' prompt), "
                                          "e.g. 'Given a question, retrieve ...\\nQuery: '.")
@@ -99,9 +117,18 @@ def eval_cmd(
 
             items = load_rerank(task_path) if task is Task.rerank else load_sts(task_path)
 
+        hyrec_dir = _hyrec_dir(model)
+        if mode is not None and (task is not Task.retrieval or (hyrec_dir is None and mode is not Mode.dense)):
+            raise MedAdaptError(f"--mode {mode.value} needs --task retrieval and a HyReC model folder "
+                                f"(with hyrec/config.json); {model} is not one")
+        t0 = time.perf_counter()
+        if hyrec_dir is not None and task is Task.retrieval:
+            results = _eval_hyrec(hyrec_dir, dataset, split, mode or Mode.hybrid, metric_list or DEFAULT_METRICS,
+                                  cache_dir, no_cache, batch_size, quiet)
+            _report(results, model, data, split, task, output, plot, time.perf_counter() - t0)
+            return
         from medadapt.models import load
 
-        t0 = time.perf_counter()
         st_model = load(model, device=device)
         if query_prompt is not None:
             st_model.prompts = {**(st_model.prompts or {}), "query": query_prompt.replace("\\n", "\n")}
@@ -144,18 +171,45 @@ def eval_cmd(
                 results = evaluate_sts(st_model, items, batch_size, not quiet)
             except ValueError as exc:
                 raise MedAdaptError(str(exc)) from None
-        seconds = time.perf_counter() - t0
-        console.print(results_table({f"{Path(model).name or model} on {Path(data).name or data}/{split}": results},
-                                    task.value, title=f"medadapt eval ({seconds:.1f} s)"))
-        if output:
-            write_json(output, results)
-            console.print(f"wrote {output}")
-        if plot:
-            from medadapt.eval import plot_results
-
-            plot_results({Path(model).name or model: results}, plot, title=f"{task.value}: {data}/{split}")
-            console.print(f"wrote {plot}")
+        _report(results, model, data, split, task, output, plot, time.perf_counter() - t0)
     except MedAdaptError as exc:
         fail(str(exc))
     except KeyboardInterrupt:
         fail("interrupted")
+
+
+def _eval_hyrec(folder: Path, dataset, split: str, mode: Mode, metrics: list[str], cache_dir: Path | None,
+                no_cache: bool, batch_size: int, quiet: bool) -> dict:
+    """Retrieval metrics of a saved HyReC model (:func:`medadapt.hyrec.evaluate_hyrec`): the lexical side
+    through the inverted index, the dense side through FAISS, hybrid as the normalised sum."""
+    import json
+    import tempfile
+
+    from medadapt.cache import EmbeddingCache
+    from medadapt.hyrec.evaluate import evaluate_hyrec
+
+    config = json.loads((folder / "hyrec" / "config.json").read_text(encoding="utf-8"))
+    # a dense side saved with its own token limit is the plain sentence-transformers model: cacheable
+    dense_source = "cache" if config.get("dense_max_length") and not no_cache else "model"
+    tmp = tempfile.TemporaryDirectory() if no_cache else None
+    try:
+        cache = EmbeddingCache(tmp.name if tmp else cache_dir)
+        return evaluate_hyrec(folder, dataset, split, mode.value, metrics, cache=cache, dense_source=dense_source,
+                              batch_size=batch_size, show_progress=not quiet)
+    finally:
+        if tmp:
+            tmp.cleanup()
+
+
+def _report(results: dict, model: str, data: str, split: str, task: Task, output: Path | None,
+            plot: Path | None, seconds: float) -> None:
+    from medadapt.eval import plot_results, results_table, write_json
+
+    console.print(results_table({f"{Path(model).name or model} on {Path(data).name or data}/{split}": results},
+                                task.value, title=f"medadapt eval ({seconds:.1f} s)"))
+    if output:
+        write_json(output, results)
+        console.print(f"wrote {output}")
+    if plot:
+        plot_results({Path(model).name or model: results}, plot, title=f"{task.value}: {data}/{split}")
+        console.print(f"wrote {plot}")
