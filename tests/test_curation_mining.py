@@ -141,6 +141,28 @@ def test_bm25_searcher_english_and_chinese():
         BM25Searcher(["a"], ["t"], language="fr")
 
 
+def test_bm25_searcher_is_the_retrieval_engine_and_scores_agree():
+    """Curation and retrieval share one BM25 engine: same hits and scores as LexicalIndex, and score()
+    returns exactly what search returned for the same documents."""
+    from medadapt.retrieval.config import LexicalConfig
+    from medadapt.retrieval.lexical import LexicalIndex
+
+    texts = ["Diabetes raises blood sugar levels", "Blood pressure and salt", "Gout hurts toes and feet",
+             "Low blood sugar: hypoglycaemia in diabetes", "Asthma causes wheezing"]
+    ids = [f"d{i}" for i in range(len(texts))]
+    s = BM25Searcher(ids, texts)
+    queries = ["blood sugar in diabetes", "sore toes"]
+    hits = s(queries, 3)
+    ref_scores, ref_idx = LexicalIndex.build_bm25(texts, LexicalConfig(language="en"), show_progress=False).search(
+        queries, 3)
+    for q_hits, rs, ri in zip(hits, ref_scores, ref_idx):
+        assert [d for d, _ in q_hits] == [ids[i] for i, sc in zip(ri, rs) if i >= 0 and sc > 0]
+        assert [sc for _, sc in q_hits] == pytest.approx([float(sc) for i, sc in zip(ri, rs) if i >= 0 and sc > 0])
+    again = s.score(queries, [[d for d, _ in h] for h in hits])
+    assert again == [pytest.approx([sc for _, sc in h]) for h in hits]
+    assert hits[0][0][0] in ("d0", "d3") and hits[1][0][0] == "d2"
+
+
 def test_mine_hard_negatives_with_bm25_is_deterministic(tiny_beir_dir, tmp_path):
     data = load_beir(tiny_beir_dir, ["train"])
     searcher = BM25Searcher(data.doc_ids, data.doc_texts())

@@ -11,7 +11,7 @@
   :data:`CMEDTEB_RUBRIC`, :data:`CURE_RUBRIC`, :class:`OpenAIChat`, :func:`fleiss_kappa`.
 * Synonym STS triplets (CMedTEB §3.1): :func:`build_sts_triplets`.
 
-Heavy dependencies (FAISS, bm25s, jieba, torch) are imported inside functions, not at import time.
+Heavy dependencies (FAISS, jieba, torch) are imported inside functions, not at import time.
 """
 
 from medadapt.curation.bm25 import BM25Searcher

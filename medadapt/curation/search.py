@@ -7,7 +7,7 @@ score of given documents for each query); hard-negative mining uses it to know a
 positive was not retrieved (needed by the false-negative margin, see :mod:`medadapt.curation.negatives`).
 
 Adapters shipped here: :class:`medadapt.curation.dense.DenseSearcher` (any SentenceTransformer, embedding
-cache, FAISS exact search) and :class:`medadapt.curation.bm25.BM25Searcher` (bm25s). Any other retrieval
+cache, FAISS exact search) and :class:`medadapt.curation.bm25.BM25Searcher` (medadapt.retrieval BM25). Any other retrieval
 layer plugs in by being such a callable.
 """
 
