@@ -165,3 +165,28 @@ def test_extend_vocabulary_adds_unknown_cjk_characters(tiny_bert_dir):
     assert model.tokenizer.unk_token_id not in ids and all(i >= base.vocab_size for i in ids[1:-1])
     again = HyReCModel.from_backbone(str(tiny_bert_dir), cfg, extend_with=["高血压患者", "血压"], seed=1)
     assert model.shared_fingerprint() == again.shared_fingerprint()
+
+
+def test_union_source_labels_bags_words_like_the_labelling_tool(tiny_bert_dir):
+    """`union_source="labels"` bags tokens by the labelling tool's segmentation (the paper's "Jieba" row), even
+    for a model trained without a union head; each word's weight is the max of its tokens' weights (eq. 8)."""
+    from medadapt.hyrec.bagging import group_words
+    from medadapt.hyrec.labels import IGNORE, UnionLabeler
+
+    model = make(tiny_bert_dir, union=False)
+    text = "blood sugar hypoglycaemia insulin"  # the tiny WordPiece splits "hypoglycaemia" into 10 pieces
+    plain = model.encode_lexical([text], role="query")[0]
+    assert all(t < model.tokenizer.vocab_size for t in plain)  # no union head: tokens only
+    model.config.union_source = "labels"
+    bagged = model.encode_lexical([text], role="query")[0]
+    enc = UnionLabeler(model.tokenizer, "en")(text, max_length=16)
+    keep = [i for i, lab in enumerate(enc["union_labels"]) if lab != IGNORE]  # special tokens carry no label
+    ids = [enc["input_ids"][i] for i in keep]
+    multi = [[ids[j] for j in g] for g in group_words([enc["union_labels"][i] for i in keep]) if len(g) > 1]
+    assert multi, "the example must contain a multi-piece word"
+    words = {t: w for t, w in bagged.items() if t >= model.tokenizer.vocab_size}
+    assert set(words) == {model.words.word_id(g) for g in multi}
+    for g in multi:
+        assert words[model.words.word_id(g)] == pytest.approx(max(bagged[t] for t in g))
+    model.config.union_source = "learned"
+    assert model.encode_lexical([text], role="query")[0] == plain

@@ -62,6 +62,9 @@ class HyReCConfig:
             ``branch_layers``, the paper's symmetric GLAE).
         term_bias: add a learned per-term bias inside the weight projector (a learned IDF-like prior; not in
             the paper, off by default; useful when the backbone's token embeddings are frozen and new).
+        union_source: what bags tokens into words at inference: ``learned`` (the union head, eq. 7-8) or
+            ``labels`` (the labelling tool's jieba + regex segmentation, the paper's "Jieba" row of Table 3;
+            works without a union head too, so a model trained without the union can be bagged by jieba).
     """
 
     branch_layers: int = 1
@@ -78,6 +81,7 @@ class HyReCConfig:
     dense_max_length: int | None = None
     lexicon_layers: int | None = None
     term_bias: bool = False
+    union_source: Literal["learned", "labels"] = "learned"
 
     def to_dict(self) -> dict[str, Any]:
         return {**dataclasses.asdict(self), "format_version": HYREC_FORMAT}
@@ -337,7 +341,10 @@ class HyReCModel(nn.Module):
                         weights, union = self.heads_from_lexicon(lex.to(self.device), ids)
                     else:
                         weights, union = self.lexical_from_states(states, mask, ids)
-                    lex_out.extend(self._sparse(ids, mask, weights, union))
+                    labels = None
+                    if self.config.union_source == "labels":
+                        labels = self._label_cache().labels(batch, role, ids.shape[1])
+                    lex_out.extend(self._sparse(ids, mask, weights, union, labels))
         finally:
             self.train(was)
         inv = np.argsort(np.asarray(order, dtype=np.int64)) if texts else np.zeros(0, dtype=np.int64)
@@ -347,10 +354,27 @@ class HyReCModel(nn.Module):
         lex = [lex_out[i] for i in inv] if lexical else None
         return d_arr, lex
 
-    def _sparse(self, ids: Tensor, mask: Tensor, weights: Tensor, union: Tensor) -> list[dict[int, float]]:
+    def _label_cache(self):
+        from medadapt.hyrec.data import UnionLabelCache
+
+        if getattr(self, "_labels", None) is None:
+            self._labels = UnionLabelCache(self, self.config.language)
+        return self._labels
+
+    def _sparse(self, ids: Tensor, mask: Tensor, weights: Tensor, union: Tensor | None,
+                labels: Tensor | None = None) -> list[dict[int, float]]:
         tmask = self.term_mask(ids, mask).cpu().numpy()
         ids_np, w_np = ids.cpu().numpy(), weights.float().cpu().numpy()
-        probs = torch.softmax(union.float(), dim=-1).cpu().numpy() if self.config.union else None
+        if labels is not None:  # segmentation from the labelling tool: one-hot "probabilities"
+            from medadapt.hyrec.labels import IGNORE, S
+
+            lab = labels.clone()
+            lab[lab == IGNORE] = S
+            probs = torch.nn.functional.one_hot(lab, 4).float().numpy()
+        elif self.config.union and union is not None:
+            probs = torch.softmax(union.float(), dim=-1).cpu().numpy()
+        else:
+            probs = None
         out = []
         for r in range(ids_np.shape[0]):
             keep = tmask[r]

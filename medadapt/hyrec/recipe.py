@@ -58,6 +58,7 @@ class HyReCModelSection(Section):
     n_word_buckets: int = Field(2**20, ge=1)
     keep_subterms: bool = True
     min_union: float = Field(0.0, ge=0, le=1)
+    union_source: Literal["learned", "labels"] = "learned"  # bag words by the union head or by jieba + regex
     dense_weight: float = Field(1.0, ge=0)
     num_layers: int | None = Field(None, ge=1, description="keep only the backbone's first layers (CPU)")
     lexicon_layers: int | None = Field(None, ge=1,
@@ -180,7 +181,7 @@ def model_config(spec: HyReCRecipe):
                        query_max_length=m.query_max_length, passage_max_length=m.passage_max_length,
                        dense_weight=m.dense_weight, language=m.language,
                        dense_max_length=m.dense_max_length, lexicon_layers=m.lexicon_layers,
-                       term_bias=m.term_bias)
+                       term_bias=m.term_bias, union_source=m.union_source)
 
 
 def run_hyrec_recipe(path_or_recipe: str | Path | HyReCRecipe, output_dir: str | Path,
