@@ -190,3 +190,23 @@ def test_union_source_labels_bags_words_like_the_labelling_tool(tiny_bert_dir):
         assert words[model.words.word_id(g)] == pytest.approx(max(bagged[t] for t in g))
     model.config.union_source = "learned"
     assert model.encode_lexical([text], role="query")[0] == plain
+
+
+def test_state_cache_memo_is_per_model_object_not_per_address(tiny_bert_dir):
+    """Two different models must never share memoised fingerprints, even if one is collected and the other
+    reuses its memory address (the memo holds weak references, keyed by the object)."""
+    import gc
+
+    cache = SharedStateCache(None)
+    a = make(tiny_bert_dir)
+    ns_a = cache.namespace(a, "query")
+    fp_a = cache._fingerprint(a, "lexicon")
+    del a
+    gc.collect()
+    assert len(cache._memo) == 0  # the collected model's entries went with it
+    b = make(tiny_bert_dir, query_max_length=12)  # a different query length: a different namespace
+    with torch.no_grad():
+        for p in b.lexicon.parameters():
+            p.add_(1.0)
+    assert cache.namespace(b, "query") != ns_a
+    assert cache._fingerprint(b, "lexicon") != fp_a

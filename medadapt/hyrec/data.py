@@ -17,6 +17,7 @@ from __future__ import annotations
 import hashlib
 import random
 import uuid
+import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -99,8 +100,12 @@ class SharedStateCache:
         self._mem: dict[str, dict[str, tuple[Tensor, Tensor]]] = {}
         self._loaded: set[str] = set()
         self._pooled_mem: dict[str, dict[str, Tensor]] = {}
-        self._fp: dict = {}
-        self._ns: dict[tuple[int, str], str] = {}
+        # per model object (weak keys: a collected model's entry goes with it, so a new model that reuses
+        # its memory address can never inherit its fingerprints)
+        self._memo: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+    def _model_memo(self, model) -> dict:
+        return self._memo.setdefault(model, {})
 
     @staticmethod
     def default_root() -> Path:
@@ -111,12 +116,23 @@ class SharedStateCache:
     def namespace(self, model, role: str) -> str:
         """Cache namespace of ``model``'s frozen sharing backbone for ``role`` (memoised per model object:
         the frozen backbone does not change while it is cached)."""
-        key = (id(model), role)
-        if key not in self._ns:
+        memo = self._model_memo(model)
+        key = ("namespace", role)
+        if key not in memo:
             max_len = model.config.query_max_length if role == "query" else model.config.passage_max_length
             ident = f"{model.shared_fingerprint()}|{max_len}"
-            self._ns[key] = hashlib.sha256(ident.encode()).hexdigest()[:32]
-        return self._ns[key]
+            memo[key] = hashlib.sha256(ident.encode()).hexdigest()[:32]
+        return memo[key]
+
+    def _fingerprint(self, model, kind: str) -> str:
+        """Fingerprint of the frozen part ``kind`` (``lexicon`` / ``pooled``) of ``model``, memoised per object."""
+        memo = self._model_memo(model)
+        if ("fp", kind) not in memo:
+            from medadapt.models import modules_fingerprint
+
+            parts = list(model.lexicon) if kind == "lexicon" else list(model.dense_layers)
+            memo[("fp", kind)] = f"{modules_fingerprint(parts)}|{model.config.pooling}"
+        return memo[("fp", kind)]
 
     def _load_disk(self, ns: str) -> None:
         if ns in self._loaded or self.root is None:
@@ -207,13 +223,8 @@ class SharedStateCache:
         Missing texts are computed in eval mode (no dropout), longest first, with a progress bar."""
         from tqdm.auto import tqdm
 
-        from medadapt.models import modules_fingerprint
-
-        key = (kind, id(model))
-        if key not in self._fp:
-            parts = list(model.lexicon) if kind == "lexicon" else list(model.dense_layers)
-            self._fp[key] = f"{modules_fingerprint(parts)}|{model.config.pooling}"
-        mem = self._pooled_mem.setdefault(f"{self.namespace(model, role)}|{kind}|{self._fp[key]}", {})
+        mem = self._pooled_mem.setdefault(f"{self.namespace(model, role)}|{kind}|{self._fingerprint(model, kind)}",
+                                          {})
         missing = list(dict.fromkeys(t for t in texts if _hash(t) not in mem))
         if not missing:
             return mem
@@ -248,13 +259,7 @@ class SharedStateCache:
         return mem
 
     def _same_frozen_encoders(self, model) -> bool:
-        for kind in ("lexicon", "pooled"):
-            if (kind, id(model)) not in self._fp:
-                parts = list(model.lexicon) if kind == "lexicon" else list(model.dense_layers)
-                from medadapt.models import modules_fingerprint
-
-                self._fp[(kind, id(model))] = f"{modules_fingerprint(parts)}|{model.config.pooling}"
-        return self._fp[("lexicon", id(model))] == self._fp[("pooled", id(model))]
+        return self._fingerprint(model, "lexicon") == self._fingerprint(model, "pooled")
 
     def warm(self, model, texts: Sequence[str], role: str, *, lexicon: bool = False, pooled: bool = False,
              show_progress: bool = False) -> None:
