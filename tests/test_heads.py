@@ -273,3 +273,22 @@ def test_train_head_learns_at_full_scale_and_restores_scale():
     ra, rb = train_head(a, q, d, None, cfg), train_head(b, q, d, None, cfg)
     assert [r["loss"] for r in ra.loss_history] == [r["loss"] for r in rb.loss_history]
     assert b.residual_scale == 0.3
+
+
+def test_random_routing_follows_given_noise():
+    """Random routing picks the top-k of the given uniform scores (how the trainer makes N processes route
+    like one); a wrongly shaped noise is refused; learned routing ignores noise."""
+    from medadapt.heads.routing import TopKRouter
+
+    torch.manual_seed(0)
+    router = TopKRouter(dim=8, num_experts=4, top_k=2, renormalize=True, init_std=0.1)
+    v = torch.randn(3, 8)
+    noise = torch.tensor([[0.9, 0.1, 0.8, 0.0], [0.0, 0.7, 0.2, 0.6], [0.3, 0.4, 0.5, 0.95]])
+    decision = router(v, "random", noise=noise)
+    assert decision.selected.tolist() == [[True, False, True, False], [False, True, False, True],
+                                          [False, False, True, True]]
+    assert torch.allclose(decision.weights.sum(-1), torch.ones(3))
+    with pytest.raises(ValueError, match="shape"):
+        router(v, "random", noise=noise[:2])
+    learned = router(v, "learned")
+    assert torch.equal(router(v, "learned").selected, learned.selected)

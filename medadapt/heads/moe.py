@@ -89,28 +89,31 @@ class MoEHead(Module):
     # ------------------------------------------------------------------ forward
     def forward(self, features: dict[str, Tensor | Any], **kwargs: Any) -> dict[str, Tensor | Any]:
         name = self.config.input_name
-        features[name] = self.transform(features[name])
+        features[name] = self.transform(features[name], routing_noise=features.get("routing_noise"))
         if self.training:
             features["moe_aux_loss"] = self.last_aux_loss
         return features
 
-    def transform(self, v: Tensor) -> Tensor:
-        """Apply the head to raw embeddings ``(..., dim)`` and return ``(..., dim)``."""
+    def transform(self, v: Tensor, routing_noise: Tensor | None = None) -> Tensor:
+        """Apply the head to raw embeddings ``(..., dim)`` and return ``(..., dim)``.
+
+        ``routing_noise`` (rows, num_routed_experts): the random-routing scores (see
+        :meth:`~medadapt.heads.routing.TopKRouter.forward`); ignored unless routing is ``"random"``."""
         leading = v.shape[:-1]
         v = v.reshape(-1, self.config.dim)
         h = torch.zeros_like(v)
         for expert in self.shared_experts:
             h = h + expert(v)
         if self.router is not None and self.routing != "off":
-            h = h + self.alpha * self._routed(v)
+            h = h + self.alpha * self._routed(v, routing_noise if self.routing == "random" else None)
         else:
             self.last_aux_loss = v.new_zeros(())
         out = v + self.residual_scale * h if self.config.residual else h
         return out.reshape(*leading, self.config.dim)
 
-    def _routed(self, v: Tensor) -> Tensor:
+    def _routed(self, v: Tensor, noise: Tensor | None = None) -> Tensor:
         """``sum_{top-k} g_i E_i(v)``, running each expert only on the inputs routed to it."""
-        decision = self.router(v, self.routing)
+        decision = self.router(v, self.routing, noise=noise)
         self.last_aux_loss = decision.aux_loss
         out = torch.zeros_like(v)
         for i, expert in enumerate(self.routed_experts):

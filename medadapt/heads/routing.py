@@ -71,16 +71,22 @@ class TopKRouter(nn.Module):
         self.register_buffer("last_load", torch.zeros(num_experts), persistent=False)
         self.inputs_seen = 0
 
-    def forward(self, v: Tensor, mode: RoutingMode = "learned") -> RoutingDecision:
+    def forward(self, v: Tensor, mode: RoutingMode = "learned", noise: Tensor | None = None) -> RoutingDecision:
+        """Route ``v`` (rows, dim). ``noise`` (rows, num_experts), random mode only: the uniform scores whose
+        top-k pick the experts (default ``torch.rand``); a trainer passes each process its rows of one
+        seeded global draw so that N processes route exactly like one."""
         if mode not in get_args(RoutingMode) or mode == "off":
             raise ConfigError(f"router mode must be 'learned' or 'random', got {mode!r}")
         probs = torch.softmax(v @ self.centroids.T, dim=-1)
+        if noise is not None and tuple(noise.shape) != tuple(probs.shape):
+            raise ValueError(f"routing noise must have shape {tuple(probs.shape)}, got {tuple(noise.shape)}")
         if mode == "learned":
             kept, index = probs.topk(self.top_k, dim=-1)
             if self.renormalize:
                 kept = kept / kept.sum(-1, keepdim=True)
         else:
-            index = torch.rand(probs.shape, device=v.device).topk(self.top_k, dim=-1).indices
+            scores = torch.rand(probs.shape, device=v.device) if noise is None else noise.to(v.device)
+            index = scores.topk(self.top_k, dim=-1).indices
             kept = torch.full(index.shape, 1.0 / self.top_k, dtype=v.dtype, device=v.device)
         weights = torch.zeros_like(probs).scatter(-1, index, kept)
         selected = torch.zeros_like(probs, dtype=torch.bool).scatter(-1, index, True)

@@ -376,8 +376,9 @@ def train_head(
                         if step < resume_step:
                             step += 1
                             continue
-                        # random routing, per step (and per process: independent draws on each shard)
-                        torch.manual_seed(config.seed * 1_000_003 + step + rank * 1_000_000_007)
+                        # random routing: one seeded draw per step for the GLOBAL batch, each process takes its
+                        # rows (with one process this is exactly the draw the router itself would make)
+                        torch.manual_seed(config.seed * 1_000_003 + step)
                         global_index = order[batch_start : batch_start + config.batch_size]
                         if len(global_index) < world:  # not every process would get an item: skip, count
                             scheduler.step()
@@ -386,8 +387,9 @@ def train_head(
                         lo, hi = shard_bounds(len(global_index), rank, world)
                         sizes = shard_sizes(len(global_index), world)
                         with accelerator.autocast() if accelerator is not None else contextlib.nullcontext():
+                            noise = _routing_noise(head, len(global_index), lo, hi, neg_emb, device)
                             parts = _step_losses(head, routing, global_index[lo:hi], sizes, query_emb, pos_emb,
-                                                 neg_emb, device, infonce, load_balance)
+                                                 neg_emb, device, infonce, load_balance, noise)
                         loss = sum(parts.values())
                         lr = optimizer_step(loss, optimizer, scheduler, stage.params, config.max_grad_norm,
                                             loss_scale=float(world),
@@ -449,6 +451,21 @@ def _merge_routing_stats(head: MoEHead) -> None:
     router.inputs_seen = int(seen.item())
 
 
+def _routing_noise(head: nn.Module, batch: int, lo: int, hi: int, neg_emb: Tensor | None,
+                   device: torch.device) -> Tensor | None:
+    """This process's rows of one uniform draw over the global batch's head inputs, laid out as the single
+    process lays them out (queries, positives, negatives), so random routing is the same on 1 or N
+    processes. ``None`` unless the head routes randomly."""
+    if not isinstance(head, MoEHead) or head.router is None or head.routing != "random":
+        return None
+    n_neg = 0 if neg_emb is None else neg_emb.shape[1]
+    noise = torch.rand((batch * (2 + n_neg), head.router.num_experts), device=device)
+    blocks = [noise[lo:hi], noise[batch + lo : batch + hi]]
+    if n_neg:
+        blocks.append(noise[2 * batch + lo * n_neg : 2 * batch + hi * n_neg])
+    return torch.cat(blocks)
+
+
 def _step_losses(
     head: nn.Module,
     routing: _RoutingCapture | None,
@@ -460,6 +477,7 @@ def _step_losses(
     device: torch.device,
     infonce: InfoNCELoss,
     load_balance: LoadBalanceLoss,
+    routing_noise: Tensor | None = None,
 ) -> dict[str, Tensor]:
     """One forward pass of ``head`` over this process's queries, positives and negatives together, then the
     loss parts of the *global* batch: embeddings (and router probabilities / assignments) are gathered
@@ -470,7 +488,10 @@ def _step_losses(
     if neg_emb is not None:
         negatives = neg_emb[index].to(device)
         blocks.append(negatives.reshape(-1, negatives.shape[-1]))
-    mapped = head({"sentence_embedding": torch.cat(blocks)})["sentence_embedding"].float()
+    features = {"sentence_embedding": torch.cat(blocks)}
+    if routing_noise is not None:
+        features["routing_noise"] = routing_noise
+    mapped = head(features)["sentence_embedding"].float()
     batch = queries.shape[0]
     mapped_neg = None
     if neg_emb is not None:
