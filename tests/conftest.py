@@ -43,18 +43,31 @@ def corpus_texts() -> list[str]:
     return texts
 
 
+def tiny_vocab() -> dict[str, int]:
+    """A deterministic WordPiece vocabulary for the tiny test models: special tokens, every word of
+    :func:`corpus_texts`, and every letter as a word start and as a ``##`` continuation, so unseen words
+    split into letters. (``tokenizers``' WordPieceTrainer breaks frequency ties in hash-map order, which
+    changes from one process to the next: the vocabulary, and every tiny model with it, then differed
+    between runs.)"""
+    import re
+
+    words = sorted({w for t in corpus_texts() for w in re.findall(r"\w+|[^\w\s]", t.lower())})
+    letters = sorted({c for w in words for c in w} | set("abcdefghijklmnopqrstuvwxyz"))
+    tokens = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *letters, *(f"##{c}" for c in letters),
+              *(w for w in words if w not in letters)]
+    return {t: i for i, t in enumerate(dict.fromkeys(tokens))}
+
+
 def build_tiny_bert(path: Path, seed: int = 0) -> Path:
     import torch
     from sentence_transformers import SentenceTransformer
     from sentence_transformers.sentence_transformer.modules import Normalize, Pooling, Transformer
-    from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, trainers
+    from tokenizers import Tokenizer, models, normalizers, pre_tokenizers
     from transformers import BertConfig, BertModel, PreTrainedTokenizerFast
 
-    tok = Tokenizer(models.WordPiece(unk_token="[UNK]"))
+    tok = Tokenizer(models.WordPiece(vocab=tiny_vocab(), unk_token="[UNK]"))
     tok.normalizer = normalizers.BertNormalizer(lowercase=True)
     tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
-    specials = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
-    tok.train_from_iterator(corpus_texts() * 3, trainers.WordPieceTrainer(vocab_size=400, special_tokens=specials))
     from tokenizers.processors import TemplateProcessing
 
     tok.post_processor = TemplateProcessing(

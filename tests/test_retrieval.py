@@ -264,3 +264,15 @@ def test_cli_index_search_round_trip_and_errors(tiny_bert_dir, tiny_beir_dir, tm
         text = " ".join(res.output.split())
         assert res.exit_code == 1 and "error:" in text and message in text, (args, res.output)
         assert res.exception is None or isinstance(res.exception, SystemExit), (args, res.exception)
+
+
+def test_minmax_fusion_keeps_the_evidence_of_a_single_hit_list():
+    """A list with one hit (BM25 matching one document) normalises to 1; documents it did not return get 0,
+    not its floor of 1, so the hit still counts (it used to tie with every missing document)."""
+    from medadapt.retrieval.fusion import minmax_fusion
+
+    lexical = {"d9": 2.94}
+    dense = {"d1": 0.95, "d2": 0.93, "d9": 0.90}
+    fused = minmax_fusion([dense, lexical], weights=[0.3, 0.7])
+    assert list(fused)[0] == "d9"
+    assert fused["d9"] == pytest.approx(0.7) and fused["d1"] == pytest.approx(0.3)

@@ -1,8 +1,9 @@
 """Score fusion as small pure functions over ``{doc_id: score}`` lists.
 
 Missing-document rule (the same for every weighted-sum method): a document absent from one list is
-given that list's **lowest normalised score** among the documents it did return (0 after min-max, the
-list's minimum z-score after z-score). A document is therefore never rewarded for being missing, and
+given that list's **lowest normalised score** among the documents it did return (0 after min-max, even
+for a constant list such as a single hit, which normalises to 1; the list's minimum z-score after
+z-score). A document is therefore never rewarded for being missing, and
 never punished below the worst document the list did retrieve. For reciprocal rank fusion a missing
 document contributes nothing from that list (rank = infinity). An empty list contributes nothing at all.
 
@@ -55,10 +56,12 @@ def _ranked(fused: dict[str, float], k: int | None) -> dict[str, float]:
 
 
 def weighted_sum(normalized: Sequence[Mapping[str, float]], weights: Sequence[float] | None = None,
-                 k: int | None = None) -> dict[str, float]:
-    """Weighted sum of already-normalised lists, applying the missing-document rule."""
+                 k: int | None = None, floors: Sequence[float] | None = None) -> dict[str, float]:
+    """Weighted sum of already-normalised lists, applying the missing-document rule: a missing document gets
+    ``floors[i]`` from list ``i`` (default: that list's lowest normalised score)."""
     ws = _weights(len(normalized), weights)
-    floors = [min(n.values()) if n else 0.0 for n in normalized]
+    if floors is None:
+        floors = [min(n.values()) if n else 0.0 for n in normalized]
     docs: dict[str, None] = {}
     for n in normalized:
         docs.update(dict.fromkeys(n))
@@ -70,14 +73,17 @@ def weighted_sum(normalized: Sequence[Mapping[str, float]], weights: Sequence[fl
 
 def minmax_fusion(lists: Sequence[Scores], weights: Sequence[float] | None = None,
                   k: int | None = None) -> dict[str, float]:
-    """Min-max normalise each list, then weighted sum (missing documents count as that list's 0).
+    """Min-max normalise each list, then weighted sum (missing documents count as that list's 0, also when
+    the list is constant, e.g. a single retrieved document: it then scores 1 and the missing ones 0).
 
     Example::
 
         >>> minmax_fusion([{"a": 3, "b": 1}, {"b": 10, "c": 5}], weights=[0.5, 0.5])
         {'a': 0.5, 'b': 0.5, 'c': 0.0}
+        >>> minmax_fusion([{"a": 2.9}, {"a": 0.1, "b": 0.3}], weights=[0.7, 0.3])
+        {'a': 0.7, 'b': 0.3}
     """
-    return weighted_sum([minmax_normalize(s) for s in lists], weights, k)
+    return weighted_sum([minmax_normalize(s) for s in lists], weights, k, floors=[0.0] * len(lists))
 
 
 def zscore_fusion(lists: Sequence[Scores], weights: Sequence[float] | None = None,
