@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Any, Literal, Union
 
-from pydantic import Field, ValidationError, model_validator
+from pydantic import Field, model_validator
 
 from medadapt.errors import ConfigError
 from medadapt.recipes.schema import EvalSection, LoraSection, Section
@@ -213,41 +213,21 @@ class CareRecipe(Section):
 
 
 # ---------------------------------------------------------------------------------------------- loading
-def _read_yaml(path: Path) -> dict:
-    import yaml
-
-    if not path.is_file():
-        raise ConfigError(f"recipe not found: {path}")
-    try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"{path}: invalid YAML ({getattr(exc, 'problem', exc)})") from None
-    if not isinstance(data, dict):
-        raise ConfigError(f"{path}: a recipe must be a YAML mapping of sections")
-    return data
-
-
 def is_care_recipe(path: str | Path) -> bool:
-    """True if the YAML file at ``path`` declares ``kind: care`` (how ``medadapt train`` should dispatch)."""
+    """True if the YAML file at ``path`` declares ``kind: care``."""
+    from medadapt.recipes.kinds import recipe_kind
+
     try:
-        return _read_yaml(Path(path)).get("kind") == "care"
+        return recipe_kind(path) == "care"
     except ConfigError:
         return False
 
 
 def load_care_recipe(path_or_data: str | Path | dict, overrides: list[str] | None = None) -> CareRecipe:
     """Read (a file or a dict), apply ``section.field=value`` overrides, validate."""
-    from medadapt.recipes.loader import apply_overrides, format_validation_error
+    from medadapt.recipes.loader import load_kind_recipe
 
-    source = "<dict>" if isinstance(path_or_data, dict) else str(path_or_data)
-    data = dict(path_or_data) if isinstance(path_or_data, dict) else _read_yaml(Path(path_or_data))
-    data = apply_overrides(data, list(overrides or []))
-    if data.get("kind") != "care":
-        raise ConfigError(f"{source}: not a CARE recipe (expected 'kind: care', got {data.get('kind')!r})")
-    try:
-        return CareRecipe.model_validate(data)
-    except ValidationError as exc:
-        raise ConfigError(format_validation_error(source, exc)) from None
+    return load_kind_recipe(path_or_data, overrides, CareRecipe, "care", "CARE")
 
 
 # ---------------------------------------------------------------------------------------------- running

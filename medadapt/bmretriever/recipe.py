@@ -26,7 +26,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pydantic import ValidationError
 
 from medadapt.bmretriever.schema import BmRetrieverRecipe, LoopSection
 from medadapt.errors import ConfigError
@@ -38,32 +37,10 @@ __all__ = ["BmRetrieverRunResult", "load_bmretriever_recipe", "run_bmretriever_r
 def load_bmretriever_recipe(path_or_data: str | Path | dict, overrides: list[str] | None = None,
                             ) -> BmRetrieverRecipe:
     """Read a recipe file (or dict), apply ``section.field=value`` overrides, validate."""
-    import yaml
+    from medadapt.recipes.loader import load_kind_recipe
 
-    from medadapt.recipes.loader import apply_overrides, format_validation_error
-
-    if isinstance(path_or_data, dict):
-        source, data = "<dict>", dict(path_or_data)
-    else:
-        path = Path(path_or_data)
-        source = str(path)
-        if not path.is_file():
-            raise ConfigError(f"recipe not found: {path}")
-        try:
-            data = yaml.safe_load(path.read_text(encoding="utf-8"))
-        except yaml.YAMLError as exc:
-            raise ConfigError(f"{path}: invalid YAML ({getattr(exc, 'problem', exc)})") from None
-        if not isinstance(data, dict):
-            raise ConfigError(f"{path}: a recipe must be a YAML mapping of sections")
-    data = apply_overrides(data, list(overrides or []))
-    if data.get("kind") != "bmretriever":
-        raise ConfigError(f"{source}: not a BMRetriever recipe (expected 'kind: bmretriever', "
-                          f"got {data.get('kind')!r})")
-    try:
-        recipe = BmRetrieverRecipe.model_validate(data)
-    except ValidationError as exc:
-        raise ConfigError(format_validation_error(source, exc)) from None
-    recipe._source = source if not isinstance(path_or_data, dict) else None  # type: ignore[attr-defined]
+    recipe = load_kind_recipe(path_or_data, overrides, BmRetrieverRecipe, "bmretriever", "BMRetriever")
+    recipe._source = None if isinstance(path_or_data, dict) else str(path_or_data)
     return recipe
 
 

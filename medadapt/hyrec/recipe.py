@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import Field, ValidationError, field_validator
+from pydantic import Field, field_validator
 
 from medadapt.errors import ConfigError
 from medadapt.recipes.schema import EvalSection, Section
@@ -137,29 +137,9 @@ class HyReCRecipe(Section):
 
 def load_hyrec_recipe(path_or_data: str | Path | dict, overrides: list[str] | None = None) -> HyReCRecipe:
     """Read (a file or a dict), apply ``section.field=value`` overrides, validate."""
-    import yaml
+    from medadapt.recipes.loader import load_kind_recipe
 
-    from medadapt.recipes.loader import apply_overrides, format_validation_error
-
-    if isinstance(path_or_data, dict):
-        source, data = "<dict>", dict(path_or_data)
-    else:
-        source, path = str(path_or_data), Path(path_or_data)
-        if not path.is_file():
-            raise ConfigError(f"recipe not found: {path}")
-        try:
-            data = yaml.safe_load(path.read_text(encoding="utf-8"))
-        except yaml.YAMLError as exc:
-            raise ConfigError(f"{path}: invalid YAML ({getattr(exc, 'problem', exc)})") from None
-        if not isinstance(data, dict):
-            raise ConfigError(f"{path}: a recipe must be a YAML mapping of sections")
-    data = apply_overrides(data, list(overrides or []))
-    if data.get("kind") != "hyrec":
-        raise ConfigError(f"{source}: not a HyReC recipe (expected 'kind: hyrec', got {data.get('kind')!r})")
-    try:
-        return HyReCRecipe.model_validate(data)
-    except ValidationError as exc:
-        raise ConfigError(format_validation_error(source, exc)) from None
+    return load_kind_recipe(path_or_data, overrides, HyReCRecipe, "hyrec", "HyReC")
 
 
 @dataclass

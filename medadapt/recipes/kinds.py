@@ -17,8 +17,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from medadapt.errors import ConfigError
 
 __all__ = ["RECIPE_KINDS", "recipe_kind", "resolve_kind"]
@@ -69,16 +67,9 @@ RECIPE_KINDS: dict[str | None, Callable[[], tuple[Loader, Runner]]] = {
 
 def recipe_kind(path: str | Path) -> str | None:
     """The top-level ``kind:`` of the YAML recipe at ``path`` (``None`` when absent)."""
-    path = Path(path)
-    if not path.is_file():
-        raise ConfigError(f"recipe not found: {path}")
-    try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"{path}: not valid YAML ({exc})") from None
-    if not isinstance(data, dict):
-        raise ConfigError(f"{path}: a recipe must be a YAML mapping")
-    kind = data.get("kind")
+    from medadapt.recipes.loader import read_recipe_yaml
+
+    kind = read_recipe_yaml(path).get("kind")
     if kind is not None and not isinstance(kind, str):
         raise ConfigError(f"{path}: 'kind' must be a string")
     return kind

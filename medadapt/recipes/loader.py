@@ -4,13 +4,15 @@ errors that name the file and the field."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import yaml
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
 from medadapt.errors import ConfigError
 from medadapt.recipes.schema import Recipe
+
+M = TypeVar("M", bound=BaseModel)
 
 
 def parse_override(item: str) -> tuple[list[str], Any]:
@@ -59,8 +61,9 @@ def recipe_from_dict(data: dict, source: str = "<dict>", overrides: list[str] | 
         raise ConfigError(format_validation_error(source, exc)) from None
 
 
-def load_recipe(path: str | Path, overrides: list[str] | None = None) -> Recipe:
-    """Read, override and validate a recipe file."""
+def read_recipe_yaml(path: str | Path) -> dict:
+    """The YAML mapping of a recipe file; a missing file, invalid YAML (with its line) or a non-mapping
+    raises :class:`~medadapt.errors.ConfigError`. Shared by every recipe kind."""
     path = Path(path)
     if not path.is_file():
         raise ConfigError(f"recipe not found: {path}")
@@ -72,7 +75,27 @@ def load_recipe(path: str | Path, overrides: list[str] | None = None) -> Recipe:
         raise ConfigError(f"{path}{where}: invalid YAML ({getattr(exc, 'problem', exc)})") from None
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: a recipe must be a YAML mapping of sections")
-    return recipe_from_dict(data, str(path), overrides)
+    return data
+
+
+def load_kind_recipe(path_or_data: str | Path | dict, overrides: list[str] | None, schema: type[M], kind: str,
+                     label: str) -> M:
+    """Read a recipe (file or dict), apply ``section.field=value`` overrides, check its ``kind:`` and
+    validate it against ``schema`` (the loader of every ``kind:`` recipe; ``label`` names it in errors)."""
+    source = "<dict>" if isinstance(path_or_data, dict) else str(path_or_data)
+    data = dict(path_or_data) if isinstance(path_or_data, dict) else read_recipe_yaml(path_or_data)
+    data = apply_overrides(data, list(overrides or []))
+    if data.get("kind") != kind:
+        raise ConfigError(f"{source}: not a {label} recipe (expected 'kind: {kind}', got {data.get('kind')!r})")
+    try:
+        return schema.model_validate(data)
+    except ValidationError as exc:
+        raise ConfigError(format_validation_error(source, exc)) from None
+
+
+def load_recipe(path: str | Path, overrides: list[str] | None = None) -> Recipe:
+    """Read, override and validate a recipe file."""
+    return recipe_from_dict(read_recipe_yaml(path), str(path), overrides)
 
 
 def resolve_path(value: str, recipe_path: str | Path | None) -> Path:
