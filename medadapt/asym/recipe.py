@@ -497,10 +497,6 @@ def run_care_recipe(
         ev = recipe.eval
         eval_path = data_path if ev.data is None else resolve_path(ev.data, recipe_path)
         eval_data = load_beir(eval_path, [ev.split])
-        result.metrics = evaluate_asymmetric(model, eval_data, ev.split, ev.metrics, cache=cache,
-                                             batch_size=bs, show_progress=show_progress)
-        for metric, target in ev.expected.items():
-            value = result.metrics.get(metric)
-            result.expected[metric] = (target, value is not None and value >= target - ev.tolerance)
-        atomic_write_json(output_dir / "metrics.json", {k: round(v, 6) for k, v in result.metrics.items()})
+        result.record_metrics(evaluate_asymmetric(model, eval_data, ev.split, ev.metrics, cache=cache,
+                                                  batch_size=bs, show_progress=show_progress), ev, output_dir)
     return result

@@ -67,7 +67,7 @@ def _stage_config(loop: LoopSection, recipe: BmRetrieverRecipe, use_cpu: bool):
 def _resolve(value: str, recipe_path) -> str:
     from medadapt.recipes.loader import resolve_path
 
-    return str(resolve_path(value, recipe_path)) if value != "medmini" else value
+    return str(resolve_path(value, recipe_path))
 
 
 def stage1_dataset(recipe: BmRetrieverRecipe, recipe_path=None):
@@ -295,10 +295,7 @@ def run_bmretriever_recipe(
 
         ev = recipe.eval
         data = load_beir(_resolve(ev.data or recipe.data.path, recipe_path), [ev.split])
-        result.metrics = evaluate_retrieval(model, data, ev.split, ev.metrics, cache=cache,
-                                            batch_size=tr.encode_batch_size, show_progress=show_progress)
-        for metric, target in ev.expected.items():
-            value = result.metrics.get(metric)
-            result.expected[metric] = (target, value is not None and value >= target - ev.tolerance)
-        atomic_write_json(output_dir / "metrics.json", {k: round(v, 6) for k, v in result.metrics.items()})
+        result.record_metrics(evaluate_retrieval(model, data, ev.split, ev.metrics, cache=cache,
+                                                 batch_size=tr.encode_batch_size, show_progress=show_progress),
+                              ev, output_dir)
     return result

@@ -294,11 +294,8 @@ def run_hyrec_recipe(path_or_recipe: str | Path | HyReCRecipe, output_dir: str |
                                              state_cache=state_cache, show_progress=show_progress,
                                              cached_lexicon=(state_cache is not None
                                                              and not tr.train_lexicon_encoder))
-        result.metrics = {f"{m}/{k}": v for m, vals in result.mode_metrics.items() for k, v in vals.items()}
-        for metric, target in ev.expected.items():
-            value = result.metrics.get(metric)
-            result.expected[metric] = (target, value is not None and value >= target - ev.tolerance)
-        atomic_write_json(output_dir / "metrics.json", {k: round(v, 6) for k, v in result.metrics.items()})
+        result.record_metrics({f"{m}/{k}": v for m, vals in result.mode_metrics.items() for k, v in vals.items()},
+                              ev, output_dir)
     return result
 
 

@@ -100,7 +100,11 @@ def load_recipe(path: str | Path, overrides: list[str] | None = None) -> Recipe:
 
 def resolve_path(value: str, recipe_path: str | Path | None) -> Path:
     """Resolve a relative path in a recipe: against the current directory if it exists there, else
-    against the recipe file's folder."""
+    against the recipe file's folder. Builtin dataset names (``medmini``) are returned as they are."""
+    from medadapt.data.builtin import BUILTIN_DATASETS
+
+    if str(value) in BUILTIN_DATASETS:
+        return Path(value)
     p = Path(value).expanduser()
     if p.is_absolute() or p.exists() or recipe_path is None:
         return p

@@ -57,6 +57,18 @@ class RunResult:
     loss_history: list[dict[str, float]] = field(default_factory=list)
     routing_stats: dict[str, Any] = field(default_factory=dict)
 
+    def record_metrics(self, metrics: dict[str, float], ev, output_dir: Path | None = None) -> None:
+        """Keep ``metrics``, check them against ``ev.expected`` (within ``ev.tolerance``) and, with
+        ``output_dir``, write ``metrics.json`` there atomically."""
+        self.metrics = dict(metrics)
+        for metric, target in ev.expected.items():
+            value = self.metrics.get(metric)
+            self.expected[metric] = (target, value is not None and value >= target - ev.tolerance)
+        if output_dir is not None:
+            from medadapt.io import atomic_write_json
+
+            atomic_write_json(Path(output_dir) / "metrics.json", {k: round(v, 6) for k, v in self.metrics.items()})
+
 
 def _accelerator(recipe: Recipe):
     import torch
@@ -103,7 +115,7 @@ def run_recipe(
 
     output_dir = Path(output_dir)
     cache = cache if cache is not None else EmbeddingCache()
-    data_path = resolve_path(recipe.data.path, recipe_path) if recipe.data.path != "medmini" else "medmini"
+    data_path = resolve_path(recipe.data.path, recipe_path)
     data = load_beir(data_path, [recipe.data.train_split])
     accelerator = _accelerator(recipe)
     if not accelerator.is_main_process:
@@ -280,12 +292,10 @@ def _evaluate(recipe, model, data_path, recipe_path, cache, result, show_progres
     from medadapt.eval import evaluate_retrieval
 
     ev = recipe.eval
-    path = data_path if ev.data is None else (resolve_path(ev.data, recipe_path) if ev.data != "medmini" else ev.data)
+    path = data_path if ev.data is None else resolve_path(ev.data, recipe_path)
     data = load_beir(path, [ev.split])
-    result.metrics = evaluate_retrieval(model, data, ev.split, ev.metrics, cache=cache, show_progress=show_progress)
-    for metric, target in ev.expected.items():
-        value = result.metrics.get(metric)
-        result.expected[metric] = (target, value is not None and value >= target - ev.tolerance)
+    result.record_metrics(evaluate_retrieval(model, data, ev.split, ev.metrics, cache=cache,
+                                             show_progress=show_progress), ev)
 
 
 __all__ = ["RunResult", "run_recipe"]
