@@ -16,9 +16,12 @@ from medadapt.errors import ConfigError
 __all__ = [
     "DocumentLoraConfig",
     "attach_document_lora",
+    "attach_lora_to",
     "document_transformer",
+    "enable_gradient_checkpointing_on",
     "has_lora",
     "merge_document_lora",
+    "merge_lora_in",
 ]
 
 
@@ -65,6 +68,42 @@ def has_lora(module) -> bool:
     return any("lora_" in name for name, _ in module.named_parameters())
 
 
+def enable_gradient_checkpointing_on(transformer) -> None:
+    """Activation checkpointing in a ``Transformer`` module's Hugging Face model (non-reentrant, so LoRA and
+    frozen embeddings still get gradients)."""
+    hf = transformer.model
+    if not hasattr(hf, "gradient_checkpointing_enable"):
+        raise ConfigError(f"{type(hf).__name__} does not support gradient checkpointing")
+    hf.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    if hasattr(hf, "enable_input_require_grads"):
+        hf.enable_input_require_grads()
+
+
+def attach_lora_to(transformer, config: DocumentLoraConfig, *, gradient_checkpointing: bool = False,
+                   what: str = "the model"):
+    """Wrap a ``Transformer`` module's Hugging Face model with a PEFT LoRA adapter, in place; returns the
+    PEFT model (shared by CARE's document route and BMRetriever)."""
+    from peft import get_peft_model
+
+    if has_lora(transformer):
+        raise ConfigError(f"{what} already has a LoRA adapter")
+    if gradient_checkpointing:
+        enable_gradient_checkpointing_on(transformer)
+    transformer.model = get_peft_model(transformer.model, config.to_peft())
+    return transformer.model
+
+
+def merge_lora_in(transformer) -> bool:
+    """Fold a ``Transformer`` module's LoRA adapter into its weights (``merge_and_unload``); ``False`` if
+    it has none."""
+    from peft import PeftModel
+
+    if not isinstance(transformer.model, PeftModel):
+        return False
+    transformer.model = transformer.model.merge_and_unload()
+    return True
+
+
 def attach_document_lora(model, config: DocumentLoraConfig | None = None, *,
                          gradient_checkpointing: bool = False):
     """Wrap the document tower's transformer with a PEFT LoRA adapter, in place; returns the PEFT model.
@@ -72,29 +111,10 @@ def attach_document_lora(model, config: DocumentLoraConfig | None = None, *,
     Afterwards only the LoRA matrices of the document tower have ``requires_grad`` among document-tower
     parameters (the query tower's flags are not changed).
     """
-    from peft import get_peft_model
-
-    config = config or DocumentLoraConfig()
-    transformer = document_transformer(model)
-    if has_lora(transformer):
-        raise ConfigError("the document tower already has a LoRA adapter")
-    lora = config.to_peft()
-    hf = transformer.model
-    if gradient_checkpointing:
-        hf.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-        if hasattr(hf, "enable_input_require_grads"):
-            hf.enable_input_require_grads()
-    peft_model = get_peft_model(hf, lora)
-    transformer.model = peft_model
-    return peft_model
+    return attach_lora_to(document_transformer(model), config or DocumentLoraConfig(),
+                          gradient_checkpointing=gradient_checkpointing, what="the document tower")
 
 
 def merge_document_lora(model) -> bool:
     """Fold the document tower's LoRA adapter into its weights (``merge_and_unload``); ``False`` if none."""
-    from peft import PeftModel
-
-    transformer = document_transformer(model)
-    if not isinstance(transformer.model, PeftModel):
-        return False
-    transformer.model = transformer.model.merge_and_unload()
-    return True
+    return merge_lora_in(document_transformer(model))

@@ -71,41 +71,25 @@ def build_retriever(
 
 def attach_lora(model, r: int = 16, alpha: int = 32, dropout: float = 0.1,
                 target_modules: list[str] | None = None, *, gradient_checkpointing: bool = False):
-    """Wrap the model's first ``Transformer`` with a PEFT LoRA adapter in place (only LoRA weights train).
+    """Wrap the model's first ``Transformer`` with a PEFT LoRA adapter in place (only LoRA weights train),
+    with CARE's LoRA helpers (:func:`medadapt.asym.lora.attach_lora_to`)."""
+    from medadapt.asym.lora import DocumentLoraConfig, attach_lora_to
 
-    Uses the CARE helpers' :class:`~medadapt.asym.lora.DocumentLoraConfig` for the PEFT config."""
-    from peft import get_peft_model
-
-    from medadapt.asym.lora import DocumentLoraConfig, has_lora
-
-    transformer = first_transformer(model)
-    if has_lora(transformer):
-        raise ConfigError("the retriever already has a LoRA adapter")
-    hf = transformer.model
-    if gradient_checkpointing:
-        enable_gradient_checkpointing(model)
     config = DocumentLoraConfig(r=r, alpha=alpha, dropout=dropout, target_modules=target_modules)
-    transformer.model = get_peft_model(hf, config.to_peft())
-    return transformer.model
+    return attach_lora_to(first_transformer(model), config, gradient_checkpointing=gradient_checkpointing,
+                          what="the retriever")
 
 
 def enable_gradient_checkpointing(model) -> None:
     """Turn on activation checkpointing in the first ``Transformer`` (non-reentrant, so LoRA and frozen
     embeddings still get gradients)."""
-    hf = first_transformer(model).model
-    if not hasattr(hf, "gradient_checkpointing_enable"):
-        raise ConfigError(f"{type(hf).__name__} does not support gradient checkpointing")
-    hf.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-    if hasattr(hf, "enable_input_require_grads"):
-        hf.enable_input_require_grads()
+    from medadapt.asym.lora import enable_gradient_checkpointing_on
+
+    enable_gradient_checkpointing_on(first_transformer(model))
 
 
 def merge_lora(model) -> bool:
     """Fold the LoRA adapter into the weights (``merge_and_unload``); ``False`` when there is none."""
-    from peft import PeftModel
+    from medadapt.asym.lora import merge_lora_in
 
-    transformer = first_transformer(model)
-    if not isinstance(transformer.model, PeftModel):
-        return False
-    transformer.model = transformer.model.merge_and_unload()
-    return True
+    return merge_lora_in(first_transformer(model))
