@@ -123,10 +123,12 @@ class WordVocab:
         h = int.from_bytes(hashlib.blake2b(data, digest_size=8).digest(), "little")
         return self.vocab_size + h % self.n_buckets
 
-    def add(self, token_ids: Sequence[int], text: str) -> int:
+    def add(self, token_ids: Sequence[int], text: str | Callable[[], str]) -> int:
+        """The word's id, remembering its string the first time (``text`` may be a function, then called
+        only for a word not seen before: decoding every word of every document is the slow part)."""
         wid = self.word_id(token_ids)
-        if wid >= self.vocab_size:
-            self.strings.setdefault(wid, text)
+        if wid >= self.vocab_size and wid not in self.strings:
+            self.strings[wid] = text() if callable(text) else text
         return wid
 
     def decode(self, term_id: int, token_decoder: Callable[[int], str] | None = None) -> str:
@@ -166,8 +168,8 @@ def sparse_from_tokens(token_ids: Sequence[int], weights: Sequence[float], union
         for word in bag_words(token_ids, weights, union_probs):
             if len(word.token_ids) < 2 or word.union < min_union:
                 continue
-            text = word_text(word.token_ids) if word_text else ""
-            put(vocab.add(word.token_ids, text), word.weight)
+            ids = word.token_ids
+            put(vocab.add(ids, (lambda ids=ids: word_text(ids)) if word_text else ""), word.weight)
             if not keep_subterms:
                 covered.update(word.positions)
     for i, (t, w) in enumerate(zip(token_ids, weights)):
