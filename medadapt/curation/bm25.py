@@ -13,7 +13,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Literal
 
-import numpy as np
 
 from medadapt.curation.search import Hit, checked_corpus_ids
 
@@ -55,7 +54,7 @@ class BM25Searcher:
         """BM25 score of each query with the given documents (0 for no shared term)."""
         scores = self.index.engine.score(self.index.encode_queries(list(query_texts)))
         out = []
-        for row, ids in enumerate(doc_ids):
-            dense_row = np.asarray(scores.getrow(row).todense()).ravel()
-            out.append([float(dense_row[self._pos[d]]) for d in ids])
+        for row, ids in enumerate(doc_ids):  # read only the asked documents' entries of the sparse row
+            cols = [self._pos[d] for d in ids]
+            out.append([float(x) for x in scores[row, cols].toarray().ravel()] if cols else [])
         return out
