@@ -23,7 +23,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
-import numpy as np
 import torch
 from torch import Tensor
 from torch.nn.utils.rnn import pad_sequence

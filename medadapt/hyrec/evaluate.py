@@ -18,7 +18,6 @@ Also reports sparsity (mean active terms per query / document) as ``q_terms`` / 
 from __future__ import annotations
 
 from collections.abc import Iterable
-from pathlib import Path
 from typing import Literal
 
 import numpy as np
@@ -66,8 +65,6 @@ def evaluate_hyrec(model_or_dir, dataset, split: str = "test",
         return_runs: also return ``{mode: run}`` for every mode computed.
         cached_lexicon: take the lexicon encoder's states from ``state_cache`` (frozen lexicon encoder only).
     """
-    import scipy.sparse as sp
-
     from medadapt.eval.metrics import evaluate_run, parse_metric
     from medadapt.eval.search import exact_search
     from medadapt.retrieval.inverted import to_csr

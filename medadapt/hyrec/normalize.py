@@ -16,7 +16,6 @@ from collections.abc import Mapping
 
 import math
 
-import torch
 import torch.nn.functional as F
 from torch import Tensor
 
