@@ -213,3 +213,94 @@ def test_state_cache_memo_is_per_model_object_not_per_address(tiny_bert_dir):
             p.add_(1.0)
     assert cache.namespace(b, "query") != ns_a
     assert cache._fingerprint(b, "lexicon") != fp_a
+
+
+def _labels_for(model, texts, role, length):
+    from medadapt.hyrec.data import UnionLabelCache
+
+    return UnionLabelCache(model, model.config.language).labels(texts, role, length)
+
+
+@pytest.mark.parametrize("keep_subterms", [True, False])
+def test_training_time_words_match_inference_bagging(tiny_bert_dir, keep_subterms):
+    """The training-time lexical score over tokens + labelled words (eq. 10) equals the dot product of the
+    sparse vectors that inference bags from the same labels (union_source: labels), before normalisation,
+    and the normalised vectors ``encode_lexical`` returns."""
+    from medadapt.hyrec.bagging import sparse_from_tokens
+
+    model = make(tiny_bert_dir, union_source="labels", keep_subterms=keep_subterms, passage_max_length=64)
+    texts = ["gout and levothyroxine", "levothyroxine for thyroid treatment"]  # multi-piece: l ##e ##v ...
+    feats = model.tokenize(texts, "document")
+    with torch.no_grad():
+        model.weight_proj.linear.bias.fill_(1.0)
+        out = model(feats)
+    labels = _labels_for(model, texts, "document", feats["input_ids"].shape[1])
+    weights, ids = model.bagged_terms(out["term_weights"], out["input_ids"], out["term_mask"], labels)
+    assert weights.shape == ids.shape and weights.shape[1] > feats["input_ids"].shape[1]  # words were added
+    assert (ids[:, feats["input_ids"].shape[1]:][weights[:, feats["input_ids"].shape[1]:] > 0]
+            >= model.vocab_size).all()
+    v = model.compact_term_vectors((weights, ids))[0]
+    train_score = float(v[0] @ v[1])
+    sparse = []
+    for r in range(2):
+        keep = out["term_mask"][r]
+        lab = labels[r][keep].clamp_min(0)
+        probs = torch.nn.functional.one_hot(lab, 4).float().numpy()
+        sparse.append(sparse_from_tokens(out["input_ids"][r][keep].numpy(), out["term_weights"][r][keep].numpy(),
+                                         probs, model.words, keep_subterms=keep_subterms))
+    infer_score = sum(w * sparse[1].get(t, 0.0) for t, w in sparse[0].items())
+    shared_words = [t for t in set(sparse[0]) & set(sparse[1]) if t >= model.vocab_size]
+    assert shared_words  # a shared learned word
+    vecs = model.encode_lexical(texts, "document")  # the same, normalised
+    norm = [float(v.norm()) for v in model.compact_term_vectors((weights, ids))[0]]
+    assert sum(w * vecs[1].get(t, 0.0) for t, w in vecs[0].items()) == pytest.approx(
+        train_score / (norm[0] * norm[1]), rel=1e-5)
+    assert train_score == pytest.approx(infer_score, rel=1e-5)
+
+
+def test_bagged_word_weight_is_max_of_its_tokens_and_differentiable(tiny_bert_dir):
+    from medadapt.hyrec.labels import B, E, IGNORE, M, S
+
+    model = make(tiny_bert_dir)
+    ids = torch.tensor([[101, 7, 8, 9, 10, 102]])
+    mask = torch.tensor([[False, True, True, True, True, False]])
+    w = torch.tensor([[0.0, 0.2, 0.9, 0.4, 0.3, 0.0]], requires_grad=True)
+    labels = torch.tensor([[IGNORE, S, B, M, E, IGNORE]])
+    weights, terms = model.bagged_terms(w, ids, mask, labels)
+    assert terms.shape == (1, 7) and int(terms[0, 6]) == model.words.word_id([8, 9, 10])
+    assert float(weights[0, 6]) == pytest.approx(0.9)
+    weights[0, 6].backward()
+    assert w.grad.tolist() == [[0.0, 0.0, 1.0, 0.0, 0.0, 0.0]]  # eq. 8's max routes the gradient
+    same, same_ids = model.bagged_terms(w, ids, mask, None)
+    assert same is w and same_ids is ids
+
+
+def test_compact_term_vectors_equal_full_vocabulary_vectors(tiny_bert_dir):
+    model = make(tiny_bert_dir)
+    feats_q, feats_d = model.tokenize(TEXTS[:2], "query"), model.tokenize(TEXTS, "document")
+    with torch.no_grad():
+        model.weight_proj.linear.bias.fill_(1.0)
+        q, d = model(feats_q), model(feats_d)
+    cq, cd = model.compact_term_vectors((q["term_weights"], q["input_ids"]), (d["term_weights"], d["input_ids"]))
+    fq = model.term_vectors(q["term_weights"], q["input_ids"])
+    fd = model.term_vectors(d["term_weights"], d["input_ids"])
+    torch.testing.assert_close(cq @ cd.T, fq @ fd.T)
+
+
+def test_union_context_head_ignores_padding_and_round_trips(tiny_bert_dir, tmp_path):
+    model = make(tiny_bert_dir, union_context=2)
+    assert model.union_proj.context == 2
+    short, long_ = "gout pain", "asthma is a condition with wheezing inhaler airway breath cough"
+    alone = model.tokenize([short], "document")
+    both = model.tokenize([short, long_], "document")
+    with torch.no_grad():
+        a = model(alone)["union_logits"][0]
+        b = model(both)["union_logits"][0, : a.shape[0]]
+    torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)  # padding of the batch does not leak into a row
+    with torch.no_grad():
+        for p in model.union_proj.parameters():
+            p.add_(0.1 * torch.randn_like(p))
+    l1 = model.encode_lexical(TEXTS, "document")
+    model.save(tmp_path / "m")
+    again = HyReCModel.load(tmp_path / "m")
+    assert again.config.union_context == 2 and again.encode_lexical(TEXTS, "document") == l1

@@ -110,3 +110,25 @@ def test_frozen_variant_with_state_cache_trains(tiny_bert_dir, tiny_beir_dir, tm
     with pytest.raises(ConfigError, match="frozen"):
         run_hyrec_recipe(TINY, tmp_path / "bad", [f"model.backbone={tiny_bert_dir}", f"data.path={tiny_beir_dir}",
                                                   "training.state_cache=memory"], show_progress=False)
+
+
+@pytest.mark.parametrize("words", ["labels", "predicted"])
+def test_words_in_training_lexical_score_and_context_union_head(tiny_bert_dir, tiny_beir_dir, tmp_path, words):
+    """Projectors-only training with words in the lexical score (eq. 10) and the windowed union head: the
+    loss and its union part go down, and the saved model keeps the head's shape."""
+    from medadapt.hyrec import HyReCModel
+    from medadapt.hyrec.data import SharedStateCache
+    from medadapt.hyrec.recipe import run_hyrec_recipe
+
+    res = run_hyrec_recipe(TINY, tmp_path / words, [
+        f"model.backbone={tiny_bert_dir}", f"data.path={tiny_beir_dir}", "model.variant=frozen",
+        "model.union_context=1", f"training.lexical_words={words}", "training.state_cache=memory",
+        "training.dense_inputs=states", "training.train_dense_encoder=false",
+        "training.train_lexicon_encoder=false", "eval.dense_source=states", "eval.modes=[lexical]",
+        "training.epochs=10", "training.batch_size=6", "training.lr=1e-2"],
+        state_cache=SharedStateCache(None), show_progress=False, log=lambda m: None)
+    first, last = res.loss_history[0], res.loss_history[-1]
+    assert last["loss"] < first["loss"] and last["union"] < first["union"]
+    assert 0 <= res.mode_metrics["lexical"]["ndcg@10"] <= 1
+    model = HyReCModel.load(tmp_path / words)
+    assert model.config.union_context == 1 and model.union_proj.context == 1

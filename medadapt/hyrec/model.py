@@ -65,6 +65,9 @@ class HyReCConfig:
         union_source: what bags tokens into words at inference: ``learned`` (the union head, eq. 7-8) or
             ``labels`` (the labelling tool's jieba + regex segmentation, the paper's "Jieba" row of Table 3;
             works without a union head too, so a model trained without the union can be bagged by jieba).
+        union_context: ``0`` = the paper's linear union projector (eq. 4); ``k > 0`` = a small MLP over a
+            window of ``2k + 1`` lexicon states (not in the paper; for a frozen lexicon encoder, which cannot
+            learn the word-boundary features itself).
     """
 
     branch_layers: int = 1
@@ -82,6 +85,7 @@ class HyReCConfig:
     lexicon_layers: int | None = None
     term_bias: bool = False
     union_source: Literal["learned", "labels"] = "learned"
+    union_context: int = 0
 
     def to_dict(self) -> dict[str, Any]:
         return {**dataclasses.asdict(self), "format_version": HYREC_FORMAT}
@@ -126,7 +130,7 @@ class HyReCModel(nn.Module):
         hidden = auto.config.hidden_size
         self.weight_proj = WeightProjector(hidden, init_bias=1.0,
                                            vocab_size=len(self.tokenizer) if config.term_bias else None)
-        self.union_proj = UnionProjector(hidden)
+        self.union_proj = UnionProjector(hidden, context=config.union_context)
         self.words = words or WordVocab(len(self.tokenizer), config.n_word_buckets)
         self._excluded_ids = torch.tensor(sorted(set(self.tokenizer.all_special_ids)), dtype=torch.long)
         if config.variant == "frozen":
@@ -248,14 +252,15 @@ class HyReCModel(nn.Module):
         """``L^(x)`` (eq. 2): the lexicon encoder over shared states."""
         return run_layers(self.lexicon, states, extended_mask(attention_mask, states.dtype))
 
-    def heads_from_lexicon(self, lex: Tensor, input_ids: Tensor) -> tuple[Tensor, Tensor]:
+    def heads_from_lexicon(self, lex: Tensor, input_ids: Tensor, attention_mask: Tensor | None = None
+                           ) -> tuple[Tensor, Tensor]:
         """``(term_weights, union_logits)`` from lexicon states (eq. 4, 5)."""
-        return self.weight_proj(lex, input_ids), self.union_proj(lex)
+        return self.weight_proj(lex, input_ids), self.union_proj(lex, attention_mask)
 
     def lexical_from_states(self, states: Tensor, attention_mask: Tensor, input_ids: Tensor
                             ) -> tuple[Tensor, Tensor]:
         """``(term_weights (B, T), union_logits (B, T, 4))`` from shared states (eq. 2, 4, 5)."""
-        return self.heads_from_lexicon(self.lexicon_states(states, attention_mask), input_ids)
+        return self.heads_from_lexicon(self.lexicon_states(states, attention_mask), input_ids, attention_mask)
 
     def pooled_from_states(self, states: Tensor, attention_mask: Tensor) -> Tensor:
         """Dense encoder (eq. 3) + pooling, before the projector."""
@@ -286,10 +291,67 @@ class HyReCModel(nn.Module):
                 "term_mask": tmask, "input_ids": ids}
 
     def term_vectors(self, term_weights: Tensor, input_ids: Tensor) -> Tensor:
-        """Scatter-max token weights into ``(B, vocab_size)`` vectors over tokenizer terms (training scores:
-        bagging is an inference-time step, §3.1.4)."""
+        """Scatter-max token weights into ``(B, vocab_size)`` vectors over tokenizer terms (no words)."""
         out = term_weights.new_zeros(term_weights.shape[0], self.vocab_size)
         return out.scatter_reduce(1, input_ids, term_weights, reduce="amax", include_self=True)
+
+    def bagged_terms(self, term_weights: Tensor, input_ids: Tensor, term_mask: Tensor,
+                     labels: Tensor | None = None) -> tuple[Tensor, Tensor]:
+        """``(weights, term_ids)``, both ``(B, T + S)``: every token of each text and, given BMES ``labels``
+        ``(B, T)``, every multi-token word, with ``W_word = max`` over its tokens (eq. 8, differentiable) and
+        its stable word id. This is eq. 10's term set (tokens and words) at training time, bagged exactly
+        as :meth:`encode` bags at inference (over the valid terms in order, ``keep_subterms`` honoured);
+        non-terms and empty word slots have weight 0."""
+        if labels is None:
+            return term_weights, input_ids
+        from medadapt.hyrec.bagging import group_words
+        from medadapt.hyrec.labels import IGNORE, S
+
+        B, T = input_ids.shape
+        tm, lab, ids_l = term_mask.cpu(), labels.cpu(), input_ids.cpu().tolist()
+        slot = torch.full((B, T), -1, dtype=torch.long)
+        word_ids: list[list[int]] = []
+        for r in range(B):
+            keep = tm[r].nonzero().squeeze(1).tolist()
+            row = lab[r][keep].tolist()
+            row = [S if x == IGNORE else x for x in row]
+            wids = []
+            for group in group_words(row):
+                if len(group) < 2:
+                    continue
+                pos = [keep[g] for g in group]
+                slot[r, pos] = len(wids)
+                wids.append(self.words.word_id([ids_l[r][p] for p in pos]))
+            word_ids.append(wids)
+        n_slots = max((len(w) for w in word_ids), default=0)
+        if n_slots == 0:
+            return term_weights, input_ids
+        dev = term_weights.device
+        slot = slot.to(dev)
+        index = torch.where(slot >= 0, slot, torch.full_like(slot, n_slots))  # non-word tokens: a spare slot
+        word_w = term_weights.new_zeros(B, n_slots + 1).scatter_reduce(
+            1, index, term_weights, reduce="amax", include_self=True)[:, :n_slots]
+        wid = torch.zeros(B, n_slots, dtype=input_ids.dtype)
+        for r, wids in enumerate(word_ids):
+            wid[r, : len(wids)] = torch.tensor(wids, dtype=input_ids.dtype)
+        tok_w = term_weights if self.config.keep_subterms else term_weights * (slot < 0).to(term_weights.dtype)
+        return torch.cat([tok_w, word_w], 1), torch.cat([input_ids, wid.to(input_ids.device)], 1)
+
+    @staticmethod
+    def compact_term_vectors(*terms: tuple[Tensor, Tensor]) -> list[Tensor]:
+        """Scatter-max ``(weights, term_ids)`` pairs (see :meth:`bagged_terms`) into dense vectors over the
+        terms that occur in any of them (one shared compact term space, so dot products between the
+        outputs equal the sparse dot products over all ``n_terms`` term ids)."""
+        all_ids = torch.cat([ids.reshape(-1) for _, ids in terms])
+        uniq, inverse = torch.unique(all_ids, return_inverse=True)
+        out, start = [], 0
+        for w, ids in terms:
+            n = ids.numel()
+            idx = inverse[start : start + n].reshape(ids.shape)
+            start += n
+            vec = w.new_zeros(w.shape[0], len(uniq))
+            out.append(vec.scatter_reduce(1, idx, w, reduce="amax", include_self=True))
+        return out
 
     # ------------------------------------------------------------------ inference
     @torch.no_grad()
@@ -338,7 +400,7 @@ class HyReCModel(nn.Module):
                 if lexical:
                     if cached_lexicon and state_cache is not None:
                         _, _, lex = state_cache.lexicon_batch(self, batch, role)
-                        weights, union = self.heads_from_lexicon(lex.to(self.device), ids)
+                        weights, union = self.heads_from_lexicon(lex.to(self.device), ids, mask)
                     else:
                         weights, union = self.lexical_from_states(states, mask, ids)
                     labels = None

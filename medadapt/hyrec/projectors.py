@@ -1,7 +1,8 @@
 """The three HyReC projectors (§3.1.4).
 
 * :class:`WeightProjector` — ``W_i = log(1 + ReLU(w_w · l_i + b_w))`` (eq. 5), one weight per token.
-* :class:`UnionProjector` — logits of ``U_i = softmax(W_u l_i + b_u)`` over ``{S, B, M, E}`` (eq. 4).
+* :class:`UnionProjector` — logits of ``U_i = softmax(W_u l_i + b_u)`` over ``{S, B, M, E}`` (eq. 4), or
+  of a small MLP over a window of states (``context > 0``, for frozen lexicon encoders).
 * :class:`DenseProjector` — ``D_vec = W_d d + b_d`` (eq. 6) as a sentence-transformers module placed after
   pooling and before ``Normalize``; identity-initialised by default, so an untrained projector returns
   the backbone's embedding exactly. It declares ``operates_on_sentence_embedding``, so the
@@ -51,14 +52,34 @@ class WeightProjector(nn.Module):
 
 
 class UnionProjector(nn.Module):
-    """Union logits over ``{S, B, M, E}`` (eq. 4 before the softmax); ``(..., H)`` -> ``(..., 4)``."""
+    """Union logits over ``{S, B, M, E}`` (eq. 4 before the softmax); ``(..., T, H)`` -> ``(..., T, 4)``.
 
-    def __init__(self, hidden: int):
+    ``context = 0`` is the paper's linear head on each token's lexicon state. ``context = k > 0`` (not in
+    the paper) reads a window of ``2k + 1`` states around each token through a small GELU MLP: when the
+    lexicon encoder is frozen it cannot learn the boundary features the union needs, so the head gets its
+    own (local) context instead. Positions outside the text (``attention_mask`` 0) read as zeros.
+    """
+
+    def __init__(self, hidden: int, context: int = 0, inner: int = 256):
         super().__init__()
-        self.linear = nn.Linear(hidden, 4)
+        if context < 0:
+            raise ValueError("context must be >= 0")
+        self.context = context
+        if context == 0:
+            self.linear = nn.Linear(hidden, 4)
+        else:
+            self.mlp = nn.Sequential(nn.Linear((2 * context + 1) * hidden, inner), nn.GELU(),
+                                     nn.Linear(inner, 4))
 
-    def forward(self, states: Tensor) -> Tensor:
-        return self.linear(states)
+    def forward(self, states: Tensor, attention_mask: Tensor | None = None) -> Tensor:
+        if self.context == 0:
+            return self.linear(states)
+        if attention_mask is not None:
+            states = states * attention_mask.unsqueeze(-1).to(states.dtype)
+        k, T = self.context, states.shape[-2]
+        padded = F.pad(states, (0, 0, k, k))
+        window = torch.cat([padded[..., j : j + T, :] for j in range(2 * k + 1)], dim=-1)
+        return self.mlp(window)
 
 
 class DenseProjector(Module):

@@ -12,7 +12,8 @@
     eval:      {split: test, modes: [lexical, dense, hybrid], metrics: [ndcg@10]}
 
 Every section forbids unknown keys. Overrides use ``section.field=value`` (``medadapt train --set``).
-``loss.union_weight: 0`` trains without the semantic union and turns bagging off (the paper's "w/o SU").
+``loss.union_weight: 0`` trains without the semantic union (no union loss, no words in the training-time
+lexical score) and turns bagging off (the paper's "w/o SU").
 Evaluation metrics are reported as ``<mode>/<metric>`` (``hybrid/ndcg@10``), and so are ``eval.expected``.
 """
 
@@ -59,6 +60,8 @@ class HyReCModelSection(Section):
     keep_subterms: bool = True
     min_union: float = Field(0.0, ge=0, le=1)
     union_source: Literal["learned", "labels"] = "learned"  # bag words by the union head or by jieba + regex
+    union_context: int = Field(0, ge=0, description="0: linear union projector (eq. 4); k > 0: MLP over a "
+                               "window of 2k+1 lexicon states (not in the paper; for frozen lexicon encoders)")
     dense_weight: float = Field(1.0, ge=0)
     num_layers: int | None = Field(None, ge=1, description="keep only the backbone's first layers (CPU)")
     lexicon_layers: int | None = Field(None, ge=1,
@@ -103,6 +106,10 @@ class HyReCTrainingSection(Section):
     dense_inputs: Literal["model", "cache", "states"] = Field(
         "model", description="frozen dense encoder only: pooled dense inputs from the EmbeddingCache (cache) "
         "or computed once from the shared-state cache (states)")
+    lexical_words: Literal["none", "labels", "predicted"] = Field(
+        "predicted", description="words scored with the tokens in the training-time lexical score (eq. 10): "
+        "the union head's arg-max (as bagged at inference), the labelling tool's, or none (ignored when "
+        "loss.union_weight is 0)")
     checkpoint_every_steps: int | None = Field(None, ge=1)
     log_every: int = Field(10, ge=1)
 
@@ -161,7 +168,7 @@ def model_config(spec: HyReCRecipe):
                        query_max_length=m.query_max_length, passage_max_length=m.passage_max_length,
                        dense_weight=m.dense_weight, language=m.language,
                        dense_max_length=m.dense_max_length, lexicon_layers=m.lexicon_layers,
-                       term_bias=m.term_bias, union_source=m.union_source)
+                       term_bias=m.term_bias, union_source=m.union_source, union_context=m.union_context)
 
 
 def run_hyrec_recipe(path_or_recipe: str | Path | HyReCRecipe, output_dir: str | Path,
@@ -260,10 +267,12 @@ def run_hyrec_recipe(path_or_recipe: str | Path | HyReCRecipe, output_dir: str |
     lo = spec.loss
     loss = HyReCLoss(lo.temperature, lo.lexical_weight, lo.dense_weight, lo.union_weight)
     cfg = HyReCTrainConfig(epochs=tr.epochs, max_steps=tr.max_steps, batch_size=tr.batch_size,
-                           negatives=neg.num, lr=tr.lr, head_lr=tr.head_lr, weight_decay=tr.weight_decay,
+                           negatives=neg.num, lr=tr.lr, head_lr=tr.head_lr,
+                           weight_decay=tr.weight_decay,
                            warmup_ratio=tr.warmup_ratio, max_grad_norm=tr.max_grad_norm, seed=tr.seed,
                            train_dense_encoder=tr.train_dense_encoder,
                            train_lexicon_encoder=tr.train_lexicon_encoder,
+                           lexical_words=tr.lexical_words if lo.union_weight > 0 else "none",
                            log_every=tr.log_every)
 
     def progress(step, total, record):

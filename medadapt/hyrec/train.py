@@ -21,6 +21,7 @@ import random
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Literal
 
 import torch
 from torch import Tensor
@@ -38,7 +39,12 @@ DenseInputs = Callable[[Sequence[str], str], Tensor]
 
 @dataclass
 class HyReCTrainConfig:
-    """Optimisation settings (paper: lr 5e-5, 5 epochs, batch 64 small / 30 base, 3 hard negatives)."""
+    """Optimisation settings (paper: lr 5e-5, 5 epochs, batch 64 small / 30 base, 3 hard negatives).
+
+    ``lexical_words``: which words join the tokens in the training-time lexical score (eq. 10 scores terms
+    *and* words): ``none`` (tokens only), ``labels`` (words of the labelling tool's BMES labels) or
+    ``predicted`` (words of the union head's arg-max labels, as bagged at inference).
+    """
 
     epochs: int = 1
     max_steps: int | None = None
@@ -52,6 +58,7 @@ class HyReCTrainConfig:
     seed: int = 42
     train_dense_encoder: bool = True
     train_lexicon_encoder: bool = True
+    lexical_words: Literal["none", "labels", "predicted"] = "none"
     log_every: int = 10
 
 
@@ -135,7 +142,8 @@ def train_hyrec(model, examples: Sequence[Example], cfg: HyReCTrainConfig, loss_
         scheduler.load_state_dict(opt_state["scheduler"])
         start = int(state["step"])
         result.loss_history = list(state.get("loss_history", []))
-    labels = UnionLabelCache(model, model.config.language) if loss_fn.weights["union"] > 0 else None
+    want_labels = loss_fn.weights["union"] > 0 or cfg.lexical_words == "labels"
+    labels = UnionLabelCache(model, model.config.language) if want_labels else None
     t0 = time.perf_counter()
     model.train()
     _frozen_parts_eval(model, cfg)
@@ -157,15 +165,17 @@ def train_hyrec(model, examples: Sequence[Example], cfg: HyReCTrainConfig, loss_
             return pos, (neg.reshape(B, n_neg, -1) if n_neg else None)
 
         lex = dense = union = None
-        if loss_fn.weights["lexical"] > 0:
-            qv = model.term_vectors(q["term_weights"], q["input_ids"])
-            pv = model.term_vectors(p["term_weights"], p["input_ids"])
-            lex = (qv, *split(pv))
-        if loss_fn.weights["dense"] > 0:
-            dense = (q["dense"], *split(p["dense"]))
+        ql = pl = None
         if labels is not None:
             ql = labels.labels(queries, "query", q["input_ids"].shape[1]).to(device)
             pl = labels.labels(passages, "document", p["input_ids"].shape[1]).to(device)
+        if loss_fn.weights["lexical"] > 0:
+            qv, pv = model.compact_term_vectors(_terms(model, q, ql, cfg.lexical_words),
+                                                _terms(model, p, pl, cfg.lexical_words))
+            lex = (qv, *split(pv))
+        if loss_fn.weights["dense"] > 0:
+            dense = (q["dense"], *split(p["dense"]))
+        if loss_fn.weights["union"] > 0:
             logits = torch.cat([q["union_logits"].reshape(1, -1, 4), p["union_logits"].reshape(1, -1, 4)], 1)
             union = (logits, torch.cat([ql.reshape(1, -1), pl.reshape(1, -1)], 1))
         out = loss_fn(lexical=lex, dense=dense, union=union)
@@ -185,6 +195,19 @@ def train_hyrec(model, examples: Sequence[Example], cfg: HyReCTrainConfig, loss_
     result.steps = total
     result.seconds = time.perf_counter() - t0
     return result
+
+
+def _terms(model, out: dict[str, Tensor], gold: Tensor | None, source: str) -> tuple[Tensor, Tensor]:
+    """``(weights, term_ids)`` of one side for the lexical score: tokens, plus words per ``source``."""
+    if source == "none":
+        return out["term_weights"], out["input_ids"]
+    if source == "labels":
+        lab = gold
+    else:
+        from medadapt.hyrec.labels import IGNORE
+
+        lab = out["union_logits"].detach().argmax(-1).masked_fill(~out["term_mask"], IGNORE)
+    return model.bagged_terms(out["term_weights"], out["input_ids"], out["term_mask"], lab)
 
 
 def _frozen_parts_eval(model, cfg: HyReCTrainConfig) -> None:
@@ -213,7 +236,7 @@ def _step_outputs(model, queries, passages, state_cache, dense_inputs, device, c
         if state_cache is not None and cached_lexicon and dense_inputs is not None:
             ids, mask, lex = state_cache.lexicon_batch(model, texts, role)
             ids, mask = ids.to(device), mask.to(device)
-            weights, union = model.heads_from_lexicon(lex.to(device), ids)
+            weights, union = model.heads_from_lexicon(lex.to(device), ids, mask)
             tmask = model.term_mask(ids, mask)
             outs.append({"term_weights": weights * tmask.to(weights.dtype), "union_logits": union,
                          "term_mask": tmask, "input_ids": ids,
