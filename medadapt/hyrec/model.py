@@ -308,21 +308,23 @@ class HyReCModel(nn.Module):
         from medadapt.hyrec.labels import IGNORE, S
 
         B, T = input_ids.shape
-        tm, lab, ids_l = term_mask.cpu(), labels.cpu(), input_ids.cpu().tolist()
-        slot = torch.full((B, T), -1, dtype=torch.long)
+        keep_rows = [row.nonzero().squeeze(1).tolist() for row in term_mask.cpu()]
+        lab_rows, ids_rows = labels.cpu().tolist(), input_ids.cpu().tolist()
+        slot_rows: list[list[int]] = []
         word_ids: list[list[int]] = []
-        for r in range(B):
-            keep = tm[r].nonzero().squeeze(1).tolist()
-            row = lab[r][keep].tolist()
-            row = [S if x == IGNORE else x for x in row]
-            wids = []
-            for group in group_words(row):
+        for keep, lab_r, ids_r in zip(keep_rows, lab_rows, ids_rows):
+            row_slot = [-1] * T
+            wids: list[int] = []
+            for group in group_words([S if lab_r[k] == IGNORE else lab_r[k] for k in keep]):
                 if len(group) < 2:
                     continue
                 pos = [keep[g] for g in group]
-                slot[r, pos] = len(wids)
-                wids.append(self.words.word_id([ids_l[r][p] for p in pos]))
+                for q in pos:
+                    row_slot[q] = len(wids)
+                wids.append(self.words.word_id([ids_r[q] for q in pos]))
+            slot_rows.append(row_slot)
             word_ids.append(wids)
+        slot = torch.tensor(slot_rows, dtype=torch.long).reshape(B, T)
         n_slots = max((len(w) for w in word_ids), default=0)
         if n_slots == 0:
             return term_weights, input_ids
@@ -331,9 +333,7 @@ class HyReCModel(nn.Module):
         index = torch.where(slot >= 0, slot, torch.full_like(slot, n_slots))  # non-word tokens: a spare slot
         word_w = term_weights.new_zeros(B, n_slots + 1).scatter_reduce(
             1, index, term_weights, reduce="amax", include_self=True)[:, :n_slots]
-        wid = torch.zeros(B, n_slots, dtype=input_ids.dtype)
-        for r, wids in enumerate(word_ids):
-            wid[r, : len(wids)] = torch.tensor(wids, dtype=input_ids.dtype)
+        wid = torch.tensor([w + [0] * (n_slots - len(w)) for w in word_ids], dtype=input_ids.dtype)
         tok_w = term_weights if self.config.keep_subterms else term_weights * (slot < 0).to(term_weights.dtype)
         return torch.cat([tok_w, word_w], 1), torch.cat([input_ids, wid.to(input_ids.device)], 1)
 
