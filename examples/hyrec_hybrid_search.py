@@ -3,17 +3,17 @@
     python examples/hyrec_hybrid_search.py                     # ~1-2 min on a laptop CPU
     python examples/hyrec_hybrid_search.py --query "can gout be treated with diet"
 
-Trains ``recipes/hyrec-tiny.yaml`` (packaged MiniLM, GLAE 5 shared + 1 lexicon + 1 dense layer), then puts the
-learned sparse document vectors into medadapt's inverted index and the dense ones into a FAISS index, and
-prints the top hits of lexical, dense and hybrid (normalised-sum) search with the query's heaviest terms.
+Trains ``recipes/hyrec-tiny.yaml`` (packaged MiniLM, GLAE 5 shared + 1 lexicon + 1 dense layer), then builds
+medadapt ``Retriever`` indexes from the model folder: ``lexical`` puts the learned sparse document vectors
+into the inverted index, ``dense`` the dense ones into FAISS, and ``hybrid`` with ``FusionConfig(method="sum")``
+adds the two normalised scores (HyReC's NM sum, eq. 9). Prints the query's heaviest terms and the top hits of
+each; the saved index reopens with ``Retriever.load`` and plugs into LangChain as ``MedAdaptRetriever``.
 """
 
 from __future__ import annotations
 
 import argparse
 from pathlib import Path
-
-import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -25,34 +25,25 @@ def main() -> None:
     p.add_argument("-k", type=int, default=3)
     args = p.parse_args()
 
-    from medadapt.data import load_beir
     from medadapt.hyrec import HyReCModel
     from medadapt.hyrec.recipe import run_hyrec_recipe
-    from medadapt.retrieval.dense import DenseIndex
-    from medadapt.retrieval.lexical import LexicalIndex
+    from medadapt.retrieval import FusionConfig, Retriever, RetrieverConfig, load_documents
 
     if not (args.output / "hyrec" / "config.json").is_file():
         run_hyrec_recipe(ROOT / "recipes" / "hyrec-tiny.yaml", args.output, show_progress=True, evaluate=False)
     model = HyReCModel.load(args.output, device="cpu")
+    print(f"query: {args.query}\nheaviest terms: "
+          f"{model.decode(model.encode_lexical([args.query], role='query')[0], top=6)}")
 
-    data = load_beir("medmini", "test")
-    ids, texts = list(data.corpus), data.doc_texts()
-    lexical = LexicalIndex.from_sparse(model.encode_lexical(texts, role="document"), n_terms=model.n_terms)
-    dense = DenseIndex.build(np.ascontiguousarray(model.encode_dense(texts, role="document"), dtype=np.float32))
-
-    q_lex = model.encode_lexical([args.query], role="query")
-    print(f"query: {args.query}\nheaviest terms: {model.decode(q_lex[0], top=6)}")
-    lex_scores, lex_idx = lexical.search(q_lex, k=len(texts))
-    den_scores, den_idx = dense.search(model.encode_dense([args.query], role="query"), len(texts))
-    lex = {int(i): float(s) for s, i in zip(lex_scores[0], lex_idx[0]) if i >= 0}
-    den = {int(i): float(s) for s, i in zip(den_scores[0], den_idx[0]) if i >= 0}
-    # HyReC's NM sum: both sides are L2-normalised vectors, so their dot products are comparable (eq. 9)
-    hybrid = {i: lex.get(i, 0.0) + den.get(i, 0.0) for i in set(lex) | set(den)}
-    for name, scores in (("lexical", lex), ("dense", den), ("hybrid", hybrid)):
-        print(f"\n{name}:")
-        for i in sorted(scores, key=lambda j: -scores[j])[: args.k]:
-            print(f"  {scores[i]:.3f}  {ids[i]}  {texts[i][:90]!r}")
-    assert np.isfinite(list(hybrid.values())).all()
+    docs = load_documents("medmini")
+    for kind in ("lexical", "dense", "hybrid"):
+        config = RetrieverConfig(kind=kind, fusion=FusionConfig(method="sum", dense_weight=0.5))
+        retriever = Retriever.build(docs, model=model, config=config, model_name=str(args.output),
+                                    show_progress=False)
+        print(f"\n{kind}:")
+        for hit in retriever.search(args.query, k=args.k):
+            print(f"  {hit.score:.3f}  {hit.id}  {hit.text[:90]!r}")
+    retriever.save(args.output / "hybrid.index")  # Retriever.load(...) reloads the model from args.output
 
 
 if __name__ == "__main__":

@@ -29,7 +29,7 @@ from medadapt.retrieval import (
     rrf_fusion,
     zscore_fusion,
 )
-from medadapt.retrieval.fusion import fuse_runs
+from medadapt.retrieval.fusion import fuse, fuse_runs
 
 from conftest import TOPICS, build_tiny_bert
 
@@ -120,6 +120,8 @@ def test_fusion_hand_made_examples_and_missing_rule():
     assert list(rrf_fusion([dense, lex], k=2)) == ["b", "a"]
     assert minmax_fusion([{"x": 2.0}, {}]) == {"x": 0.5}  # an empty list contributes nothing
     assert minmax_fusion([{"x": 3.0, "y": 3.0}], k=1) == {"x": 1.0}  # constant list -> 1.0
+    raw = fuse([dense, lex], "sum", weights=[0.5, 0.5])  # raw scores, missing -> 0
+    assert raw == pytest.approx({"b": 4.25, "d": 2.0, "e": 1.0, "a": 0.45, "c": 0.05})
     runs = fuse_runs([{"q": dense}, {"q": lex, "q2": {"z": 1.0}}], method="rrf")
     assert set(runs) == {"q", "q2"}
     with pytest.raises(ValueError, match="minmax, zscore, rrf"):

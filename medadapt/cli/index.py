@@ -23,18 +23,21 @@ class Fusion(str, enum.Enum):
     minmax = "minmax"
     zscore = "zscore"
     rrf = "rrf"
+    sum = "sum"
 
 
 def index_cmd(
     corpus: Annotated[str, typer.Option(help="BEIR folder, corpus.jsonl, or builtin dataset (medmini).")],
     out: Annotated[Path, typer.Option(help="Index folder to write (replaced atomically if it is an index).")],
-    model: Annotated[str, typer.Option(help="Model alias (minilm), saved model folder, or hub id.")] = "minilm",
+    model: Annotated[str, typer.Option(help="Model alias (minilm), saved model folder, or hub id; a HyReC "
+                                       "folder gives learned lexical vectors too.")] = "minilm",
     kind: Annotated[Kind, typer.Option(help="dense (FAISS), lexical (BM25) or hybrid (both, fused).")] = Kind.dense,
     factory: Annotated[str, typer.Option(help="FAISS index_factory string: Flat, HNSW32, IVF4096,PQ64 ...")] = "Flat",
     ef_construction: Annotated[int, typer.Option(min=1, help="HNSW build breadth.")] = 40,
     ef_search: Annotated[int, typer.Option(min=1, help="HNSW search breadth.")] = 64,
     nprobe: Annotated[int, typer.Option(min=1, help="IVF lists probed per query.")] = 16,
-    fusion: Annotated[Fusion, typer.Option(help="Hybrid fusion method.")] = Fusion.minmax,
+    fusion: Annotated[Fusion, typer.Option(help="Hybrid fusion method (sum: raw weighted sum, HyReC's NM "
+                                           "sum).")] = Fusion.minmax,
     dense_weight: Annotated[float, typer.Option(min=0.0, max=1.0, help="Hybrid weight of the dense side.")] = 0.5,
     language: Annotated[str, typer.Option(help="BM25 tokenisation: auto, en, zh, none.")] = "auto",
     batch_size: Annotated[int, typer.Option(min=1, help="Encoding batch size.")] = 64,
@@ -63,13 +66,16 @@ def index_cmd(
             raise MedAdaptError(f"{'.'.join(map(str, err['loc']))}: {err['msg']}") from None
         t0 = time.perf_counter()
         docs = load_documents(corpus)  # validate the corpus before loading a model
+        from medadapt.retrieval.retriever import Retriever, is_hyrec_folder, load_hyrec
+
         st_model = None
-        if config.uses_dense:
+        if is_hyrec_folder(model):  # dense and learned lexical vectors from one HyReC model
+            st_model = load_hyrec(model, device=device)
+        elif config.uses_dense:
             from medadapt.models import load
 
             st_model = load(model, device=device)
         from medadapt.cache import EmbeddingCache
-        from medadapt.retrieval.retriever import Retriever
 
         retriever = Retriever.build(docs, st_model, config=config, cache=EmbeddingCache(cache_dir),
                                     model_name=model if st_model is not None else None, show_progress=not quiet)

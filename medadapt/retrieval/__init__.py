@@ -33,6 +33,7 @@ _LAZY = {
     "minmax_fusion": "medadapt.retrieval.fusion",
     "zscore_fusion": "medadapt.retrieval.fusion",
     "rrf_fusion": "medadapt.retrieval.fusion",
+    "sum_fusion": "medadapt.retrieval.fusion",
     "fuse": "medadapt.retrieval.fusion",
     "fuse_runs": "medadapt.retrieval.fusion",
     "build_shard": "medadapt.retrieval.sharding",
@@ -53,7 +54,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from medadapt.retrieval.dense import DenseIndex
     from medadapt.retrieval.docstore import Documents
     from medadapt.retrieval.errors import IndexCorruptError, IndexMismatchError
-    from medadapt.retrieval.fusion import fuse, fuse_runs, minmax_fusion, rrf_fusion, zscore_fusion
+    from medadapt.retrieval.fusion import fuse, fuse_runs, minmax_fusion, rrf_fusion, sum_fusion, zscore_fusion
     from medadapt.retrieval.inverted import InvertedIndex
     from medadapt.retrieval.langchain import MedAdaptEmbeddings, MedAdaptRetriever
     from medadapt.retrieval.lexical import LexicalIndex

@@ -11,7 +11,7 @@ from typing import Literal, Optional
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 RetrieverKind = Literal["dense", "lexical", "hybrid"]
-FusionMethod = Literal["minmax", "zscore", "rrf"]
+FusionMethod = Literal["minmax", "zscore", "rrf", "sum"]
 Language = Literal["auto", "en", "zh", "none"]
 
 
@@ -71,7 +71,9 @@ class FusionConfig(_Strict):
     """How hybrid retrieval combines its dense and lexical lists.
 
     Attributes:
-        method: ``"minmax"`` / ``"zscore"`` weighted sum of normalised scores, or ``"rrf"``.
+        method: ``"minmax"`` / ``"zscore"`` weighted sum of normalised scores, ``"rrf"``, or ``"sum"``: the
+            weighted sum of the raw scores (for a HyReC model, whose dense and lexical scores are both dot
+            products of L2-normalised vectors: HyReC's NM sum, eq. 9, up to scale).
         dense_weight: weight of the dense list; the lexical list gets ``1 - dense_weight``.
         depth: documents taken from each list before fusing.
         rrf_k: the RRF constant (60, as in Cormack et al. 2009).

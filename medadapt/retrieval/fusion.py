@@ -106,16 +106,23 @@ def rrf_fusion(lists: Sequence[Scores], k_rrf: int = 60, weights: Sequence[float
     return _ranked(fused, k)
 
 
-FUSERS = {"minmax": minmax_fusion, "zscore": zscore_fusion}
+def sum_fusion(lists: Sequence[Scores], weights: Sequence[float] | None = None, k: int | None = None
+               ) -> dict[str, float]:
+    """Weighted sum of the raw scores (a document missing from a list gets 0 from it): for scores that are
+    already on one scale, such as HyReC's normalised lexical and dense dot products (eq. 9)."""
+    return weighted_sum([dict(s) for s in lists], weights, k, floors=[0.0] * len(lists))
+
+
+FUSERS = {"minmax": minmax_fusion, "zscore": zscore_fusion, "sum": sum_fusion}
 
 
 def fuse(lists: Sequence[Scores], method: str = "minmax", weights: Sequence[float] | None = None,
          k: int | None = None, rrf_k: int = 60) -> dict[str, float]:
-    """Dispatch on ``method`` (``"minmax"``, ``"zscore"`` or ``"rrf"``)."""
+    """Dispatch on ``method`` (``"minmax"``, ``"zscore"``, ``"rrf"`` or ``"sum"``)."""
     if method == "rrf":
         return rrf_fusion(lists, rrf_k, weights, k)
     if method not in FUSERS:
-        raise ValueError(f"unknown fusion method {method!r}; choose one of: minmax, zscore, rrf")
+        raise ValueError(f"unknown fusion method {method!r}; choose one of: minmax, zscore, rrf, sum")
     return FUSERS[method](lists, weights, k)
 
 

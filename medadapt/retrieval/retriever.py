@@ -10,7 +10,10 @@ Example::
     r = Retriever.load("medmini.index")            # refuses an index built with another model
 
 Queries go through ``model.encode_query`` and documents through ``encode_document`` (asymmetric models
-with query/document prompts or routes work). ``search`` is thread-safe: FAISS and scipy searches run
+with query/document prompts or routes work). A :class:`~medadapt.hyrec.HyReCModel` (or its folder) encodes
+both sides instead: its dense vectors go into FAISS and its learned sparse vectors into the inverted index,
+so ``kind="lexical"`` searches with learned term weights and ``kind="hybrid"`` with
+``FusionConfig(method="sum")`` is HyReC's NM sum (eq. 9). ``search`` is thread-safe: FAISS and scipy searches run
 concurrently; only the model's tokenizer (HF fast tokenizers raise "Already borrowed" when shared
 across threads) is behind a lock.
 """
@@ -61,9 +64,32 @@ class SearchResult:
             yield Hit(i, s, t, ti, r)
 
 
+def is_hyrec(model) -> bool:
+    """``model`` is a HyReC model (checked without importing the HyReC package for other models)."""
+    return type(model).__name__ == "HyReCModel" and type(model).__module__.startswith("medadapt.hyrec")
+
+
+def is_hyrec_folder(model) -> bool:
+    return isinstance(model, (str, Path)) and (Path(model) / "hyrec" / "config.json").is_file()
+
+
+def load_hyrec(model, device: str | None = None):
+    from medadapt.hyrec import HyReCModel
+
+    return HyReCModel.load(model, device=device)
+
+
 def describe_model(model, name: str) -> ModelInfo:
     from medadapt.cache import effective_prompt
     from medadapt.models import model_fingerprint
+
+    if is_hyrec(model):  # every module (dense side, lexicon encoder, projectors) and the bagging settings
+        import hashlib
+        import json
+
+        ident = model_fingerprint(model) + json.dumps(model.config.to_dict(), sort_keys=True)
+        return ModelInfo(name=name, fingerprint=hashlib.sha256(ident.encode()).hexdigest()[:32],
+                         similarity="cosine", max_seq_length=model.config.passage_max_length)
 
     return ModelInfo(
         name=name,
@@ -89,6 +115,9 @@ class Retriever:
         self.lexical = lexical
         self.manifest = manifest
         self._encode_lock = threading.Lock()
+        self.hyrec = is_hyrec(model)
+        if self.hyrec and config.uses_lexical and lexical is not None and lexical.weighting is not None:
+            raise MedAdaptError("a HyReC retriever needs a learned sparse index, not BM25")
         if config.uses_dense and (dense is None or model is None):
             raise MedAdaptError(f"a {config.kind} retriever needs a model and a dense index")
         if config.uses_lexical and lexical is None:
@@ -110,7 +139,9 @@ class Retriever:
 
         Args:
             docs: a :class:`Documents` (see :func:`~medadapt.retrieval.load_documents`).
-            model: a ``SentenceTransformer`` or a name for :func:`medadapt.load` (dense / hybrid only).
+            model: a ``SentenceTransformer`` or a name for :func:`medadapt.load` (dense / hybrid only), or
+                a :class:`~medadapt.hyrec.HyReCModel` / HyReC folder (any kind: it also gives the learned
+                lexical vectors; documents are encoded in one pass, without the embedding cache).
             kind: ``"dense"``, ``"lexical"`` or ``"hybrid"`` (overrides ``config.kind``).
             config: :class:`RetrieverConfig` (FAISS factory, BM25 and fusion settings).
             cache: an :class:`~medadapt.cache.EmbeddingCache` for document embeddings (default cache dir).
@@ -123,7 +154,18 @@ class Retriever:
         if len(docs) == 0:
             raise MedAdaptError("cannot index an empty corpus")
         dense = lexical = None
-        if config.uses_dense:
+        if is_hyrec_folder(model):
+            model_name = model_name or str(model)
+            model = load_hyrec(model)
+        if is_hyrec(model):
+            vecs, sparse = model.encode(docs.indexed_texts(), "document", dense=config.uses_dense,
+                                        lexical=config.uses_lexical, batch_size=config.batch_size,
+                                        show_progress=show_progress, desc="encoding documents")
+            if config.uses_dense:
+                dense = DenseIndex.build(np.ascontiguousarray(vecs, dtype=np.float32), config.dense)
+            if config.uses_lexical:
+                lexical = LexicalIndex.from_sparse(sparse, n_terms=model.n_terms, config=config.lexical)
+        elif config.uses_dense:
             if model is None:
                 raise MedAdaptError(f"a {config.kind} index needs a model (e.g. model='minilm')")
             if isinstance(model, (str, Path)):
@@ -133,17 +175,19 @@ class Retriever:
                 model = load(str(model))
             dense = DenseIndex.build_from_model(model, docs.indexed_texts(), cache, config.dense,
                                                 config.batch_size, show_progress)
-        if config.uses_lexical:
+        if config.uses_lexical and lexical is None:
             lexical = LexicalIndex.build_bm25(docs.indexed_texts(), config.lexical, show_progress)
-        info = describe_model(model, model_name or "") if dense is not None else None
+        hyrec = is_hyrec(model)
+        info = describe_model(model, model_name or "") if dense is not None or hyrec else None
         from medadapt import __version__
 
         manifest = Manifest(
-            medadapt_version=__version__, kind=config.kind, model=info,
+            medadapt_version=__version__, kind=config.kind, encoder="hyrec" if hyrec else "sentence-transformers",
+            model=info,
             embedding_dim=dense.dim if dense else None, normalized=dense.normalized if dense else None,
             corpus_hash=docs.content_hash(), n_docs=len(docs), config=config.model_dump(mode="json"),
         )
-        return cls(config, list(docs.ids), docs, model if dense else None, dense, lexical, manifest)
+        return cls(config, list(docs.ids), docs, model if dense or hyrec else None, dense, lexical, manifest)
 
     # ------------------------------------------------------------------ documents
     def document(self, position: int) -> dict[str, str]:
@@ -168,9 +212,20 @@ class Retriever:
     def encode_queries(self, queries: Sequence[str]) -> np.ndarray:
         """Query embeddings through ``model.encode_query`` (serialised: tokenizers are not thread-safe)."""
         with self._encode_lock:
+            if self.hyrec:
+                return np.ascontiguousarray(self.model.encode_dense(list(queries), "query",
+                                                                    batch_size=self.config.batch_size),
+                                            dtype=np.float32)
             return np.asarray(
                 self.model.encode_query(list(queries), batch_size=self.config.batch_size,
                                         convert_to_numpy=True, show_progress_bar=False), dtype=np.float32)
+
+    def _lexical_search(self, queries: list[str], k: int) -> tuple[np.ndarray, np.ndarray]:
+        if not self.hyrec:
+            return self.lexical.search(queries, k)
+        with self._encode_lock:
+            vectors = self.model.encode_lexical(queries, "query", batch_size=self.config.batch_size)
+        return self.lexical.search(vectors, k)
 
     def search(self, query: str, k: int = 10) -> SearchResult:
         """Top-``k`` documents for one query."""
@@ -191,7 +246,7 @@ class Retriever:
             return []
         kind = self.config.kind
         if kind == "lexical":
-            s, p = self.lexical.search(queries, k)
+            s, p = self._lexical_search(queries, k)
             return [self._result(s[r], p[r]) for r in range(len(queries))]
         q = query_embeddings if query_embeddings is not None else self.encode_queries(queries)
         if kind == "dense":
@@ -203,7 +258,7 @@ class Retriever:
         fc = self.config.fusion
         depth = max(k, fc.depth)
         ds, dp = self.dense.search(q, depth)
-        ls, lp = self.lexical.search(queries, depth)
+        ls, lp = self._lexical_search(queries, depth)
         out = []
         for r in range(len(queries)):
             dense = {int(p): float(s) for s, p in zip(ds[r], dp[r]) if p >= 0}
@@ -275,13 +330,16 @@ class Retriever:
             raise IndexCorruptError(f"{folder}: doc_ids.json does not hold {manifest.n_docs} ids")
         docstore = DocStore.open(folder, ids)
         dense = lexical = None
+        if manifest.encoder == "hyrec":
+            model = _check_hyrec(folder, manifest, model, device)
         if config.uses_dense:
-            model = _check_model(folder, manifest, model, device)
+            if manifest.encoder != "hyrec":
+                model = _check_model(folder, manifest, model, device)
             dense = DenseIndex.load(folder, config.dense, bool(manifest.normalized), mmap=mmap)
             if dense.ntotal != manifest.n_docs or dense.dim != manifest.embedding_dim:
                 raise IndexCorruptError(f"{folder}: dense index holds {dense.ntotal}×{dense.dim} vectors, "
                                         f"manifest says {manifest.n_docs}×{manifest.embedding_dim}")
-        else:
+        elif manifest.encoder != "hyrec":
             model = None
         if config.uses_lexical:
             lexical = LexicalIndex.load(folder)
@@ -294,6 +352,28 @@ class Retriever:
 def _keyed(scores: dict[int, float]) -> dict[str, float]:
     """Fusion keys: zero-padded positions, so its id tie-break equals the position order."""
     return {f"{p:012d}": s for p, s in scores.items()}
+
+
+def _check_hyrec(folder: Path, manifest: Manifest, model, device):
+    """The HyReC model of a saved index: reloaded from its recorded folder, or the given one, checked."""
+    info = manifest.model
+    if info is None:
+        raise IndexCorruptError(f"{folder}: HyReC index without model information in its manifest")
+    if model is None:
+        if not info.name:
+            raise MedAdaptError(f"{folder} was built from an in-memory HyReC model with no name; pass model=... "
+                                "to load it")
+        model = info.name
+    if isinstance(model, (str, Path)):
+        model = load_hyrec(model, device=device)
+    if not is_hyrec(model):
+        raise IndexMismatchError(f"{folder} was built with a HyReC model; pass a HyReCModel or its folder")
+    got = describe_model(model, info.name)
+    if got.fingerprint != info.fingerprint:
+        raise IndexMismatchError(
+            f"{folder} was built with HyReC model {info.name!r} (fingerprint {info.fingerprint}) but the given "
+            f"model has fingerprint {got.fingerprint}; search with the same model or rebuild the index")
+    return model
 
 
 def _check_model(folder: Path, manifest: Manifest, model, device):

@@ -52,6 +52,7 @@ class Manifest(BaseModel):
     format: int = FORMAT
     medadapt_version: str
     kind: str
+    encoder: str = "sentence-transformers"  # or "hyrec": a HyReC model encodes both sides
     model: Optional[ModelInfo] = None
     embedding_dim: Optional[int] = None
     normalized: Optional[bool] = None
