@@ -330,11 +330,9 @@ class Retriever:
             raise IndexCorruptError(f"{folder}: doc_ids.json does not hold {manifest.n_docs} ids")
         docstore = DocStore.open(folder, ids)
         dense = lexical = None
-        if manifest.encoder == "hyrec":
-            model = _check_hyrec(folder, manifest, model, device)
+        if config.uses_dense or manifest.encoder == "hyrec":  # a HyReC index encodes lexical queries too
+            model = _check_model(folder, manifest, model, device)
         if config.uses_dense:
-            if manifest.encoder != "hyrec":
-                model = _check_model(folder, manifest, model, device)
             dense = DenseIndex.load(folder, config.dense, bool(manifest.normalized), mmap=mmap)
             if dense.ntotal != manifest.n_docs or dense.dim != manifest.embedding_dim:
                 raise IndexCorruptError(f"{folder}: dense index holds {dense.ntotal}×{dense.dim} vectors, "
@@ -354,46 +352,36 @@ def _keyed(scores: dict[int, float]) -> dict[str, float]:
     return {f"{p:012d}": s for p, s in scores.items()}
 
 
-def _check_hyrec(folder: Path, manifest: Manifest, model, device):
-    """The HyReC model of a saved index: reloaded from its recorded folder, or the given one, checked."""
-    info = manifest.model
-    if info is None:
-        raise IndexCorruptError(f"{folder}: HyReC index without model information in its manifest")
-    if model is None:
-        if not info.name:
-            raise MedAdaptError(f"{folder} was built from an in-memory HyReC model with no name; pass model=... "
-                                "to load it")
-        model = info.name
-    if isinstance(model, (str, Path)):
-        model = load_hyrec(model, device=device)
-    if not is_hyrec(model):
-        raise IndexMismatchError(f"{folder} was built with a HyReC model; pass a HyReCModel or its folder")
-    got = describe_model(model, info.name)
-    if got.fingerprint != info.fingerprint:
-        raise IndexMismatchError(
-            f"{folder} was built with HyReC model {info.name!r} (fingerprint {info.fingerprint}) but the given "
-            f"model has fingerprint {got.fingerprint}; search with the same model or rebuild the index")
-    return model
-
-
 def _check_model(folder: Path, manifest: Manifest, model, device):
+    """The index's model: reloaded from the name its manifest records, or the given one, checked against it
+    (a HyReC index needs a HyReC model and checks its fingerprint only)."""
+    hyrec = manifest.encoder == "hyrec"
     info = manifest.model
     if info is None:
-        raise IndexCorruptError(f"{folder}: dense index without model information in its manifest")
+        raise IndexCorruptError(f"{folder}: {'HyReC' if hyrec else 'dense'} index without model information in "
+                                "its manifest")
     if model is None:
         if not info.name:
             raise MedAdaptError(f"{folder} was built from an in-memory model with no name; pass model=... to load it")
         model = info.name
     if isinstance(model, (str, Path)):
-        from medadapt.models import load
+        if hyrec:
+            model = load_hyrec(model, device=device)
+        else:
+            from medadapt.models import load
 
-        model = load(str(model), device=device)
+            model = load(str(model), device=device)
+    if hyrec != is_hyrec(model):
+        raise IndexMismatchError(f"{folder} was built with {'a' if hyrec else 'no'} HyReC model; pass "
+                                 f"{'a HyReCModel or its folder' if hyrec else 'a SentenceTransformer'}")
     got = describe_model(model, info.name)
     if got.fingerprint != info.fingerprint:
         raise IndexMismatchError(
             f"{folder} was built with model {info.name!r} (fingerprint {info.fingerprint}) but the given model "
             f"has fingerprint {got.fingerprint}; search with the same model or rebuild the index"
         )
+    if hyrec:
+        return model
     dim = embedding_dim(model)
     if dim is not None and dim != manifest.embedding_dim:
         raise IndexMismatchError(f"{folder}: index dimension {manifest.embedding_dim} != model dimension {dim}")
