@@ -120,8 +120,8 @@ def test_fusion_hand_made_examples_and_missing_rule():
     assert list(rrf_fusion([dense, lex], k=2)) == ["b", "a"]
     assert minmax_fusion([{"x": 2.0}, {}]) == {"x": 0.5}  # an empty list contributes nothing
     assert minmax_fusion([{"x": 3.0, "y": 3.0}], k=1) == {"x": 1.0}  # constant list -> 1.0
-    raw = fuse([dense, lex], "sum", weights=[0.5, 0.5])  # raw scores, missing -> 0
-    assert raw == pytest.approx({"b": 4.25, "d": 2.0, "e": 1.0, "a": 0.45, "c": 0.05})
+    raw = fuse([dense, lex], "sum", weights=[0.5, 0.5])  # raw scores, missing -> the list's lowest score
+    assert raw == pytest.approx({"b": 4.25, "d": 2.05, "e": 1.05, "a": 1.45, "c": 1.05})
     runs = fuse_runs([{"q": dense}, {"q": lex, "q2": {"z": 1.0}}], method="rrf")
     assert set(runs) == {"q", "q2"}
     with pytest.raises(ValueError, match="minmax, zscore, rrf"):

@@ -108,9 +108,11 @@ def rrf_fusion(lists: Sequence[Scores], k_rrf: int = 60, weights: Sequence[float
 
 def sum_fusion(lists: Sequence[Scores], weights: Sequence[float] | None = None, k: int | None = None
                ) -> dict[str, float]:
-    """Weighted sum of the raw scores (a document missing from a list gets 0 from it): for scores that are
-    already on one scale, such as HyReC's normalised lexical and dense dot products (eq. 9)."""
-    return weighted_sum([dict(s) for s in lists], weights, k, floors=[0.0] * len(lists))
+    """Weighted sum of the raw scores, for scores already on one scale such as HyReC's normalised lexical and
+    dense dot products (eq. 9). A document missing from a list gets that list's lowest score, the tightest
+    bound its true score is known to stay under (0 would sink every document outside the dense top list
+    when all cosines are high)."""
+    return weighted_sum([dict(s) for s in lists], weights, k)
 
 
 FUSERS = {"minmax": minmax_fusion, "zscore": zscore_fusion, "sum": sum_fusion}
