@@ -7,9 +7,8 @@ Builds ``Retriever(kind="hybrid", fusion=sum)`` from the model folder (learned s
 index, dense vectors in FAISS Flat), searches the test queries at depth 100 with each kind, and prints
 nDCG@10 / Recall@100 and search time. ``--dense-weight w`` ranks as ``S_lex + w / (1 - w) S_den``: 0.2 for a
 model trained with ``dense_weight: 0.25`` (the zh recipe), 0.5 for 1.0. Compare with
-``benchmarks/hyrec.py``'s rows for the same model: lexical and dense must match exactly; hybrid fuses the two
-top-100 lists (a document missing from one list gets that list's lowest score), where the evaluation
-rescores the union of both lists exactly.
+``benchmarks/hyrec.py``'s rows for the same model: all three should match, since the Retriever's ``sum``
+hybrid rescores every candidate of both top-100 lists exactly, as the evaluation does.
 """
 
 from __future__ import annotations

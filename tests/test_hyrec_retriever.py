@@ -64,6 +64,15 @@ def test_hybrid_sum_is_the_nm_sum_and_round_trips(hyrec_dir, tiny_beir_dir, tmp_
         i = docs.ids.index(doc_id)
         assert score == pytest.approx(0.5 * lex.get(doc_id, 0.0) + 0.5 * float(dvec[i] @ q_dense), abs=1e-5)
 
+    # shallow lists: each candidate is still scored exactly (no floor for a document missing from a list)
+    r.config = RetrieverConfig(kind="hybrid", fusion=FusionConfig(method="sum", dense_weight=0.5, depth=2))
+    shallow = r.search(QUERIES[0], k=3)
+    assert 2 <= len(shallow) <= 3
+    for doc_id, score in zip(shallow.ids, shallow.scores):
+        i = docs.ids.index(doc_id)
+        assert score == pytest.approx(0.5 * lex.get(doc_id, 0.0) + 0.5 * float(dvec[i] @ q_dense), abs=1e-5)
+    r.config = cfg
+
     r.save(tmp_path / "index")
     again = Retriever.load(tmp_path / "index")  # reloads the HyReC model from its recorded folder
     assert again.hyrec and again.manifest.encoder == "hyrec"

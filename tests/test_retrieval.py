@@ -18,6 +18,7 @@ from medadapt.retrieval import (
     DenseConfig,
     DenseIndex,
     Documents,
+    FusionConfig,
     IndexCorruptError,
     IndexMismatchError,
     InvertedIndex,
@@ -158,6 +159,23 @@ def test_retriever_kinds_and_round_trip(built, tiny_bert):
     assert lexical.search("gout uric acid", 1).ids == ["d9"]
     assert not (path.parent / f".{path.name}.tmp").exists()
     assert not [p for p in path.parent.iterdir() if p.name.startswith(".")]  # no temp folders left
+
+
+def test_sum_fusion_scores_bm25_and_dense_candidates_exactly(tiny_bert):
+    """Hybrid with ``sum`` rescores every candidate of either top list with its true BM25 and cosine."""
+    docs = tiny_docs()
+    cfg = RetrieverConfig(kind="hybrid", fusion=FusionConfig(method="sum", dense_weight=0.3, depth=3))
+    r = Retriever.build(docs, tiny_bert, config=cfg, show_progress=False)
+    query = "gout uric acid toe"
+    res = r.search(query, k=5)
+    bm25 = Retriever.build(docs, kind="lexical", config=cfg, show_progress=False).search(query, 24)
+    lex = dict(zip(bm25.ids, bm25.scores))
+    q = tiny_bert.encode_query([query], normalize_embeddings=True)[0]
+    d = tiny_bert.encode_document(docs.indexed_texts(), normalize_embeddings=True)
+    assert len(res) == 5 and res.scores == sorted(res.scores, reverse=True)
+    for doc_id, score in zip(res.ids, res.scores):
+        cos = float(d[docs.ids.index(doc_id)] @ q)
+        assert score == pytest.approx(0.3 * cos + 0.7 * lex.get(doc_id, 0.0), abs=1e-4)
 
 
 def test_mismatched_model_and_corrupted_files_refused(built, tmp_path):

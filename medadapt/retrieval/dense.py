@@ -211,6 +211,14 @@ class DenseIndex:
         s = np.where(i < 0, -np.inf, s).astype(np.float32)
         return s, i.astype(np.int64)
 
+    def reconstruct(self, positions: np.ndarray) -> np.ndarray | None:
+        """The stored vectors at ``positions`` (decoded, for compressed indexes), or ``None`` when the index
+        type cannot give them back (e.g. IVF without a direct map)."""
+        try:
+            return self.cpu_index().reconstruct_batch(np.asarray(positions, dtype=np.int64))
+        except RuntimeError:
+            return None
+
     def reconstruct_all(self) -> np.ndarray:
         """All stored vectors (Flat-like indexes only); used by tests and exact re-scoring."""
         return self.cpu_index().reconstruct_n(0, self.ntotal)

@@ -220,12 +220,18 @@ class Retriever:
                 self.model.encode_query(list(queries), batch_size=self.config.batch_size,
                                         convert_to_numpy=True, show_progress_bar=False), dtype=np.float32)
 
-    def _lexical_search(self, queries: list[str], k: int) -> tuple[np.ndarray, np.ndarray]:
+    def _lexical_queries(self, queries: list[str]):
+        """Sparse query matrix: BM25 query terms, or the HyReC model's learned query vectors."""
         if not self.hyrec:
-            return self.lexical.search(queries, k)
+            return self.lexical.encode_queries(queries)
+        from medadapt.retrieval.inverted import to_csr
+
         with self._encode_lock:
             vectors = self.model.encode_lexical(queries, "query", batch_size=self.config.batch_size)
-        return self.lexical.search(vectors, k)
+        return to_csr(vectors, self.lexical.engine.n_terms)
+
+    def _lexical_search(self, queries: list[str], k: int) -> tuple[np.ndarray, np.ndarray]:
+        return self.lexical.search(self._lexical_queries(queries), k)
 
     def search(self, query: str, k: int = 10) -> SearchResult:
         """Top-``k`` documents for one query."""
@@ -257,6 +263,10 @@ class Retriever:
     def _hybrid(self, queries: list[str], q: np.ndarray, k: int) -> list[SearchResult]:
         fc = self.config.fusion
         depth = max(k, fc.depth)
+        if fc.method == "sum":
+            out = self._hybrid_rescored(queries, q, k, depth)
+            if out is not None:
+                return out
         ds, dp = self.dense.search(q, depth)
         ls, lp = self._lexical_search(queries, depth)
         out = []
@@ -266,6 +276,32 @@ class Retriever:
             fused = fuse([_keyed(dense), _keyed(lex)], fc.method, [fc.dense_weight, 1 - fc.dense_weight], k,
                          fc.rrf_k)
             out.append(self._result(list(fused.values()), [int(p) for p in fused]))
+        return out
+
+    def _hybrid_rescored(self, queries: list[str], q: np.ndarray, k: int, depth: int
+                         ) -> list[SearchResult] | None:
+        """``sum`` fusion scored exactly: every document of either top-``depth`` list gets its true lexical
+        score (0 when it shares no term with the query) and its dense score from the index's stored vectors,
+        so a HyReC hybrid equals the NM sum over the candidates. ``None`` when the dense index cannot give
+        its vectors back (the caller then fuses the two lists)."""
+        from medadapt.retrieval.inverted import topk_rows
+
+        fc = self.config.fusion
+        ds, dp = self.dense.search(q, depth)
+        lex_all = self.lexical.engine.score(self._lexical_queries(queries))
+        _, lp = topk_rows(lex_all, min(depth, self.lexical.n_docs))
+        qp = self.dense._prep(q)
+        out = []
+        for r in range(len(queries)):
+            cand = np.unique(np.concatenate([dp[r][dp[r] >= 0], lp[r][lp[r] >= 0]]))
+            vecs = self.dense.reconstruct(cand)
+            if vecs is None:
+                return None
+            dense = vecs @ qp[r]
+            lex = np.asarray(lex_all[r, cand].todense()).ravel() if len(cand) else np.zeros(0)
+            score = fc.dense_weight * dense + (1 - fc.dense_weight) * lex
+            order = np.lexsort((cand, -score))[:k]  # ties by position, as in fuse()
+            out.append(self._result(score[order].tolist(), cand[order].tolist()))
         return out
 
     # ------------------------------------------------------------------ persistence
