@@ -37,6 +37,21 @@ def test_recipe_errors_are_clear(tmp_path):
 
     load, _ = resolve_kind(TINY)
     assert load is load_hyrec_recipe
+    for bad in ("training.lexical_words=sometimes", "model.union_context=-1"):
+        with pytest.raises(ConfigError):
+            load_hyrec_recipe(TINY, [bad])
+
+
+def test_words_in_training_need_the_union(tiny_bert_dir):
+    from medadapt.hyrec.data import Example
+    from medadapt.hyrec.model import HyReCConfig, HyReCModel
+    from medadapt.hyrec.train import HyReCTrainConfig, train_hyrec
+    from medadapt.losses.hyrec import HyReCLoss
+
+    model = HyReCModel.from_backbone(str(tiny_bert_dir), HyReCConfig(union=False, language="en"))
+    examples = [Example("gout pain", "gout is a condition", []), Example("asthma", "asthma and wheezing", [])]
+    with pytest.raises(ConfigError, match="semantic union"):
+        train_hyrec(model, examples, HyReCTrainConfig(lexical_words="predicted"), HyReCLoss(union_weight=0))
 
 
 def test_cli_trains_tiny_recipe_end_to_end(tiny_bert_dir, tiny_beir_dir, tmp_path):

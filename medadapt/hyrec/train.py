@@ -109,6 +109,9 @@ def train_hyrec(model, examples: Sequence[Example], cfg: HyReCTrainConfig, loss_
     if state_cache is not None and model.config.variant != "frozen":
         raise ConfigError("a shared-state cache needs the frozen variant "
                           "(the sharing backbone must not train)")
+    if cfg.lexical_words != "none" and not model.config.union:
+        raise ConfigError(f"lexical_words: {cfg.lexical_words} needs a model with the semantic union "
+                          "(HyReCConfig.union); use 'none' without it")
     if dense_inputs is not None and cfg.train_dense_encoder:
         raise ConfigError("precomputed dense inputs need train_dense_encoder: false")
     torch.manual_seed(cfg.seed)
