@@ -332,7 +332,6 @@ def run_care_recipe(
     from medadapt.asym.stages import align_queries, init_tower, joint_finetune, teacher_targets
     from medadapt.cache import EmbeddingCache
     from medadapt.data import load_beir
-    from medadapt.io import atomic_write_json, atomic_write_text
     from medadapt.losses import AsymInfoNCELoss, InfoNCELoss, MatryoshkaLoss
     from medadapt.recipes.loader import resolve_path
     from medadapt.training.checkpoint import CheckpointConfig
@@ -482,14 +481,8 @@ def run_care_recipe(
     result.train_seconds = time.perf_counter() - t_start - result.encode_seconds
 
     if accelerator.is_main_process:
-        import yaml
-
         _save_model_atomically(model, output_dir)
-        atomic_write_text(output_dir / "recipe.yaml",
-                          yaml.safe_dump(recipe.model_dump(mode="json"), sort_keys=False, allow_unicode=True))
-        atomic_write_json(output_dir / "train_log.json", {
-            "encode_seconds": round(result.encode_seconds, 2), "train_seconds": round(result.train_seconds, 2),
-            "stages": result.stages, "loss_history": result.loss_history})
+        result.write_run_files(output_dir, recipe, stages=result.stages)
     accelerator.wait_for_everyone()
     if evaluate and accelerator.is_main_process:
         from medadapt.asym.evaluate import evaluate_asymmetric

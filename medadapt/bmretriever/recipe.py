@@ -190,7 +190,6 @@ def run_bmretriever_recipe(
     """Run a BMRetriever recipe into ``output_dir`` (see module docstring); returns a
     :class:`BmRetrieverRunResult`."""
     import torch
-    import yaml
     from accelerate import PartialState
     from sentence_transformers import SentenceTransformer
 
@@ -203,7 +202,6 @@ def run_bmretriever_recipe(
     )
     from medadapt.bmretriever.trainer import train_stage
     from medadapt.cache import EmbeddingCache
-    from medadapt.io import atomic_write_json, atomic_write_text
     from medadapt.training.runner import _save_model_atomically
 
     if isinstance(spec, BmRetrieverRecipe):
@@ -283,11 +281,7 @@ def run_bmretriever_recipe(
     result.train_seconds = time.perf_counter() - t_start - result.encode_seconds
     if state.is_main_process:
         _save_model_atomically(model, output_dir)
-        atomic_write_text(output_dir / "recipe.yaml",
-                          yaml.safe_dump(recipe.model_dump(mode="json"), sort_keys=False, allow_unicode=True))
-        atomic_write_json(output_dir / "train_log.json", {
-            "encode_seconds": round(result.encode_seconds, 2), "train_seconds": round(result.train_seconds, 2),
-            "num_processes": state.num_processes, "stages": result.stages, "loss_history": result.loss_history})
+        result.write_run_files(output_dir, recipe, num_processes=state.num_processes, stages=result.stages)
     state.wait_for_everyone()
     if evaluate and state.is_main_process:
         from medadapt.data import load_beir

@@ -182,7 +182,6 @@ def run_hyrec_recipe(path_or_recipe: str | Path | HyReCRecipe, output_dir: str |
     Checkpoints go to ``output_dir/checkpoints`` and a re-run resumes.
     """
     import torch
-    import yaml
     from accelerate import Accelerator
 
     from medadapt.cache import EmbeddingCache, backbone_view
@@ -190,7 +189,6 @@ def run_hyrec_recipe(path_or_recipe: str | Path | HyReCRecipe, output_dir: str |
     from medadapt.hyrec.data import SharedStateCache, build_examples
     from medadapt.hyrec.model import HyReCModel
     from medadapt.hyrec.train import HyReCTrainConfig, train_hyrec
-    from medadapt.io import atomic_write_json, atomic_write_text
     from medadapt.losses.hyrec import HyReCLoss
     from medadapt.recipes.loader import resolve_path
     from medadapt.training.checkpoint import CheckpointConfig
@@ -289,12 +287,7 @@ def run_hyrec_recipe(path_or_recipe: str | Path | HyReCRecipe, output_dir: str |
     result.n_terms = model.n_terms
     if accelerator.is_main_process:
         model.save(output_dir)
-        atomic_write_text(output_dir / "recipe.yaml",
-                          yaml.safe_dump(spec.model_dump(mode="json"), sort_keys=False, allow_unicode=True))
-        atomic_write_json(output_dir / "train_log.json", {
-            "encode_seconds": round(result.encode_seconds, 2),
-            "train_seconds": round(result.train_seconds, 2),
-            "train_examples": len(examples), "steps": res.steps, "loss_history": res.loss_history})
+        result.write_run_files(output_dir, spec, train_examples=len(examples), steps=res.steps)
     accelerator.wait_for_everyone()
     if evaluate and accelerator.is_main_process:
         ev = spec.eval

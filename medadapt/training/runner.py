@@ -57,6 +57,17 @@ class RunResult:
     loss_history: list[dict[str, float]] = field(default_factory=list)
     routing_stats: dict[str, Any] = field(default_factory=dict)
 
+    def write_run_files(self, output_dir: Path, recipe, **log: Any) -> None:
+        """Write ``recipe.yaml`` (the validated recipe) and ``train_log.json`` (encode / train seconds,
+        ``log``'s extra entries, loss history) into ``output_dir`` atomically."""
+        import yaml
+
+        atomic_write_text(Path(output_dir) / "recipe.yaml",
+                          yaml.safe_dump(recipe.model_dump(mode="json"), sort_keys=False, allow_unicode=True))
+        atomic_write_json(Path(output_dir) / "train_log.json", {
+            "encode_seconds": round(self.encode_seconds, 2), "train_seconds": round(self.train_seconds, 2),
+            **log, "loss_history": self.loss_history})
+
     def record_metrics(self, metrics: dict[str, float], ev, output_dir: Path | None = None) -> None:
         """Keep ``metrics``, check them against ``ev.expected`` (within ``ev.tolerance``) and, with
         ``output_dir``, write ``metrics.json`` there atomically."""
@@ -135,24 +146,12 @@ def run_recipe(
 
     if accelerator.is_main_process:
         _save_model_atomically(model, output_dir)
-        atomic_write_text(output_dir / "recipe.yaml", _dump_yaml(recipe))
-        atomic_write_json(output_dir / "train_log.json", {
-            "encode_seconds": round(result.encode_seconds, 2),
-            "train_seconds": round(result.train_seconds, 2),
-            "loss_history": result.loss_history,
-            "routing_stats": _jsonable(result.routing_stats),
-        })
+        result.write_run_files(output_dir, recipe, routing_stats=_jsonable(result.routing_stats))
     accelerator.wait_for_everyone()
     if evaluate and accelerator.is_main_process:
         _evaluate(recipe, model, data_path, recipe_path, cache, result, show_progress, log)
         atomic_write_json(output_dir / "metrics.json", {k: round(v, 6) for k, v in result.metrics.items()})
     return result
-
-
-def _dump_yaml(recipe: Recipe) -> str:
-    import yaml
-
-    return yaml.safe_dump(recipe.model_dump(mode="json"), sort_keys=False, allow_unicode=True)
 
 
 def _jsonable(obj):
