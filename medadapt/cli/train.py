@@ -1,4 +1,4 @@
-"""``medadapt train RECIPE.yaml``: run a recipe (see :mod:`medadapt.training.runner`)."""
+"""``medadapt train RECIPE.yaml``: run a recipe (see :mod:`medadapt.recipes.run`)."""
 
 from __future__ import annotations
 
@@ -23,24 +23,26 @@ def train_cmd(
     ] = False,
     cache_dir: Annotated[Optional[Path], typer.Option(help="Embedding cache folder.")] = None,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress bars.")] = False,
+    overwrite: Annotated[bool, typer.Option("--overwrite", help="Discard checkpoints of an earlier, different run "
+                                            "into the same output instead of refusing to resume them.")] = False,
 ) -> None:
-    """Train a head (or backbone / LoRA) as a recipe describes; resumes from OUTPUT/checkpoints after a kill.
+    """Train a head (or backbone / LoRA) as a recipe describes; resumes from OUTPUT.checkpoints after a kill.
 
     Runs on Accelerate: `accelerate launch -m medadapt train RECIPE` spreads it over GPUs / processes."""
     quiet_libraries()
     try:
         from medadapt.cache import EmbeddingCache
-        from medadapt.recipes.kinds import resolve_kind
+        from medadapt.recipes import load_recipe, run_recipe
 
-        load, run = resolve_kind(recipe)  # `kind:` of the YAML picks the package (medadapt.recipes.kinds)
-        spec = load(recipe, list(set_ or []))
-        result = run(spec, output or Path("runs") / spec.name, recipe_path=recipe, cache=EmbeddingCache(cache_dir),
-                     show_progress=not quiet, evaluate=not no_eval, log=lambda m: console.print(m, highlight=False))
+        spec = load_recipe(recipe, list(set_ or []))  # `kind:` picks the system (medadapt.recipes.registry)
+        result = run_recipe(spec, output or Path("runs") / spec.name, cache=EmbeddingCache(cache_dir),
+                            show_progress=not quiet, evaluate=not no_eval, overwrite=overwrite,
+                            log=lambda m: console.print(m, highlight=False))
     except MedAdaptError as exc:
         fail(str(exc))
         return
     except KeyboardInterrupt:
-        fail(f"interrupted; run the same command again to resume from {output or 'runs/<name>'}/checkpoints")
+        fail(f"interrupted; run the same command again to resume from {output or 'runs/<name>'}.checkpoints")
         return
     from accelerate import PartialState
 

@@ -1,4 +1,4 @@
-"""Load a recipe YAML into :class:`~medadapt.recipes.schema.Recipe`, with ``--set a.b=c`` overrides and
+"""Load a recipe YAML (any registered kind), with ``--set a.b=c`` overrides and
 errors that name the file and the field."""
 
 from __future__ import annotations
@@ -10,7 +10,6 @@ import yaml
 from pydantic import BaseModel, ValidationError
 
 from medadapt.errors import ConfigError
-from medadapt.recipes.schema import Recipe
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -53,14 +52,6 @@ def format_validation_error(source: str, exc: ValidationError) -> str:
     return f"{source}: invalid recipe: " + "; ".join(msgs)
 
 
-def recipe_from_dict(data: dict, source: str = "<dict>", overrides: list[str] | None = None) -> Recipe:
-    data = apply_overrides(dict(data), list(overrides or []))
-    try:
-        return Recipe.model_validate(data)
-    except ValidationError as exc:
-        raise ConfigError(format_validation_error(source, exc)) from None
-
-
 def read_recipe_yaml(path: str | Path) -> dict:
     """The YAML mapping of a recipe file; a missing file, invalid YAML (with its line) or a non-mapping
     raises :class:`~medadapt.errors.ConfigError`. Shared by every recipe kind."""
@@ -78,24 +69,29 @@ def read_recipe_yaml(path: str | Path) -> dict:
     return data
 
 
-def load_kind_recipe(path_or_data: str | Path | dict, overrides: list[str] | None, schema: type[M], kind: str,
-                     label: str) -> M:
-    """Read a recipe (file or dict), apply ``section.field=value`` overrides, check its ``kind:`` and
-    validate it against ``schema`` (the loader of every ``kind:`` recipe; ``label`` names it in errors)."""
+def load_recipe(path_or_data: str | Path | dict, overrides: list[str] | None = None, *,
+                expect: type[M] | None = None) -> M:
+    """Read a recipe (a YAML file or a dict), apply ``section.field=value`` overrides and validate it against
+    the schema its ``kind:`` registered (:mod:`medadapt.recipes.registry`); ``expect`` additionally
+    requires that schema. Every problem is one :class:`~medadapt.errors.ConfigError` naming the file and
+    the field."""
+    from medadapt.recipes.registry import get_kind
+
     source = "<dict>" if isinstance(path_or_data, dict) else str(path_or_data)
     data = dict(path_or_data) if isinstance(path_or_data, dict) else read_recipe_yaml(path_or_data)
     data = apply_overrides(data, list(overrides or []))
-    if data.get("kind") != kind:
-        raise ConfigError(f"{source}: not a {label} recipe (expected 'kind: {kind}', got {data.get('kind')!r})")
+    schema = get_kind(data.get("kind"), source).schema
+    if expect is not None and not issubclass(schema, expect):
+        raise ConfigError(f"{source}: a {data.get('kind')!r} recipe, not a {expect.__name__}")
     try:
-        return schema.model_validate(data)
+        recipe = schema.model_validate(data)
     except ValidationError as exc:
         raise ConfigError(format_validation_error(source, exc)) from None
+    recipe._source = None if isinstance(path_or_data, dict) else str(path_or_data)
+    return recipe
 
 
-def load_recipe(path: str | Path, overrides: list[str] | None = None) -> Recipe:
-    """Read, override and validate a recipe file."""
-    return recipe_from_dict(read_recipe_yaml(path), str(path), overrides)
+recipe_from_dict = load_recipe
 
 
 def resolve_path(value: str, recipe_path: str | Path | None) -> Path:

@@ -1,0 +1,101 @@
+"""The recipe base every system's schema extends: ``kind``, ``name``, ``schema_version``, ``data``,
+``training``, ``eval``, plus the sections several systems share (LoRA).
+
+A system's recipe is a subclass that narrows ``kind`` to a literal, narrows or extends the shared
+sections, and adds its own (``head``, ``stage1``, ...). The sections *are* the library's configs: the
+Python API builds the same classes a YAML file validates into, with the same defaults.
+
+Example::
+
+    class MyRecipe(RecipeBase):
+        kind: Literal["mine"] = "mine"
+        model: MyModelSection
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field, PrivateAttr, field_validator
+
+from medadapt.config import Section
+
+__all__ = ["SCHEMA_VERSION", "DataSection", "EvalSection", "LoraSection", "RecipeBase", "RunSection", "Section"]
+
+SCHEMA_VERSION = 1
+
+
+class DataSection(Section):
+    """A BEIR folder (``corpus.jsonl``, ``queries.jsonl``, ``qrels/<split>.tsv``) or a builtin name."""
+
+    kind: Literal["beir"] = "beir"
+    path: str = Field(..., description="BEIR folder or builtin dataset name (medmini)")
+    train_split: str = "train"
+
+
+class RunSection(Section):
+    """How a run executes, whatever the system: seed, precision, device, checkpoint cadence, encoding
+    batch size. A system's ``training`` section extends it with its optimisation settings."""
+
+    seed: int = 42
+    mixed_precision: Literal["no", "fp16", "bf16"] = "no"
+    device: str | None = Field(None, description="cpu forces the CPU; default: the GPU when there is one")
+    checkpoint_every_steps: int | None = Field(None, ge=1)
+    encode_batch_size: int = Field(64, ge=1, description="batch size when encoding texts into the cache")
+
+
+class EvalSection(Section):
+    """Evaluation after training: on ``data`` (default: the recipe's data folder), split ``split``;
+    ``expected`` are regression targets checked within ``tolerance``."""
+
+    data: str | None = None
+    split: str = "test"
+    metrics: list[str] = Field(default_factory=lambda: ["ndcg@10", "recall@100", "mrr@10"])
+    expected: dict[str, float] = Field(default_factory=dict, description="regression targets, metric -> value")
+    tolerance: float = Field(0.005, ge=0)
+
+    @field_validator("metrics")
+    @classmethod
+    def _known_metrics(cls, v: list[str]) -> list[str]:
+        from medadapt.eval.metrics import parse_metric
+
+        for m in v:
+            parse_metric(m)
+        return v
+
+
+class LoraSection(Section):
+    """A PEFT LoRA adapter (:func:`medadapt.training.lora.attach_lora`)."""
+
+    kind: Literal["lora"] = "lora"
+    r: int = Field(16, ge=1)
+    alpha: int = Field(32, ge=1)
+    dropout: float = Field(0.05, ge=0.0, lt=1.0)
+    target_modules: list[str] | None = None
+
+
+class RecipeBase(Section):
+    """Fields every recipe has. ``kind`` picks the system (:mod:`medadapt.recipes.registry`)."""
+
+    kind: str
+    name: str = Field(..., pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$",
+                      description="run name (default output folder runs/<name>); letters, digits, . _ -")
+    schema_version: Literal[1] = SCHEMA_VERSION
+    description: str = ""
+    data: DataSection
+    training: RunSection = Field(default_factory=RunSection)
+    eval: EvalSection = Field(default_factory=EvalSection)
+    _source: str | None = PrivateAttr(None)  # the file it was read from: relative paths resolve against it
+
+    def resolve(self, value: str) -> Path:
+        """A path of this recipe: as given if it exists (or is absolute, or a builtin dataset name), else
+        relative to the recipe file's folder."""
+        from medadapt.recipes.loader import resolve_path
+
+        return resolve_path(value, self._source)
+
+    def training_identity(self) -> dict:
+        """What decides the trained weights (everything but ``name``, ``description`` and ``eval``): the
+        part of the recipe a checkpoint must match to be resumed."""
+        return self.model_dump(mode="json", exclude={"name", "description", "eval"})

@@ -1,0 +1,95 @@
+"""Recipe kinds: each system registers its own ``kind:`` here, from its own package.
+
+``medadapt train`` reads a recipe's ``kind:`` and asks :func:`get_kind`. Nothing here imports a system:
+a system module calls :func:`register_kind` when it is imported, and modules that register kinds are
+found through the ``medadapt.recipe_kinds`` entry-point group (``pyproject.toml``), imported only when a
+kind is asked for. A fifth system (in medadapt or in another distribution) adds one entry point and one
+``register_kind`` call next to its schema; no central table changes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from medadapt.errors import ConfigError
+
+if TYPE_CHECKING:
+    from medadapt.recipes.base import RecipeBase
+    from medadapt.recipes.run import RunContext
+
+__all__ = ["RecipeKind", "get_kind", "kinds", "register_kind"]
+
+ENTRY_POINT_GROUP = "medadapt.recipe_kinds"
+
+
+@dataclass(frozen=True)
+class RecipeKind:
+    """A system as ``medadapt train`` sees it.
+
+    Attributes:
+        kind: the recipe's ``kind:`` value.
+        schema: the pydantic recipe class (a :class:`~medadapt.recipes.base.RecipeBase` subclass).
+        train: ``train(recipe, ctx) -> model``: trains and returns the model (anything with
+            ``save(folder)``), filling ``ctx.result`` (losses, timings, details).
+        evaluate: ``evaluate(recipe, model, ctx) -> {metric: value}`` (``None``: no evaluation).
+        summary: one line for ``medadapt train --help`` and errors.
+    """
+
+    kind: str
+    schema: type[RecipeBase]
+    train: Callable[[Any, RunContext], Any]
+    evaluate: Callable[[Any, Any, RunContext], dict[str, float]] | None = None
+    summary: str = ""
+
+
+_KINDS: dict[str, RecipeKind] = {}
+_loaded_entry_points = False
+
+
+def register_kind(kind: RecipeKind) -> RecipeKind:
+    """Register (or re-register, e.g. on module reload) a recipe kind; returns it."""
+    _KINDS[kind.kind] = kind
+    return kind
+
+
+def _load_entry_points() -> None:
+    global _loaded_entry_points
+    if _loaded_entry_points:
+        return
+    _loaded_entry_points = True
+    from importlib.metadata import entry_points
+
+    for ep in entry_points(group=ENTRY_POINT_GROUP):
+        if ep.name not in _KINDS:
+            try:
+                ep.load()
+            except ImportError as exc:  # a system whose optional dependencies are missing
+                _KINDS.setdefault(ep.name, None)  # type: ignore[arg-type]
+                _BROKEN[ep.name] = str(exc)
+
+
+_BROKEN: dict[str, str] = {}
+
+
+def kinds() -> list[str]:
+    """The registered recipe kinds."""
+    _load_entry_points()
+    return sorted(k for k, v in _KINDS.items() if v is not None)
+
+
+def get_kind(kind: Any, source: str = "recipe") -> RecipeKind:
+    """The registered :class:`RecipeKind` for ``kind``; an unknown kind lists the valid ones."""
+    if kind is None:
+        raise ConfigError(f"{source}: no 'kind:' (valid: {', '.join(kinds())})")
+    if not isinstance(kind, str):
+        raise ConfigError(f"{source}: 'kind' must be a string")
+    if kind not in _KINDS:
+        _load_entry_points()
+    if kind in _BROKEN:
+        raise ConfigError(f"{source}: recipe kind {kind!r} cannot be loaded: {_BROKEN[kind]}")
+    found = _KINDS.get(kind)
+    if found is None:
+        raise ConfigError(f"{source}: unknown recipe kind {kind!r} (valid: {', '.join(kinds())})")
+    return found

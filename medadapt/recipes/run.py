@@ -1,0 +1,288 @@
+"""The one recipe runner: what every system's run shares (``medadapt train``).
+
+:func:`run_recipe` validates, builds the Accelerate ``Accelerator`` from ``recipe.training``, seeds, checks
+the output folder, hands a :class:`RunContext` to the system's registered ``train``, saves the returned
+model **as a whole folder, atomically** (written beside, swapped in by rename) together with
+``recipe.yaml`` and ``train_log.json``, then runs the system's ``evaluate`` and writes ``metrics.json``.
+Under ``accelerate launch`` only the main process logs, saves and evaluates.
+
+Checkpoints live *beside* the model folder (``<output>.checkpoints/``), so replacing the model folder
+never touches them; each one carries the run's fingerprint (the recipe's training identity and the data
+files' sizes and dates), and a resume into the same output with another recipe is refused unless
+``overwrite`` is set.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import shutil
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from medadapt.errors import ConfigError
+from medadapt.io import atomic_write_json, atomic_write_text
+from medadapt.recipes.base import RecipeBase
+
+__all__ = ["RunContext", "RunResult", "checkpoint_dir_for", "evaluate_dense", "replace_folder", "run_recipe"]
+
+
+@dataclass
+class RunResult:
+    """What a run did.
+
+    Attributes:
+        output_dir: the saved model folder.
+        metrics: evaluation results (empty if evaluation was skipped).
+        expected: metric -> (target, met) for the recipe's ``eval.expected``.
+        encode_seconds / train_seconds: wall time spent encoding (caches, mining) / training.
+        loss_history: per-step rows (``stage``, ``step``, ``loss``, loss parts, ``lr``).
+        details: system-specific facts (stages, routing statistics, example counts) for ``train_log.json``.
+    """
+
+    output_dir: Path
+    metrics: dict[str, float] = field(default_factory=dict)
+    expected: dict[str, tuple[float, bool]] = field(default_factory=dict)
+    encode_seconds: float = 0.0
+    train_seconds: float = 0.0
+    loss_history: list[dict[str, Any]] = field(default_factory=list)
+    details: dict[str, Any] = field(default_factory=dict)
+
+    def record_metrics(self, metrics: dict[str, float], ev, output_dir: Path | None = None) -> None:
+        """Keep ``metrics``, check them against ``ev.expected`` (within ``ev.tolerance``) and, with
+        ``output_dir``, write ``metrics.json`` there atomically."""
+        self.metrics = dict(metrics)
+        for metric, target in ev.expected.items():
+            value = self.metrics.get(metric)
+            self.expected[metric] = (target, value is not None and value >= target - ev.tolerance)
+        if output_dir is not None:
+            atomic_write_json(Path(output_dir) / "metrics.json", {k: round(v, 6) for k, v in self.metrics.items()})
+
+
+@dataclass
+class RunContext:
+    """Everything a system's ``train`` / ``evaluate`` gets from the runner."""
+
+    recipe: RecipeBase
+    output_dir: Path
+    checkpoint_dir: Path
+    accelerator: Any
+    cache: Any
+    result: RunResult
+    fingerprint: str
+    show_progress: bool = True
+    log: Callable[[str], None] = print
+
+    @property
+    def device(self) -> str:
+        return str(self.accelerator.device)
+
+    @property
+    def is_main(self) -> bool:
+        return self.accelerator.is_main_process
+
+    def resolve(self, value: str) -> Path:
+        return self.recipe.resolve(value)
+
+    def checkpoint(self, name: str | None = None):
+        """A :class:`~medadapt.training.checkpoint.CheckpointConfig` in the run's checkpoint folder."""
+        from medadapt.training.checkpoint import CheckpointConfig
+
+        folder = self.checkpoint_dir if name is None else self.checkpoint_dir / name
+        return CheckpointConfig(folder, every_steps=self.recipe.training.checkpoint_every_steps)
+
+    def progress(self):
+        """A ``progress(stage, step, total, row)`` callback drawing one rich bar (``None`` when quiet)."""
+        if not (self.show_progress and self.is_main):
+            return None
+        from medadapt.training.progress import StepProgress
+
+        return StepProgress()
+
+    def train(self, model, stages, name: str | None = None):
+        """Run :func:`medadapt.training.loop.train` with this run's seed, accelerator, checkpoint folder,
+        fingerprint and progress bar; appends the loss rows to the result."""
+        from medadapt.training.loop import train
+
+        bar = self.progress()
+        try:
+            res = train(model, stages, seed=self.recipe.training.seed, accelerator=self.accelerator,
+                        checkpoint=self.checkpoint(name), fingerprint=self.fingerprint, progress=bar)
+        finally:
+            if bar is not None:
+                bar.close()
+        self.result.loss_history += res.loss_history
+        self.result.train_seconds += res.seconds
+        return res
+
+
+def checkpoint_dir_for(output_dir: Path) -> Path:
+    """``runs/x`` -> ``runs/x.checkpoints`` (beside the model folder, never inside it)."""
+    return output_dir.parent / f"{output_dir.name}.checkpoints"
+
+
+def _data_signature(recipe: RecipeBase) -> list:
+    """Sizes and modification times of the data files the recipe names (cheap, and changes when the data
+    is rebuilt)."""
+    out = []
+    for value in _paths(recipe.model_dump(mode="json", exclude={"eval"})):
+        path = recipe.resolve(value)
+        files = sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else [path]
+        out += [(str(p.name), p.stat().st_size, p.stat().st_mtime_ns) for p in files[:64] if p.is_file()]
+    return out
+
+
+def _paths(obj) -> Iterator[str]:
+    if isinstance(obj, dict):
+        for k, v in obj.items():
+            if k == "path" and isinstance(v, str):
+                yield v
+            else:
+                yield from _paths(v)
+    elif isinstance(obj, list):
+        for v in obj:
+            yield from _paths(v)
+
+
+def fingerprint(recipe: RecipeBase) -> str:
+    """Identity of a training run: the recipe's training identity and its data files' signatures."""
+    blob = json.dumps([recipe.training_identity(), _data_signature(recipe)], sort_keys=True, default=str)
+    return hashlib.sha256(blob.encode()).hexdigest()[:32]
+
+
+def _check_output(output_dir: Path) -> None:
+    if output_dir.exists() and not output_dir.is_dir():
+        raise ConfigError(f"--output {output_dir} is a file, not a folder")
+    if output_dir.is_dir() and any(output_dir.iterdir()) and not (output_dir / "recipe.yaml").is_file():
+        raise ConfigError(f"--output {output_dir} is a non-empty folder that is not a medadapt run; "
+                          "choose a new or empty folder")
+    parent = output_dir.parent
+    parent.mkdir(parents=True, exist_ok=True)
+    if not os.access(parent, os.W_OK):
+        raise ConfigError(f"cannot write into {parent}")
+    for leftover in parent.glob(f".{output_dir.name}.tmp-*"):  # an interrupted save
+        shutil.rmtree(leftover, ignore_errors=True)
+    for leftover in parent.glob(f".{output_dir.name}.old-*"):
+        if not output_dir.exists():  # crashed between the two renames: the old folder is the current one
+            os.replace(leftover, output_dir)
+        else:
+            shutil.rmtree(leftover, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def replace_folder(target: Path) -> Iterator[Path]:
+    """Yield a temporary sibling folder to write into; on success it replaces ``target`` as a whole (old
+    folder renamed away, new one renamed in, old one deleted), so a crash leaves the old or the new
+    folder, never a mix. Hand-written: no library swaps directories."""
+    target = Path(target)
+    tmp = target.parent / f".{target.name}.tmp-{uuid.uuid4().hex[:8]}"
+    tmp.mkdir(parents=True)
+    try:
+        yield tmp
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    old = target.parent / f".{target.name}.old-{uuid.uuid4().hex[:8]}"
+    if target.exists():
+        os.replace(target, old)
+    os.replace(tmp, target)
+    shutil.rmtree(old, ignore_errors=True)
+
+
+def _accelerator(recipe: RecipeBase):
+    import torch
+    from accelerate import Accelerator
+
+    device = recipe.training.device
+    if device not in (None, "cpu") and device.startswith("cuda") and not torch.cuda.is_available():
+        raise ConfigError(f"training.device is {device!r} but CUDA is not available on this machine")
+    return Accelerator(cpu=device == "cpu" or not torch.cuda.is_available(),
+                       mixed_precision=recipe.training.mixed_precision)
+
+
+def run_recipe(
+    recipe: RecipeBase | str | Path,
+    output_dir: str | Path | None = None,
+    overrides: list[str] | None = None,
+    *,
+    cache=None,
+    show_progress: bool = True,
+    evaluate: bool = True,
+    overwrite: bool = False,
+    log: Callable[[str], None] = print,
+    **_: Any,
+) -> RunResult:
+    """Train what ``recipe`` (a validated recipe or a file) describes into ``output_dir`` (default
+    ``runs/<name>``), save it, evaluate it; see the module docstring. ``overwrite`` discards checkpoints
+    of an earlier run into the same folder instead of refusing them."""
+    import torch
+
+    from medadapt.cache import EmbeddingCache
+    from medadapt.recipes.loader import load_recipe
+    from medadapt.recipes.registry import get_kind
+
+    if not isinstance(recipe, RecipeBase):
+        recipe = load_recipe(recipe, overrides)
+    elif overrides:
+        raise ConfigError("overrides apply to a recipe file; pass a path or edit the recipe object")
+    system = get_kind(recipe.kind)
+    output_dir = Path(output_dir) if output_dir is not None else Path("runs") / recipe.name
+    accelerator = _accelerator(recipe)
+    if accelerator.is_main_process:
+        _check_output(output_dir)
+    accelerator.wait_for_everyone()
+    checkpoints = checkpoint_dir_for(output_dir)
+    if overwrite and accelerator.is_main_process:
+        shutil.rmtree(checkpoints, ignore_errors=True)
+    accelerator.wait_for_everyone()
+    if not accelerator.is_main_process:
+        log, show_progress = (lambda _m: None), False
+    torch.manual_seed(recipe.training.seed)
+    result = RunResult(output_dir=output_dir)
+    ctx = RunContext(recipe=recipe, output_dir=output_dir, checkpoint_dir=checkpoints, accelerator=accelerator,
+                     cache=cache if cache is not None else EmbeddingCache(), result=result,
+                     fingerprint=fingerprint(recipe), show_progress=show_progress, log=log)
+    model = system.train(recipe, ctx)
+    if accelerator.is_main_process:
+        import yaml
+
+        with replace_folder(output_dir) as tmp:
+            model.save(str(tmp))
+            atomic_write_text(tmp / "recipe.yaml",
+                              yaml.safe_dump(recipe.model_dump(mode="json"), sort_keys=False, allow_unicode=True))
+            atomic_write_json(tmp / "train_log.json", {
+                "encode_seconds": round(result.encode_seconds, 2), "train_seconds": round(result.train_seconds, 2),
+                "num_processes": accelerator.num_processes, **_jsonable(result.details),
+                "loss_history": result.loss_history})
+    accelerator.wait_for_everyone()
+    if evaluate and system.evaluate is not None and accelerator.is_main_process:
+        result.record_metrics(system.evaluate(recipe, model, ctx), recipe.eval, output_dir)
+    return result
+
+
+def _jsonable(obj):
+    if isinstance(obj, dict):
+        return {str(k): _jsonable(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_jsonable(v) for v in obj]
+    if hasattr(obj, "tolist"):
+        return obj.tolist()
+    return obj
+
+
+def evaluate_dense(recipe: RecipeBase, model, ctx: RunContext) -> dict[str, float]:
+    """The evaluation most systems use: ``evaluate_retrieval`` of a SentenceTransformer (queries through
+    ``encode_query``, documents through ``encode_document``) on ``eval.data`` (default: ``data.path``),
+    split ``eval.split``, through the run's embedding cache."""
+    from medadapt.data import load_beir
+    from medadapt.eval import evaluate_retrieval
+
+    ev = recipe.eval
+    data = load_beir(recipe.resolve(ev.data or recipe.data.path), [ev.split])
+    return evaluate_retrieval(model, data, ev.split, ev.metrics, cache=ctx.cache,
+                              batch_size=recipe.training.encode_batch_size, show_progress=ctx.show_progress)

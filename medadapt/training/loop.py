@@ -1,0 +1,453 @@
+"""The one hand-written training loop of medadapt, on Hugging Face Accelerate.
+
+Every trainer that sentence-transformers' own trainer cannot run (heads on cached embeddings, HyReC's
+sparse + dense + union objective, CARE's two-route phases) is a list of :class:`Stage` objects handed to
+:func:`train`. A system supplies, per stage, a :class:`Step` (what a forward pass returns and what the loss
+is) and the parameters to train; the loop does the rest, identically for every system:
+
+* **global batches, sharded**: ``batch_size`` is the global batch. Each process takes a contiguous shard
+  (:func:`~medadapt.training.distributed.shard_bounds`), runs ``step.forward`` on it, and the loop
+  all-gathers every output tensor (:func:`~medadapt.training.distributed.gather_with_grad`: gradients
+  flow into the local rows) before ``step.loss``. The loss is therefore the global-batch loss, the same
+  on every process, and ``N x loss`` backpropagated then averaged over processes is the one-process
+  gradient. Gradients are averaged with one flat all-reduce (no DDP wrapper: a step may run the model
+  several times and leave trainable parameters unused, both of which DDP rejects); DeepSpeed and FSDP
+  engines prepared by Accelerate average their own.
+* **gradient accumulation without changing the objective** (GradCache, Gao et al. 2021): with
+  ``gradient_accumulation_steps = k`` one optimiser step covers ``k`` forward chunks. The chunks' outputs
+  are computed without gradients, the loss is computed once on all of them, and each chunk is then run
+  again with gradients and back-propagated with the cached output gradients (the RNG state is replayed so
+  dropout masks repeat). In-batch negatives therefore span all ``k * batch_size`` items: ``k`` steps at
+  batch ``b`` equal one step at batch ``k * b``.
+* **mixed precision** through ``accelerator.autocast()`` / ``accelerator.backward`` (fp16 loss scaling);
+* ``transformers.get_scheduler`` warm-up + decay, AdamW with weight decay on matrices only, clipping
+  through ``accelerator.clip_grad_norm_``;
+* **named loss parts**: ``step.loss`` returns a dict of parts, summed into the loss unless it carries its own
+  total under ``"loss"``; every part is logged;
+* **non-finite stop**: a NaN / inf loss raises :class:`TrainingError` before the optimiser moves, and
+  nothing new is saved;
+* **atomic, resumable checkpoints** (:mod:`medadapt.training.checkpoint`) that carry a fingerprint of the
+  run (recipe, data, base model, as the caller hashes them): a resume with another fingerprint is refused.
+  Data order (permutation per ``(seed, stage, epoch)``) and the torch RNG (re-seeded per step) are
+  functions of the step, so a resumed run repeats the uninterrupted one.
+
+Stages that name the same ``schedule`` share one optimiser and one learning-rate schedule spanning them
+(Med-MoE-Embed's random-routing warm-up and learned-routing stages). Hand-written because Accelerate has
+no contrastive-aware gradient accumulation and no multi-stage schedule, and transformers' ``Trainer``
+owns its data loading (no global-batch gather, no GradCache).
+
+Example:
+    >>> class PairStep:
+    ...     def forward(self, model, batch):
+    ...         return {"q": model(q_emb[batch.indices]), "d": model(d_emb[batch.indices])}
+    ...     def loss(self, out, batch):
+    ...         return infonce(out["q"], out["d"])        # {"loss"/"infonce": tensor}
+    >>> train(head, [Stage("main", len(q_emb), PairStep(), list(head.parameters()), OptimSection())])
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import torch
+from torch import Tensor, nn
+
+from medadapt.errors import ConfigError, MedAdaptError
+from medadapt.training.checkpoint import CheckpointConfig, latest_checkpoint, load_checkpoint, save_checkpoint
+from medadapt.training.config import OptimSection
+from medadapt.training.distributed import average_gradients, broadcast_parameters, gather_with_grad, shard_bounds
+
+__all__ = ["Batch", "LoopResult", "Stage", "Step", "TrainingError", "train"]
+
+
+class TrainingError(MedAdaptError):
+    """Training cannot go on (a non-finite loss, a checkpoint of another run)."""
+
+
+@dataclass(frozen=True)
+class Batch:
+    """What one forward pass works on.
+
+    Attributes:
+        indices: this process's items of this chunk (indices into the stage's items).
+        all_indices: every item of the optimiser step (all chunks, all processes), in loss order.
+        step: the optimiser step, 0-based, counted over all stages.
+        epoch: epoch within the stage.
+        seed: the run's seed (for anything a step draws at random: derive it from ``seed`` and ``step``).
+    """
+
+    indices: list[int]
+    all_indices: list[int]
+    step: int
+    epoch: int
+    seed: int
+
+
+class Step(Protocol):
+    """A system's training step: ``forward`` maps a batch to per-item output tensors (dim 0 = the batch's
+    items, with gradients), ``loss`` maps the outputs of the whole optimiser step (gathered over processes
+    and chunks, in ``batch.all_indices`` order) to named loss parts, summed into the loss."""
+
+    def forward(self, model: nn.Module, batch: Batch) -> dict[str, Tensor]: ...
+
+    def loss(self, outputs: dict[str, Tensor], batch: Batch) -> dict[str, Tensor]: ...
+
+
+@dataclass
+class Stage:
+    """One training stage.
+
+    Attributes:
+        name: shown in progress and logs, stored in the loss history.
+        n_items: number of training items; a step draws item indices in ``range(n_items)``.
+        step: the :class:`Step`.
+        params: parameters trained in this stage, or parameter groups (``{"params": [...], "lr": x}``).
+        optim: :class:`~medadapt.training.config.OptimSection`.
+        schedule: stages with the same (non-``None``) name share one optimiser and schedule; the first
+            stage of the group gives its ``optim``.
+        on_start / on_end: called when the stage starts (also when a resume lands inside it) / ends.
+    """
+
+    name: str
+    n_items: int
+    step: Step
+    params: Sequence[nn.Parameter] | Sequence[dict[str, Any]]
+    optim: OptimSection
+    schedule: str | None = None
+    on_start: Callable[[], None] | None = None
+    on_end: Callable[[], None] | None = None
+
+    def steps(self) -> int:
+        per_epoch = math.ceil(self.n_items / self.optim.effective_batch_size) if self.n_items else 0
+        total = per_epoch * self.optim.epochs
+        return min(total, self.optim.max_steps) if self.optim.max_steps else total
+
+
+@dataclass
+class LoopResult:
+    """Per-step rows (``stage``, ``step``, ``epoch``, ``loss``, every loss part, ``lr``), the steps run
+    per stage and the wall-clock seconds (of this call; a resumed run keeps the earlier rows)."""
+
+    loss_history: list[dict[str, Any]] = field(default_factory=list)
+    stage_steps: dict[str, int] = field(default_factory=dict)
+    seconds: float = 0.0
+
+    @property
+    def steps(self) -> int:
+        return sum(self.stage_steps.values())
+
+    @property
+    def final_loss(self) -> float:
+        return float(self.loss_history[-1]["loss"]) if self.loss_history else math.nan
+
+
+def _param_groups(params, optim: OptimSection) -> list[dict[str, Any]]:
+    groups = list(params)
+    if groups and not isinstance(groups[0], dict):
+        groups = [{"params": groups}]
+    out = []
+    for g in groups:
+        ps = [p for p in g["params"] if p.requires_grad]
+        lr = g.get("lr", optim.lr)
+        out.append({"params": [p for p in ps if p.ndim >= 2], "weight_decay": optim.weight_decay, "lr": lr})
+        out.append({"params": [p for p in ps if p.ndim < 2], "weight_decay": 0.0, "lr": lr})
+    return [g for g in out if g["params"]]
+
+
+def _flat(params) -> list[nn.Parameter]:
+    groups = list(params)
+    if groups and isinstance(groups[0], dict):
+        return [p for g in groups for p in g["params"]]
+    return groups
+
+
+class _Schedule:
+    """One optimiser + scheduler, shared by the stages of a schedule group."""
+
+    def __init__(self, stages: list[Stage], accelerator, model: nn.Module, world: int):
+        from transformers import get_scheduler
+
+        first = stages[0]
+        optim = first.optim
+        seen: set[int] = set()
+        params: list[nn.Parameter] = []
+        for s in stages:
+            for p in _flat(s.params):
+                if id(p) not in seen and p.requires_grad:
+                    seen.add(id(p))
+                    params.append(p)
+        self.params = params
+        self.optim = optim
+        groups = _param_groups(first.params, optim)
+        covered = {id(p) for g in groups for p in g["params"]}
+        extra = [p for p in params if id(p) not in covered]  # later stages of the group train more
+        groups += _param_groups(extra, optim)
+        self.optimizer = torch.optim.AdamW(groups, lr=optim.lr)
+        total = sum(s.steps() for s in stages)
+        kind = {"cosine": "cosine", "linear": "linear", "constant": "constant_with_warmup"}[optim.scheduler]
+        self.scheduler = get_scheduler(kind, self.optimizer, num_warmup_steps=int(optim.warmup_ratio * total),
+                                       num_training_steps=max(1, total))
+        self.run_model = model
+        self.sync: Callable[[], None] | None = None
+        self.engine = False
+        if accelerator is not None:
+            plugin = getattr(accelerator.state, "deepspeed_plugin", None)
+            dist_kind = str(getattr(accelerator, "distributed_type", ""))
+            if plugin is not None:  # DeepSpeed prepares model and optimiser together
+                plugin.deepspeed_config["train_micro_batch_size_per_gpu"] = max(1, optim.batch_size // world)
+                self.run_model, self.optimizer = accelerator.prepare(model, self.optimizer)
+                self.engine = True
+            elif "FSDP" in dist_kind:  # FSDP shards parameters and reduces gradients itself
+                self.run_model = accelerator.prepare_model(model)
+                self.optimizer = accelerator.prepare_optimizer(self.optimizer)
+                self.engine = True
+            else:
+                self.optimizer = accelerator.prepare_optimizer(self.optimizer)
+                if world > 1:
+                    broadcast_parameters(params)  # replicas start identical (what DDP would do)
+                    self.sync = lambda: average_gradients(params)  # noqa: E731
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+
+
+def _gather(outputs: dict[str, Tensor]) -> dict[str, Tensor]:
+    return {k: gather_with_grad(v) if isinstance(v, Tensor) else v for k, v in outputs.items()}
+
+
+def _cat(chunks: list[dict[str, Tensor]]) -> dict[str, Tensor]:
+    if len(chunks) == 1:
+        return chunks[0]
+    return {k: torch.cat([c[k] for c in chunks]) for k in chunks[0]}
+
+
+def _rng_state(device: torch.device) -> tuple[Tensor, Tensor | None]:
+    cuda = torch.cuda.get_rng_state(device) if device.type == "cuda" else None
+    return torch.get_rng_state(), cuda
+
+
+def _set_rng_state(state: tuple[Tensor, Tensor | None], device: torch.device) -> None:
+    torch.set_rng_state(state[0])
+    if state[1] is not None:
+        torch.cuda.set_rng_state(state[1], device)
+
+
+def _check_finite(parts: dict[str, Tensor], loss: Tensor, stage: str, step: int) -> None:
+    if not bool(torch.isfinite(loss.detach()).all()):
+        bad = [k for k, v in parts.items() if not bool(torch.isfinite(v.detach()).all())]
+        raise TrainingError(f"stage {stage!r}, step {step + 1}: the loss is not finite (parts: {', '.join(bad)}); "
+                            "nothing was saved for this step: lower the learning rate or check the data")
+
+
+def train(
+    model: nn.Module,
+    stages: Sequence[Stage],
+    *,
+    seed: int = 42,
+    accelerator: Any | None = None,
+    checkpoint: CheckpointConfig | None = None,
+    fingerprint: str | None = None,
+    progress: Callable[[str, int, int, dict[str, Any]], None] | None = None,
+) -> LoopResult:
+    """Train ``model`` in place through ``stages`` (see module docstring); returns the loss history.
+
+    Args:
+        model: the module whose parameters the stages train (checkpoint names are its parameter names).
+        stages: the :class:`Stage` list, run in order.
+        seed: data order and per-step RNG seed.
+        accelerator: an ``accelerate.Accelerator`` (``None``: the plain single-process loop on the model's
+            device).
+        checkpoint: where and how often to checkpoint; a later call with the same arguments resumes.
+        fingerprint: identity of the run (hash of recipe, data, base model); stored in every checkpoint and
+            compared on resume.
+        progress: called on the main process after every step with ``(stage, step, total, row)``.
+    """
+    stages = [s for s in stages if s.steps() > 0]
+    rank = accelerator.process_index if accelerator is not None else 0
+    world = accelerator.num_processes if accelerator is not None else 1
+    device = accelerator.device if accelerator is not None else next(model.parameters()).device
+    total = sum(s.steps() for s in stages)
+    result = LoopResult()
+    start_time = time.perf_counter()
+
+    groups: dict[str, list[Stage]] = {}
+    for i, s in enumerate(stages):
+        groups.setdefault(s.schedule or f"#{i}", []).append(s)
+    schedules = {key: _Schedule(members, accelerator, model, world) for key, members in groups.items()}
+    schedule_of = {id(s): schedules[s.schedule or f"#{i}"] for i, s in enumerate(stages)}
+    trained: dict[str, nn.Parameter] = {}
+    ids = {id(p) for sch in schedules.values() for p in sch.params}
+    trained = {n: p for n, p in model.named_parameters() if id(p) in ids}
+
+    resume = 0
+    had_checkpoint = checkpoint is not None and latest_checkpoint(checkpoint.directory) is not None
+    if accelerator is not None and world > 1:
+        accelerator.wait_for_everyone()  # every process decides on the same checkpoint
+    if checkpoint is not None and checkpoint.resume and had_checkpoint:
+        found = latest_checkpoint(checkpoint.directory)
+        tensors, opt_state, state = load_checkpoint(found)
+        if state.get("fingerprint") != fingerprint or state.get("total_steps") != total:
+            raise TrainingError(
+                f"checkpoint {found} belongs to another run (recipe, data or base model differ); "
+                "train into a new output folder, or pass --overwrite to start this one afresh")
+        missing = sorted(set(tensors) ^ set(trained))
+        if missing:
+            raise TrainingError(f"checkpoint {found} does not match the model's trainable parameters "
+                                f"({', '.join(missing[:3])}...)")
+        with torch.no_grad():
+            for key, tensor in tensors.items():
+                trained[key].copy_(tensor.to(trained[key].device, trained[key].dtype))
+        for key, sch in schedules.items():
+            sch.load_state_dict(opt_state[key])
+        resume = int(state["step"])
+        result.loss_history = list(state["loss_history"])
+
+    last_saved = [-1]
+
+    def save(step: int) -> None:
+        if checkpoint is None or last_saved[0] == step:
+            return
+        last_saved[0] = step
+        if rank == 0:
+            save_checkpoint(checkpoint, step, {k: p.detach() for k, p in trained.items()},
+                            {key: sch.state_dict() for key, sch in schedules.items()},
+                            {"step": step, "total_steps": total, "fingerprint": fingerprint,
+                             "loss_history": result.loss_history})
+        if accelerator is not None:
+            accelerator.wait_for_everyone()
+
+    was_training = model.training
+    model.train()
+    autocast = accelerator.autocast if accelerator is not None else contextlib.nullcontext
+    step = 0
+    try:
+        with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+            for stage_index, stage in enumerate(stages):
+                n_steps = stage.steps()
+                if step + n_steps <= resume:  # finished before the resume point
+                    step += n_steps
+                    result.stage_steps[stage.name] = n_steps
+                    continue
+                sch = schedule_of[id(stage)]
+                if stage.on_start is not None:
+                    stage.on_start()
+                done_in_stage = 0
+                eff = stage.optim.effective_batch_size
+                k = stage.optim.gradient_accumulation_steps
+                epoch = 0
+                while done_in_stage < n_steps:
+                    gen = torch.Generator().manual_seed(seed * 1_000_003 + stage_index * 10_007 + epoch)
+                    order = torch.randperm(stage.n_items, generator=gen).tolist()
+                    for begin in range(0, stage.n_items, eff):
+                        if done_in_stage >= n_steps:
+                            break
+                        if step < resume:
+                            step += 1
+                            done_in_stage += 1
+                            continue
+                        items = order[begin: begin + eff]
+                        torch.manual_seed(seed * 7_919 + step)
+                        if len(items) < world:  # a process would get no item: count the step, skip it
+                            sch.scheduler.step()
+                        else:
+                            row = _one_step(stage, sch, items, step, epoch, seed, k, rank, world, accelerator,
+                                            autocast, device)
+                            result.loss_history.append(row)
+                            if progress is not None and rank == 0:
+                                progress(stage.name, step + 1, total, row)
+                        step += 1
+                        done_in_stage += 1
+                        if checkpoint is not None and checkpoint.every_steps and step % checkpoint.every_steps == 0:
+                            save(step)
+                    epoch += 1
+                result.stage_steps[stage.name] = n_steps
+                if stage.on_end is not None:
+                    stage.on_end()
+                save(step)
+            if not stages and not had_checkpoint:
+                save(0)
+    finally:
+        model.train(was_training)
+    result.seconds = time.perf_counter() - start_time
+    return result
+
+
+def _one_step(stage: Stage, sch: _Schedule, items: list[int], step: int, epoch: int, seed: int, k: int, rank: int,
+              world: int, accelerator, autocast, device) -> dict[str, Any]:
+    """Forward (in ``k`` chunks when accumulating), global loss, backward, clip, optimiser step."""
+    n_chunks = max(1, min(k, len(items) // world))
+    chunk_items = [items[a:b] for a, b in (shard_bounds(len(items), j, n_chunks) for j in range(n_chunks))]
+    batches = []
+    for chunk in chunk_items:
+        lo, hi = shard_bounds(len(chunk), rank, world)
+        batches.append(Batch(indices=chunk[lo:hi], all_indices=items, step=step, epoch=epoch, seed=seed))
+    whole = Batch(indices=items, all_indices=items, step=step, epoch=epoch, seed=seed)
+    sch.optimizer.zero_grad(set_to_none=True)
+    if sch.engine and n_chunks > 1:
+        raise ConfigError("gradient_accumulation_steps > 1 is not supported under DeepSpeed / FSDP engines yet; "
+                          "raise the per-process batch or use plain data parallelism")
+    if n_chunks == 1:
+        with autocast():
+            outputs = _gather(stage.step.forward(sch.run_model, batches[0]))
+            parts = stage.step.loss(outputs, whole)
+        loss = _total(parts)
+        _check_finite(parts, loss, stage.name, step)
+        _backward(loss * world if world > 1 else loss, accelerator)
+    else:
+        # GradCache: outputs without graph, loss on all of them, then each chunk again with its cached grads
+        states, leaves = [], []
+        for b in batches:
+            states.append(_rng_state(device))
+            with torch.no_grad(), autocast():
+                out = stage.step.forward(sch.run_model, b)
+            leaves.append({n: (v.detach().requires_grad_(v.is_floating_point()) if isinstance(v, Tensor) else v)
+                           for n, v in out.items()})
+        after = _rng_state(device)
+        with autocast():
+            parts = stage.step.loss(_cat([_gather(leaf) for leaf in leaves]), whole)
+        loss = _total(parts)
+        _check_finite(parts, loss, stage.name, step)
+        _backward(loss * world if world > 1 else loss, accelerator)
+        for b, state, leaf in zip(batches, states, leaves):
+            _set_rng_state(state, device)
+            with autocast():
+                out = stage.step.forward(sch.run_model, b)
+            pairs = [(out[n], leaf[n].grad) for n in out
+                     if isinstance(out[n], Tensor) and out[n].requires_grad and leaf[n].grad is not None]
+            if pairs:
+                torch.autograd.backward([o for o, _ in pairs], [g.to(o.dtype) for o, g in pairs])
+        _set_rng_state(after, device)
+    if sch.sync is not None:
+        sch.sync()
+    if stage.optim.max_grad_norm is not None:
+        if accelerator is not None:
+            accelerator.clip_grad_norm_(sch.params, stage.optim.max_grad_norm)
+        else:
+            torch.nn.utils.clip_grad_norm_(sch.params, stage.optim.max_grad_norm)
+    lr = float(sch.optimizer.param_groups[0]["lr"])
+    sch.optimizer.step()
+    sch.scheduler.step()
+    return {"stage": stage.name, "step": step + 1, "epoch": epoch, "loss": float(loss.detach()),
+            **{n: float(v.detach()) for n, v in parts.items() if n != "loss"}, "lr": lr}
+
+
+def _total(parts: dict[str, Tensor]) -> Tensor:
+    """The loss to back-propagate: ``parts["loss"]`` when the loss gives its own (weighted) total, else the
+    sum of the parts."""
+    return parts["loss"] if "loss" in parts else sum(parts.values())
+
+
+def _backward(loss: Tensor, accelerator) -> None:
+    if accelerator is not None:
+        accelerator.backward(loss)
+    else:
+        loss.backward()
