@@ -10,7 +10,6 @@ cache: ``encode_s`` is 0-ish when the corpus was already cached (the ``cached`` 
 
 from __future__ import annotations
 
-import re
 import sys
 from pathlib import Path
 
@@ -19,12 +18,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import Timer, base_parser, finish  # noqa: E402
 
 METRICS = ["ndcg@10", "recall@100", "mrr@10", "map@10"]
-CJK = re.compile(r"[\u4e00-\u9fff]")
-
-
 def is_chinese(texts: list[str]) -> bool:
-    sample = "".join(texts[:200])
-    return len(CJK.findall(sample)) > 0.2 * max(len(sample), 1)
+    from medadapt.retrieval.tokenize import detect_language
+
+    return detect_language(texts) == "zh"
 
 
 def bm25_run(data, split: str, k: int = 100):

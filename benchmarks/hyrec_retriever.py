@@ -1,12 +1,12 @@
 """A trained HyReC model through the RAG Retriever vs its own evaluation (issue #6, retrieval path).
 
     OMP_NUM_THREADS=1 python benchmarks/hyrec_retriever.py --dataset zh-med-qa \
-        --model runs/bench-hyrec/zh-med-qa --dense-weight 0.2 --output benchmarks/results/hyrec-retriever-zh.json
+        --model runs/bench-hyrec/zh-med-qa --output benchmarks/results/hyrec-retriever-zh.json
 
 Builds ``Retriever(kind="hybrid", fusion=sum)`` from the model folder (learned sparse vectors in the inverted
 index, dense vectors in FAISS Flat), searches the test queries at depth 100 with each kind, and prints
-nDCG@10 / Recall@100 and search time. ``--dense-weight w`` ranks as ``S_lex + w / (1 - w) S_den``: 0.2 for a
-model trained with ``dense_weight: 0.25`` (the zh recipe), 0.5 for 1.0. Compare with
+nDCG@10 / Recall@100 and search time. The hybrid ranks by ``S_lex + w S_den`` with ``w`` the model's own
+``dense_weight`` (``--dense-weight`` overrides it; 0.25 for the zh recipe). Compare with
 ``benchmarks/hyrec.py``'s rows for the same model: all three should match, since the Retriever's ``sum``
 hybrid rescores every candidate of both top-100 lists exactly, as the evaluation does.
 """
@@ -28,7 +28,7 @@ def main() -> None:
     p = base_parser(__doc__.splitlines()[0])
     p.add_argument("--dataset", default="zh-med-qa")
     p.add_argument("--model", type=Path, required=True, help="a saved HyReC model folder")
-    p.add_argument("--dense-weight", type=float, default=0.5)
+    p.add_argument("--dense-weight", type=float, default=None, help="default: the model's dense_weight")
     p.add_argument("--threads", type=int, default=1)
     args = p.parse_args()
     import torch
@@ -40,6 +40,10 @@ def main() -> None:
 
     data = load_beir(args.data_dir / args.dataset, ["test"])
     t0 = time.perf_counter()
+    if args.dense_weight is None:
+        from medadapt.hyrec.model import HyReCModel
+
+        args.dense_weight = HyReCModel.load(args.model, device="cpu").config.dense_weight
     fusion = FusionConfig(method="sum", dense_weight=args.dense_weight, depth=100)
     retriever = Retriever.build(load_documents(args.data_dir / args.dataset), model=str(args.model),
                                 config=RetrieverConfig(kind="hybrid", fusion=fusion), show_progress=True)

@@ -26,18 +26,18 @@ def main() -> None:
     args = p.parse_args()
 
     from medadapt.hyrec import HyReCModel
-    from medadapt.hyrec.recipe import run_hyrec_recipe
+    from medadapt.recipes import run_recipe
     from medadapt.retrieval import FusionConfig, Retriever, RetrieverConfig, load_documents
 
     if not (args.output / "hyrec" / "config.json").is_file():
-        run_hyrec_recipe(ROOT / "recipes" / "hyrec-tiny.yaml", args.output, show_progress=True, evaluate=False)
+        run_recipe(ROOT / "recipes" / "hyrec-tiny.yaml", args.output, show_progress=True, evaluate=False)
     model = HyReCModel.load(args.output, device="cpu")
     print(f"query: {args.query}\nheaviest terms: "
           f"{model.decode(model.encode_lexical([args.query], role='query')[0], top=6)}")
 
     docs = load_documents("medmini")
     for kind in ("lexical", "dense", "hybrid"):
-        config = RetrieverConfig(kind=kind, fusion=FusionConfig(method="sum", dense_weight=0.5))
+        config = RetrieverConfig(kind=kind, fusion=FusionConfig(method="sum", dense_weight=model.config.dense_weight))
         retriever = Retriever.build(docs, model=model, config=config, model_name=str(args.output),
                                     show_progress=False)
         print(f"\n{kind}:")

@@ -195,6 +195,8 @@ class EmbeddingCache:
         return sorted(ns_dir.glob("shard-*.safetensors"))
 
     def _index(self, ns_dir: Path) -> tuple[dict[bytes, tuple[int, int]], list[Path]]:
+        """``({text hash: (shard number, row)}, shards)``: the shard numbers index the returned snapshot of the
+        shard files, which :meth:`_gather` must be given (a concurrent writer may add shards meanwhile)."""
         from safetensors import safe_open
 
         index: dict[bytes, tuple[int, int]] = {}
@@ -255,15 +257,15 @@ class EmbeddingCache:
             atomic_write_json(ns_dir / "meta.json", meta)
 
         hashes = [text_hash(t) for t in texts]
-        index, _ = self._index(ns_dir)
+        index, shards = self._index(ns_dir)
         missing: dict[bytes, str] = {}
         for h, t in zip(hashes, texts):
             if h not in index and h not in missing:
                 missing[h] = t
         if missing:
             self._encode_missing(model, ns_dir, missing, role, eff_prompt, batch_size, show_progress, desc)
-            index, _ = self._index(ns_dir)
-        out = self._gather(ns_dir, index, hashes)
+            index, shards = self._index(ns_dir)
+        out = self._gather(shards, index, hashes)
         _, tail = split_backbone(model)
         if not normalize:
             from sentence_transformers.base.modules import Normalize
@@ -304,10 +306,11 @@ class EmbeddingCache:
             bar.close()
 
     @staticmethod
-    def _gather(ns_dir: Path, index: dict[bytes, tuple[int, int]], hashes: list[bytes]) -> np.ndarray:
+    def _gather(shards: list[Path], index: dict[bytes, tuple[int, int]], hashes: list[bytes]) -> np.ndarray:
+        """Rows of ``hashes`` read from ``shards``, the very list ``index`` was built from (listing the folder
+        again could number the shards differently once another process has added one)."""
         from safetensors import safe_open
 
-        shards = sorted(ns_dir.glob("shard-*.safetensors"))
         locs = np.array([index[h] for h in hashes], dtype=np.int64)
         out = None
         for s in np.unique(locs[:, 0]):

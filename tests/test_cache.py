@@ -92,3 +92,35 @@ def test_cache_serves_backbone_with_head_without_reencoding(tiny_bert, tmp_path)
     np.testing.assert_allclose(with_head, direct, atol=1e-5)
     raw = cache.encode(tiny_bert, texts, role="document", normalize=False, show_progress=False)
     np.testing.assert_allclose(raw / np.linalg.norm(raw, axis=1, keepdims=True), direct, atol=1e-5)
+
+
+def test_gather_reads_the_shards_its_index_was_built_from(tiny_bert, tmp_path, monkeypatch):
+    """A writer adding a shard between indexing and gathering must not renumber the shards the index points
+    into (listing the folder again made the new shard, sorting first, shard 0: rows came from it)."""
+    from safetensors.numpy import save
+
+    from medadapt.cache import text_hash
+
+    cache = EmbeddingCache(tmp_path)
+    texts = [f"note about gout {i}" for i in range(5)]
+    expected = cache.encode(tiny_bert, texts, role="document", show_progress=False)  # one shard on disk
+    (ns_dir,) = [p for p in tmp_path.iterdir() if p.is_dir()]
+    real_index = EmbeddingCache._index
+    written = []
+
+    def index_then_concurrent_writer(self, folder):
+        out = real_index(self, folder)
+        if not written:  # another process finishes a chunk now; its file name sorts before every other
+            others = [text_hash(f"other text {i}") for i in range(5)]
+            payload = save({"hashes": np.frombuffer(b"".join(others), dtype=np.uint8).reshape(5, 16),
+                            "embeddings": np.full((5, expected.shape[1]), 7.0, dtype=np.float32)})
+            (folder / ("shard-" + "0" * 32 + ".safetensors")).write_bytes(payload)
+            written.append(True)
+        return out
+
+    monkeypatch.setattr(EmbeddingCache, "_index", index_then_concurrent_writer)
+    got = cache.encode(tiny_bert, texts, role="document", show_progress=False)
+    assert written and len(list(ns_dir.glob("shard-*"))) == 2
+    np.testing.assert_array_equal(got, expected)
+    monkeypatch.setattr(EmbeddingCache, "_index", real_index)
+    np.testing.assert_array_equal(cache.encode(tiny_bert, texts, role="document", show_progress=False), expected)

@@ -42,7 +42,11 @@ def test_lexical_kind_searches_learned_sparse_vectors(hyrec_dir, tiny_beir_dir):
     docs = load_documents(tiny_beir_dir)
     model = HyReCModel.load(hyrec_dir)
     r = Retriever.build(docs, model=str(hyrec_dir), kind="lexical", show_progress=False)
-    assert r.hyrec and r.lexical.kind == "sparse" and r.dense is None
+    assert r.learned_sparse and r.lexical.kind == "sparse" and r.dense is None
+    assert isinstance(r.encoder, HyReCModel) and r.manifest.encoder == "hyrec"
+    from medadapt.retrieval.encoders import HybridEncoder, detect_encoder_kind
+
+    assert isinstance(model, HybridEncoder) and detect_encoder_kind(hyrec_dir).tag == "hyrec"
     got = r.batch_search(QUERIES, k=4)
     want = _brute_force(model, docs, QUERIES, 4)
     assert all(len(res) >= 1 for res in got) and sum(len(res) for res in got) > len(QUERIES)
@@ -62,7 +66,7 @@ def test_hybrid_sum_is_the_nm_sum_and_round_trips(hyrec_dir, tiny_beir_dir, tmp_
     lex = dict(_brute_force(model, docs, QUERIES[:1], len(docs))[0])
     for doc_id, score in zip(res.ids, res.scores):
         i = docs.ids.index(doc_id)
-        assert score == pytest.approx(0.5 * lex.get(doc_id, 0.0) + 0.5 * float(dvec[i] @ q_dense), abs=1e-5)
+        assert score == pytest.approx(lex.get(doc_id, 0.0) + 0.5 * float(dvec[i] @ q_dense), abs=1e-5)
 
     # shallow lists: each candidate is still scored exactly (no floor for a document missing from a list)
     r.config = RetrieverConfig(kind="hybrid", fusion=FusionConfig(method="sum", dense_weight=0.5, depth=2))
@@ -70,12 +74,12 @@ def test_hybrid_sum_is_the_nm_sum_and_round_trips(hyrec_dir, tiny_beir_dir, tmp_
     assert 2 <= len(shallow) <= 3
     for doc_id, score in zip(shallow.ids, shallow.scores):
         i = docs.ids.index(doc_id)
-        assert score == pytest.approx(0.5 * lex.get(doc_id, 0.0) + 0.5 * float(dvec[i] @ q_dense), abs=1e-5)
+        assert score == pytest.approx(lex.get(doc_id, 0.0) + 0.5 * float(dvec[i] @ q_dense), abs=1e-5)
     r.config = cfg
 
     r.save(tmp_path / "index")
     again = Retriever.load(tmp_path / "index")  # reloads the HyReC model from its recorded folder
-    assert again.hyrec and again.manifest.encoder == "hyrec"
+    assert again.learned_sparse and again.manifest.encoder == "hyrec"
     back = again.search(QUERIES[0], k=len(docs))
     assert back.ids == res.ids
     np.testing.assert_allclose(back.scores, res.scores, rtol=1e-6)
@@ -108,7 +112,61 @@ def test_cli_indexes_and_searches_with_a_hyrec_folder(hyrec_dir, tiny_beir_dir, 
                               "--kind", "hybrid", "--fusion", "sum", "--quiet"])
     assert res.exit_code == 0, res.output
     again = Retriever.load(out)
-    assert again.hyrec and again.config.fusion.method == "sum"
+    assert again.learned_sparse and again.config.fusion.method == "sum"
     res = runner.invoke(app, ["search", "--index", str(out), QUERIES[0], "-k", "2"])
     assert res.exit_code == 0, res.output
     assert again.search(QUERIES[0], k=1).ids[0] in res.output
+
+
+def test_retriever_hybrid_ranks_like_evaluate_hyrec(hyrec_dir, tiny_beir_dir):
+    """One hybrid score: the Retriever's ``sum`` fusion with the model's dense_weight and evaluate_hyrec's
+    NM sum give the same ranking (and scores) for the same queries."""
+    from medadapt.data import load_beir
+    from medadapt.hyrec.evaluate import evaluate_hyrec
+
+    model = HyReCModel.load(hyrec_dir)
+    model.config.dense_weight = 0.25  # not 1, so a convex or a lexical-weighted reading would rank differently
+    data = load_beir(tiny_beir_dir, ["test"])
+    _, runs = evaluate_hyrec(model, data, "test", "hybrid", ["ndcg@10"], show_progress=False, return_runs=True)
+    docs = load_documents(tiny_beir_dir)
+    cfg = RetrieverConfig(kind="hybrid", fusion=FusionConfig(method="sum", dense_weight=model.config.dense_weight))
+    r = Retriever.build(docs, model=model, config=cfg, show_progress=False)
+    queries = data.split_queries("test")
+    results = r.batch_search(list(queries.values()), k=len(docs))
+    for qid, res in zip(queries, results):
+        expected = runs["hybrid"][qid]
+        assert res.ids == list(expected)
+        np.testing.assert_allclose(res.scores, list(expected.values()), rtol=1e-5, atol=1e-6)
+    # the lexical side matters: with a different weight the order changes for some query
+    r.config = RetrieverConfig(kind="hybrid", fusion=FusionConfig(method="sum", dense_weight=4.0))
+    assert [x.ids for x in r.batch_search(list(queries.values()), k=len(docs))] != [x.ids for x in results]
+
+
+def test_index_folder_of_format_1_loads_with_the_same_ranking(hyrec_dir, tiny_beir_dir, tmp_path):
+    """Format 1 stored dense_weight as the convex share w (w * dense + (1 - w) * lexical); on load it becomes
+    w / (1 - w), which ranks the same, with scores divided by (1 - w)."""
+    import json
+
+    docs = load_documents(tiny_beir_dir)
+    share = 0.2
+    cfg = RetrieverConfig(kind="hybrid", fusion=FusionConfig(method="sum", dense_weight=share / (1 - share)))
+    r = Retriever.build(docs, model=str(hyrec_dir), config=cfg, show_progress=False)
+    want = r.batch_search(QUERIES, k=len(docs))
+    r.save(tmp_path / "index")
+    path = tmp_path / "index" / "manifest.json"
+    manifest = json.loads(path.read_text())
+    assert manifest["format"] == 2
+    manifest["format"] = 1
+    manifest["config"]["fusion"]["dense_weight"] = share  # what the earlier version wrote
+    path.write_text(json.dumps(manifest))
+    old = Retriever.load(tmp_path / "index")
+    assert old.config.fusion.dense_weight == pytest.approx(0.25)
+    got = old.batch_search(QUERIES, k=len(docs))
+    assert [x.ids for x in got] == [x.ids for x in want]
+    np.testing.assert_allclose([x.scores for x in got], [x.scores for x in want], rtol=1e-5)
+    old.save(tmp_path / "again")  # saved again in the current format
+    assert json.loads((tmp_path / "again" / "manifest.json").read_text())["format"] == 2
+    manifest["config"]["fusion"]["dense_weight"] = 1.0  # the dense side alone: not expressible any more
+    path.write_text(json.dumps(manifest))
+    with pytest.raises(Exception, match="dense side alone"):
+        Retriever.load(tmp_path / "index")

@@ -175,7 +175,7 @@ def test_sum_fusion_scores_bm25_and_dense_candidates_exactly(tiny_bert):
     assert len(res) == 5 and res.scores == sorted(res.scores, reverse=True)
     for doc_id, score in zip(res.ids, res.scores):
         cos = float(d[docs.ids.index(doc_id)] @ q)
-        assert score == pytest.approx(0.3 * cos + 0.7 * lex.get(doc_id, 0.0), abs=1e-4)
+        assert score == pytest.approx(lex.get(doc_id, 0.0) + 0.3 * cos, abs=1e-4)  # lexical + dense_weight * dense
 
 
 def test_mismatched_model_and_corrupted_files_refused(built, tmp_path):

@@ -75,20 +75,33 @@ def labelled_pairs(data, split: str, max_queries: int | None = None, seed: int =
 
 def mine_hard_negatives(pairs: list[TrainPair], query_emb: np.ndarray, doc_emb: np.ndarray, count: int,
                         skip_top: int = 0, depth: int = 50, exclude: list[set[int]] | None = None) -> None:
-    """Fill ``pair.negatives`` in place with ``count`` documents ranked after the first ``skip_top`` by
-    cosine similarity of ``query_emb[i]`` (row per pair) to ``doc_emb``, never a positive of that query
-    (``exclude[i]``, default the pair's own positive). Fewer than ``count`` are padded by repeating."""
-    from medadapt.eval.search import exact_search, normalize_rows
+    """Fill ``pair.negatives`` in place with ``count`` documents ranked after the first ``skip_top``
+    non-relevant ones by cosine similarity of ``query_emb[i]`` (row per pair) to ``doc_emb``, never a
+    positive of that query (``exclude[i]``, default the pair's own positive). Fewer than ``count`` (a tiny
+    corpus) are padded by repeating.
+
+    This is :func:`medadapt.curation.mine_from_embeddings` (the one embedding miner) with
+    ``window=(skip_top + 1, skip_top + count)``, ranks counted among non-relevant documents
+    (``count_positives=False``) and the best-ranked taken (``pick="best"``); ``depth`` is kept for
+    compatibility (the search always retrieves enough candidates for the window).
+    """
+    from medadapt.curation.fast_mining import mine_from_embeddings
+    from medadapt.curation.mining_config import MiningConfig
 
     if count <= 0:
         return
-    _, idx = exact_search(normalize_rows(query_emb), normalize_rows(doc_emb), depth + skip_top + count)
-    for i, pair in enumerate(pairs):
-        banned = exclude[i] if exclude is not None else {pair.positive}
-        ranked = [int(j) for j in idx[i] if j >= 0 and int(j) not in banned][skip_top:]
-        chosen = ranked[:count] or [j for j in range(len(doc_emb)) if j not in banned][:count]
+    banned = [set(exclude[i]) if exclude is not None else {pair.positive} for i, pair in enumerate(pairs)]
+    config = MiningConfig(window=(skip_top + 1, skip_top + count), num_negatives=count, margin=None,
+                          absolute_margin=None, text_dup_threshold=None, embedding_dup_threshold=None)
+    mined = mine_from_embeddings(query_emb, doc_emb, banned, config, count_positives=False, pick="best")
+    n_docs = len(doc_emb)
+    for pair, chosen, ban in zip(pairs, mined, banned):
+        if not chosen:  # fewer than skip_top + 1 non-relevant documents: the first ones by index
+            chosen = [j for j in range(n_docs) if j not in ban][:count]
+        if not chosen:
+            raise DataError("no document is left to be a negative (every document is relevant to a query)")
         while len(chosen) < count:
-            chosen.append(chosen[len(chosen) % max(1, len(chosen))])
+            chosen.append(chosen[len(chosen) % len(chosen)])
         pair.negatives = chosen
 
 

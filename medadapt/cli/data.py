@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import enum
 import importlib
-import json
 import re
 from collections.abc import Callable
 from pathlib import Path
@@ -76,7 +75,6 @@ class Mode(str, enum.Enum):
     any = "any"
 
 
-_CJK = re.compile(r"[\u4e00-\u9fff]")
 
 ModelOpt = Annotated[str, typer.Option(help="Model alias (minilm), saved model folder, or hub id (dense).")]
 LanguageOpt = Annotated[Language, typer.Option(help="BM25 tokenisation (auto: by CJK share).")]
@@ -119,17 +117,14 @@ def _check_output(output: Path) -> None:
         raise DataError(f"--output is a folder: {output}")
 
 
-def _detect_language(texts: list[str]) -> str:
-    sample = "".join(texts[:200])
-    return "zh" if len(_CJK.findall(sample)) > 0.2 * max(len(sample), 1) else "en"
-
-
 def _searcher(retriever: Retriever, ids: list[str], texts: list[str], model: str, device, cache_dir, language,
               quiet: bool):
     if retriever is Retriever.bm25:
         from medadapt.curation import BM25Searcher
 
-        lang = _detect_language(texts) if language is Language.auto else language.value
+        from medadapt.retrieval.tokenize import detect_language
+
+        lang = detect_language(texts) if language is Language.auto else language.value
         return BM25Searcher(ids, texts, language=lang)
     from medadapt.cache import EmbeddingCache
     from medadapt.curation import DenseSearcher

@@ -38,7 +38,8 @@ def index_cmd(
     nprobe: Annotated[int, typer.Option(min=1, help="IVF lists probed per query.")] = 16,
     fusion: Annotated[Fusion, typer.Option(help="Hybrid fusion method (sum: raw weighted sum, HyReC's NM "
                                            "sum).")] = Fusion.minmax,
-    dense_weight: Annotated[float, typer.Option(min=0.0, max=1.0, help="Hybrid weight of the dense side.")] = 0.5,
+    dense_weight: Annotated[float, typer.Option(min=0.0, help="Hybrid weight of the dense side: score = lexical + "
+                                                "dense_weight * dense (1: equal weights).")] = 1.0,
     language: Annotated[str, typer.Option(help="BM25 tokenisation: auto, en, zh, none.")] = "auto",
     batch_size: Annotated[int, typer.Option(min=1, help="Encoding batch size.")] = 64,
     device: Annotated[Optional[str], typer.Option(help="cpu, cuda, mps ... (default: auto).")] = None,
@@ -66,19 +67,15 @@ def index_cmd(
             raise MedAdaptError(f"{'.'.join(map(str, err['loc']))}: {err['msg']}") from None
         t0 = time.perf_counter()
         docs = load_documents(corpus)  # validate the corpus before loading a model
-        from medadapt.retrieval.retriever import Retriever, is_hyrec_folder, load_hyrec
-
-        st_model = None
-        if is_hyrec_folder(model):  # dense and learned lexical vectors from one HyReC model
-            st_model = load_hyrec(model, device=device)
-        elif config.uses_dense:
-            from medadapt.models import load
-
-            st_model = load(model, device=device)
         from medadapt.cache import EmbeddingCache
+        from medadapt.retrieval.encoders import detect_encoder_kind, open_encoder
+        from medadapt.retrieval.retriever import Retriever
 
-        retriever = Retriever.build(docs, st_model, config=config, cache=EmbeddingCache(cache_dir),
-                                    model_name=model if st_model is not None else None, show_progress=not quiet)
+        encoder = None
+        if detect_encoder_kind(model) is not None or config.uses_dense:  # e.g. a HyReC folder: learned lexical too
+            encoder = open_encoder(model, device=device, cache=EmbeddingCache(cache_dir))
+        retriever = Retriever.build(docs, encoder, config=config, model_name=model if encoder is not None else None,
+                                    show_progress=not quiet)
         retriever.save(out)
         console.print(f"indexed {len(docs)} documents ({kind.value}"
                       f"{', ' + factory if config.uses_dense else ''}) in {time.perf_counter() - t0:.1f} s -> {out}")

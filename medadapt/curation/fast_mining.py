@@ -1,9 +1,11 @@
-"""Hard-negative mining straight from precomputed embeddings (the frozen-backbone fast path).
+"""Hard-negative mining straight from precomputed embeddings: the one embedding miner of medadapt.
 
-``mine_from_embeddings`` is what medadapt's cached-embedding trainers call (e.g. Med-MoE-Embed heads on
-cached MiniLM embeddings): no model, no texts, one FAISS exact search for all queries
-(:func:`medadapt.eval.exact_search`, ``IndexFlatIP`` searched in query chunks, so memory is
-``O(n_docs × dim + chunk × depth)``), then vectorised numpy filtering per query. Same semantics as
+``mine_from_embeddings`` is what medadapt's cached-embedding trainers call (Med-MoE-Embed heads on cached
+MiniLM embeddings through :mod:`medadapt.training.pairs`, CARE's stage II through
+:func:`medadapt.asym.data.mine_hard_negatives`): no model, no texts, one FAISS exact search for all
+queries (:func:`medadapt.retrieval.exact.exact_search`, ``IndexFlatIP`` searched in query chunks, so
+memory is ``O(n_docs × dim + chunk × depth)``), then vectorised numpy filtering per query. Mining with any
+other searcher (BM25, a text-level duplicate guard) is :func:`medadapt.curation.mine_hard_negatives`. Same semantics as
 :func:`~medadapt.curation.negatives.sample_negatives` (rank window with positives counted, relative /
 absolute margin against the lowest positive score), except that the near-duplicate guard compares
 *embeddings*: a candidate whose cosine with any positive document is >= ``config.embedding_dup_threshold``
@@ -17,6 +19,7 @@ Measured cost (2 shared CPU cores, load ~7): 5,820 queries × 7,244 documents ×
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Literal
 
 import numpy as np
 
@@ -42,6 +45,8 @@ def mine_from_embeddings(
     normalize: bool = True,
     return_scores: bool = False,
     query_chunk: int = 4096,
+    count_positives: bool = True,
+    pick: Literal["random", "best"] = "random",
 ) -> list[list[int]] | tuple[list[list[int]], list[list[float]]]:
     """Mine hard-negative document indices for each query from embeddings.
 
@@ -55,6 +60,12 @@ def mine_from_embeddings(
         normalize: L2-normalise both sides first (cosine, the sentence-transformers default); pass
             ``False`` for dot-product models or already-normalised inputs.
         return_scores: also return the negatives' scores.
+        count_positives: ranks count the query's positives (the papers' convention, see
+            :mod:`~medadapt.curation.negatives`); ``False``: ranks count only non-positive documents, so
+            ``window=(s + 1, s + n)`` means "skip the ``s`` best non-relevant documents, then take ``n``"
+            (CARE's stage II).
+        pick: ``"random"`` draws ``config.num_negatives`` of the eligible candidates with the per-query
+            seed; ``"best"`` takes the best-ranked ones.
 
     Returns:
         ``negatives[i]``: document indices (rank order, at most ``config.num_negatives``) for query ``i``;
@@ -65,8 +76,10 @@ def mine_from_embeddings(
         q = cache.encode(model, queries, role="query"); d = cache.encode(model, docs, role="document")
         negs = mine_from_embeddings(q, d, [{3}, {7, 9}], MiningConfig.preset("hyrec"))
     """
-    from medadapt.eval.search import exact_search, normalize_rows
+    from medadapt.retrieval.exact import exact_search, normalize_rows
 
+    if pick not in ("random", "best"):
+        raise ValueError(f"pick must be 'random' or 'best', got {pick!r}")
     config = config or MiningConfig()
     q = _as_matrix(query_emb, "query_emb")
     d = _as_matrix(doc_emb, "doc_emb")
@@ -88,14 +101,24 @@ def mine_from_embeddings(
     neg_scores: list[list[float]] = []
     if len(q) == 0:
         return (negatives, neg_scores) if return_scores else negatives
-    scores, idx = exact_search(q, d, config.depth, query_chunk=query_chunk)
+    # enough candidates for the window: positives are skipped without taking a rank when not counted
+    depth = hi if count_positives else hi + max((len(p) for p in positives), default=0)
+    scores, idx = exact_search(q, d, depth, query_chunk=query_chunk)
     for i in range(len(q)):
-        cand = idx[i, lo - 1 : hi]
-        cs = scores[i, lo - 1 : hi]
-        keep = cand >= 0
         pos = np.fromiter((int(p) for p in positives[i]), dtype=np.int64)
+        if count_positives:
+            cand, cs = idx[i, lo - 1 : hi], scores[i, lo - 1 : hi]
+            keep = cand >= 0
+            if len(pos):
+                keep &= ~np.isin(cand, pos)
+        else:
+            row, row_s = idx[i], scores[i]
+            usable = (row >= 0) & ~np.isin(row, pos)
+            rank = np.cumsum(usable)  # 1-based rank among non-positive documents
+            window = usable & (rank >= lo) & (rank <= hi)
+            cand, cs = row[window], row_s[window]
+            keep = np.ones(len(cand), dtype=bool)
         if len(pos):
-            keep &= ~np.isin(cand, pos)
             if use_margin:
                 pos_min = float((d[pos] @ q[i]).min())
                 keep &= cs <= margin_threshold(pos_min, config.margin, config.absolute_margin)
@@ -105,8 +128,11 @@ def mine_from_embeddings(
                 keep[np.nonzero(keep)[0][dup]] = False
         elig = np.nonzero(keep)[0]
         if len(elig) > config.num_negatives:
-            rng = np.random.default_rng((config.seed, i))
-            elig = np.sort(rng.choice(elig, size=config.num_negatives, replace=False))
+            if pick == "best":
+                elig = elig[: config.num_negatives]
+            else:
+                rng = np.random.default_rng((config.seed, i))
+                elig = np.sort(rng.choice(elig, size=config.num_negatives, replace=False))
         negatives.append([int(x) for x in cand[elig]])
         neg_scores.append([float(x) for x in cs[elig]])
     return (negatives, neg_scores) if return_scores else negatives

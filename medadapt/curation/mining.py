@@ -4,6 +4,10 @@ BMRetriever §3.3), writing FlagEmbedding training groups ``{query, pos, neg, po
 For each judged query of a split: positives are its documents with grade > 0; the searcher retrieves
 ``config.depth`` candidates; :func:`~medadapt.curation.negatives.sample_negatives` picks negatives in the
 rank window with the false-negative guards of :class:`~medadapt.curation.mining_config.MiningConfig`.
+
+With embeddings already at hand (no searcher, no texts), :func:`~medadapt.curation.mine_from_embeddings` is
+the one embedding miner (same window / margin rules, vectorised, an embedding duplicate guard instead of
+the text one).
 """
 
 from __future__ import annotations

@@ -8,9 +8,12 @@
   dense encoder reuses the backbone's cached corpus); ``"model"`` computes it from the sharing backbone
   in the same pass as the lexical side (uses ``passage_max_length``); ``"states"`` takes the pooled dense
   inputs from ``state_cache`` (only valid while the dense encoder is frozen).
-* **hybrid**: the Normalisation Module sum ``S_lex + dense_weight * S_den`` (eq. 9) computed *exactly* for
-  every document in the union of both top-``depth`` lists (missing scores are computed, not imputed), or
-  ``fusion="minmax"`` (:func:`medadapt.retrieval.fusion.minmax_fusion` over the two runs).
+* **hybrid**: the Normalisation Module sum ``S_lex + dense_weight * S_den`` (eq. 9,
+  :func:`medadapt.retrieval.fusion.hybrid_topk`, the same ranking as the
+  :class:`~medadapt.retrieval.Retriever`'s ``sum`` fusion with the model's ``dense_weight``) computed
+  *exactly* for every document in the union of both top-``depth`` lists (missing scores are computed, not
+  imputed), or ``fusion="minmax"`` (:func:`medadapt.retrieval.fusion.minmax_fusion` over the two runs,
+  equal weights).
 
 Also reports sparsity (mean active terms per query / document) as ``q_terms`` / ``d_terms``.
 """
@@ -125,9 +128,10 @@ def evaluate_hyrec(model_or_dir, dataset, split: str = "test",
 
             runs["hybrid"] = fuse_runs([runs["lexical"], runs["dense"]], "minmax", k=depth)
         else:
+            from medadapt.retrieval.fusion import hybrid_topk
+
             pos = {d: k for k, d in enumerate(doc_ids)}
             dm = to_csr(d_lex, model.n_terms).tocsr()
-            w = model.config.dense_weight
             hybrid = {}
             for r, q in enumerate(qids):
                 cand = sorted(set(runs["lexical"][q]) | set(runs["dense"][q]))
@@ -137,9 +141,8 @@ def evaluate_hyrec(model_or_dir, dataset, split: str = "test",
                 rows = np.fromiter((pos[d] for d in cand), dtype=np.int64, count=len(cand))
                 lex = np.asarray((dm[rows] @ qm[r].T).todense()).ravel()
                 den = d_dense[rows] @ q_dense[r]
-                total = lex + w * den
-                top = np.lexsort((rows, -total))[:depth]
-                hybrid[q] = {cand[t]: float(total[t]) for t in top}
+                top, total = hybrid_topk(rows, lex, den, model.config.dense_weight, depth)
+                hybrid[q] = {doc_ids[t]: float(v) for t, v in zip(top, total)}
             runs["hybrid"] = hybrid
     result = evaluate_run(data.qrels[split], runs[mode], metrics)
     result.update(extra)

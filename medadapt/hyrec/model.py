@@ -33,6 +33,7 @@ from medadapt.hyrec.bagging import WordVocab, sparse_from_tokens
 from medadapt.hyrec.glae import embed, encoder_layers, extended_mask, run_layers, split_layers
 from medadapt.hyrec.normalize import normalize_sparse
 from medadapt.hyrec.projectors import DenseProjector, UnionProjector, WeightProjector
+from medadapt.retrieval.tokenize import cjk_characters  # noqa: F401  (the one CJK pattern; used below)
 
 __all__ = ["HyReCConfig", "HyReCModel", "HYREC_FORMAT"]
 
@@ -102,14 +103,6 @@ class HyReCConfig:
         if unknown:
             raise ModelLoadError(f"unknown HyReC config keys: {', '.join(unknown)}")
         return cls(**obj)
-
-
-def cjk_characters(texts: Sequence[str]) -> list[str]:
-    """Sorted distinct CJK characters of ``texts``."""
-    import re
-
-    pattern = re.compile(r"[\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff]")
-    return sorted({c for t in texts for c in pattern.findall(t)})
 
 
 class HyReCModel(nn.Module):
@@ -459,6 +452,37 @@ class HyReCModel(nn.Module):
                        ) -> list[dict[int, float]]:
         return self.encode(texts, role, lexical=True, dense=False, **kwargs)[1]
 
+    # ------------------------------------------------------------------ retrieval encoder protocol
+    #: :mod:`medadapt.retrieval.encoders`: a HyReC model is a dense + learned-sparse (hybrid) encoder.
+    encoder_tag = "hyrec"
+    similarity_fn_name = "cosine"  # encode_dense returns L2-normalised vectors
+
+    @property
+    def embedding_dim(self) -> int:
+        """Dimension of the dense vectors."""
+        return int(self.projector.out_features)
+
+    def encoder_identity(self) -> dict[str, Any]:
+        """What a retrieval index records to recognise this model: a fingerprint over every module (dense
+        side, lexicon encoder, projectors) and the configuration (bagging settings, lengths)."""
+        import hashlib
+
+        from medadapt.models import model_fingerprint
+
+        ident = model_fingerprint(self) + json.dumps(self.config.to_dict(), sort_keys=True)
+        return {"fingerprint": hashlib.sha256(ident.encode()).hexdigest()[:32], "similarity": "cosine",
+                "max_seq_length": self.config.passage_max_length}
+
+    def encode_query(self, texts: Sequence[str], *, batch_size: int = 32, show_progress: bool = False
+                     ) -> np.ndarray:
+        """Normalised dense query vectors (:meth:`encode_dense` with role ``"query"``)."""
+        return self.encode_dense(texts, "query", batch_size=batch_size, show_progress=show_progress)
+
+    def encode_document(self, texts: Sequence[str], *, batch_size: int = 32, show_progress: bool = False
+                        ) -> np.ndarray:
+        """Normalised dense document vectors (:meth:`encode_dense` with role ``"document"``)."""
+        return self.encode_dense(texts, "document", batch_size=batch_size, show_progress=show_progress)
+
     def decode(self, vector: dict[int, float], top: int | None = None) -> list[tuple[str, float]]:
         """Human-readable ``(term, weight)`` pairs of a sparse vector, heaviest first."""
         items = sorted(vector.items(), key=lambda kv: -kv[1])[:top]
@@ -471,10 +495,10 @@ class HyReCModel(nn.Module):
         from safetensors.torch import save_file
 
         from medadapt.io import atomic_write_json
-        from medadapt.training.runner import _save_model_atomically
 
         folder = Path(folder)
-        _save_model_atomically(self.st, folder)
+        folder.mkdir(parents=True, exist_ok=True)
+        self.st.save(str(folder))  # `medadapt train` saves into a fresh folder swapped in as a whole
         sub = folder / SUBDIR
         sub.mkdir(parents=True, exist_ok=True)
         state = {f"lexicon.{k}": v for k, v in self.lexicon.state_dict().items()}
@@ -529,3 +553,18 @@ def extend_vocabulary(transformer, characters: Sequence[str], seed: int = 0) -> 
     with torch.no_grad():
         auto.get_input_embeddings().weight[before:] = rows.to(old.dtype)
     return len(tok) - before
+
+
+def _register_retrieval_encoder() -> None:
+    """Let retrieval index folders reload a HyReC model by name (encoder tag ``"hyrec"``) and recognise a
+    HyReC folder (it holds ``hyrec/config.json``)."""
+    from medadapt.retrieval.encoders import EncoderKind, register_encoder
+
+    register_encoder(EncoderKind(
+        tag=HyReCModel.encoder_tag,
+        load=lambda folder, device=None: HyReCModel.load(folder, device=device),
+        detect=lambda folder: (Path(folder) / SUBDIR / "config.json").is_file(),
+    ))
+
+
+_register_retrieval_encoder()

@@ -19,6 +19,8 @@ import math
 import torch.nn.functional as F
 from torch import Tensor
 
+from medadapt.retrieval.fusion import hybrid_score  # eq. 9: the one hybrid score of medadapt
+
 __all__ = ["normalize_dense", "normalize_term_weights", "normalize_sparse", "hybrid_score"]
 
 
@@ -44,8 +46,3 @@ def normalize_sparse(vector: Mapping[int, float]) -> dict[int, float]:
     if norm <= 0:
         return {}
     return {k: v / norm for k, v in vector.items()}
-
-
-def hybrid_score(lexical: Tensor | float, dense: Tensor | float, dense_weight: float = 1.0):
-    """``S_lex + dense_weight * S_den`` (eq. 9) on normalised scores."""
-    return lexical + dense_weight * dense

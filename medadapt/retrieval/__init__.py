@@ -1,7 +1,9 @@
 """Retrieval and RAG: FAISS dense index, inverted (lexical) index, score fusion, a thread-safe
 :class:`Retriever` saved as a checked folder, and LangChain adapters.
 
-Imports are lazy so ``import medadapt.retrieval`` loads neither FAISS nor langchain-core::
+Models are used through the protocols of :mod:`medadapt.retrieval.encoders` (dense, learned sparse or
+both); nothing here imports a system package. Imports are lazy so ``import medadapt.retrieval`` loads
+neither FAISS nor langchain-core::
 
     from medadapt.retrieval import Retriever, load_documents
     r = Retriever.build(load_documents("medmini"), model="minilm", kind="hybrid")
@@ -36,6 +38,17 @@ _LAZY = {
     "sum_fusion": "medadapt.retrieval.fusion",
     "fuse": "medadapt.retrieval.fusion",
     "fuse_runs": "medadapt.retrieval.fusion",
+    "hybrid_score": "medadapt.retrieval.fusion",
+    "hybrid_topk": "medadapt.retrieval.fusion",
+    "exact_search": "medadapt.retrieval.exact",
+    "Encoder": "medadapt.retrieval.encoders",
+    "DenseEncoder": "medadapt.retrieval.encoders",
+    "SparseEncoder": "medadapt.retrieval.encoders",
+    "HybridEncoder": "medadapt.retrieval.encoders",
+    "SentenceTransformerEncoder": "medadapt.retrieval.encoders",
+    "EncoderKind": "medadapt.retrieval.encoders",
+    "register_encoder": "medadapt.retrieval.encoders",
+    "open_encoder": "medadapt.retrieval.encoders",
     "build_shard": "medadapt.retrieval.sharding",
     "merge_shards": "medadapt.retrieval.sharding",
     "train_shard_template": "medadapt.retrieval.sharding",
@@ -54,7 +67,27 @@ if TYPE_CHECKING:  # pragma: no cover
     from medadapt.retrieval.dense import DenseIndex
     from medadapt.retrieval.docstore import Documents
     from medadapt.retrieval.errors import IndexCorruptError, IndexMismatchError
-    from medadapt.retrieval.fusion import fuse, fuse_runs, minmax_fusion, rrf_fusion, sum_fusion, zscore_fusion
+    from medadapt.retrieval.encoders import (
+        DenseEncoder,
+        Encoder,
+        EncoderKind,
+        HybridEncoder,
+        SentenceTransformerEncoder,
+        SparseEncoder,
+        open_encoder,
+        register_encoder,
+    )
+    from medadapt.retrieval.exact import exact_search
+    from medadapt.retrieval.fusion import (
+        fuse,
+        fuse_runs,
+        hybrid_score,
+        hybrid_topk,
+        minmax_fusion,
+        rrf_fusion,
+        sum_fusion,
+        zscore_fusion,
+    )
     from medadapt.retrieval.inverted import InvertedIndex
     from medadapt.retrieval.langchain import MedAdaptEmbeddings, MedAdaptRetriever
     from medadapt.retrieval.lexical import LexicalIndex

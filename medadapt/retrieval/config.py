@@ -8,15 +8,17 @@ from __future__ import annotations
 
 from typing import Literal, Optional
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import Field, field_validator
+
+from medadapt.config import Section
 
 RetrieverKind = Literal["dense", "lexical", "hybrid"]
 FusionMethod = Literal["minmax", "zscore", "rrf", "sum"]
 Language = Literal["auto", "en", "zh", "none"]
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+class _Strict(Section):
+    """Unknown keys and non-finite numbers are refused (:class:`medadapt.config.Section`)."""
 
 
 class DenseConfig(_Strict):
@@ -68,19 +70,32 @@ class LexicalConfig(_Strict):
 
 
 class FusionConfig(_Strict):
-    """How hybrid retrieval combines its dense and lexical lists.
+    """How hybrid retrieval combines its dense and lexical sides.
+
+    ``dense_weight`` has one meaning in medadapt (HyReC eq. 9, :func:`~medadapt.retrieval.fusion.hybrid_score`)::
+
+        score = lexical + dense_weight * dense
+
+    taken over each method's scores: the raw scores (``sum``), min-max or z-score normalised scores
+    (``minmax`` / ``zscore``), or reciprocal ranks (``rrf``). ``1`` weighs both sides equally, ``0``
+    ignores the dense side (use ``kind="dense"`` for the dense side alone).
 
     Attributes:
-        method: ``"minmax"`` / ``"zscore"`` weighted sum of normalised scores, ``"rrf"``, or ``"sum"``: the
-            weighted sum of the raw scores (for a HyReC model, whose dense and lexical scores are both dot
-            products of L2-normalised vectors: HyReC's NM sum, eq. 9, up to scale).
-        dense_weight: weight of the dense list; the lexical list gets ``1 - dense_weight``.
+        method: ``"minmax"`` / ``"zscore"`` sum of normalised scores, ``"rrf"``, or ``"sum"``: the raw scores,
+            every candidate of either top-``depth`` list scored exactly (for a model whose dense and lexical
+            scores are both dot products of L2-normalised vectors, such as HyReC: its NM sum, eq. 9).
+        dense_weight: the dense side's weight (the lexical side's is 1); for a HyReC model use the weight
+            it was trained with (``model.config.dense_weight``, 1 in the paper).
         depth: documents taken from each list before fusing.
         rrf_k: the RRF constant (60, as in Cormack et al. 2009).
+
+    Index folders written before this meaning (manifest format 1, where ``dense_weight`` was the convex
+    share ``w`` of ``w * dense + (1 - w) * lexical``) are converted on load to ``w / (1 - w)``: the same
+    ranking.
     """
 
     method: FusionMethod = "minmax"
-    dense_weight: float = Field(0.5, ge=0, le=1)
+    dense_weight: float = Field(1.0, ge=0)
     depth: int = Field(100, ge=1)
     rrf_k: int = Field(60, ge=1)
 

@@ -1,8 +1,9 @@
 """Dense index on FAISS: any ``index_factory`` string, inner product on (normalised) vectors.
 
-* Built in chunks: :meth:`DenseIndex.build_from_model` encodes ``chunk_size`` documents at a time through
-  the :class:`~medadapt.cache.EmbeddingCache` and adds them, so a million-document corpus never holds
-  more than one chunk of embeddings (and one encode batch of token tensors) at once. IVF / PQ indexes
+* Built in chunks: :meth:`DenseIndex.build_from_model` encodes ``chunk_size`` documents at a time with
+  the encoder (sentence-transformers models through the :class:`~medadapt.cache.EmbeddingCache`) and adds
+  them, so a million-document corpus never holds more than one chunk of embeddings (and one encode batch
+  of token tensors) at once. IVF / PQ indexes
   are trained first on a sample of ``train_size`` documents.
 * GPU: with faiss-gpu installed (extra ``[gpu]``) and ``use_gpu`` ``"auto"``/``True``, the index is
   cloned to every visible GPU for adding and searching; otherwise it stays on CPU. Saved files are
@@ -22,6 +23,7 @@ import numpy as np
 from medadapt.errors import MedAdaptError
 from medadapt.retrieval.config import DenseConfig
 from medadapt.retrieval.errors import IndexCorruptError
+from medadapt.retrieval.exact import normalize_rows, similarity_is_cosine
 
 FILE = "dense.faiss"
 
@@ -34,9 +36,8 @@ def gpu_count() -> int:
 
 
 def normalize(x: np.ndarray) -> np.ndarray:
-    x = np.ascontiguousarray(x, dtype=np.float32)
-    norms = np.linalg.norm(x, axis=1, keepdims=True)
-    return x / np.maximum(norms, 1e-12)
+    """float32, C-contiguous, L2-normalised rows (:func:`~medadapt.retrieval.exact.normalize_rows`)."""
+    return normalize_rows(np.ascontiguousarray(x, dtype=np.float32))
 
 
 def new_index(dim: int, factory: str):
@@ -170,19 +171,18 @@ class DenseIndex:
         return index
 
     @classmethod
-    def build_from_model(cls, model, texts: Sequence[str], cache=None, config: DenseConfig | None = None,
+    def build_from_model(cls, encoder, texts: Sequence[str], config: DenseConfig | None = None,
                          batch_size: int = 64, show_progress: bool = True) -> DenseIndex:
-        """Encode ``texts`` with ``model.encode_document`` through the embedding cache, chunk by chunk."""
-        from medadapt.cache import EmbeddingCache
-
-        cache = cache if cache is not None else EmbeddingCache()
-        normalized = model_uses_cosine(model)
+        """Encode ``texts`` with ``encoder.encode_document`` chunk by chunk (a
+        :class:`~medadapt.retrieval.encoders.DenseEncoder`; the sentence-transformers adapter goes through
+        the embedding cache); vectors are normalised when the encoder's similarity is cosine."""
+        normalized = uses_cosine(encoder)
 
         def embed(positions: np.ndarray) -> np.ndarray:
-            return cache.encode(model, [texts[int(i)] for i in positions], role="document",
-                                batch_size=batch_size, show_progress=False)
+            return np.asarray(encoder.encode_document([texts[int(i)] for i in positions], batch_size=batch_size,
+                                                      show_progress=False), dtype=np.float32)
 
-        dim = embedding_dim(model)
+        dim = embedding_dim(encoder)
         if dim is None:
             dim = int(embed(np.arange(1)).shape[1])
         return cls.build_chunked(len(texts), embed, int(dim), config, normalized, show_progress=show_progress)
@@ -288,15 +288,24 @@ def _hnsw(index):
     return None
 
 
-def model_uses_cosine(model) -> bool:
-    """True when the model's similarity is cosine (vectors are normalised); dot product keeps them raw."""
-    name = (getattr(model, "similarity_fn_name", None) or "cosine").lower()
-    if name not in ("cosine", "dot"):
-        raise MedAdaptError(f"similarity {name!r} is not supported for inner-product retrieval (use cosine or dot)")
-    return name == "cosine"
+def uses_cosine(model) -> bool:
+    """True when the model's (or encoder's) ``similarity_fn_name`` is cosine (vectors are normalised); dot
+    product keeps them raw. Other similarities raise :class:`MedAdaptError`."""
+    try:
+        return similarity_is_cosine(getattr(model, "similarity_fn_name", None))
+    except ValueError as exc:
+        raise MedAdaptError(f"{exc} (inner-product retrieval)") from None
+
+
+model_uses_cosine = uses_cosine  # the older name
 
 
 def embedding_dim(model) -> int | None:
-    """The model's output dimension (sentence-transformers renamed the getter in v6)."""
-    getter = getattr(model, "get_embedding_dimension", None) or model.get_sentence_embedding_dimension
-    return getter()
+    """The output dimension of a SentenceTransformer (the getter was renamed in sentence-transformers v6) or
+    of an encoder with an ``embedding_dim`` attribute; ``None`` when it is not known before encoding."""
+    dim = getattr(model, "embedding_dim", None)
+    if dim is not None:
+        return int(dim() if callable(dim) else dim)
+    getter = getattr(model, "get_embedding_dimension", None) or getattr(
+        model, "get_sentence_embedding_dimension", None)
+    return getter() if getter is not None else None

@@ -70,11 +70,11 @@ class DocStore:
     def __len__(self) -> int:
         return len(self.ids)
 
-    def __del__(self):  # pragma: no cover - best effort
+    def __del__(self, _close=os.close):  # pragma: no cover - best effort; `os` may be gone at interpreter exit
         fd = getattr(self, "_fd", None)
         if fd is not None:
             try:
-                os.close(fd)
+                _close(fd)
             except OSError:
                 pass
 

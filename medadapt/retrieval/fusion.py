@@ -1,4 +1,15 @@
-"""Score fusion as small pure functions over ``{doc_id: score}`` lists.
+"""Score fusion as small pure functions over ``{doc_id: score}`` lists, and the one hybrid score.
+
+**The hybrid score** (HyReC eq. 9, the Normalisation Module sum) is the one meaning of ``dense_weight``
+in medadapt::
+
+    score = lexical + dense_weight * dense                      # hybrid_score()
+
+HyReC's evaluation (:func:`medadapt.hyrec.evaluate_hyrec`), HyReC's training-time score and the
+:class:`~medadapt.retrieval.Retriever` (``FusionConfig.dense_weight``, every method) all use it:
+:func:`hybrid_topk` ranks exactly scored candidates, :func:`hybrid_weights` gives the per-list weights
+``(dense, lexical)`` for the list fusions below (``minmax`` / ``zscore`` normalise first, ``rrf`` sums
+weighted reciprocal ranks). ``dense_weight = 1`` weighs both sides equally.
 
 Missing-document rule (the same for every weighted-sum method): a document absent from one list is
 given that list's **lowest normalised score** among the documents it did return (0 after min-max, even
@@ -14,8 +25,48 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
+from typing import TypeVar
+
+import numpy as np
 
 Scores = Mapping[str, float]
+T = TypeVar("T")
+
+
+# ---------------------------------------------------------------------------------------- hybrid score
+def hybrid_score(lexical: T, dense: T, dense_weight: float = 1.0) -> T:
+    """``lexical + dense_weight * dense`` (HyReC eq. 9) for floats, numpy arrays or torch tensors."""
+    return lexical + dense_weight * dense
+
+
+def hybrid_weights(dense_weight: float) -> list[float]:
+    """List weights ``[dense, lexical]`` of a hybrid fusion: :func:`hybrid_score`'s meaning (lexical weight
+    1) for :func:`fuse` over ``[dense_list, lexical_list]``."""
+    if not dense_weight >= 0 or not math.isfinite(dense_weight):
+        raise ValueError(f"dense_weight must be a finite number >= 0, got {dense_weight}")
+    return [float(dense_weight), 1.0]
+
+
+def hybrid_topk(positions: np.ndarray, lexical: np.ndarray, dense: np.ndarray, dense_weight: float = 1.0,
+                k: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """Rank candidates by their exact :func:`hybrid_score`.
+
+    Args:
+        positions: candidate document positions (integers, distinct).
+        lexical / dense: each candidate's true lexical and dense score (0 lexical for a document sharing no
+            term with the query).
+        k: how many to keep (all when ``None``).
+
+    Returns:
+        ``(positions, scores)`` of the best ``k``, best first; ties go to the lower position.
+    """
+    positions = np.asarray(positions)
+    score = hybrid_score(np.asarray(lexical), np.asarray(dense), dense_weight)
+    order = np.lexsort((positions, -score))[:k]
+    return positions[order], score[order]
+
+
+# ---------------------------------------------------------------------------------------- list fusion
 
 
 def minmax_normalize(scores: Scores) -> dict[str, float]:
@@ -109,9 +160,9 @@ def rrf_fusion(lists: Sequence[Scores], k_rrf: int = 60, weights: Sequence[float
 def sum_fusion(lists: Sequence[Scores], weights: Sequence[float] | None = None, k: int | None = None
                ) -> dict[str, float]:
     """Weighted sum of the raw scores, for scores already on one scale such as HyReC's normalised lexical and
-    dense dot products (eq. 9). A document missing from a list gets that list's lowest score, the tightest
-    bound its true score is known to stay under (0 would sink every document outside the dense top list
-    when all cosines are high)."""
+    dense dot products (eq. 9; with :func:`hybrid_weights` this is :func:`hybrid_score` over the lists). A
+    document missing from a list gets that list's lowest score, the tightest bound its true score is known to
+    stay under (0 would sink every document outside the dense top list when all cosines are high)."""
     return weighted_sum([dict(s) for s in lists], weights, k)
 
 

@@ -9,11 +9,14 @@ Example::
     r.save("medmini.index")
     r = Retriever.load("medmini.index")            # refuses an index built with another model
 
-Queries go through ``model.encode_query`` and documents through ``encode_document`` (asymmetric models
-with query/document prompts or routes work). A :class:`~medadapt.hyrec.HyReCModel` (or its folder) encodes
-both sides instead: its dense vectors go into FAISS and its learned sparse vectors into the inverted index,
-so ``kind="lexical"`` searches with learned term weights and ``kind="hybrid"`` with
-``FusionConfig(method="sum")`` is HyReC's NM sum (eq. 9). ``search`` is thread-safe: FAISS and scipy searches run
+The model is used through the protocols of :mod:`medadapt.retrieval.encoders`, never by class name.
+Queries go through ``encode_query`` and documents through ``encode_document`` (a ``SentenceTransformer`` is
+adapted: asymmetric models with query/document prompts or routes work; documents go through the embedding
+cache). A model that also gives learned sparse vectors (a :class:`~medadapt.retrieval.encoders.SparseEncoder`
+such as a HyReC model, or its folder) fills the inverted index with them instead of BM25, so
+``kind="lexical"`` searches with learned term weights and ``kind="hybrid"`` with ``FusionConfig(method="sum")``
+is the exact ``lexical + dense_weight * dense`` (HyReC's NM sum, eq. 9,
+:func:`~medadapt.retrieval.fusion.hybrid_score`). ``search`` is thread-safe: FAISS and scipy searches run
 concurrently; only the model's tokenizer (HF fast tokenizers raise "Already borrowed" when shared
 across threads) is behind a lock.
 """
@@ -30,12 +33,30 @@ import numpy as np
 
 from medadapt.errors import MedAdaptError
 from medadapt.retrieval.config import RetrieverConfig
-from medadapt.retrieval.dense import DenseIndex, embedding_dim, model_uses_cosine
+from medadapt.retrieval.dense import DenseIndex, embedding_dim, uses_cosine
 from medadapt.retrieval.docstore import Documents, DocStore
+from medadapt.retrieval.encoders import (
+    ST_TAG,
+    DenseEncoder,
+    HybridEncoder,
+    SentenceTransformerEncoder,
+    SparseEncoder,
+    as_encoder,
+    detect_encoder_kind,
+    get_encoder_kind,
+)
 from medadapt.retrieval.errors import IndexCorruptError, IndexMismatchError
-from medadapt.retrieval.fusion import fuse
+from medadapt.retrieval.fusion import fuse, hybrid_topk, hybrid_weights
 from medadapt.retrieval.lexical import LexicalIndex
-from medadapt.retrieval.storage import Manifest, ModelInfo, atomic_dir, file_infos, read_manifest, write_manifest
+from medadapt.retrieval.storage import (
+    FORMAT,
+    Manifest,
+    ModelInfo,
+    atomic_dir,
+    file_infos,
+    read_manifest,
+    write_manifest,
+)
 
 
 @dataclass
@@ -64,40 +85,20 @@ class SearchResult:
             yield Hit(i, s, t, ti, r)
 
 
-def is_hyrec(model) -> bool:
-    """``model`` is a HyReC model (checked without importing the HyReC package for other models)."""
-    return type(model).__name__ == "HyReCModel" and type(model).__module__.startswith("medadapt.hyrec")
-
-
-def is_hyrec_folder(model) -> bool:
-    return isinstance(model, (str, Path)) and (Path(model) / "hyrec" / "config.json").is_file()
-
-
-def load_hyrec(model, device: str | None = None):
-    from medadapt.hyrec import HyReCModel
-
-    return HyReCModel.load(model, device=device)
-
-
 def describe_model(model, name: str) -> ModelInfo:
-    from medadapt.cache import effective_prompt
-    from medadapt.models import model_fingerprint
-
-    if is_hyrec(model):  # every module (dense side, lexicon encoder, projectors) and the bagging settings
-        import hashlib
-        import json
-
-        ident = model_fingerprint(model) + json.dumps(model.config.to_dict(), sort_keys=True)
-        return ModelInfo(name=name, fingerprint=hashlib.sha256(ident.encode()).hexdigest()[:32],
-                         similarity="cosine", max_seq_length=model.config.passage_max_length)
-
+    """What the manifest records about ``model`` (any encoder, or a SentenceTransformer): its
+    :meth:`~medadapt.retrieval.encoders.Encoder.encoder_identity` under ``name``."""
+    encoder = as_encoder(model)
+    ident = dict(encoder.encoder_identity())
+    if not ident.get("fingerprint"):
+        raise MedAdaptError(f"{type(encoder).__name__}.encoder_identity() gave no fingerprint")
     return ModelInfo(
         name=name,
-        fingerprint=model_fingerprint(model),
-        similarity=(getattr(model, "similarity_fn_name", None) or "cosine"),
-        max_seq_length=getattr(model, "max_seq_length", None),
-        query_prompt=effective_prompt(model, "query"),
-        document_prompt=effective_prompt(model, "document"),
+        fingerprint=str(ident["fingerprint"]),
+        similarity=ident.get("similarity") or getattr(encoder, "similarity_fn_name", None) or "cosine",
+        max_seq_length=ident.get("max_seq_length"),
+        query_prompt=ident.get("query_prompt") or "",
+        document_prompt=ident.get("document_prompt") or "",
     )
 
 
@@ -110,18 +111,30 @@ class Retriever:
         self.config = config
         self.ids = ids
         self.docstore = docstore
-        self.model = model
+        #: the encoder (:mod:`medadapt.retrieval.encoders`); ``None`` for a BM25-only index
+        self.encoder = as_encoder(model) if model is not None else None
+        #: the model as given (a SentenceTransformer for the sentence-transformers adapter)
+        self.model = self.encoder.model if isinstance(self.encoder, SentenceTransformerEncoder) else self.encoder
         self.dense = dense
         self.lexical = lexical
         self.manifest = manifest
         self._encode_lock = threading.Lock()
-        self.hyrec = is_hyrec(model)
-        if self.hyrec and config.uses_lexical and lexical is not None and lexical.weighting is not None:
-            raise MedAdaptError("a HyReC retriever needs a learned sparse index, not BM25")
-        if config.uses_dense and (dense is None or model is None):
-            raise MedAdaptError(f"a {config.kind} retriever needs a model and a dense index")
+        sparse_encoder = isinstance(self.encoder, SparseEncoder)
         if config.uses_lexical and lexical is None:
             raise MedAdaptError(f"a {config.kind} retriever needs a lexical index")
+        if config.uses_lexical and self.learned_sparse and not sparse_encoder:
+            raise MedAdaptError("a learned sparse lexical index needs an encoder that gives sparse vectors "
+                                "(encode_lexical + n_terms), such as the model that built it")
+        if config.uses_lexical and not self.learned_sparse and sparse_encoder:
+            raise MedAdaptError(f"the {self.encoder.encoder_tag!r} encoder gives learned sparse vectors: its "
+                                "lexical index must hold them, not BM25")
+        if config.uses_dense and (dense is None or not isinstance(self.encoder, DenseEncoder)):
+            raise MedAdaptError(f"a {config.kind} retriever needs a dense encoder and a dense index")
+
+    @property
+    def learned_sparse(self) -> bool:
+        """The lexical index holds an encoder's learned sparse vectors (queries are encoded by it), not BM25."""
+        return self.lexical is not None and self.lexical.weighting is None
 
     @property
     def kind(self) -> str:
@@ -139,12 +152,15 @@ class Retriever:
 
         Args:
             docs: a :class:`Documents` (see :func:`~medadapt.retrieval.load_documents`).
-            model: a ``SentenceTransformer`` or a name for :func:`medadapt.load` (dense / hybrid only), or
-                a :class:`~medadapt.hyrec.HyReCModel` / HyReC folder (any kind: it also gives the learned
-                lexical vectors; documents are encoded in one pass, without the embedding cache).
+            model: an encoder (:mod:`medadapt.retrieval.encoders`), a ``SentenceTransformer``, or a name: a
+                folder a registered encoder kind recognises (e.g. a HyReC model folder), else a name for
+                :func:`medadapt.load`. A dense model is needed for ``dense`` / ``hybrid``; an encoder that
+                also gives learned sparse vectors (e.g. HyReC) fills the lexical index with them instead of
+                BM25 (any kind; both sides are encoded in one pass when the encoder offers it).
             kind: ``"dense"``, ``"lexical"`` or ``"hybrid"`` (overrides ``config.kind``).
             config: :class:`RetrieverConfig` (FAISS factory, BM25 and fusion settings).
-            cache: an :class:`~medadapt.cache.EmbeddingCache` for document embeddings (default cache dir).
+            cache: an :class:`~medadapt.cache.EmbeddingCache` for a SentenceTransformer's document embeddings
+                (default cache dir).
             model_name: recorded in the manifest so :meth:`load` can reload the model (default: ``model``
                 when it is a string).
         """
@@ -153,41 +169,40 @@ class Retriever:
             config = RetrieverConfig(**{**config.model_dump(), "kind": kind})
         if len(docs) == 0:
             raise MedAdaptError("cannot index an empty corpus")
+        encoder, name = _build_encoder(model, config, cache)
+        model_name = model_name or name
+        sparse = config.uses_lexical and isinstance(encoder, SparseEncoder)
+        if config.uses_dense and not isinstance(encoder, DenseEncoder):
+            raise MedAdaptError(f"a {config.kind} index needs a dense model (e.g. model='minilm')")
+        texts = docs.indexed_texts()
         dense = lexical = None
-        if is_hyrec_folder(model):
-            model_name = model_name or str(model)
-            model = load_hyrec(model)
-        if is_hyrec(model):
-            vecs, sparse = model.encode(docs.indexed_texts(), "document", dense=config.uses_dense,
-                                        lexical=config.uses_lexical, batch_size=config.batch_size,
-                                        show_progress=show_progress, desc="encoding documents")
-            if config.uses_dense:
-                dense = DenseIndex.build(np.ascontiguousarray(vecs, dtype=np.float32), config.dense)
-            if config.uses_lexical:
-                lexical = LexicalIndex.from_sparse(sparse, n_terms=model.n_terms, config=config.lexical)
+        vecs = sparse_vecs = None
+        if isinstance(encoder, HybridEncoder) and (config.uses_dense or sparse):  # both sides in one pass
+            vecs, sparse_vecs = encoder.encode(texts, "document", dense=config.uses_dense, lexical=sparse,
+                                               batch_size=config.batch_size, show_progress=show_progress,
+                                               desc="encoding documents")
+        elif sparse:
+            sparse_vecs = encoder.encode_lexical(texts, "document", batch_size=config.batch_size,
+                                                 show_progress=show_progress)
+        if vecs is not None:
+            dense = DenseIndex.build(np.ascontiguousarray(vecs, dtype=np.float32), config.dense,
+                                     normalized=uses_cosine(encoder))
         elif config.uses_dense:
-            if model is None:
-                raise MedAdaptError(f"a {config.kind} index needs a model (e.g. model='minilm')")
-            if isinstance(model, (str, Path)):
-                from medadapt.models import load
-
-                model_name = model_name or str(model)
-                model = load(str(model))
-            dense = DenseIndex.build_from_model(model, docs.indexed_texts(), cache, config.dense,
-                                                config.batch_size, show_progress)
-        if config.uses_lexical and lexical is None:
-            lexical = LexicalIndex.build_bm25(docs.indexed_texts(), config.lexical, show_progress)
-        hyrec = is_hyrec(model)
-        info = describe_model(model, model_name or "") if dense is not None or hyrec else None
+            dense = DenseIndex.build_from_model(encoder, texts, config.dense, config.batch_size, show_progress)
+        if sparse:
+            lexical = LexicalIndex.from_sparse(sparse_vecs, n_terms=encoder.n_terms, config=config.lexical)
+        elif config.uses_lexical:
+            lexical = LexicalIndex.build_bm25(texts, config.lexical, show_progress)
+        used = encoder if dense is not None or sparse else None
         from medadapt import __version__
 
         manifest = Manifest(
-            medadapt_version=__version__, kind=config.kind, encoder="hyrec" if hyrec else "sentence-transformers",
-            model=info,
+            medadapt_version=__version__, kind=config.kind, encoder=used.encoder_tag if used else ST_TAG,
+            model=describe_model(used, model_name or "") if used else None,
             embedding_dim=dense.dim if dense else None, normalized=dense.normalized if dense else None,
             corpus_hash=docs.content_hash(), n_docs=len(docs), config=config.model_dump(mode="json"),
         )
-        return cls(config, list(docs.ids), docs, model if dense or hyrec else None, dense, lexical, manifest)
+        return cls(config, list(docs.ids), docs, used, dense, lexical, manifest)
 
     # ------------------------------------------------------------------ documents
     def document(self, position: int) -> dict[str, str]:
@@ -210,24 +225,20 @@ class Retriever:
 
     # ------------------------------------------------------------------ search
     def encode_queries(self, queries: Sequence[str]) -> np.ndarray:
-        """Query embeddings through ``model.encode_query`` (serialised: tokenizers are not thread-safe)."""
+        """Query embeddings through the encoder's ``encode_query`` (serialised: tokenizers are not
+        thread-safe)."""
         with self._encode_lock:
-            if self.hyrec:
-                return np.ascontiguousarray(self.model.encode_dense(list(queries), "query",
-                                                                    batch_size=self.config.batch_size),
-                                            dtype=np.float32)
-            return np.asarray(
-                self.model.encode_query(list(queries), batch_size=self.config.batch_size,
-                                        convert_to_numpy=True, show_progress_bar=False), dtype=np.float32)
+            emb = self.encoder.encode_query(list(queries), batch_size=self.config.batch_size)
+        return np.ascontiguousarray(emb, dtype=np.float32)
 
     def _lexical_queries(self, queries: list[str]):
-        """Sparse query matrix: BM25 query terms, or the HyReC model's learned query vectors."""
-        if not self.hyrec:
+        """Sparse query matrix: BM25 query terms, or the encoder's learned sparse query vectors."""
+        if not self.learned_sparse:
             return self.lexical.encode_queries(queries)
         from medadapt.retrieval.inverted import to_csr
 
         with self._encode_lock:
-            vectors = self.model.encode_lexical(queries, "query", batch_size=self.config.batch_size)
+            vectors = self.encoder.encode_lexical(queries, "query", batch_size=self.config.batch_size)
         return to_csr(vectors, self.lexical.engine.n_terms)
 
     def _lexical_search(self, queries: list[str], k: int) -> tuple[np.ndarray, np.ndarray]:
@@ -273,8 +284,7 @@ class Retriever:
         for r in range(len(queries)):
             dense = {int(p): float(s) for s, p in zip(ds[r], dp[r]) if p >= 0}
             lex = {int(p): float(s) for s, p in zip(ls[r], lp[r]) if p >= 0}
-            fused = fuse([_keyed(dense), _keyed(lex)], fc.method, [fc.dense_weight, 1 - fc.dense_weight], k,
-                         fc.rrf_k)
+            fused = fuse([_keyed(dense), _keyed(lex)], fc.method, hybrid_weights(fc.dense_weight), k, fc.rrf_k)
             out.append(self._result(list(fused.values()), [int(p) for p in fused]))
         return out
 
@@ -282,8 +292,9 @@ class Retriever:
                          ) -> list[SearchResult] | None:
         """``sum`` fusion scored exactly: every document of either top-``depth`` list gets its true lexical
         score (0 when it shares no term with the query) and its dense score from the index's stored vectors,
-        so a HyReC hybrid equals the NM sum over the candidates. ``None`` when the dense index cannot give
-        its vectors back (the caller then fuses the two lists)."""
+        ranked by :func:`~medadapt.retrieval.fusion.hybrid_topk` (so a HyReC hybrid equals its evaluation's
+        NM sum over the candidates). ``None`` when the dense index cannot give its vectors back (the caller
+        then fuses the two lists)."""
         from medadapt.retrieval.inverted import topk_rows
 
         fc = self.config.fusion
@@ -299,9 +310,8 @@ class Retriever:
                 return None
             dense = vecs @ qp[r]
             lex = np.asarray(lex_all[r, cand].todense()).ravel() if len(cand) else np.zeros(0)
-            score = fc.dense_weight * dense + (1 - fc.dense_weight) * lex
-            order = np.lexsort((cand, -score))[:k]  # ties by position, as in fuse()
-            out.append(self._result(score[order].tolist(), cand[order].tolist()))
+            positions, scores = hybrid_topk(cand, lex, dense, fc.dense_weight, k)  # ties by position, as fuse()
+            out.append(self._result(scores.tolist(), positions.tolist()))
         return out
 
     # ------------------------------------------------------------------ persistence
@@ -355,9 +365,11 @@ class Retriever:
         folder = Path(folder)
         manifest = read_manifest(folder, verify=verify)
         try:
-            config = RetrieverConfig.model_validate(manifest.config)
+            config = RetrieverConfig.model_validate(_current_config(manifest, folder))
         except ValueError as exc:
             raise IndexCorruptError(f"{folder}: invalid retriever config in manifest ({exc})") from None
+        if manifest.format != FORMAT:
+            manifest = manifest.model_copy(update={"format": FORMAT, "config": config.model_dump(mode="json")})
         try:
             ids = json.loads((folder / "doc_ids.json").read_text(encoding="utf-8"))
         except (OSError, ValueError) as exc:
@@ -366,21 +378,65 @@ class Retriever:
             raise IndexCorruptError(f"{folder}: doc_ids.json does not hold {manifest.n_docs} ids")
         docstore = DocStore.open(folder, ids)
         dense = lexical = None
-        if config.uses_dense or manifest.encoder == "hyrec":  # a HyReC index encodes lexical queries too
-            model = _check_model(folder, manifest, model, device)
-        if config.uses_dense:
-            dense = DenseIndex.load(folder, config.dense, bool(manifest.normalized), mmap=mmap)
-            if dense.ntotal != manifest.n_docs or dense.dim != manifest.embedding_dim:
-                raise IndexCorruptError(f"{folder}: dense index holds {dense.ntotal}×{dense.dim} vectors, "
-                                        f"manifest says {manifest.n_docs}×{manifest.embedding_dim}")
-        elif manifest.encoder != "hyrec":
-            model = None
         if config.uses_lexical:
             lexical = LexicalIndex.load(folder)
             if lexical.n_docs != manifest.n_docs:
                 raise IndexCorruptError(f"{folder}: lexical index holds {lexical.n_docs} documents, "
                                         f"manifest says {manifest.n_docs}")
-        return cls(config, ids, docstore, model, dense, lexical, manifest)
+        encoder = None  # a learned sparse index encodes its lexical queries with the model too
+        if config.uses_dense or (lexical is not None and lexical.weighting is None):
+            encoder = _check_model(folder, manifest, model, device, config.uses_dense)
+        if config.uses_dense:
+            dense = DenseIndex.load(folder, config.dense, bool(manifest.normalized), mmap=mmap)
+            if dense.ntotal != manifest.n_docs or dense.dim != manifest.embedding_dim:
+                raise IndexCorruptError(f"{folder}: dense index holds {dense.ntotal}×{dense.dim} vectors, "
+                                        f"manifest says {manifest.n_docs}×{manifest.embedding_dim}")
+        return cls(config, ids, docstore, encoder, dense, lexical, manifest)
+
+
+def _build_encoder(model, config: RetrieverConfig, cache) -> tuple[Any, str | None]:
+    """``(encoder or None, name)`` for :meth:`Retriever.build`: a folder recognised by a registered encoder
+    kind is loaded by it; another name is a sentence-transformers model when the index is dense / hybrid
+    (a lexical index then uses BM25); an object is used through :func:`~medadapt.retrieval.encoders.as_encoder`
+    (kept for a lexical index only when it gives learned sparse vectors)."""
+    if model is None:
+        return None, None
+    name = None
+    if isinstance(model, (str, Path)):
+        name = str(model)
+        kind = detect_encoder_kind(model)
+        if kind is not None:
+            encoder = kind.load(name)
+        elif config.uses_dense:
+            from medadapt.models import load
+
+            encoder = SentenceTransformerEncoder(load(name), cache)
+        else:
+            return None, None
+    else:
+        encoder = as_encoder(model, cache=cache)
+    if not config.uses_dense and not isinstance(encoder, SparseEncoder):
+        return None, None
+    return encoder, name
+
+
+def _current_config(manifest: Manifest, folder: Path) -> dict[str, Any]:
+    """The manifest's retriever config in this version's meaning. Format 1 stored ``fusion.dense_weight`` as
+    the convex share ``w`` of ``w * dense + (1 - w) * lexical``; the same ranking is ``lexical +
+    w / (1 - w) * dense`` (scores scale by ``1 / (1 - w)``)."""
+    config = dict(manifest.config)
+    if manifest.format >= 2 or not isinstance(config.get("fusion"), dict):
+        return config
+    fusion = dict(config["fusion"])
+    share = float(fusion.get("dense_weight", 0.5))
+    if share >= 1.0:
+        if config.get("kind") == "hybrid":
+            raise MedAdaptError(f"{folder} (index format 1) fuses with dense_weight=1, i.e. the dense side alone; "
+                                "rebuild it, or build a kind='dense' index")
+        share = 0.5
+    fusion["dense_weight"] = share / (1.0 - share)
+    config["fusion"] = fusion
+    return config
 
 
 def _keyed(scores: dict[int, float]) -> dict[str, float]:
@@ -388,41 +444,39 @@ def _keyed(scores: dict[int, float]) -> dict[str, float]:
     return {f"{p:012d}": s for p, s in scores.items()}
 
 
-def _check_model(folder: Path, manifest: Manifest, model, device):
-    """The index's model: reloaded from the name its manifest records, or the given one, checked against it
-    (a HyReC index needs a HyReC model and checks its fingerprint only)."""
-    hyrec = manifest.encoder == "hyrec"
+def _check_model(folder: Path, manifest: Manifest, model, device, dense: bool):
+    """The index's encoder: reloaded from the name its manifest records (by the encoder kind of its tag), or
+    the given model, checked against the manifest (tag and fingerprint; for a dense index also dimension,
+    similarity and prompts)."""
+    tag = manifest.encoder
     info = manifest.model
     if info is None:
-        raise IndexCorruptError(f"{folder}: {'HyReC' if hyrec else 'dense'} index without model information in "
-                                "its manifest")
+        raise IndexCorruptError(f"{folder}: {'dense' if dense else 'learned sparse'} index without model "
+                                "information in its manifest")
     if model is None:
         if not info.name:
             raise MedAdaptError(f"{folder} was built from an in-memory model with no name; pass model=... to load it")
         model = info.name
     if isinstance(model, (str, Path)):
-        if hyrec:
-            model = load_hyrec(model, device=device)
-        else:
-            from medadapt.models import load
-
-            model = load(str(model), device=device)
-    if hyrec != is_hyrec(model):
-        raise IndexMismatchError(f"{folder} was built with {'a' if hyrec else 'no'} HyReC model; pass "
-                                 f"{'a HyReCModel or its folder' if hyrec else 'a SentenceTransformer'}")
-    got = describe_model(model, info.name)
+        encoder = get_encoder_kind(tag).load(str(model), device=device)
+    else:
+        encoder = as_encoder(model)
+    if encoder.encoder_tag != tag:
+        raise IndexMismatchError(f"{folder} was built with a {tag!r} encoder; the given model is a "
+                                 f"{encoder.encoder_tag!r} encoder")
+    got = describe_model(encoder, info.name)
     if got.fingerprint != info.fingerprint:
         raise IndexMismatchError(
             f"{folder} was built with model {info.name!r} (fingerprint {info.fingerprint}) but the given model "
             f"has fingerprint {got.fingerprint}; search with the same model or rebuild the index"
         )
-    if hyrec:
-        return model
-    dim = embedding_dim(model)
+    if not dense:
+        return encoder
+    dim = embedding_dim(encoder)
     if dim is not None and dim != manifest.embedding_dim:
         raise IndexMismatchError(f"{folder}: index dimension {manifest.embedding_dim} != model dimension {dim}")
-    if model_uses_cosine(model) != manifest.normalized:
+    if uses_cosine(encoder) != manifest.normalized:
         raise IndexMismatchError(f"{folder}: the model's similarity ({got.similarity}) differs from the index's")
     if (got.query_prompt, got.document_prompt) != (info.query_prompt, info.document_prompt):
         raise IndexMismatchError(f"{folder}: the model's query/document prompts differ from those used to build it")
-    return model
+    return encoder

@@ -24,7 +24,10 @@ from medadapt.io import atomic_write_json
 from medadapt.retrieval.errors import IndexCorruptError
 
 MANIFEST = "manifest.json"
-FORMAT = 1
+#: Written by this version. 2: ``config.fusion.dense_weight`` means ``lexical + dense_weight * dense``;
+#: 1 (still read): it was the convex share ``w * dense + (1 - w) * lexical`` (converted on load).
+FORMAT = 2
+READABLE_FORMATS = (1, 2)
 
 
 class ModelInfo(BaseModel):
@@ -52,7 +55,7 @@ class Manifest(BaseModel):
     format: int = FORMAT
     medadapt_version: str
     kind: str
-    encoder: str = "sentence-transformers"  # or "hyrec": a HyReC model encodes both sides
+    encoder: str = "sentence-transformers"  # the encoder's tag (medadapt.retrieval.encoders), e.g. "hyrec"
     model: Optional[ModelInfo] = None
     embedding_dim: Optional[int] = None
     normalized: Optional[bool] = None
@@ -91,8 +94,9 @@ def read_manifest(folder: str | Path, verify: bool = True) -> Manifest:
     except (ValueError, ValidationError) as exc:
         first = str(exc).strip().splitlines()[0]
         raise IndexCorruptError(f"{path}: invalid manifest ({first})") from None
-    if manifest.format != FORMAT:
-        raise IndexCorruptError(f"{path}: index format {manifest.format} is not supported (expected {FORMAT})")
+    if manifest.format not in READABLE_FORMATS:
+        raise IndexCorruptError(f"{path}: index format {manifest.format} is not supported (this medadapt reads "
+                                f"{', '.join(map(str, READABLE_FORMATS))})")
     for name, info in manifest.files.items():
         f = folder / name
         if not f.is_file():

@@ -18,7 +18,9 @@ from collections.abc import Sequence
 from medadapt.errors import MedAdaptError
 
 TOKEN_PATTERN = re.compile(r"(?u)\b\w\w+\b")
-CJK = re.compile(r"[\u3400-\u9fff]")
+#: CJK ideographs: Extension A, the Unified block and the Compatibility block (the one CJK pattern of
+#: medadapt: language detection here, HyReC's vocabulary extension).
+CJK = re.compile(r"[\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff]")
 
 #: The English stopwords of Lucene's ``EnglishAnalyzer`` (also bm25s' ``"en"`` list).
 ENGLISH_STOPWORDS = frozenset(
@@ -27,10 +29,23 @@ ENGLISH_STOPWORDS = frozenset(
 )
 
 
+def cjk_share(texts: Sequence[str], sample: int = 200) -> float:
+    """Fraction of the characters of the first ``sample`` texts that are CJK ideographs (0 for no text)."""
+    joined = "".join(list(texts[:sample]))
+    return len(CJK.findall(joined)) / max(len(joined), 1)
+
+
 def detect_language(texts: Sequence[str], sample: int = 200) -> str:
-    """``"zh"`` when more than 20 % of the characters of the first ``sample`` texts are CJK, else ``"en"``."""
-    joined = "".join(texts[:sample])
-    return "zh" if len(CJK.findall(joined)) > 0.2 * max(len(joined), 1) else "en"
+    """``"zh"`` when more than 20 % of the characters of the first ``sample`` texts are CJK, else ``"en"``.
+
+    The one language detector of medadapt (BM25 ``language="auto"``, the CLI, the benchmarks).
+    """
+    return "zh" if cjk_share(texts, sample) > 0.2 else "en"
+
+
+def cjk_characters(texts: Sequence[str]) -> list[str]:
+    """Sorted distinct CJK ideographs of ``texts``."""
+    return sorted({c for t in texts for c in CJK.findall(t)})
 
 
 class Tokenizer:

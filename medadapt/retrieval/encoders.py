@@ -1,0 +1,275 @@
+"""What the :class:`~medadapt.retrieval.Retriever` needs from a model, as small protocols: retrieval never
+checks a class name and imports no system package.
+
+* :class:`DenseEncoder`: ``encode_query`` / ``encode_document`` -> dense vectors (``n × d`` numpy), and
+  ``similarity_fn_name`` (``"cosine"``: vectors are L2-normalised before the inner product; ``"dot"``).
+* :class:`SparseEncoder`: ``encode_lexical(texts, role)`` -> one learned sparse ``{term_id: weight}`` per
+  text, over ``n_terms`` term ids (they go into the inverted index).
+* :class:`HybridEncoder`: both, plus ``encode(texts, role, dense=..., lexical=...)`` computing both sides in
+  one pass (used when indexing).
+* Every encoder (:class:`Encoder`) has an ``encoder_tag`` (recorded as the manifest's ``encoder``) and
+  ``encoder_identity()``: ``{"fingerprint": ..., "similarity", "max_seq_length", "query_prompt",
+  "document_prompt"}`` (all but the fingerprint optional), checked when an index is reopened.
+
+A ``SentenceTransformer`` is used through :class:`SentenceTransformerEncoder` (dense; documents through
+the :class:`~medadapt.cache.EmbeddingCache`). Any other model becomes an encoder by offering the methods
+above (:class:`medadapt.hyrec.HyReCModel` does: dense + learned sparse). To let an index folder reload it
+by name, its package registers an :class:`EncoderKind` (``tag``, ``load``, ``detect``) with
+:func:`register_encoder` when imported, and names that module in the ``medadapt.encoders`` entry-point group
+(``pyproject.toml``), which is read only when an unknown tag or a model folder must be resolved.
+
+Example::
+
+    from medadapt.retrieval.encoders import open_encoder, SparseEncoder
+    enc = open_encoder("runs/hyrec")          # a registered kind recognises its folder, else sentence-transformers
+    isinstance(enc, SparseEncoder)            # True for a HyReC folder
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, ClassVar, Literal, Protocol, runtime_checkable
+
+import numpy as np
+
+from medadapt.errors import MedAdaptError
+
+__all__ = [
+    "ST_TAG", "Encoder", "DenseEncoder", "SparseEncoder", "HybridEncoder", "SentenceTransformerEncoder",
+    "EncoderKind", "register_encoder", "get_encoder_kind", "encoder_kinds", "detect_encoder_kind",
+    "as_encoder", "open_encoder",
+]
+
+Role = Literal["query", "document"]
+ST_TAG = "sentence-transformers"
+ENTRY_POINT_GROUP = "medadapt.encoders"
+
+
+# ------------------------------------------------------------------------------------------ protocols
+@runtime_checkable
+class Encoder(Protocol):
+    """Identity of an encoder: its tag (the manifest's ``encoder``) and what identifies its weights."""
+
+    encoder_tag: str
+
+    def encoder_identity(self) -> dict[str, Any]:
+        """``{"fingerprint": str, ...}`` plus optional ``similarity``, ``max_seq_length``, ``query_prompt``,
+        ``document_prompt``."""
+        ...
+
+
+@runtime_checkable
+class DenseEncoder(Encoder, Protocol):
+    """Texts -> dense vectors whose inner product (after L2 normalisation for ``cosine``) is the score."""
+
+    similarity_fn_name: str
+
+    def encode_query(self, texts: Sequence[str], *, batch_size: int = 64) -> np.ndarray: ...
+
+    def encode_document(self, texts: Sequence[str], *, batch_size: int = 64,
+                        show_progress: bool = False) -> np.ndarray: ...
+
+
+@runtime_checkable
+class SparseEncoder(Encoder, Protocol):
+    """Texts -> learned sparse vectors ``{term_id: weight}`` with ``0 <= term_id < n_terms``; the lexical
+    score is their dot product."""
+
+    n_terms: int
+
+    def encode_lexical(self, texts: Sequence[str], role: Role = "document", *, batch_size: int = 32,
+                       show_progress: bool = False) -> list[dict[int, float]]: ...
+
+
+@runtime_checkable
+class HybridEncoder(DenseEncoder, SparseEncoder, Protocol):
+    """Dense and sparse, with one pass computing both: ``encode(...) -> (dense or None, sparse or None)``."""
+
+    def encode(self, texts: Sequence[str], role: Role = "document", *, lexical: bool = True, dense: bool = True,
+               batch_size: int = 32, show_progress: bool = False, desc: str | None = None
+               ) -> tuple[np.ndarray | None, list[dict[int, float]] | None]: ...
+
+
+# ------------------------------------------------------------------------------------------ adapter
+class SentenceTransformerEncoder:
+    """A ``SentenceTransformer`` as a :class:`DenseEncoder`.
+
+    Queries go through ``model.encode_query`` and documents through ``model.encode_document`` (so prompts
+    and query / document routes apply), documents via the embedding cache.
+
+    Args:
+        model: a ``SentenceTransformer``.
+        cache: an :class:`~medadapt.cache.EmbeddingCache` for documents (default: one at the default cache
+            folder, created when documents are first encoded).
+    """
+
+    encoder_tag: ClassVar[str] = ST_TAG
+
+    def __init__(self, model, cache=None):
+        self.model = model
+        self.cache = cache
+        self._lock = threading.Lock()
+
+    def __repr__(self) -> str:
+        return f"SentenceTransformerEncoder({type(self.model).__name__})"
+
+    @property
+    def similarity_fn_name(self) -> str:
+        return getattr(self.model, "similarity_fn_name", None) or "cosine"
+
+    @property
+    def embedding_dim(self) -> int | None:
+        getter = getattr(self.model, "get_embedding_dimension", None) or self.model.get_sentence_embedding_dimension
+        return getter()
+
+    def encoder_identity(self) -> dict[str, Any]:
+        from medadapt.cache import effective_prompt
+        from medadapt.models import model_fingerprint
+
+        return {
+            "fingerprint": model_fingerprint(self.model),
+            "similarity": self.similarity_fn_name,
+            "max_seq_length": getattr(self.model, "max_seq_length", None),
+            "query_prompt": effective_prompt(self.model, "query"),
+            "document_prompt": effective_prompt(self.model, "document"),
+        }
+
+    def encode_query(self, texts: Sequence[str], *, batch_size: int = 64, show_progress: bool = False
+                     ) -> np.ndarray:
+        emb = self.model.encode_query(list(texts), batch_size=batch_size, convert_to_numpy=True,
+                                      show_progress_bar=show_progress)
+        return np.asarray(emb, dtype=np.float32)
+
+    def encode_document(self, texts: Sequence[str], *, batch_size: int = 64, show_progress: bool = False
+                        ) -> np.ndarray:
+        if self.cache is None:
+            with self._lock:
+                if self.cache is None:
+                    from medadapt.cache import EmbeddingCache
+
+                    self.cache = EmbeddingCache()
+        return self.cache.encode(self.model, list(texts), role="document", batch_size=batch_size,
+                                 show_progress=show_progress)
+
+
+def _is_sentence_transformer_like(model) -> bool:
+    return callable(getattr(model, "encode_query", None)) and callable(getattr(model, "encode_document", None))
+
+
+# ------------------------------------------------------------------------------------------ registry
+@dataclass(frozen=True)
+class EncoderKind:
+    """How an index folder reloads an encoder by name.
+
+    Attributes:
+        tag: the encoder's ``encoder_tag`` (recorded in index manifests).
+        load: ``load(name_or_folder, device=None) -> encoder``.
+        detect: ``detect(folder) -> bool``: the folder holds such a model (lets ``Retriever.build`` and
+            :func:`open_encoder` take a folder name); ``None``: never guessed from a folder.
+    """
+
+    tag: str
+    load: Callable[..., Any]
+    detect: Callable[[Path], bool] | None = None
+
+
+_KINDS: dict[str, EncoderKind] = {}
+_BROKEN: dict[str, str] = {}
+_entry_points_loaded = False
+
+
+def register_encoder(kind: EncoderKind) -> EncoderKind:
+    """Register (or re-register) an encoder kind; returns it."""
+    _KINDS[kind.tag] = kind
+    return kind
+
+
+def _load_entry_points() -> None:
+    global _entry_points_loaded
+    if _entry_points_loaded:
+        return
+    _entry_points_loaded = True
+    from importlib.metadata import entry_points
+
+    for ep in entry_points(group=ENTRY_POINT_GROUP):
+        if ep.name not in _KINDS:
+            try:
+                ep.load()
+            except ImportError as exc:  # a package whose optional dependencies are missing
+                _BROKEN[ep.name] = str(exc)
+
+
+def encoder_kinds() -> list[str]:
+    """Tags of the registered encoder kinds."""
+    _load_entry_points()
+    return sorted(_KINDS)
+
+
+def get_encoder_kind(tag: str) -> EncoderKind:
+    """The registered :class:`EncoderKind` for ``tag`` (entry points are read when it is not known yet)."""
+    if tag not in _KINDS:
+        _load_entry_points()
+    if tag in _KINDS:
+        return _KINDS[tag]
+    if tag in _BROKEN:
+        raise MedAdaptError(f"encoder {tag!r} cannot be loaded: {_BROKEN[tag]}")
+    raise MedAdaptError(f"no encoder {tag!r} is registered (known: {', '.join(encoder_kinds())}); import the "
+                        "package that provides it, or pass model=... explicitly")
+
+
+def detect_encoder_kind(folder: str | Path) -> EncoderKind | None:
+    """The registered kind (other than plain sentence-transformers) that recognises ``folder``, if any."""
+    path = Path(folder).expanduser()
+    if not path.is_dir():
+        return None
+    _load_entry_points()
+    for kind in list(_KINDS.values()):
+        if kind.tag != ST_TAG and kind.detect is not None and kind.detect(path):
+            return kind
+    return None
+
+
+def _load_sentence_transformer(name: str, device: str | None = None) -> SentenceTransformerEncoder:
+    from medadapt.models import load
+
+    return SentenceTransformerEncoder(load(str(name), device=device))
+
+
+register_encoder(EncoderKind(ST_TAG, _load_sentence_transformer))
+
+
+# ------------------------------------------------------------------------------------------ resolving
+def as_encoder(model, *, cache=None):
+    """``model`` as an encoder: an object satisfying :class:`DenseEncoder` / :class:`SparseEncoder` is
+    returned as is, a ``SentenceTransformer`` is wrapped in :class:`SentenceTransformerEncoder` (with
+    ``cache``).
+
+    Raises:
+        MedAdaptError: ``model`` offers neither protocol.
+    """
+    if isinstance(model, Encoder) and isinstance(model, (DenseEncoder, SparseEncoder)):
+        return model
+    if _is_sentence_transformer_like(model):
+        return SentenceTransformerEncoder(model, cache)
+    raise MedAdaptError(
+        f"{type(model).__name__} cannot be used for retrieval: an encoder offers encode_query / encode_document "
+        "(dense) or encode_lexical + n_terms (learned sparse), with encoder_tag and encoder_identity(); a "
+        "SentenceTransformer is adapted automatically"
+    )
+
+
+def open_encoder(model, device: str | None = None, *, cache=None):
+    """An encoder from an object (see :func:`as_encoder`) or a name: a folder recognised by a registered
+    kind (e.g. a HyReC model folder) is loaded by that kind, any other name (alias, folder, hub id) with
+    :func:`medadapt.load` as a sentence-transformers model."""
+    if isinstance(model, (str, Path)):
+        kind = detect_encoder_kind(model)
+        if kind is not None:
+            return kind.load(str(model), device=device)
+        from medadapt.models import load
+
+        return SentenceTransformerEncoder(load(str(model), device=device), cache)
+    return as_encoder(model, cache=cache)
