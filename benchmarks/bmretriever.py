@@ -37,11 +37,11 @@ def main() -> None:
                         "killed benchmark resumes; the embedding cache resumes the corpus encoding)")
     args = p.parse_args()
 
-    from medadapt.bmretriever import load_bmretriever_recipe, run_bmretriever_recipe
     from medadapt.cache import EmbeddingCache
     from medadapt.data import load_beir
     from medadapt.eval import evaluate_retrieval
     from medadapt.models import load
+    from medadapt.recipes import load_recipe, run_recipe
 
     data_path = args.data_dir / "medquad"
     cache = EmbeddingCache()
@@ -60,7 +60,7 @@ def main() -> None:
     for key, label, extra in variants:
         if key in args.skip:
             continue
-        recipe = load_bmretriever_recipe(args.recipe, base_overrides + extra)
+        recipe = load_recipe(args.recipe, base_overrides + extra)
         if args.stage2_queries:
             recipe.stage2.tasks[0].max_queries = args.stage2_queries
         out = args.runs / key
@@ -73,9 +73,9 @@ def main() -> None:
             print(f"{key}: reusing the model trained earlier in {out}", flush=True)
         else:
             t1 = time.perf_counter()
-            res = run_bmretriever_recipe(recipe, out, cache=cache, show_progress=False, evaluate=False,
-                                         log=lambda m: print(m, flush=True))
-            train_s, st = time.perf_counter() - t1, res.stages
+            res = run_recipe(recipe, out, cache=cache, show_progress=False, evaluate=False, overwrite=args.retrain,
+                             log=lambda m: print(m, flush=True))
+            train_s, st = time.perf_counter() - t1, res.details["stages"]
         t2 = time.perf_counter()
         metrics = evaluate_retrieval(load(str(out), device="cpu"), load_beir(data_path, ["test"]), "test", METRICS,
                                      cache=cache, show_progress=False)

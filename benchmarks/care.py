@@ -90,11 +90,12 @@ def main() -> int:
 
     from medadapt.asym import (QueryAlignmentLoss, align_queries, build_asymmetric_model, evaluate_asymmetric,
                                joint_finetune, mined_pairs, self_contrastive_texts, teacher_targets)
-    from medadapt.asym.recipe import build_document_tower, build_query_tower, load_care_recipe
+    from medadapt.asym.recipe import CareRecipe, build_document_tower, build_query_tower
     from medadapt.cache import EmbeddingCache
     from medadapt.data import load_beir
     from medadapt.eval import evaluate_retrieval
     from medadapt.losses import AsymInfoNCELoss
+    from medadapt.recipes import load_recipe
 
     p = base_parser(__doc__.splitlines()[0])
     p.add_argument("--dataset", default="medquad")
@@ -127,14 +128,14 @@ def main() -> int:
     overrides = [f"data.path={data_path}", *args.overrides]
     recipes = {}
     for path in args.pruned_recipes:
-        recipe = load_care_recipe(path, overrides)
+        recipe = load_recipe(path, overrides, expect=CareRecipe)
         recipes[f"pruned {recipe.query.layers}-layer"] = recipe
-    recipes["static"] = load_care_recipe(args.static_recipe, overrides)
+    recipes["static"] = load_recipe(args.static_recipe, overrides, expect=CareRecipe)
     pruned_kinds = [k for k in recipes if k.startswith("pruned")]
     base = recipes[pruned_kinds[0]]
     torch.manual_seed(base.training.seed)
     cache = EmbeddingCache(args.cache_dir)
-    data = load_beir(data_path, sorted({*base.stage1.query_splits, base.stage2.split, base.eval.split}))
+    data = load_beir(data_path, sorted({*base.stage1_splits(), base.stage2_split(), base.eval.split}))
     split = base.eval.split
     test_queries = list(data.split_queries(split).values())
     doc_texts = data.doc_texts()
@@ -148,14 +149,14 @@ def main() -> int:
              "train s": 0.0}]
     encoders = {"MiniLM-L6 (symmetric)": document.encode_query}
 
-    items = self_contrastive_texts(data, base.stage1.query_splits, base.stage1.include_corpus,
+    items = self_contrastive_texts(data, base.stage1_splits(), base.stage1.include_corpus,
                                    base.stage1.max_texts, base.training.seed, base.stage1.max_corpus_texts)
     texts = [x for x, _ in items]
     teacher = teacher_targets(document, items, cache, dim=document.get_embedding_dimension(),
                               batch_size=bs, show_progress=False)
     s2 = base.stage2
-    pairs = mined_pairs(data, s2.split, s2.max_queries, s2.negatives, s2.skip_top, s2.depth, document, cache, bs,
-                        base.training.seed)
+    pairs = mined_pairs(data, base.stage2_split(), s2.max_queries, s2.negatives, s2.skip_top, s2.depth, document,
+                        cache, bs, base.training.seed)
     doc_table = torch.from_numpy(cache.encode(document, doc_texts, role="document", batch_size=bs,
                                               show_progress=False))
     print(f"{len(texts)} stage-I texts, {len(pairs)} stage-II pairs", flush=True)
@@ -185,14 +186,14 @@ def main() -> int:
         s1 = recipes[kind].stage1
         loss = QueryAlignmentLoss(s1.temperature, s1.contrastive_weight if contrastive_weight is None
                                   else contrastive_weight, s1.mse_weight if mse_weight is None else mse_weight)
-        return align_queries(model, texts, teacher, s1.to_loop(base.training.seed), loss,
-                             max_length=s1.max_length, progress=progress).seconds
+        return align_queries(model, texts, teacher, s1, loss, max_length=s1.max_length, seed=base.training.seed,
+                             progress=progress).seconds
 
     def stage2(model, kind):
         st = recipes[kind].stage2
-        return joint_finetune(model, pairs, doc_texts, st.to_loop(base.training.seed),
-                              AsymInfoNCELoss(st.temperature), train_document=False, doc_table=doc_table,
-                              query_max_length=st.query_max_length, progress=progress).seconds
+        return joint_finetune(model, pairs, doc_texts, st, AsymInfoNCELoss(st.temperature), train_document=False,
+                              doc_table=doc_table, query_max_length=st.query_max_length, seed=base.training.seed,
+                              progress=progress).seconds
 
     if args.part == "ablations":
         kind = pruned_kinds[0]

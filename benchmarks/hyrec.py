@@ -11,7 +11,8 @@ LexicalIndex), frozen dense MiniLM (EmbeddingCache), min-max BM25 + dense fusion
 ``recipes/hyrec-minilm-zh.yaml`` / ``recipes/hyrec-minilm-medquad.yaml`` (with semantic union) and the same
 recipe with ``loss.union_weight=0`` (w/o SU): lexical-only, dense-only and hybrid (NM sum, eq. 9); and the
 SU model bagged by the labelling tool (jieba + regex) instead of its union head (Table 3's "Jieba" row). Both HyReC
-runs of a dataset share one SharedStateCache (on disk), so the frozen layers see the corpus once.
+runs of a dataset share the on-disk SharedStateCache (``training.state_cache: disk``), so the frozen layers see
+the corpus once.
 Columns: nDCG@10, Recall@100, MRR@10, mean active terms per query / document, training seconds.
 """
 
@@ -94,7 +95,8 @@ def main() -> None:
     from medadapt.cache import EmbeddingCache
     from medadapt.data import load_beir
     from medadapt.hyrec.data import SharedStateCache
-    from medadapt.hyrec.recipe import run_hyrec_recipe
+    from medadapt.hyrec.recipe import HyReCRecipe
+    from medadapt.recipes import load_recipe, run_recipe
 
     cache = EmbeddingCache()
     rows: list[dict] = []
@@ -113,14 +115,14 @@ def main() -> None:
         hy: dict[str, dict] = {}
         for label, extra in (("HyReC", []), ("HyReC w/o SU", ["loss.union_weight=0"])):
             out = args.runs_dir / f"{name}{'-nosu' if extra else ''}"
-            shutil.rmtree(out, ignore_errors=True)  # a fresh run: the runner would resume old checkpoints
-            res = run_hyrec_recipe(ROOT / "recipes" / recipe, out,
-                                   [f"data.path={data_dir}", *args.overrides, *extra], cache=cache,
-                                   state_cache=states, show_progress=True, evaluate=True,
-                                   log=lambda m: print(m, flush=True))
-            hy[label] = res.mode_metrics
+            shutil.rmtree(out, ignore_errors=True)  # a fresh run (overwrite: drop old checkpoints too)
+            spec = load_recipe(ROOT / "recipes" / recipe, [f"data.path={data_dir}", *args.overrides, *extra],
+                               expect=HyReCRecipe)
+            res = run_recipe(spec, out, cache=cache, show_progress=True, evaluate=True, overwrite=True,
+                             log=lambda m: print(m, flush=True))
+            hy[label] = res.details["mode_metrics"]
             for mode in ("lexical", "dense", "hybrid"):
-                m = res.mode_metrics[mode]
+                m = hy[label][mode]
                 rows.append({"dataset": name, "method": f"{label} {mode}", **{k: m[k] for k in METRICS},
                              "q_terms": round(m.get("q_terms", 0.0), 1) if mode != "dense" else "",
                              "d_terms": round(m.get("d_terms", 0.0), 1) if mode != "dense" else "",

@@ -104,7 +104,7 @@ def main() -> int:
     from medadapt.eval import dense_run, evaluate_run
     from medadapt.heads import MoEHead
     from medadapt.models import load
-    from medadapt.training.head_trainer import HeadTrainConfig, encode_with_head, train_head
+    from medadapt.moe import MoETrainingSection, encode_with_head, train_head
     from medadapt.training.pairs import prepare_head_training
 
     torch.manual_seed(0)
@@ -177,7 +177,7 @@ def main() -> int:
         torch.manual_seed(0)
         head = MoEHead(cfg)
         q, pos, neg = prep.tensors()
-        result = train_head(head, q, pos, neg, HeadTrainConfig(**base_cfg))
+        result = train_head(head, q, pos, neg, MoETrainingSection(**base_cfg))
         row = {"method": name, **evaluate(head), "train s": round(result.seconds, 1),
                "params": sum(x.numel() for x in head.parameters())}
         row["+query time"] = f"{100 * head_latency(head, dim, len(latency_q)) / base_latency:+.1f}%"
@@ -202,20 +202,19 @@ def main() -> int:
 
 
 def full_finetune_row(args, model, data, cache) -> dict:
-    """1 epoch of MultipleNegativesRankingLoss on the backbone (slow path of the recipe runner)."""
+    """1 epoch of MultipleNegativesRankingLoss on the backbone (slow path of the ``moe`` recipe)."""
     import tempfile
 
-    from medadapt.recipes import recipe_from_dict
-    from medadapt.training import run_recipe
+    from medadapt.recipes import load_recipe, run_recipe
 
-    recipe = recipe_from_dict({
-        "name": "full-finetune", "model": {"backbone": args.model, "freeze_backbone": False},
+    recipe = load_recipe({
+        "kind": "moe", "name": "full-finetune", "model": {"backbone": args.model, "freeze_backbone": False},
         "data": {"path": str(args.data_dir / args.dataset)}, "head": {"kind": "none"},
         "training": {"epochs": 1, "batch_size": 64, "lr": 2e-5, "warmup_ratio": 0.1},
         "eval": {"split": "test", "metrics": TEST_METRICS},
     })
-    with tempfile.TemporaryDirectory() as out:
-        res = run_recipe(recipe, out, cache=cache)
+    with tempfile.TemporaryDirectory() as tmp:  # model folder and its checkpoints (beside it) both inside
+        res = run_recipe(recipe, Path(tmp) / "model", cache=cache)
     return {"method": "full fine-tune (1 epoch MNRL)", **{f"test {k}": v for k, v in res.metrics.items()},
             "train s": round(res.train_seconds, 1), "params": sum(p.numel() for p in model.parameters()),
             "+query time": "0%"}

@@ -149,3 +149,15 @@ def tiny_beir_dir(tmp_path) -> Path:
         train[f"t{i}"] = {f"d{i}": 1}
     test["q0"]["d1"] = 2  # a graded second relevant document
     return write_beir(tmp_path / "beir", corpus, queries, {"test": test, "train": train})
+
+
+@pytest.fixture
+def _single_thread():
+    """Tiny tensors: intra-op threading only adds overhead (and stalls on a busy 2-core box). Use with
+    ``pytestmark = pytest.mark.usefixtures("_single_thread")``."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)

@@ -174,26 +174,47 @@ def test_asym_infonce_and_alignment_loss():
 
 
 # ------------------------------------------------------------------------------------------ stages
-def test_stage1_updates_query_tower_only(asym):
-    from medadapt.asym import LoopConfig, align_queries, route_modules, tower
+def _alignment_loss(model, texts, teacher) -> float:
+    from medadapt.asym import QueryAlignmentLoss, tower
+
+    with torch.no_grad():
+        student = torch.from_numpy(tower(model, "query").encode_query(texts))
+    return float(sum(QueryAlignmentLoss()(student, teacher).values()))
+
+
+def test_stage1_updates_query_tower_only_and_aligns_it(asym):
+    from medadapt.asym import CarePhaseSection, align_queries, route_modules, tower
 
     texts = corpus_texts()
     teacher = torch.from_numpy(tower(asym, "document").encode_document(texts))
     before_doc = snapshot(route_modules(asym, "document"))
-    before_q = snapshot(route_modules(asym, "query"))
+    before_loss = _alignment_loss(asym, texts, teacher)
     flags = [p.requires_grad for p in asym.parameters()]
-    result = align_queries(asym, texts, teacher, LoopConfig(epochs=2, batch_size=8, lr=1e-3))
-    assert result.steps == 6 and np.isfinite(result.final_loss)
-    assert same(before_doc, snapshot(route_modules(asym, "document")))
-    assert not same(before_q, snapshot(route_modules(asym, "query")))
+    result = align_queries(asym, texts, teacher, CarePhaseSection(epochs=4, batch_size=8, lr=1e-3), seed=0)
+    assert result.steps == 12 and result.stage_steps == {"stage1": 12}
+    assert set(result.loss_history[0]) == {"stage", "step", "epoch", "loss", "asym_infonce", "mse", "lr"}
+    assert same(before_doc, snapshot(route_modules(asym, "document")))  # the document tower is frozen
+    assert _alignment_loss(asym, texts, teacher) < 0.8 * before_loss  # the query tower moved onto the teacher
     assert flags == [p.requires_grad for p in asym.parameters()]  # requires_grad restored
 
 
-def test_lora_lands_on_document_tower_and_stage2_trains_it(asym):
-    from medadapt.asym import (DocumentLoraConfig, LoopConfig, TrainPair, attach_document_lora, has_lora,
-                               joint_finetune, route_modules)
+def test_phase_section_is_the_loops_optim_section_with_care_defaults():
+    from medadapt.asym import CarePhaseSection
+    from medadapt.training.config import OptimSection
 
-    attach_document_lora(asym, DocumentLoraConfig(r=4, alpha=8))
+    section = CarePhaseSection()
+    assert isinstance(section, OptimSection)
+    assert (section.lr, section.warmup_ratio, section.batch_size, section.scheduler) == (1e-4, 0.05, 32, "cosine")
+    with pytest.raises(ValueError, match="lr"):
+        CarePhaseSection(lr=0)
+
+
+def test_lora_lands_on_document_tower_and_stage2_trains_it(asym):
+    from medadapt.asym import (CarePhaseSection, TrainPair, attach_document_lora, has_lora, joint_finetune,
+                               route_modules)
+    from medadapt.recipes.base import LoraSection
+
+    attach_document_lora(asym, LoraSection(r=4, alpha=8))
     q_route, d_route = route_modules(asym, "query"), route_modules(asym, "document")
     assert has_lora(d_route[0]) and not any(has_lora(m) for m in q_route)
     lora_names = [n for n, _ in asym.named_parameters() if "lora_" in n]
@@ -202,7 +223,7 @@ def test_lora_lands_on_document_tower_and_stage2_trains_it(asym):
     lora_b_before = {n: p.detach().clone() for n, p in d_route[0].named_parameters() if "lora_B" in n}
     texts = corpus_texts()
     pairs = [TrainPair(texts[i], i ^ 1, [(i + 4) % len(texts)]) for i in range(len(texts))]
-    result = joint_finetune(asym, pairs, texts, LoopConfig(epochs=1, batch_size=6, lr=1e-2))
+    result = joint_finetune(asym, pairs, texts, CarePhaseSection(epochs=1, batch_size=6, lr=1e-2))
     assert result.steps == 4
     for n, p in d_route[0].named_parameters():
         if "lora_" not in n:
@@ -211,29 +232,97 @@ def test_lora_lands_on_document_tower_and_stage2_trains_it(asym):
 
 
 def test_stage2_with_frozen_document_table(asym):
-    from medadapt.asym import LoopConfig, TrainPair, joint_finetune, route_modules, tower
+    from medadapt.asym import CarePhaseSection, TrainPair, joint_finetune, route_modules, tower
 
     texts = corpus_texts()
     table = torch.from_numpy(tower(asym, "document").encode_document(texts))
     before = snapshot(route_modules(asym, "document"))
+    before_q = snapshot(route_modules(asym, "query"))
     pairs = [TrainPair(texts[i], i ^ 1, [(i + 2) % len(texts)]) for i in range(len(texts))]
-    joint_finetune(asym, pairs, texts, LoopConfig(batch_size=8), train_document=False, doc_table=table)
+    joint_finetune(asym, pairs, texts, CarePhaseSection(batch_size=8), train_document=False, doc_table=table)
     assert same(before, snapshot(route_modules(asym, "document")))
+    assert not same(before_q, snapshot(route_modules(asym, "query")))
+    with pytest.raises(Exception, match="doc_table"):
+        joint_finetune(asym, pairs, texts, CarePhaseSection(batch_size=8), train_document=False)
+
+
+@pytest.fixture()
+def asym_no_dropout(tiny_bert_dir, tiny_qwen2_dir, tmp_path):
+    """The asymmetric model with dropout off in the BERT query tower (Qwen2 has none), so that two runs that
+    chunk a batch differently draw no different masks."""
+    import json
+    import shutil
+
+    from sentence_transformers import SentenceTransformer
+
+    from medadapt.asym import build_asymmetric_model
+
+    bert = tmp_path / "bert"
+    shutil.copytree(tiny_bert_dir, bert)
+    config = json.loads((bert / "config.json").read_text())
+    config.update({k: 0.0 for k in config if k.endswith("dropout_prob")})
+    (bert / "config.json").write_text(json.dumps(config))
+
+    def build():
+        return build_asymmetric_model(SentenceTransformer(str(bert), device="cpu"), doc_tower(tiny_qwen2_dir))
+
+    return build
+
+
+@pytest.mark.parametrize("train_document", [False, True])
+def test_stage2_accumulation_equals_the_large_batch(asym_no_dropout, train_document):
+    """4 chunks of 3 pairs (GradCache) train exactly as one batch of 12: in-batch and hard negatives of the
+    whole optimiser step reach every query (the loop gathers the steps' per-item embeddings)."""
+    from medadapt.asym import CarePhaseSection, TrainPair, joint_finetune, route_modules, tower
+
+    texts = corpus_texts()
+    pairs = [TrainPair(texts[i], i ^ 1, [(i + 2) % len(texts), (i + 5) % len(texts)]) for i in range(len(texts))]
+    runs = []
+    for section in (CarePhaseSection(epochs=2, batch_size=12, lr=1e-3, warmup_ratio=0.0),
+                    CarePhaseSection(epochs=2, batch_size=3, gradient_accumulation_steps=4, lr=1e-3,
+                                     warmup_ratio=0.0)):
+        model = asym_no_dropout()
+        table = torch.from_numpy(tower(model, "document").encode_document(texts))
+        res = joint_finetune(model, pairs, texts, section, train_document=train_document, doc_table=table, seed=1)
+        runs.append((res, snapshot(route_modules(model, "query"))))
+    (big, big_q), (acc, acc_q) = runs
+    assert big.steps == acc.steps == 4
+    assert [r["loss"] for r in acc.loss_history] == pytest.approx([r["loss"] for r in big.loss_history], abs=1e-5)
+    for k in big_q:
+        torch.testing.assert_close(acc_q[k], big_q[k], atol=1e-5, rtol=1e-4)
+    # and a plain small batch would have trained differently
+    small = joint_finetune(asym_no_dropout(), pairs, texts, CarePhaseSection(epochs=2, batch_size=3, lr=1e-3),
+                           train_document=train_document, doc_table=table, seed=1)
+    assert small.loss_history[0]["loss"] != pytest.approx(big.loss_history[0]["loss"], abs=1e-3)
 
 
 def test_stage_resumes_from_checkpoint(asym, tmp_path):
-    from medadapt.asym import LoopConfig, align_queries, route_modules, tower
+    from medadapt.asym import CarePhaseSection, align_queries, route_modules, tower
     from medadapt.training.checkpoint import CheckpointConfig, latest_checkpoint
+    from medadapt.training.loop import TrainingError
 
     texts = corpus_texts()
     teacher = torch.from_numpy(tower(asym, "document").encode_document(texts))
     ck = CheckpointConfig(tmp_path / "ck", every_steps=2)
-    full = align_queries(asym, texts, teacher, LoopConfig(epochs=1, batch_size=8), checkpoint=ck)
+    section = CarePhaseSection(epochs=1, batch_size=8)
+    full = align_queries(asym, texts, teacher, section, checkpoint=ck, fingerprint="run-a")
     assert latest_checkpoint(ck.directory).name == "step-00000003"
     state = snapshot(route_modules(asym, "query"))
-    again = align_queries(asym, texts, teacher, LoopConfig(epochs=1, batch_size=8), checkpoint=ck)
-    assert len(again.loss_history) == len(full.loss_history) == 3 and again.steps == 3
+    again = align_queries(asym, texts, teacher, section, checkpoint=ck, fingerprint="run-a")
+    assert again.loss_history == full.loss_history and again.steps == 3
     assert same(state, snapshot(route_modules(asym, "query")))
+    with pytest.raises(TrainingError, match="another run"):
+        align_queries(asym, texts, teacher, section, checkpoint=ck, fingerprint="run-b")
+
+
+def test_phases_refuse_empty_data(asym):
+    from medadapt.asym import CarePhaseSection, align_queries, joint_finetune
+    from medadapt.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="no training items"):
+        joint_finetune(asym, [], [], CarePhaseSection())
+    with pytest.raises(ConfigError, match="no training items"):
+        align_queries(asym, [], torch.zeros(0, 32), CarePhaseSection())
 
 
 # ------------------------------------------------------------------------------------------ towers
@@ -258,12 +347,12 @@ def test_pruned_and_static_query_towers(tiny_bert, tmp_path):
 def test_save_load_reproduces_encodings_exactly(asym, tmp_path):
     from sentence_transformers import SentenceTransformer
 
-    from medadapt.asym import DocumentLoraConfig, EosTransformer, attach_document_lora, merge_document_lora
-    from medadapt.asym import route_modules
+    from medadapt.asym import EosTransformer, attach_document_lora, merge_document_lora, route_modules
     from medadapt.models import load
+    from medadapt.recipes.base import LoraSection
 
     asym.prompts = {"query": "query: "}
-    attach_document_lora(asym, DocumentLoraConfig(r=4, alpha=8))
+    attach_document_lora(asym, LoraSection(r=4, alpha=8))
     with torch.no_grad():
         for n, p in asym.named_parameters():
             if "lora_B" in n:
@@ -285,6 +374,7 @@ def test_evaluate_asymmetric_reuses_standalone_document_cache(tiny_bert_dir, tin
     from medadapt.asym import build_asymmetric_model, evaluate_asymmetric, prune_layers, tower
     from medadapt.cache import EmbeddingCache
     from medadapt.data import load_beir
+    from medadapt.eval import evaluate_retrieval
 
     data = load_beir(tiny_beir_dir, ["test"])
     cache = EmbeddingCache(tmp_path / "cache")
@@ -292,8 +382,11 @@ def test_evaluate_asymmetric_reuses_standalone_document_cache(tiny_bert_dir, tin
     cache.encode(document, data.doc_texts(), role="document", show_progress=False)
     model = build_asymmetric_model(prune_layers(document, 1), document)
     assert cache.count_missing(tower(model, "document"), data.doc_texts(), role="document") == 0
-    metrics = evaluate_asymmetric(model, data, "test", ["ndcg@10"], cache=cache)
-    assert 0.0 <= metrics["ndcg@10"] <= 1.0
+    metrics = evaluate_asymmetric(model, data, "test", ["ndcg@10", "recall@10"], cache=cache)
+    # the cached standalone document embeddings score exactly as encoding through the model's routes
+    direct = evaluate_retrieval(model, data, "test", ["ndcg@10", "recall@10"],
+                                cache=EmbeddingCache(tmp_path / "fresh"), show_progress=False)
+    assert metrics == pytest.approx(direct, abs=1e-6)
 
 
 def test_sentence_transformers_trainer_with_router_mapping(tiny_bert, tmp_path):

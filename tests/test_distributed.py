@@ -1,4 +1,4 @@
-"""Distributed training of medadapt's own loops (head trainer, CARE stages).
+"""Distributed training of medadapt's own loops (the MoE head schedule, CARE stages).
 
 (a) the gather / sharding helpers of :mod:`medadapt.training.distributed` in one process;
 (b) ``accelerate launch`` with 2 CPU processes (gloo) of ``recipes/med-moe-embed-tiny.yaml`` gives the loss
@@ -8,7 +8,7 @@
 
 ``accelerate launch --cpu --num_processes 2`` starts a single process (Accelerate's CPU launcher needs
 mpirun for more), so the launches use ``recipes/accelerate/cpu-2proc.yaml`` (torchrun launcher) with
-``model.device=cpu``: the runners then pick gloo on the CPU.
+``training.device=cpu``: the runners then pick gloo on the CPU.
 """
 
 from __future__ import annotations
@@ -142,7 +142,7 @@ def _assert_same_curve(one: list[dict], two: list[dict]) -> None:
 
 
 HEAD_OVERRIDES = [
-    "model.device=cpu",
+    "training.device=cpu",
     "data.hard_negatives.window=[2, 6]",
     "training.batch_size=5",  # 12 pairs: global batches 5, 5, 2 -> uneven shards 3/2 and 1/1
     "training.shared_epochs=2",
@@ -154,8 +154,7 @@ HEAD_OVERRIDES = [
 
 def test_two_processes_train_the_head_recipe_like_one(tiny_bert_dir, tiny_beir_dir, tmp_path):
     from medadapt.cache import EmbeddingCache
-    from medadapt.recipes import load_recipe
-    from medadapt.training import run_recipe
+    from medadapt.recipes import load_recipe, run_recipe
 
     recipe_file = RECIPES / "med-moe-embed-tiny.yaml"
     overrides = [f"model.backbone={tiny_bert_dir}", f"data.path={tiny_beir_dir}", *HEAD_OVERRIDES]
@@ -171,18 +170,19 @@ def test_two_processes_train_the_head_recipe_like_one(tiny_bert_dir, tiny_beir_d
     assert len(one.loss_history) == 5 * 3 and one.loss_history[0]["load_balance"] == 0.0
     _assert_same_curve(one.loss_history, two["loss_history"])
     stats = two["routing_stats"]  # counters summed over both processes = the one-process counters
-    assert stats["running_counts"] == one.routing_stats["running_counts"]
-    assert stats["inputs_seen"] == one.routing_stats["inputs_seen"]
+    assert stats["running_counts"] == one.details["routing_stats"]["running_counts"]
+    assert stats["inputs_seen"] == one.details["routing_stats"]["inputs_seen"] == 2 * 12 * 4  # learned stage
 
-    # the main process wrote complete checkpoints; resuming one of them in a single process continues the
-    # same curve
-    checkpoints = sorted(p.name for p in (two_dir / "checkpoints").iterdir())
+    # the main process wrote complete checkpoints (beside the model folder); resuming one of them in a
+    # single process continues the same curve
+    checkpoints = sorted(p.name for p in (tmp_path / "two.checkpoints").iterdir())
     assert checkpoints == ["step-00000012", "step-00000015"]
     resumed_dir = tmp_path / "resumed"
-    (resumed_dir / "checkpoints").mkdir(parents=True)
-    shutil.copytree(two_dir / "checkpoints" / "step-00000012", resumed_dir / "checkpoints" / "step-00000012")
-    resumed = run_recipe(load_recipe(recipe_file, overrides), resumed_dir, cache=EmbeddingCache(tmp_path / "cache1"),
-                         show_progress=False, evaluate=False, log=lambda m: None)
+    shutil.copytree(tmp_path / "two.checkpoints" / "step-00000012",
+                    tmp_path / "resumed.checkpoints" / "step-00000012")
+    resumed = run_recipe(load_recipe(recipe_file, overrides), resumed_dir,
+                         cache=EmbeddingCache(tmp_path / "cache1"), show_progress=False, evaluate=False,
+                         log=lambda m: None)
     _assert_same_curve(one.loss_history, resumed.loss_history)
 
 
@@ -192,8 +192,8 @@ def test_two_processes_train_the_care_recipe_like_one(tiny_bert_dir, tiny_beir_d
     with LoRA on the document route) under 2 processes follows the one-process curves."""
     from test_asym import build_tiny_qwen2
 
-    from medadapt.asym.recipe import run_care_recipe
     from medadapt.cache import EmbeddingCache
+    from medadapt.recipes import run_recipe
 
     # dropout draws differ per process (like random routing); switch it off to compare curves exactly
     bert = tmp_path / "bert"
@@ -207,12 +207,13 @@ def test_two_processes_train_the_care_recipe_like_one(tiny_bert_dir, tiny_beir_d
                  "training.device=cpu", "stage1.batch_size=7"]  # uneven shards 4/3
     two_dir = tmp_path / "two"
     proc = _launch(recipe_file, two_dir, overrides, tmp_path / "cache")
-    one = run_care_recipe(recipe_file, tmp_path / "one", overrides, cache=EmbeddingCache(tmp_path / "cache1"),
-                          show_progress=False, evaluate=False, log=lambda m: None)
+    one = run_recipe(recipe_file, tmp_path / "one", overrides, cache=EmbeddingCache(tmp_path / "cache1"),
+                     show_progress=False, evaluate=False, log=lambda m: None)
     _finish(proc)
     two = json.loads((two_dir / "train_log.json").read_text())
-    assert set(two["stages"]) == set(one.stages) == {"init_document", "init_query", "stage1", "stage2"}
-    for name, summary in one.stages.items():
+    stages = one.details["stages"]
+    assert set(two["stages"]) == set(stages) == {"init_document", "init_query", "stage1", "stage2"}
+    for name, summary in stages.items():
         assert two["stages"][name]["steps"] == summary["steps"]
         for key in ("first_loss", "last_loss"):
             assert two["stages"][name][key] == pytest.approx(summary[key], rel=1e-4, abs=1e-5), name

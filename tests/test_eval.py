@@ -87,11 +87,32 @@ def test_rerank_and_sts(tiny_bert):
         RerankItem("asthma wheezing", ["eczema itchy", "asthma wheezing inhaler"], [0, 1]),
     ]
     r = evaluate_rerank(tiny_bert, items)
-    assert set(r) == {"map@10", "ndcg@10", "mrr@10"} and all(0 <= v <= 1 for v in r.values())
+    # by hand: rank each item's candidates by cosine, then MRR, AP and linear-gain nDCG (pytrec_eval's)
+    mrr, ap, ndcg = [], [], []
+    for it in items:
+        q = tiny_bert.encode_query([it.query])[0]
+        d = tiny_bert.encode_document(it.texts)
+        cos = d @ q / (np.linalg.norm(d, axis=1) * np.linalg.norm(q))
+        grades = [it.grades[j] for j in np.argsort(-cos, kind="stable")]
+        hits = [i for i, g in enumerate(grades) if g > 0]
+        mrr.append(1 / (hits[0] + 1))
+        ap.append(np.mean([(n + 1) / (i + 1) for n, i in enumerate(hits)]))
+        dcg = sum(g / np.log2(i + 2) for i, g in enumerate(grades))
+        ideal = sum(g / np.log2(i + 2) for i, g in enumerate(sorted(it.grades, reverse=True)))
+        ndcg.append(dcg / ideal)
+    assert r["mrr@10"] == pytest.approx(np.mean(mrr), abs=1e-6)
+    assert r["map@10"] == pytest.approx(np.mean(ap), abs=1e-6)
+    assert r["ndcg@10"] == pytest.approx(np.mean(ndcg), abs=1e-6)
     pairs = [StsPair("diabetes", "diabetes", 5.0), StsPair("diabetes", "asthma inhaler wheezing", 0.0),
              StsPair("gout toe", "gout uric acid toe", 4.0), StsPair("insomnia", "eczema rash", 0.5)]
     s = evaluate_sts(tiny_bert, pairs)
-    assert -1 <= s["pearson"] <= 1 and -1 <= s["spearman"] <= 1
+    from scipy.stats import pearsonr, spearmanr
+
+    a = tiny_bert.encode([p.sentence1 for p in pairs], normalize_embeddings=True)
+    b = tiny_bert.encode([p.sentence2 for p in pairs], normalize_embeddings=True)
+    cos, gold = (a * b).sum(1), [p.score for p in pairs]
+    assert s["pearson"] == pytest.approx(pearsonr(cos, gold)[0], abs=1e-5)
+    assert s["spearman"] == pytest.approx(spearmanr(cos, gold)[0], abs=1e-9)
     with pytest.raises(ValueError, match="constant"):
         evaluate_sts(tiny_bert, [StsPair("a", "b", 1.0), StsPair("c", "d", 1.0)])
 

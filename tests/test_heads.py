@@ -14,7 +14,7 @@ from medadapt.errors import ConfigError
 from medadapt.heads import MoEConfig, MoEHead, attach, available_experts, build_expert, find_head
 from medadapt.heads.kan import KANLayer, KANOptions
 from medadapt.heads.kan.bspline import bspline_basis, uniform_bspline_basis, uniform_knots
-from medadapt.heads.routing import TopKRouter
+from medadapt.moe.routing import TopKRouter
 
 
 @pytest.fixture(autouse=True)
@@ -115,6 +115,24 @@ class TestHeadMatrix:
             expected = getattr(model, method)(TEXTS, convert_to_tensor=True)
             actual = getattr(reloaded, method)(TEXTS, convert_to_tensor=True)
             torch.testing.assert_close(actual, expected, atol=1e-6, rtol=0)
+
+
+def test_model_folders_saved_before_the_move_to_medadapt_moe_still_load(tiny_bert, tmp_path):
+    """New folders name ``medadapt.moe.head.MoEHead``; folders saved when the head lived in
+    ``medadapt.heads.moe`` name that module, which re-exports the class."""
+    import medadapt
+
+    model = attach(tiny_bert, perturb_(make_head("moe_paper"))).eval()
+    model.save(str(tmp_path / "m"))
+    modules = json.loads((tmp_path / "m" / "modules.json").read_text())
+    moe = [m for m in modules if m["type"].endswith("MoEHead")]
+    assert [m["type"] for m in moe] == ["medadapt.moe.head.MoEHead"]
+    moe[0]["type"] = "medadapt.heads.moe.MoEHead"
+    (tmp_path / "m" / "modules.json").write_text(json.dumps(modules))
+    old = medadapt.load(str(tmp_path / "m"), device="cpu")
+    assert find_head(old, MoEHead) is not None
+    expected = model.encode(TEXTS, convert_to_tensor=True)
+    torch.testing.assert_close(old.encode(TEXTS, convert_to_tensor=True), expected, atol=1e-6, rtol=0)
 
 
 # ------------------------------------------------------------------------------------------------ experts
@@ -262,14 +280,14 @@ def test_train_head_learns_at_full_scale_and_restores_scale():
     import torch
 
     from medadapt.heads import MoEConfig, MoEHead
-    from medadapt.training.head_trainer import HeadTrainConfig, train_head
+    from medadapt.moe import MoETrainingSection, train_head
 
     q, d = torch.randn(32, 16), torch.randn(32, 16)
     torch.manual_seed(0)
     a = MoEHead(MoEConfig.single_expert(16, "mlp_gelu"))
     torch.manual_seed(0)
     b = MoEHead(MoEConfig.single_expert(16, "mlp_gelu", residual_scale=0.3))
-    cfg = HeadTrainConfig(epochs=1, shared_epochs=1, random_routing_epochs=0, batch_size=16)
+    cfg = MoETrainingSection(epochs=1, shared_epochs=1, batch_size=16, lr=1e-3)
     ra, rb = train_head(a, q, d, None, cfg), train_head(b, q, d, None, cfg)
     assert [r["loss"] for r in ra.loss_history] == [r["loss"] for r in rb.loss_history]
     assert b.residual_scale == 0.3
@@ -278,7 +296,7 @@ def test_train_head_learns_at_full_scale_and_restores_scale():
 def test_random_routing_follows_given_noise():
     """Random routing picks the top-k of the given uniform scores (how the trainer makes N processes route
     like one); a wrongly shaped noise is refused; learned routing ignores noise."""
-    from medadapt.heads.routing import TopKRouter
+    from medadapt.moe.routing import TopKRouter
 
     torch.manual_seed(0)
     router = TopKRouter(dim=8, num_experts=4, top_k=2, renormalize=True, init_std=0.1)

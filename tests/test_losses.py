@@ -11,13 +11,7 @@ from medadapt.errors import ConfigError
 from medadapt.losses import InfoNCELoss, LoadBalanceLoss, switch_load_balance
 
 
-@pytest.fixture(autouse=True)
-def _single_thread():
-    """These tensors are tiny: intra-op threading only adds overhead (and stalls on a busy 2-core box)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("_single_thread")
 
 
 def test_infonce_matches_hand_computed_2x2():

@@ -1,3 +1,6 @@
+"""Recipe loading through the kind registry: defaults, overrides, errors that name the field, the Python API
+building the same configuration as YAML, and every shipped recipe validating against its kind's schema."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -5,16 +8,44 @@ from pathlib import Path
 import pytest
 
 from medadapt.errors import ConfigError
-from medadapt.recipes import load_recipe, recipe_from_dict, resolve_path
+from medadapt.recipes import load_recipe, resolve_path
 
-MINIMAL = {"name": "t", "model": {"backbone": "minilm"}, "data": {"path": "medmini"}}
+MINIMAL = {"kind": "moe", "name": "t", "model": {"backbone": "minilm"}, "data": {"path": "medmini"},
+           "head": {"kind": "moe"}}
 
 
 def test_defaults_and_overrides():
-    r = recipe_from_dict(MINIMAL, overrides=["training.lr=1e-4", "training.epochs=3", "eval.metrics=[ndcg@5]"])
+    from medadapt.moe import MoERecipe
+
+    r = load_recipe(MINIMAL, overrides=["training.lr=1e-4", "training.epochs=3", "eval.metrics=[ndcg@5]"])
+    assert isinstance(r, MoERecipe)
     assert r.training.lr == pytest.approx(1e-4) and r.training.epochs == 3
     assert r.eval.metrics == ["ndcg@5"]
-    assert r.head.kind == "none" and r.loss.kind == "infonce"
+    assert r.head.kind == "moe" and r.loss.kind == "infonce"
+    # the one set of defaults the shipped MoE recipes rely on
+    t = r.training
+    assert (t.batch_size, t.warmup_ratio, t.weight_decay, t.scheduler, t.seed, t.shared_epochs,
+            t.random_routing_epochs) == (64, 0.0, 0.0, "cosine", 42, 0, 0)
+    assert load_recipe(MINIMAL).training.lr == 2e-5
+
+
+def test_python_api_and_yaml_give_the_same_recipe(tmp_path):
+    """A recipe built in Python with the minimal fields equals the minimal YAML file, defaults included
+    (one class, one set of defaults)."""
+    from medadapt.moe.recipe import MoEDataSection, MoEModelSection, MoERecipe
+    from medadapt.moe.sections import MoEHeadSection
+
+    api = MoERecipe(name="t", model=MoEModelSection(backbone="minilm"), data=MoEDataSection(path="medmini"),
+                    head=MoEHeadSection())
+    path = tmp_path / "t.yaml"
+    path.write_text("kind: moe\nname: t\nmodel: {backbone: minilm}\ndata: {path: medmini}\n"
+                    "head: {kind: moe}\n")
+    loaded = load_recipe(path)
+    assert type(loaded) is MoERecipe
+    assert loaded.model_dump() == api.model_dump()
+    assert (loaded.model, loaded.data, loaded.head, loaded.loss, loaded.training, loaded.eval) == (
+        api.model, api.data, api.head, api.loss, api.training, api.eval)
+    assert loaded.head.to_config(384) == api.head.to_config(384)
 
 
 @pytest.mark.parametrize(
@@ -22,26 +53,29 @@ def test_defaults_and_overrides():
     [
         (["model.colour=red"], "model.colour: Extra inputs are not permitted"),
         (["training.lr=fast"], "training.lr: Input should be a valid number"),
+        (["training.lr=.inf"], "lr must be a finite number"),
         (["head.kind=banana"], "does not match any of the expected tags"),
         (["eval.metrics=[ndcg]"], "not of the form NAME@K"),
         (["training.mixed_precision=fp8"], "training.mixed_precision"),
+        (["model.device=cpu"], "model.device: Extra inputs are not permitted"),  # it is training.device
         (["nonsense"], "must look like section.field=value"),
     ],
 )
 def test_errors_name_the_field(overrides, message):
     with pytest.raises(ConfigError, match=message.replace("[", r"\[")):
-        recipe_from_dict(MINIMAL, "my.yaml", overrides)
+        load_recipe(MINIMAL, overrides)
+    assert "colour" not in MINIMAL["model"]  # overrides never change the caller's dict
 
 
 def test_load_recipe_file_errors(tmp_path):
     with pytest.raises(ConfigError, match="recipe not found"):
         load_recipe(tmp_path / "nope.yaml")
     bad = tmp_path / "bad.yaml"
-    bad.write_text("name: x\nmodel: [unclosed\n")
+    bad.write_text("kind: moe\nname: x\nmodel: [unclosed\n")
     with pytest.raises(ConfigError, match=r"bad.yaml:\d+: invalid YAML"):
         load_recipe(bad)
     missing = tmp_path / "m.yaml"
-    missing.write_text("name: x\nmodel: {backbone: minilm}\n")
+    missing.write_text("kind: moe\nname: x\nmodel: {backbone: minilm}\n")
     with pytest.raises(ConfigError, match=r"m.yaml: invalid recipe: data: Field required"):
         load_recipe(missing)
 
@@ -54,19 +88,21 @@ def test_resolve_path_relative_to_recipe(tmp_path):
     assert resolve_path("/abs", recipe) == Path("/abs")
 
 
-@pytest.mark.parametrize("path", sorted(Path(__file__).resolve().parents[1].glob("recipes/*.yaml")))
+@pytest.mark.parametrize("path", sorted(Path(__file__).resolve().parents[1].glob("recipes/*.yaml")),
+                         ids=lambda p: p.name)
 def test_shipped_recipes_validate(path):
-    from medadapt.recipes.kinds import resolve_kind
+    """What `medadapt train` does first: the recipe's `kind:` picks the schema from the registry."""
+    from medadapt.recipes import get_kind
 
-    load, _run = resolve_kind(path)  # the loader `medadapt train` would use for this recipe's `kind:`
-    assert load(path, []).name
+    recipe = load_recipe(path)
+    assert recipe.name and isinstance(recipe, get_kind(recipe.kind).schema)
 
 
-def test_unknown_recipe_kind_lists_valid_kinds(tmp_path):
-    from medadapt.errors import ConfigError
-    from medadapt.recipes.kinds import resolve_kind
-
+def test_recipes_without_kind_or_with_an_unknown_kind_list_the_valid_kinds(tmp_path):
     path = tmp_path / "r.yaml"
+    path.write_text("name: x\nmodel: {backbone: minilm}\ndata: {path: medmini}\n")
+    with pytest.raises(ConfigError, match="no 'kind:' .*moe"):
+        load_recipe(path)
     path.write_text("kind: nonsense\nname: x\n")
-    with pytest.raises(ConfigError, match="unknown recipe kind 'nonsense'.*care"):
-        resolve_kind(path)
+    with pytest.raises(ConfigError, match="unknown recipe kind 'nonsense'.*moe"):
+        load_recipe(path)

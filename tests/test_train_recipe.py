@@ -1,18 +1,22 @@
-"""`medadapt train` on the tiny CPU recipe: trains, lowers the loss, beats the frozen backbone on held-out
-queries, saves a model that reloads to identical embeddings, and reports bad recipes cleanly."""
+"""`medadapt train` on the tiny `kind: moe` recipe: trains, lowers the loss, beats the frozen backbone on
+held-out queries, saves a folder that loads to the trained model's encodings, resumes only its own
+checkpoints (beside the folder), and reports bad recipes cleanly."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 from typer.testing import CliRunner
 
 import medadapt
 from medadapt.cli import app
-from medadapt.recipes import load_recipe
+from medadapt.errors import ConfigError
+from medadapt.recipes import load_recipe, run_recipe
 
 TINY = Path(__file__).resolve().parents[1] / "recipes" / "med-moe-embed-tiny.yaml"
 
@@ -70,27 +74,75 @@ def test_train_cli_end_to_end(tiny_bert_dir, synonym_beir_dir, tmp_path, cache_e
     log = json.loads((out / "train_log.json").read_text())
     losses = [r["loss"] for r in log["loss_history"]]
     assert np.mean(losses[-3:]) < 0.7 * np.mean(losses[:3])
+    assert log["stage_steps"] == {"shared": 15, "random": 6, "learned": 90}  # 12 pairs, batch 4
+    assert sum(log["routing_stats"]["running_counts"]) == 2 * 30 * 12 * 4  # top-2 x 30 epochs x 12 x 4 rows
     metrics = json.loads((out / "metrics.json").read_text())
 
     data = load_beir(synonym_beir_dir, "test")
     frozen = evaluate_retrieval(medadapt.load(str(tiny_bert_dir)), data, "test", ["ndcg@10"],
                                 cache=EmbeddingCache(cache_env), show_progress=False)
     assert metrics["ndcg@10"] > frozen["ndcg@10"] + 0.05, (metrics, frozen)
-
-    # the saved folder reloads (medadapt.load and plain trust_remote_code) to identical embeddings
-    from sentence_transformers import SentenceTransformer
-
-    texts = ["symptoms of gout", "asthma inhaler wheezing"]
-    a = medadapt.load(str(out), device="cpu")
-    b = SentenceTransformer(str(out), trust_remote_code=True, device="cpu")
-    np.testing.assert_array_equal(a.encode_query(texts), b.encode_query(texts))
-    assert (out / "recipe.yaml").is_file() and (out / "checkpoints").is_dir()
-    # and evaluates through the CLI to the same numbers as the run reported
+    assert (out / "recipe.yaml").is_file() and (tmp_path / "run.checkpoints").is_dir()
+    assert not (out / "checkpoints").exists()  # checkpoints live beside the model folder
+    assert load_recipe(out / "recipe.yaml").training_identity() == load_recipe(
+        TINY, overrides(tiny_bert_dir, synonym_beir_dir)).training_identity()
+    # the folder evaluates through the CLI to the same numbers as the run reported
     ev = CliRunner().invoke(app, ["eval", "--model", str(out), "--data", str(synonym_beir_dir), "--output",
                                   str(tmp_path / "ev.json"), "--metrics", "ndcg@10,mrr@10", "-q"])
     assert ev.exit_code == 0, ev.output
     again = json.loads((tmp_path / "ev.json").read_text())
     assert again["ndcg@10"] == pytest.approx(metrics["ndcg@10"], abs=1e-4)
+
+
+def test_saved_folder_loads_to_the_trained_model(tiny_bert_dir, synonym_beir_dir, tmp_path, cache_env,
+                                                  monkeypatch):
+    """train -> save -> load: the loaded folder encodes exactly as the model `train` returned in memory
+    (head weights, residual scale and routing included)."""
+    from medadapt.recipes import registry
+
+    kind = registry.get_kind("moe")
+    trained = []
+
+    def keep(recipe, ctx):
+        trained.append(kind.train(recipe, ctx))
+        return trained[-1]
+
+    monkeypatch.setitem(registry._KINDS, "moe", dataclasses.replace(kind, train=keep))
+    recipe = load_recipe(TINY, [*overrides(tiny_bert_dir, synonym_beir_dir), "training.epochs=3",
+                                "head.residual_scale=0.5"])
+    out = tmp_path / "run"
+    run_recipe(recipe, out, show_progress=False, evaluate=False, log=lambda m: None)
+    (model,) = trained
+    texts = ["symptoms of thirst", "treatment of wheezing", "gout"]
+    loaded = medadapt.load(str(out), device="cpu")
+    from medadapt.heads import MoEHead, find_head
+
+    head = find_head(model, MoEHead)
+    assert head.residual_scale == 0.5 and head.routing == "learned"
+    assert find_head(loaded, MoEHead).residual_scale == 0.5
+    for method in ("encode_query", "encode_document"):
+        np.testing.assert_allclose(getattr(loaded, method)(texts), getattr(model, method)(texts),
+                                   atol=1e-6, rtol=0)
+    frozen = medadapt.load(str(tiny_bert_dir), device="cpu").encode_query(texts)
+    assert np.abs(loaded.encode_query(texts) - frozen).max() > 1e-3  # the head changed the embeddings
+
+
+def test_rerun_resumes_its_own_checkpoints_and_refuses_another_recipes(tiny_bert_dir, tiny_beir_dir, tmp_path,
+                                                                       cache_env):
+    from medadapt.training import TrainingError
+
+    base = [*overrides(tiny_bert_dir, tiny_beir_dir), "training.epochs=2",
+            "training.checkpoint_every_steps=4"]
+    out = tmp_path / "run"
+    first = run_recipe(load_recipe(TINY, base), out, show_progress=False, evaluate=False, log=lambda m: None)
+    again = run_recipe(load_recipe(TINY, base), out, show_progress=False, evaluate=False, log=lambda m: None)
+    assert again.loss_history == first.loss_history and again.train_seconds < first.train_seconds  # resumed
+    other = load_recipe(TINY, [*base, "training.lr=5e-3"])
+    with pytest.raises(TrainingError, match="another run"):
+        run_recipe(other, out, show_progress=False, evaluate=False, log=lambda m: None)
+    fresh = run_recipe(other, out, show_progress=False, evaluate=False, overwrite=True, log=lambda m: None)
+    assert fresh.loss_history[0]["loss"] == first.loss_history[0]["loss"]  # same start, other lr
+    assert fresh.loss_history[-1]["loss"] != first.loss_history[-1]["loss"]
 
 
 def test_bad_recipe_is_one_line_error(tmp_path):
@@ -102,32 +154,48 @@ def test_bad_recipe_is_one_line_error(tmp_path):
     assert not (tmp_path / "o").exists()
 
 
-def test_frozen_backbone_without_head_is_refused(tiny_bert_dir, tiny_beir_dir, tmp_path, cache_env):
-    from medadapt.errors import ConfigError
-    from medadapt.training import run_recipe
-
-    recipe = load_recipe(TINY, [*overrides(tiny_bert_dir, tiny_beir_dir), "head={kind: none}"])
+def test_frozen_backbone_without_head_is_refused(tiny_bert_dir, tiny_beir_dir):
     with pytest.raises(ConfigError, match="nothing to train"):
-        run_recipe(recipe, tmp_path / "o", show_progress=False)
+        load_recipe(TINY, [*overrides(tiny_bert_dir, tiny_beir_dir), "head={kind: none}"])
+
+
+@pytest.mark.parametrize("setting, field", [
+    ("training.shared_epochs=1", "training.shared_epochs=1"),
+    ("training.random_routing_epochs=2", "training.random_routing_epochs=2"),
+    ("loss.load_balance_weight=0.01", "loss.load_balance_weight=0.01"),
+])
+def test_slow_path_refuses_what_it_cannot_train(tiny_bert_dir, tiny_beir_dir, setting, field):
+    """The backbone / LoRA path has no stage schedule and no load-balancing term: a recipe asking for them
+    is refused by name instead of silently training something else."""
+    slow = [*overrides(tiny_bert_dir, tiny_beir_dir), "model.freeze_backbone=false",
+            "training.shared_epochs=0", "training.random_routing_epochs=0", "loss.load_balance_weight=0"]
+    assert not load_recipe(TINY, slow).fast  # valid without them
+    with pytest.raises(ConfigError, match=f"{field.replace('.', '[.]')}: the backbone / LoRA path"):
+        load_recipe(TINY, [*slow, setting])
+    # without routed experts there is no load-balancing term to ignore
+    plain = load_recipe(TINY, [*slow, "head.routed_experts=[]", "head.top_k=0",
+                               "loss.load_balance_weight=0.01"])
+    assert plain.loss.load_balance_weight == 0.01
 
 
 @pytest.mark.slow
 def test_slow_path_lora_with_head_trains_and_reloads(tiny_bert_dir, synonym_beir_dir, tmp_path, cache_env):
     """`model.peft` switches the same recipe to end-to-end training through sentence-transformers' trainer:
-    LoRA adapters on the backbone plus the head, saved and reloaded as one model."""
-    from medadapt.training import run_recipe
-
+    LoRA adapters on the backbone plus the head, merged and saved as one model that loads without PEFT."""
     recipe = load_recipe(TINY, [
         *overrides(tiny_bert_dir, synonym_beir_dir),
         "model.peft={kind: lora, r: 4, alpha: 8, target_modules: [query, value]}",
-        "training.epochs=2", "training.batch_size=4", "training.lr=1e-3",
+        "training.epochs=2", "training.batch_size=4", "training.lr=1e-3", "training.shared_epochs=0",
+        "training.random_routing_epochs=0", "loss.load_balance_weight=0",
     ])
     out = tmp_path / "lora"
     result = run_recipe(recipe, out, show_progress=False)
     assert result.loss_history and result.metrics["ndcg@10"] > 0
+    assert any((tmp_path / "lora.checkpoints").glob("checkpoint-*"))
     model = medadapt.load(str(out), device="cpu")
-    names = [type(m).__name__ for m in model]
-    assert "MoEHead" in names
-    assert any("lora" in n for n, _ in model.named_parameters())
-    texts = ["symptoms of thirst"]
-    np.testing.assert_allclose(model.encode_query(texts), medadapt.load(str(out)).encode_query(texts), atol=1e-6)
+    assert "MoEHead" in [type(m).__name__ for m in model]
+    assert not any("lora" in n for n, _ in model.named_parameters())  # merged
+    base = medadapt.load(str(tiny_bert_dir), device="cpu")
+    query = "encoder.layer.0.attention.self.query.weight"
+    weights = [dict(m[0].auto_model.named_parameters())[query] for m in (model, base)]
+    assert not torch.allclose(*weights)  # the adapter trained the backbone's query projections

@@ -6,13 +6,13 @@ route); see ``docs/care.md``. Pieces, one concept per module:
 * towers: :func:`decoder_tower_modules` / :class:`EosTransformer` (decoder LLM + EOS + last-token pooling),
   :func:`prune_layers` (KALE-style pruned query tower), :func:`static_from_document` (static query tower),
   :class:`MatryoshkaTruncate` (MRL truncation of the document embedding), LoRA on the document route
-  (:func:`attach_document_lora`).
+  (:func:`attach_document_lora`, on :mod:`medadapt.training.lora`).
 * model: :func:`build_asymmetric_model`, :func:`tower` (one route as a SentenceTransformer view).
-* training: :func:`init_tower`, :func:`align_queries` (stage I), :func:`joint_finetune` (stage II) on
-  :func:`run_stage`; losses :class:`QueryAlignmentLoss` here and ``medadapt.losses.AsymInfoNCELoss`` /
-  ``MatryoshkaLoss``.
-* recipes: :class:`CareRecipe`, :func:`run_care_recipe`; evaluation: :func:`evaluate_asymmetric`,
-  :func:`query_speed`.
+* training: :func:`init_tower`, :func:`align_queries` (stage I), :func:`joint_finetune` (stage II), each a
+  ``Stage`` of the one loop :func:`medadapt.training.loop.train` configured by a :class:`CarePhaseSection`;
+  losses :class:`QueryAlignmentLoss` here and ``medadapt.losses.AsymInfoNCELoss`` / ``MatryoshkaLoss``.
+* recipes: :class:`CareRecipe` (``kind: care``, run by :func:`medadapt.recipes.run_recipe`); evaluation:
+  :func:`evaluate_asymmetric`, :func:`query_speed`.
 """
 
 from __future__ import annotations
@@ -22,26 +22,25 @@ from medadapt.asym.data import (TrainPair, labelled_pairs, mine_hard_negatives, 
                                 self_contrastive_texts)
 from medadapt.asym.decoder import EosTransformer, append_eos, decoder_tower_modules
 from medadapt.asym.evaluate import evaluate_asymmetric, query_speed
-from medadapt.asym.lora import DocumentLoraConfig, attach_document_lora, has_lora, merge_document_lora
-from medadapt.asym.loop import LoopConfig, StageResult, run_stage
+from medadapt.asym.lora import attach_document_lora, has_lora, merge_document_lora
 from medadapt.asym.model import build_asymmetric_model, is_asymmetric, route_modules, tower
 from medadapt.asym.pruning import prune_layers
-from medadapt.asym.recipe import CareRecipe, is_care_recipe, load_care_recipe, run_care_recipe
-from medadapt.asym.stages import align_queries, embed, init_tower, joint_finetune, teacher_targets
+from medadapt.asym.recipe import CareRecipe
+from medadapt.asym.stages import (CarePhaseSection, align_queries, align_stage, embed, init_stage, init_tower,
+                                  joint_finetune, joint_stage, teacher_targets, trainable_only)
 from medadapt.asym.static import static_from_document
 from medadapt.asym.truncate import MatryoshkaTruncate
 
 __all__ = [
+    "CarePhaseSection",
     "CareRecipe",
-    "DocumentLoraConfig",
     "EosTransformer",
-    "LoopConfig",
     "MatryoshkaTruncate",
     "NormalizedMSELoss",
     "QueryAlignmentLoss",
-    "StageResult",
     "TrainPair",
     "align_queries",
+    "align_stage",
     "append_eos",
     "attach_document_lora",
     "build_asymmetric_model",
@@ -49,22 +48,21 @@ __all__ = [
     "embed",
     "evaluate_asymmetric",
     "has_lora",
+    "init_stage",
     "init_tower",
-    "is_care_recipe",
     "is_asymmetric",
     "joint_finetune",
+    "joint_stage",
     "labelled_pairs",
-    "load_care_recipe",
     "merge_document_lora",
     "mine_hard_negatives",
     "mined_pairs",
     "prune_layers",
     "query_speed",
     "route_modules",
-    "run_care_recipe",
-    "run_stage",
     "self_contrastive_texts",
     "static_from_document",
     "teacher_targets",
     "tower",
+    "trainable_only",
 ]

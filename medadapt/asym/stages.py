@@ -11,31 +11,67 @@
   ``train_document=False`` keeps the document tower frozen and reads document embeddings from a table
   (the CPU shortcut: the cached corpus stays valid).
 
-Every phase runs on :func:`~medadapt.asym.loop.run_stage` (Accelerate, resumable checkpoints). Under several
-processes each step embeds its shard of the global batch, then all-gathers query, positive, negative and
-teacher embeddings (:func:`~medadapt.training.distributed.gather_with_grad`), so in-batch negatives span the
-global batch and the loss equals the single-process one (see :mod:`medadapt.asym.loop`). Texts are
-routed by ``task`` through the model's Router (``model.preprocess(texts, task="query")``), exactly what
-``encode_query`` / ``encode_document`` do at inference.
+Each phase is a :class:`~medadapt.training.loop.Stage` of the one training loop
+(:func:`medadapt.training.loop.train`): :func:`init_stage`, :func:`align_stage` and :func:`joint_stage`
+build it, the functions above build and run it. A phase's :class:`~medadapt.training.loop.Step` embeds its
+items (``forward`` returns per-item embeddings: query, positive, negatives as ``(items, n, d)``, teacher
+rows) and computes the loss on the embeddings of the whole optimiser step, which the loop gathers over
+processes and accumulation chunks (GradCache): in-batch negatives span the global batch and the loss equals
+the single-process one. The optimisation of a phase is a :class:`CarePhaseSection` (CARE Table 17:
+lr 1e-4, warm-up 0.05). Texts are routed by ``task`` through the model's Router
+(``model.preprocess(texts, task="query")``), exactly what ``encode_query`` / ``encode_document`` do at
+inference.
+
+Example:
+    >>> from medadapt.asym import CarePhaseSection, align_queries
+    >>> align_queries(model, texts, teacher, CarePhaseSection(epochs=1, batch_size=64), seed=0)
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import contextlib
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import torch
+from pydantic import Field
 from torch import Tensor, nn
 
 from medadapt.asym.alignment_loss import QueryAlignmentLoss
 from medadapt.asym.data import TrainPair
-from medadapt.asym.loop import LoopConfig, StageResult, run_stage
 from medadapt.asym.model import route_modules
 from medadapt.errors import ConfigError
 from medadapt.losses.asym_infonce import AsymInfoNCELoss
-from medadapt.training.distributed import gather_with_grad
+from medadapt.training.config import OptimSection
+from medadapt.training.loop import Batch, LoopResult, Stage, train
 
-__all__ = ["align_queries", "embed", "init_tower", "joint_finetune", "route_parameters", "teacher_targets"]
+__all__ = [
+    "AlignStep",
+    "CarePhaseSection",
+    "PairStep",
+    "align_queries",
+    "align_stage",
+    "embed",
+    "init_stage",
+    "init_tower",
+    "joint_finetune",
+    "joint_stage",
+    "route_parameters",
+    "teacher_targets",
+    "trainable_only",
+]
+
+
+class CarePhaseSection(OptimSection):
+    """Optimisation of one CARE phase (independent init, stage I, stage II): the loop's
+    :class:`~medadapt.training.config.OptimSection` with CARE's Table-17 settings as defaults (lr 1e-4 and
+    warm-up 0.05 for every phase and both towers; batch sizes are global, the paper's are 640 / 2,560 / 640).
+    ``gradient_accumulation_steps`` trains exactly as the larger batch (GradCache: in-batch negatives span
+    every chunk)."""
+
+    batch_size: int = Field(32, ge=1)
+    lr: float = Field(1e-4, gt=0)
+    warmup_ratio: float = Field(0.05, ge=0, lt=1)
 
 
 def _device(model: nn.Module) -> torch.device:
@@ -45,7 +81,8 @@ def _device(model: nn.Module) -> torch.device:
 def embed(model, texts: Sequence[str], task: str | None, *, run_model: nn.Module | None = None,
           max_length: int | None = None) -> Tensor:
     """Embed ``texts`` *with gradients*: ``model.preprocess`` with the task's prompt, then a forward pass
-    of ``run_model`` (``model`` or its DDP wrapper). ``task`` picks the Router route and the prompt."""
+    of ``run_model`` (``model``, or the engine the loop prepared). ``task`` picks the Router route and the
+    prompt."""
     prompt = (model.prompts or {}).get(task) if task else None
     kwargs: dict[str, Any] = {"task": task} if task else {}
     if max_length is not None:
@@ -85,99 +122,171 @@ def teacher_targets(teacher, items: Sequence[tuple[str, str]], cache, *, dim: in
     return torch.nn.functional.normalize(t, dim=-1)
 
 
-def _set_trainable(model: nn.Module, params: Sequence[nn.Parameter]) -> list[tuple[nn.Parameter, bool]]:
+@contextlib.contextmanager
+def trainable_only(model: nn.Module, params: Sequence[nn.Parameter]) -> Iterator[None]:
+    """Within the block exactly ``params`` of ``model`` have ``requires_grad`` (the rest is frozen, so the
+    loop neither computes nor applies their gradients); every flag is restored afterwards, also on error."""
     saved = [(p, p.requires_grad) for p in model.parameters()]
     wanted = {id(p) for p in params}
-    for p in model.parameters():
-        p.requires_grad_(id(p) in wanted)
-    return saved
+    try:
+        for p in model.parameters():
+            p.requires_grad_(id(p) in wanted)
+        yield
+    finally:
+        for p, flag in saved:
+            p.requires_grad_(flag)
 
 
-def _restore(saved: list[tuple[nn.Parameter, bool]]) -> None:
-    for p, flag in saved:
-        p.requires_grad_(flag)
+# ------------------------------------------------------------------------------------------------ steps
+class PairStep:
+    """(query, positive, hard negatives) items of ``pairs`` -> ``loss(query, positive, negatives)``.
 
-
-def init_tower(tower, pairs: Sequence[TrainPair], doc_texts: Sequence[str], config: LoopConfig, loss: nn.Module,
-               *, max_length: int | None = None, **run_kwargs: Any) -> StageResult:
-    """Independent initialisation of one standalone tower (SentenceTransformer): queries with
-    ``task="query"``, documents with ``task="document"``, ``loss(q, d+, d-)`` (InfoNCE, or MRL-wrapped)."""
-    params = [p for p in tower.parameters() if p.requires_grad]
-    n_neg = len(pairs[0].negatives) if pairs else 0
-
-    def step(run_model: nn.Module, idx: list[int]) -> dict[str, Tensor]:
-        batch = [pairs[i] for i in idx]
-        q = embed(tower, [b.query for b in batch], "query", run_model=run_model, max_length=max_length)
-        docs = [doc_texts[b.positive] for b in batch] + [doc_texts[j] for b in batch for j in b.negatives]
-        d = embed(tower, docs, "document", run_model=run_model, max_length=max_length)
-        neg = gather_with_grad(d[len(batch):].reshape(len(batch), n_neg, -1)) if n_neg else None
-        return loss(gather_with_grad(q), gather_with_grad(d[: len(batch)]), neg)
-
-    return run_stage("init", tower, params, len(pairs), step, config, **run_kwargs)
-
-
-def align_queries(model, texts: Sequence[str], teacher: Tensor, config: LoopConfig,
-                  loss: QueryAlignmentLoss | None = None, *, max_length: int | None = None,
-                  **run_kwargs: Any) -> StageResult:
-    """Stage I: train the query route so that ``E_Q(texts[i])`` matches ``teacher[i]`` (eq. 3).
-
-    Every document-route parameter is frozen for the duration (``requires_grad`` restored afterwards), so
-    the document tower's weights are bit-for-bit unchanged.
+    ``forward`` returns ``{"query": (b, d), "positive": (b, d), "negatives": (b, n, d)}`` (no
+    ``negatives`` when the pairs have none); queries go through the query route (``task="query"``),
+    documents through the document route, or are rows of ``doc_table`` when one is given (frozen document
+    tower).
     """
+
+    def __init__(self, model, pairs: Sequence[TrainPair], doc_texts: Sequence[str], loss: nn.Module, *,
+                 doc_table: Tensor | None = None, query_max_length: int | None = None,
+                 doc_max_length: int | None = None) -> None:
+        self.model, self.pairs, self.doc_texts, self.loss_fn = model, pairs, doc_texts, loss
+        self.doc_table = doc_table
+        self.query_max_length, self.doc_max_length = query_max_length, doc_max_length
+        self.n_neg = len(pairs[0].negatives) if pairs else 0
+        if any(len(p.negatives) != self.n_neg for p in pairs):
+            raise ConfigError("every training pair needs the same number of hard negatives")
+
+    def forward(self, run_model: nn.Module, batch: Batch) -> dict[str, Tensor]:
+        items = [self.pairs[i] for i in batch.indices]
+        q = embed(self.model, [b.query for b in items], "query", run_model=run_model,
+                  max_length=self.query_max_length)
+        doc_idx = [b.positive for b in items] + [j for b in items for j in b.negatives]
+        if self.doc_table is None:
+            d = embed(self.model, [self.doc_texts[j] for j in doc_idx], "document", run_model=run_model,
+                      max_length=self.doc_max_length)
+        else:
+            d = self.doc_table[doc_idx].to(q.device)
+        out = {"query": q, "positive": d[: len(items)]}
+        if self.n_neg:
+            out["negatives"] = d[len(items):].reshape(len(items), self.n_neg, -1)
+        return out
+
+    def loss(self, outputs: dict[str, Tensor], batch: Batch) -> dict[str, Tensor]:
+        return self.loss_fn(outputs["query"], outputs["positive"], outputs.get("negatives"))
+
+
+class AlignStep:
+    """Stage I: ``forward`` returns the query route's embedding of each text (``"student"``) and the
+    teacher's row (``"teacher"``); ``loss`` is :class:`~medadapt.asym.QueryAlignmentLoss` (eq. 3)."""
+
+    def __init__(self, model, texts: Sequence[str], teacher: Tensor, loss: nn.Module, *,
+                 max_length: int | None = None) -> None:
+        self.model, self.texts, self.teacher, self.loss_fn = model, texts, teacher.float(), loss
+        self.max_length = max_length
+
+    def forward(self, run_model: nn.Module, batch: Batch) -> dict[str, Tensor]:
+        student = embed(self.model, [self.texts[i] for i in batch.indices], "query", run_model=run_model,
+                        max_length=self.max_length)
+        return {"student": student, "teacher": self.teacher[batch.indices].to(student.device)}
+
+    def loss(self, outputs: dict[str, Tensor], batch: Batch) -> dict[str, Tensor]:
+        return self.loss_fn(outputs["student"], outputs["teacher"])
+
+
+# ------------------------------------------------------------------------------------------------ stages
+def _check(name: str, n_items: int, params: Sequence[nn.Parameter]) -> None:
+    if n_items < 1:
+        raise ConfigError(f"CARE phase {name!r}: no training items")
+    if not params:
+        raise ConfigError(f"CARE phase {name!r}: no trainable parameters")
+
+
+def init_stage(tower, pairs: Sequence[TrainPair], doc_texts: Sequence[str], section: OptimSection,
+               loss: nn.Module, *, max_length: int | None = None, name: str = "init") -> Stage:
+    """The independent-initialisation :class:`~medadapt.training.loop.Stage` of one standalone tower
+    (SentenceTransformer): queries with ``task="query"``, documents with ``task="document"``,
+    ``loss(q, d+, d-)`` (InfoNCE, or MRL-wrapped); trains the tower's parameters that require gradients
+    (only the LoRA matrices when an adapter is attached)."""
+    params = [p for p in tower.parameters() if p.requires_grad]
+    _check(name, len(pairs), params)
+    step = PairStep(tower, pairs, doc_texts, loss, query_max_length=max_length, doc_max_length=max_length)
+    return Stage(name, len(pairs), step, params, section)
+
+
+def align_stage(model, texts: Sequence[str], teacher: Tensor, section: OptimSection,
+                loss: nn.Module | None = None, *, max_length: int | None = None, name: str = "stage1") -> Stage:
+    """The stage-I :class:`~medadapt.training.loop.Stage`: the query route learns ``E_Q(texts[i]) ~
+    teacher[i]`` (eq. 3). Its params are the query route's; run it inside :func:`trainable_only` so the
+    document route stays frozen."""
     if len(texts) != teacher.shape[0]:
         raise ValueError(f"{len(texts)} texts but {teacher.shape[0]} teacher embeddings")
-    loss = loss or QueryAlignmentLoss()
     params = route_parameters(model, "query")
-    saved = _set_trainable(model, params)
-    teacher = teacher.float()
-
-    def step(run_model: nn.Module, idx: list[int]) -> dict[str, Tensor]:
-        student = embed(model, [texts[i] for i in idx], "query", run_model=run_model, max_length=max_length)
-        return loss(gather_with_grad(student), gather_with_grad(teacher[idx].to(student.device)))
-
-    try:
-        return run_stage("stage1", model, params, len(texts), step, config, **run_kwargs)
-    finally:
-        _restore(saved)
+    _check(name, len(texts), params)
+    step = AlignStep(model, texts, teacher, loss or QueryAlignmentLoss(), max_length=max_length)
+    return Stage(name, len(texts), step, params, section)
 
 
-def joint_finetune(model, pairs: Sequence[TrainPair], doc_texts: Sequence[str], config: LoopConfig,
-                   loss: AsymInfoNCELoss | None = None, *, train_document: bool = True,
-                   doc_table: Tensor | None = None, query_max_length: int | None = None,
-                   doc_max_length: int | None = None, **run_kwargs: Any) -> StageResult:
-    """Stage II: Asym-InfoNCE (eq. 4) with in-batch + hard negatives, one learning rate for both towers.
+def joint_stage(model, pairs: Sequence[TrainPair], doc_texts: Sequence[str], section: OptimSection,
+                loss: nn.Module | None = None, *, train_document: bool = True, doc_table: Tensor | None = None,
+                query_max_length: int | None = None, doc_max_length: int | None = None,
+                name: str = "stage2") -> Stage:
+    """The stage-II :class:`~medadapt.training.loop.Stage`: Asym-InfoNCE (eq. 4) with in-batch + hard
+    negatives, one learning rate for both towers.
 
     With ``train_document`` the document route trains too: only its LoRA matrices if an adapter is attached
     (:func:`~medadapt.asym.attach_document_lora`), otherwise all of it. Without it, document embeddings are
-    rows of ``doc_table`` (``(n_docs, d)``, e.g. the cached corpus), and only the query route trains.
+    rows of ``doc_table`` (``(n_docs, d)``, e.g. the cached corpus), and only the query route trains. Run it
+    inside :func:`trainable_only`.
     """
-    from medadapt.asym.lora import has_lora
+    from medadapt.training.lora import has_lora
 
-    loss = loss or AsymInfoNCELoss()
     params = route_parameters(model, "query")
     if train_document:
         doc_modules = route_modules(model, "document")
         lora = any(has_lora(m) for m in doc_modules)
         params += [p for m in doc_modules for n, p in m.named_parameters() if not lora or "lora_" in n]
+        doc_table = None
     elif doc_table is None:
         raise ConfigError("joint_finetune(train_document=False) needs doc_table (the frozen document "
                           "embeddings)")
-    saved = _set_trainable(model, params)
-    n_neg = len(pairs[0].negatives) if pairs else 0
+    _check(name, len(pairs), params)
+    step = PairStep(model, pairs, doc_texts, loss or AsymInfoNCELoss(), doc_table=doc_table,
+                    query_max_length=query_max_length, doc_max_length=doc_max_length)
+    return Stage(name, len(pairs), step, params, section)
 
-    def step(run_model: nn.Module, idx: list[int]) -> dict[str, Tensor]:
-        batch = [pairs[i] for i in idx]
-        q = embed(model, [b.query for b in batch], "query", run_model=run_model, max_length=query_max_length)
-        doc_idx = [b.positive for b in batch] + [j for b in batch for j in b.negatives]
-        if train_document:
-            d = embed(model, [doc_texts[j] for j in doc_idx], "document", run_model=run_model,
-                      max_length=doc_max_length)
-        else:
-            d = doc_table[doc_idx].to(q.device)
-        neg = gather_with_grad(d[len(batch):].reshape(len(batch), n_neg, -1)) if n_neg else None
-        return loss(gather_with_grad(q), gather_with_grad(d[: len(batch)]), neg)
 
-    try:
-        return run_stage("stage2", model, params, len(pairs), step, config, **run_kwargs)
-    finally:
-        _restore(saved)
+def _run(model, stage: Stage, train_kwargs: dict[str, Any]) -> LoopResult:
+    with trainable_only(model, stage.params):
+        return train(model, [stage], **train_kwargs)
+
+
+# ------------------------------------------------------------------------------------------------ runners
+def init_tower(tower, pairs: Sequence[TrainPair], doc_texts: Sequence[str], section: OptimSection,
+               loss: nn.Module, *, max_length: int | None = None, **train_kwargs: Any) -> LoopResult:
+    """Run :func:`init_stage` on ``tower`` through :func:`medadapt.training.loop.train` (``train_kwargs``:
+    ``seed``, ``accelerator``, ``checkpoint``, ``fingerprint``, ``progress``)."""
+    return _run(tower, init_stage(tower, pairs, doc_texts, section, loss, max_length=max_length), train_kwargs)
+
+
+def align_queries(model, texts: Sequence[str], teacher: Tensor, section: OptimSection,
+                  loss: QueryAlignmentLoss | None = None, *, max_length: int | None = None,
+                  **train_kwargs: Any) -> LoopResult:
+    """Stage I: train the query route so that ``E_Q(texts[i])`` matches ``teacher[i]`` (eq. 3).
+
+    Every document-route parameter is frozen for the duration (``requires_grad`` restored afterwards), so
+    the document tower's weights are bit-for-bit unchanged. ``train_kwargs`` go to
+    :func:`medadapt.training.loop.train`.
+    """
+    return _run(model, align_stage(model, texts, teacher, section, loss, max_length=max_length), train_kwargs)
+
+
+def joint_finetune(model, pairs: Sequence[TrainPair], doc_texts: Sequence[str], section: OptimSection,
+                   loss: AsymInfoNCELoss | None = None, *, train_document: bool = True,
+                   doc_table: Tensor | None = None, query_max_length: int | None = None,
+                   doc_max_length: int | None = None, **train_kwargs: Any) -> LoopResult:
+    """Stage II (:func:`joint_stage`), run through :func:`medadapt.training.loop.train`; only the stage's
+    parameters train (flags restored afterwards)."""
+    stage = joint_stage(model, pairs, doc_texts, section, loss, train_document=train_document,
+                        doc_table=doc_table, query_max_length=query_max_length, doc_max_length=doc_max_length)
+    return _run(model, stage, train_kwargs)

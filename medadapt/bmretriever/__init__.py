@@ -1,18 +1,22 @@
 """BMRetriever (Xu et al., 2024): decoder-LLM biomedical retrievers trained in two stages (issue #8).
 
 * Encoder: :func:`build_retriever` (CARE's EOS-pooling decoder tower or any ST model, dot product,
-  instructions as prompts), :func:`attach_lora` / :func:`merge_lora` (PEFT, r=16, alpha=32).
+  instructions as prompts); LoRA through :mod:`medadapt.training.lora` (PEFT, r=16, alpha=32).
 * Stage I data (§3.2): :mod:`~medadapt.bmretriever.pretrain_data` (title -> abstract pairs, two disjoint
   random spans for untitled documents, streaming).
 * Stage II data (§3.3): :mod:`~medadapt.bmretriever.finetune_data` (hard negatives from the curation tools),
   :mod:`~medadapt.bmretriever.synthetic` (pluggable query / task generators, consistency filter).
 * Training: :func:`train_stage` (sentence-transformers trainer on Accelerate, InfoNCE at scale 1/τ,
-  negatives gathered across processes, global batches split over processes).
-* Recipes: :func:`load_bmretriever_recipe`, :func:`run_bmretriever_recipe` (``kind: bmretriever``).
+  negatives gathered across processes, global batches split over processes), configured by the recipe's
+  :class:`BmStageSection`.
+* Recipes: :class:`BmRetrieverRecipe` (``kind: bmretriever``, registered by
+  :mod:`medadapt.bmretriever.recipe`, run by :func:`medadapt.recipes.run_recipe`).
 * Instruction tables (Appendix B): :mod:`~medadapt.bmretriever.instructions`.
 
 Heavy libraries are imported inside functions.
 """
+
+from __future__ import annotations
 
 from medadapt.bmretriever.finetune_data import beir_groups, groups_to_dataset, subsample_groups
 from medadapt.bmretriever.instructions import (
@@ -24,13 +28,7 @@ from medadapt.bmretriever.instructions import (
     SYNTHETIC_INSTRUCTIONS,
     query_prompt,
 )
-from medadapt.bmretriever.model import (
-    attach_lora,
-    build_retriever,
-    enable_gradient_checkpointing,
-    first_transformer,
-    merge_lora,
-)
+from medadapt.bmretriever.model import build_retriever
 from medadapt.bmretriever.pretrain_data import (
     CorpusSource,
     CropConfig,
@@ -39,8 +37,8 @@ from medadapt.bmretriever.pretrain_data import (
     iter_pretrain_pairs,
     pretrain_dataset,
 )
-from medadapt.bmretriever.recipe import BmRetrieverRunResult, load_bmretriever_recipe, run_bmretriever_recipe
-from medadapt.bmretriever.schema import BmRetrieverRecipe
+from medadapt.bmretriever.recipe import stage1_dataset, stage2_datasets
+from medadapt.bmretriever.schema import BmRetrieverRecipe, BmStageSection
 from medadapt.bmretriever.synthetic import (
     FakeQueryGenerator,
     FakeTaskGenerator,
@@ -51,15 +49,13 @@ from medadapt.bmretriever.synthetic import (
     synthesize_query_groups,
     synthesize_task_groups,
 )
-from medadapt.bmretriever.trainer import StageConfig, StageResult, train_stage
+from medadapt.bmretriever.trainer import StageResult, train_stage
 
 __all__ = [
     "EVAL_INSTRUCTIONS", "FINETUNE_INSTRUCTIONS", "PASSAGE_PROMPT", "PRETRAIN_QUERY_PROMPT", "QUERY_TEMPLATE",
-    "SYNTHETIC_INSTRUCTIONS", "BmRetrieverRecipe", "BmRetrieverRunResult", "CorpusSource", "CropConfig",
-    "FakeQueryGenerator", "FakeTaskGenerator", "QueryGenerator", "StageConfig", "StageResult", "TaskExample",
-    "TaskGenerator", "TransformersQueryGenerator", "attach_lora", "beir_groups", "build_retriever", "crop_pair",
-    "enable_gradient_checkpointing", "first_transformer", "groups_to_dataset", "iter_corpus",
-    "iter_pretrain_pairs", "load_bmretriever_recipe", "merge_lora", "pretrain_dataset", "query_prompt",
-    "run_bmretriever_recipe", "subsample_groups", "synthesize_query_groups", "synthesize_task_groups",
-    "train_stage",
+    "SYNTHETIC_INSTRUCTIONS", "BmRetrieverRecipe", "BmStageSection", "CorpusSource", "CropConfig",
+    "FakeQueryGenerator", "FakeTaskGenerator", "QueryGenerator", "StageResult", "TaskExample", "TaskGenerator",
+    "TransformersQueryGenerator", "beir_groups", "build_retriever", "crop_pair", "groups_to_dataset",
+    "iter_corpus", "iter_pretrain_pairs", "pretrain_dataset", "query_prompt", "stage1_dataset", "stage2_datasets",
+    "subsample_groups", "synthesize_query_groups", "synthesize_task_groups", "train_stage",
 ]

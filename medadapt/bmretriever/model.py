@@ -7,8 +7,9 @@
 
 Similarity is the dot product (Appendix E); ``normalize=True`` keeps / adds a ``Normalize`` module (then dot
 equals cosine). Instructions are the model's ``prompts`` (``query`` / ``document``), so ``encode_query`` and
-``encode_document`` apply them. LoRA (Appendix D: ``r=16, alpha=32``) wraps the first ``Transformer``'s
-Hugging Face model with PEFT; :func:`merge_lora` folds it back so saved folders load without PEFT.
+``encode_document`` apply them. LoRA (Appendix D: ``r=16, alpha=32``, the ``LoraSection`` defaults) is
+:func:`medadapt.training.lora.attach_lora` on the first ``Transformer``; :func:`medadapt.training.lora.merge_lora`
+folds it back so saved folders load without PEFT.
 """
 
 from __future__ import annotations
@@ -17,17 +18,7 @@ from typing import Any, Literal
 
 from medadapt.errors import ConfigError
 
-__all__ = ["attach_lora", "build_retriever", "enable_gradient_checkpointing", "first_transformer", "merge_lora"]
-
-
-def first_transformer(model):
-    """The first ``Transformer`` module of a SentenceTransformer (the one LoRA adapts)."""
-    from sentence_transformers.base.modules import Transformer
-
-    for module in model._modules.values():
-        if isinstance(module, Transformer):
-            return module
-    raise ConfigError(f"{type(model).__name__} has no Transformer module to adapt")
+__all__ = ["build_retriever"]
 
 
 def build_retriever(
@@ -68,28 +59,3 @@ def build_retriever(
                                 similarity_fn_name="dot")
     return model
 
-
-def attach_lora(model, r: int = 16, alpha: int = 32, dropout: float = 0.1,
-                target_modules: list[str] | None = None, *, gradient_checkpointing: bool = False):
-    """Wrap the model's first ``Transformer`` with a PEFT LoRA adapter in place (only LoRA weights train),
-    with CARE's LoRA helpers (:func:`medadapt.asym.lora.attach_lora_to`)."""
-    from medadapt.asym.lora import DocumentLoraConfig, attach_lora_to
-
-    config = DocumentLoraConfig(r=r, alpha=alpha, dropout=dropout, target_modules=target_modules)
-    return attach_lora_to(first_transformer(model), config, gradient_checkpointing=gradient_checkpointing,
-                          what="the retriever")
-
-
-def enable_gradient_checkpointing(model) -> None:
-    """Turn on activation checkpointing in the first ``Transformer`` (non-reentrant, so LoRA and frozen
-    embeddings still get gradients)."""
-    from medadapt.asym.lora import enable_gradient_checkpointing_on
-
-    enable_gradient_checkpointing_on(first_transformer(model))
-
-
-def merge_lora(model) -> bool:
-    """Fold the LoRA adapter into the weights (``merge_and_unload``); ``False`` when there is none."""
-    from medadapt.asym.lora import merge_lora_in
-
-    return merge_lora_in(first_transformer(model))

@@ -1,17 +1,25 @@
-"""Load and run BMRetriever recipes (``kind: bmretriever``; schema in :mod:`medadapt.bmretriever.schema`).
+"""The BMRetriever recipe kind (``kind: bmretriever``; schema in :mod:`medadapt.bmretriever.schema`):
+its ``train`` for the one runner (:func:`medadapt.recipes.run_recipe`, ``medadapt train``).
 
-:func:`run_bmretriever_recipe` does, in order:
+:func:`train` does, in order:
 
 1. build the encoder (:func:`~medadapt.bmretriever.model.build_retriever`: decoder tower with EOS pooling, or
    an ST model; dot product; optional bf16, gradient checkpointing);
 2. **stage I** (§3.2): title -> text / cropped pairs streamed from the corpora, a fresh LoRA adapter,
    InfoNCE with in-batch negatives; the adapter is merged and the stage-I model saved to
-   ``OUTPUT/checkpoints/stage1-model`` (a re-run skips a finished stage I);
+   ``<output>.checkpoints/stage1-model`` (a re-run skips a finished stage I);
 3. **stage II** (§3.3): per task (query, positive, hard negative) rows, negatives = 1 random of the base
    retriever's top 100; optional consistency-filtered synthetic pairs; a fresh LoRA adapter; InfoNCE with
    in-batch + hard negatives; merge;
-4. save (atomic; ``recipe.yaml``, ``train_log.json``), with prompts ``query`` (the evaluation instruction)
-   and ``document`` (the passage instruction), then evaluate on ``eval.split`` (``metrics.json``).
+4. set the prompts ``query`` (the evaluation instruction) and ``document`` (the passage instruction) and
+   return the model; the runner saves it (atomically, with ``recipe.yaml`` and ``train_log.json``) and
+   evaluates it with :func:`~medadapt.recipes.run.evaluate_dense` (``metrics.json``).
+
+Both stages train on sentence-transformers' trainer (:func:`~medadapt.bmretriever.trainer.train_stage`),
+whose checkpoints go to ``<output>.checkpoints/stage1`` and ``stage2``. Each stage folder records the
+fingerprint of what decides that stage's weights; a re-run with another recipe or data is refused there
+(``--overwrite`` discards the old checkpoints). Per-stage summaries (rows, steps, seconds, loss history)
+go to ``ctx.result.details["stages"]``.
 
 Runs unchanged under ``accelerate launch`` (DDP; DeepSpeed / FSDP configs in ``recipes/accelerate/``): data
 preparation that fills the embedding cache runs on the main process first, saving and evaluation on the
@@ -22,55 +30,25 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-
-from medadapt.bmretriever.schema import BmRetrieverRecipe, LoopSection
+from medadapt.bmretriever.schema import BmRetrieverRecipe, BmStageSection
 from medadapt.errors import ConfigError
-from medadapt.training.runner import RunResult
+from medadapt.recipes.registry import RecipeKind, register_kind
+from medadapt.recipes.run import evaluate_dense
 
-__all__ = ["BmRetrieverRunResult", "load_bmretriever_recipe", "run_bmretriever_recipe"]
+if TYPE_CHECKING:
+    from medadapt.recipes.run import RunContext
 
-
-def load_bmretriever_recipe(path_or_data: str | Path | dict, overrides: list[str] | None = None,
-                            ) -> BmRetrieverRecipe:
-    """Read a recipe file (or dict), apply ``section.field=value`` overrides, validate."""
-    from medadapt.recipes.loader import load_kind_recipe
-
-    recipe = load_kind_recipe(path_or_data, overrides, BmRetrieverRecipe, "bmretriever", "BMRetriever")
-    recipe._source = None if isinstance(path_or_data, dict) else str(path_or_data)
-    return recipe
+__all__ = ["stage1_dataset", "stage2_datasets", "train"]
 
 
-@dataclass
-class BmRetrieverRunResult(RunResult):
-    """:class:`~medadapt.training.runner.RunResult` plus per-stage summaries (``stages``: name -> steps,
-    seconds, rows, loss history)."""
-
-    stages: dict[str, dict[str, Any]] = field(default_factory=dict)
+def _resolve(recipe: BmRetrieverRecipe, value: str) -> str:
+    return str(recipe.resolve(value))
 
 
-def _stage_config(loop: LoopSection, recipe: BmRetrieverRecipe, use_cpu: bool):
-    from medadapt.bmretriever.trainer import StageConfig
-
-    tr = recipe.training
-    return StageConfig(
-        epochs=loop.epochs, batch_size=loop.batch_size, lr=loop.lr, weight_decay=loop.weight_decay,
-        warmup_steps=loop.warmup_steps, scheduler=loop.scheduler, max_grad_norm=loop.max_grad_norm,
-        max_steps=loop.max_steps, temperature=loop.temperature, seed=tr.seed,
-        mixed_precision=tr.mixed_precision, checkpoint_every_steps=tr.checkpoint_every_steps,
-        logging_steps=tr.logging_steps, no_duplicates=loop.no_duplicates, use_cpu=use_cpu)
-
-
-def _resolve(value: str, recipe_path) -> str:
-    from medadapt.recipes.loader import resolve_path
-
-    return str(resolve_path(value, recipe_path))
-
-
-def stage1_dataset(recipe: BmRetrieverRecipe, recipe_path=None):
+def stage1_dataset(recipe: BmRetrieverRecipe):
     """The stage I ``Dataset`` (``anchor`` / ``positive``) the recipe describes."""
     from medadapt.bmretriever.pretrain_data import CorpusSource, CropConfig, pretrain_dataset
 
@@ -79,14 +57,14 @@ def stage1_dataset(recipe: BmRetrieverRecipe, recipe_path=None):
     sources = []
     for sec in sections:
         if sec is None:
-            sources.append(CorpusSource(_resolve(recipe.data.path, recipe_path)))
+            sources.append(CorpusSource(_resolve(recipe, recipe.data.path)))
         else:
-            sources.append(CorpusSource(_resolve(sec.path, recipe_path), sec.mode, sec.title_field,
+            sources.append(CorpusSource(_resolve(recipe, sec.path), sec.mode, sec.title_field,
                                         sec.text_field, sec.id_field, sec.max_docs))
     return pretrain_dataset(sources, CropConfig(s1.min_words, s1.max_words), recipe.training.seed, s1.max_pairs)
 
 
-def stage2_datasets(recipe: BmRetrieverRecipe, recipe_path=None, *, cache=None, device: str | None = None,
+def stage2_datasets(recipe: BmRetrieverRecipe, *, cache=None, device: str | None = None,
                     show_progress: bool = True, log: Callable[[str], None] = print):
     """``(datasets, prompts)`` for stage II: ``{task: Dataset}`` and ST prompts ``{task: {column: prompt}}``."""
     from medadapt.bmretriever.finetune_data import beir_groups, groups_to_dataset, subsample_groups
@@ -116,12 +94,12 @@ def stage2_datasets(recipe: BmRetrieverRecipe, recipe_path=None, *, cache=None, 
     for task in s2.tasks:
         instruction = recipe.task_instruction(task)
         if task.kind == "beir":
-            path = _resolve(task.path or recipe.data.path, recipe_path)
+            path = _resolve(recipe, task.path or recipe.data.path)
             data = load_beir(path, [task.split])
             groups = beir_groups(data, task.split, searcher_for(path, data), mining,
                                  max_queries=task.max_queries, seed=tr.seed, show_progress=show_progress)
         else:
-            groups = subsample_groups(load_training_groups(_resolve(task.path, recipe_path)), task.max_queries,
+            groups = subsample_groups(load_training_groups(_resolve(recipe, task.path)), task.max_queries,
                                       tr.seed)
         out[task.name] = groups_to_dataset(groups, hard_negatives=s2.hard_negatives)
         prompts[task.name] = {"anchor": query_prompt(instruction, ins.query_template), "positive": passage,
@@ -138,7 +116,7 @@ def stage2_datasets(recipe: BmRetrieverRecipe, recipe_path=None, *, cache=None, 
         from medadapt.data.training import TrainingGroup
 
         syn = s2.synthetic
-        path = _resolve(recipe.data.path, recipe_path)
+        path = _resolve(recipe, recipe.data.path)
         data = load_beir(path, [])
         searcher = searcher_for(path, data)
         instruction = ins.synthetic.get(syn.instruction, syn.instruction)
@@ -175,121 +153,101 @@ def _summary(res, rows: int) -> dict[str, Any]:
             "loss_history": hist}
 
 
-def run_bmretriever_recipe(
-    spec: BmRetrieverRecipe | str | Path,
-    output_dir: str | Path,
-    *,
-    cache=None,
-    show_progress: bool = True,
-    evaluate: bool = True,
-    log: Callable[[str], None] = print,
-    recipe_path: str | Path | None = None,
-    overrides: list[str] | None = None,
-    **_: Any,
-) -> BmRetrieverRunResult:
-    """Run a BMRetriever recipe into ``output_dir`` (see module docstring); returns a
-    :class:`BmRetrieverRunResult`."""
-    import torch
-    from accelerate import PartialState
+def stage1_identity(recipe: BmRetrieverRecipe) -> str:
+    """Fingerprint of what decides the stage-I weights (model, stage I, instructions, data, training
+    settings, data files): the recipe with stage II switched off, through the runner's fingerprint. A
+    finished stage I is reused by a re-run only under the same identity."""
+    from medadapt.bmretriever.schema import Stage2Section
+    from medadapt.recipes.run import fingerprint
+
+    only_stage1 = recipe.model_copy(update={"stage2": Stage2Section(enabled=False)})
+    only_stage1._source = recipe._source
+    return fingerprint(only_stage1)
+
+
+def _claim(folder: Path, identity: str, ctx: RunContext) -> None:
+    """Refuse to resume ``folder`` when it holds the checkpoints of another run; record ``identity``."""
+    mark = folder / "fingerprint.txt"
+    if mark.is_file() and mark.read_text().strip() != identity:
+        raise ConfigError(f"{folder} holds checkpoints of another run (recipe, data or base model differ); "
+                          "train into a new output folder, or pass --overwrite to start this one afresh")
+    if ctx.is_main and not mark.is_file():
+        from medadapt.io import atomic_write_text
+
+        folder.mkdir(parents=True, exist_ok=True)
+        atomic_write_text(mark, identity)
+    ctx.accelerator.wait_for_everyone()
+
+
+def train(recipe: BmRetrieverRecipe, ctx: RunContext):
+    """Train a BMRetriever recipe (see module docstring); returns the SentenceTransformer with its
+    inference prompts."""
     from sentence_transformers import SentenceTransformer
 
-    from medadapt.bmretriever.instructions import query_prompt
-    from medadapt.bmretriever.model import (
-        attach_lora,
-        build_retriever,
-        enable_gradient_checkpointing,
-        merge_lora,
-    )
+    from medadapt.bmretriever.model import build_retriever
     from medadapt.bmretriever.trainer import train_stage
-    from medadapt.cache import EmbeddingCache
-    from medadapt.training.runner import _save_model_atomically
+    from medadapt.recipes.run import replace_folder
+    from medadapt.training.lora import attach_lora, enable_gradient_checkpointing, merge_lora
 
-    if isinstance(spec, BmRetrieverRecipe):
-        if overrides:
-            raise ConfigError("overrides apply to a recipe file; pass a path or edit the recipe")
-        recipe = spec
-        recipe_path = recipe_path or getattr(spec, "_source", None)
-    else:
-        recipe_path = Path(spec)
-        recipe = load_bmretriever_recipe(recipe_path, overrides)
-    output_dir = Path(output_dir)
-    cache = cache if cache is not None else EmbeddingCache()
     tr, ins, m = recipe.training, recipe.instructions, recipe.model
-    use_cpu = tr.device == "cpu" or not torch.cuda.is_available()
-    state = PartialState(cpu=use_cpu)
-    device = str(state.device)
-    torch.manual_seed(tr.seed)
-    result = BmRetrieverRunResult(output_dir=output_dir)
-    t_start = time.perf_counter()
-
+    acc, log, device = ctx.accelerator, ctx.log, ctx.device
+    show = ctx.show_progress and ctx.is_main
+    stages: dict[str, Any] = ctx.result.details.setdefault("stages", {})
     model = build_retriever(m.name, m.kind, max_seq_length=m.max_seq_length, padding_side=m.padding_side,
                             torch_dtype=m.torch_dtype, normalize=m.normalize, device=device)
 
-    def run_stage(name: str, loop: LoopSection, data, prompts) -> None:
-        lora = m.lora if loop.lora else None
+    def run_stage(name: str, section: BmStageSection, data, prompts, identity: str) -> None:
+        folder = ctx.checkpoint_dir / name
+        _claim(folder, identity, ctx)
+        lora = m.lora if section.lora else None
         if lora is not None:
-            attach_lora(model, lora.r, lora.alpha, lora.dropout, lora.target_modules,
-                        gradient_checkpointing=m.gradient_checkpointing)
+            attach_lora(model, lora, gradient_checkpointing=m.gradient_checkpointing)
         elif m.gradient_checkpointing:
             enable_gradient_checkpointing(model)
         rows = sum(len(d) for d in data.values()) if isinstance(data, dict) else len(data)
         how = f"LoRA r={lora.r}" if lora is not None else "full fine-tuning"
-        log(f"{name}: {rows} rows, global batch {loop.batch_size}, {how}, tau={loop.temperature}")
+        log(f"{name}: {rows} rows, global batch {section.effective_batch_size}, {how}, tau={section.temperature}")
         if isinstance(data, dict):
             from datasets import DatasetDict
 
             data = DatasetDict(data)
-        res = train_stage(model, data, prompts, _stage_config(loop, recipe, use_cpu),
-                          output_dir / "checkpoints" / name, show_progress=show_progress)
+        res = train_stage(model, data, prompts, section, tr, folder, show_progress=show)
         merge_lora(model)
-        result.stages[name] = _summary(res, rows)
-        offset = result.loss_history[-1]["step"] if result.loss_history else 0.0
-        result.loss_history += [{"step": r["step"] + offset, "loss": r["loss"]} for r in res.loss_history]
+        stages[name] = _summary(res, rows)
+        ctx.result.train_seconds += res.seconds
+        ctx.result.loss_history += [{"stage": name, **r} for r in res.loss_history]
 
     # ---- stage I: unsupervised contrastive pre-training
-    stage1_dir = output_dir / "checkpoints" / "stage1-model"
+    stage1_model = ctx.checkpoint_dir / "stage1-model"
     if recipe.stage1.enabled:
-        if (stage1_dir / "modules.json").is_file():
-            log(f"stage I: finished earlier, loading {stage1_dir}")
-            model = SentenceTransformer(str(stage1_dir), device=device, trust_remote_code=True)
-            result.stages["stage1"] = {"resumed": True}
+        identity = stage1_identity(recipe)
+        if (stage1_model / "modules.json").is_file():
+            _claim(ctx.checkpoint_dir / "stage1", identity, ctx)
+            log(f"stage I: finished earlier, loading {stage1_model}")
+            model = SentenceTransformer(str(stage1_model), device=device, trust_remote_code=True)
+            stages["stage1"] = {"resumed": True}
         else:
-            with state.main_process_first():
-                data1 = stage1_dataset(recipe, recipe_path)
-            run_stage("stage1", recipe.stage1, data1, {"anchor": ins.pretrain_query, "positive": ins.passage})
-            if state.is_main_process:
-                _save_model_atomically(model, stage1_dir)
-            state.wait_for_everyone()
+            with acc.main_process_first():
+                data1 = stage1_dataset(recipe)
+            run_stage("stage1", recipe.stage1, data1, {"anchor": ins.pretrain_query, "positive": ins.passage},
+                      identity)
+            if ctx.is_main:
+                with replace_folder(stage1_model) as tmp:
+                    model.save(str(tmp))
+            acc.wait_for_everyone()
 
     # ---- stage II: instruction fine-tuning with hard negatives
     if recipe.stage2.enabled:
         t0 = time.perf_counter()
-        with state.main_process_first():  # the main process fills the embedding cache, the others read it
-            data2, prompts2 = stage2_datasets(recipe, recipe_path, cache=cache, device=device,
-                                              show_progress=show_progress and state.is_main_process, log=log)
-        result.encode_seconds += time.perf_counter() - t0
-        run_stage("stage2", recipe.stage2, data2, prompts2)
+        with acc.main_process_first():  # the main process fills the embedding cache, the others read it
+            data2, prompts2 = stage2_datasets(recipe, cache=ctx.cache, device=device, show_progress=show, log=log)
+        ctx.result.encode_seconds += time.perf_counter() - t0
+        run_stage("stage2", recipe.stage2, data2, prompts2, ctx.fingerprint)
 
-    # ---- save with the inference prompts
-    eval_instruction = recipe.eval.instruction
-    if eval_instruction is None and recipe.stage2.tasks:
-        eval_instruction = recipe.task_instruction(recipe.stage2.tasks[0])
-    if eval_instruction:  # a Table 10 / Table 9 name, or the instruction itself
-        eval_instruction = ins.eval.get(eval_instruction, ins.finetune.get(eval_instruction, eval_instruction))
-    query = query_prompt(eval_instruction, ins.query_template) if eval_instruction else ins.pretrain_query
-    model.prompts = {"query": query, "document": ins.passage}
-    result.train_seconds = time.perf_counter() - t_start - result.encode_seconds
-    if state.is_main_process:
-        _save_model_atomically(model, output_dir)
-        result.write_run_files(output_dir, recipe, num_processes=state.num_processes, stages=result.stages)
-    state.wait_for_everyone()
-    if evaluate and state.is_main_process:
-        from medadapt.data import load_beir
-        from medadapt.eval import evaluate_retrieval
+    # ---- the inference prompts (saved with the model)
+    model.prompts = {"query": recipe.eval_query_prompt(), "document": ins.passage}
+    return model
 
-        ev = recipe.eval
-        data = load_beir(_resolve(ev.data or recipe.data.path, recipe_path), [ev.split])
-        result.record_metrics(evaluate_retrieval(model, data, ev.split, ev.metrics, cache=cache,
-                                                 batch_size=tr.encode_batch_size, show_progress=show_progress),
-                              ev, output_dir)
-    return result
+
+register_kind(RecipeKind("bmretriever", BmRetrieverRecipe, train, evaluate_dense,
+                         summary="BMRetriever: two-stage contrastive training of (decoder) retrievers"))

@@ -13,15 +13,19 @@ A recipe names the backbone, the instruction tables, and the two stages::
     training: {seed: 42, mixed_precision: bf16}
     eval:   {split: test, metrics: [ndcg@10], instruction: "Given a question, ..."}
 
-Every section forbids unknown keys. ``LoraSection`` and ``EvalSection`` come from
-:mod:`medadapt.recipes.schema`, hard-negative mining is :class:`medadapt.curation.MiningConfig`.
+:class:`BmRetrieverRecipe` extends :class:`~medadapt.recipes.base.RecipeBase`. A stage's optimisation is a
+:class:`BmStageSection`, the loop's :class:`~medadapt.training.config.OptimSection` with the paper's
+defaults and the sentence-transformers trainer's own needs (fractional ``epochs``, ``warmup_steps``),
+handed as it is to :func:`~medadapt.bmretriever.trainer.train_stage`. Every section forbids unknown keys.
+``LoraSection`` and ``EvalSection`` come from :mod:`medadapt.recipes.base`, hard-negative mining is
+:class:`medadapt.curation.MiningConfig`.
 """
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
-from pydantic import Field, PrivateAttr, model_validator
+from pydantic import Field, model_validator
 
 from medadapt.bmretriever.instructions import (
     EVAL_INSTRUCTIONS,
@@ -32,11 +36,14 @@ from medadapt.bmretriever.instructions import (
     SYNTHETIC_INSTRUCTIONS,
 )
 from medadapt.curation.mining_config import MiningConfig
-from medadapt.recipes.schema import EvalSection, LoraSection, Section
+from medadapt.recipes.base import EvalSection, LoraSection, RecipeBase, RunSection, Section
+from medadapt.training.config import OptimSection
 
 __all__ = [
-    "BMRETRIEVER_SCHEMA_VERSION",
+    "BmEvalSection",
     "BmRetrieverRecipe",
+    "BmStageSection",
+    "BmTrainingSection",
     "CorpusSourceSection",
     "InstructionsSection",
     "RetrieverModelSection",
@@ -45,13 +52,6 @@ __all__ = [
     "SyntheticSection",
     "TaskSection",
 ]
-
-BMRETRIEVER_SCHEMA_VERSION = 1
-
-
-class BmDataSection(Section):
-    kind: Literal["beir"] = "beir"
-    path: str = Field(..., description="BEIR folder: default stage I corpus, stage II tasks and evaluation")
 
 
 class RetrieverModelSection(Section):
@@ -63,7 +63,8 @@ class RetrieverModelSection(Section):
     padding_side: Literal["left", "right"] = "right"
     torch_dtype: Literal["float32", "bfloat16", "float16"] | None = None
     normalize: bool = Field(False, description="L2-normalise embeddings (dot becomes cosine); paper: false")
-    lora: LoraSection | None = Field(default_factory=LoraSection, description="Appendix D: r=16, alpha=32")
+    lora: LoraSection | None = Field(default_factory=LoraSection, description="Appendix D: r=16, alpha=32 "
+                                      "(the LoraSection defaults); null: full fine-tuning")
     gradient_checkpointing: bool = False
 
 
@@ -85,23 +86,46 @@ class InstructionsSection(Section):
         return self
 
 
-class LoopSection(Section):
-    """Optimisation of one stage (:class:`~medadapt.bmretriever.trainer.StageConfig`); batch sizes are
-    global."""
+class BmStageSection(OptimSection):
+    """Optimisation of one stage on the sentence-transformers trainer (Appendix D: AdamW, linear warm-up
+    over the first 100 steps, then linear decay); used as it is by
+    :func:`~medadapt.bmretriever.trainer.train_stage`.
+
+    Differences from :class:`~medadapt.training.config.OptimSection`: the paper's defaults (lr 5e-5, global
+    batch 256, linear decay), ``epochs`` may be fractional, and the warm-up is counted in **steps**
+    (``warmup_steps``, paper: 100) as the paper gives it. ``warmup_ratio`` is the alternative: giving it
+    (without ``warmup_steps``) warms up over that fraction of the stage's steps instead; giving both is an
+    error. ``batch_size`` is global (split over processes); ``gradient_accumulation_steps = k`` trains as
+    one batch of ``k * batch_size`` (GradCache: ``CachedMultipleNegativesRankingLoss`` with mini-batches of
+    ``batch_size``), so in-batch negatives span the whole effective batch, as in the loop.
+    """
 
     enabled: bool = True
-    epochs: float = Field(1.0, gt=0)
-    max_steps: int | None = Field(None, ge=1)
+    epochs: float = Field(1.0, gt=0)  # type: ignore[assignment]
     batch_size: int = Field(256, ge=2)
     lr: float = Field(5e-5, gt=0)
-    weight_decay: float = Field(0.0, ge=0)
-    warmup_steps: int = Field(100, ge=0)
+    warmup_ratio: float = Field(0.0, ge=0, lt=1)
+    warmup_steps: int | None = Field(100, ge=0, description="linear warm-up steps (paper: 100); null: use "
+                                     "warmup_ratio")
     scheduler: Literal["linear", "cosine", "constant"] = "linear"
-    max_grad_norm: float | None = Field(1.0, gt=0)
     temperature: float = Field(1.0, gt=0, description="τ of InfoNCE; the loss scale is 1/τ (paper: τ=1)")
     lora: bool = Field(True, description="train through model.lora (false: full fine-tuning of this stage)")
     no_duplicates: bool = Field(True, description="batches never repeat a text (a duplicate would be a false "
                                 "in-batch negative)")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _one_warmup(cls, data: Any) -> Any:
+        if isinstance(data, dict) and data.get("warmup_ratio") and data.get("warmup_steps"):
+            raise ValueError("give warmup_steps or warmup_ratio, not both")
+        if isinstance(data, dict) and data.get("warmup_ratio") and "warmup_steps" not in data:
+            data = {**data, "warmup_steps": None}
+        return data
+
+    @property
+    def warmup(self) -> float:
+        """The trainer's ``warmup_steps``: an int counts steps, a float in ``[0, 1)`` is a ratio."""
+        return self.warmup_steps if self.warmup_steps is not None else float(self.warmup_ratio)
 
 
 class CorpusSourceSection(Section):
@@ -115,7 +139,7 @@ class CorpusSourceSection(Section):
     max_docs: int | None = Field(None, ge=1)
 
 
-class Stage1Section(LoopSection):
+class Stage1Section(BmStageSection):
     """Unsupervised contrastive pre-training (§3.2, eq. 2): in-batch negatives only.
 
     ``sources`` empty means the recipe's own BEIR corpus (``data.path``) in ``auto`` mode."""
@@ -167,7 +191,7 @@ class SyntheticSection(Section):
         return self
 
 
-class Stage2Section(LoopSection):
+class Stage2Section(BmStageSection):
     """Instruction fine-tuning (§3.3, eq. 3): in-batch + hard negatives."""
 
     tasks: list[TaskSection] = Field(default_factory=list)
@@ -187,37 +211,31 @@ class Stage2Section(LoopSection):
         return self
 
 
-class BmTrainingSection(Section):
-    seed: int = 42
-    mixed_precision: Literal["no", "fp16", "bf16"] = "no"
-    device: str | None = Field(None, description="cpu forces the CPU; default: GPU when available")
-    encode_batch_size: int = Field(64, ge=1)
-    checkpoint_every_steps: int | None = Field(None, ge=1)
-    logging_steps: int | None = Field(None, ge=1)
+class BmTrainingSection(RunSection):
+    """:class:`~medadapt.recipes.base.RunSection` plus the trainer's logging cadence."""
+
+    logging_steps: int | None = Field(None, ge=1, description="log the loss every n steps (default: ~20 rows "
+                                      "per stage)")
 
 
 class BmEvalSection(EvalSection):
-    """:class:`~medadapt.recipes.schema.EvalSection` plus the query instruction used at test time
-    (default: that of the first stage II task)."""
+    """:class:`~medadapt.recipes.base.EvalSection` plus the query instruction used at test time
+    (a Table 10 / Table 9 name or the instruction itself; default: that of the first stage II task)."""
 
     instruction: str | None = None
 
 
-class BmRetrieverRecipe(Section):
-    """A BMRetriever recipe (see module docstring)."""
+class BmRetrieverRecipe(RecipeBase):
+    """A BMRetriever recipe (see module docstring). ``data.path`` is the default stage I corpus, the default
+    folder of ``beir`` stage II tasks and the evaluation data."""
 
     kind: Literal["bmretriever"] = "bmretriever"
-    name: str
-    schema_version: Literal[1] = BMRETRIEVER_SCHEMA_VERSION
-    description: str = ""
-    data: BmDataSection
     model: RetrieverModelSection
     instructions: InstructionsSection = Field(default_factory=InstructionsSection)
     stage1: Stage1Section = Field(default_factory=Stage1Section)
     stage2: Stage2Section = Field(default_factory=lambda: Stage2Section(enabled=False))
     training: BmTrainingSection = Field(default_factory=BmTrainingSection)
     eval: BmEvalSection = Field(default_factory=BmEvalSection)
-    _source: str | None = PrivateAttr(None)  # the file it was loaded from (relative paths resolve against it)
 
     def task_instruction(self, task: TaskSection) -> str:
         """The instruction of a stage II task (explicit, or looked up by name in Table 9)."""
@@ -227,6 +245,21 @@ class BmRetrieverRecipe(Section):
             raise ValueError(f"task {task.name!r} has no instruction and is not in instructions.finetune "
                              f"({', '.join(sorted(self.instructions.finetune))})")
         return self.instructions.finetune[task.name]
+
+    def eval_query_prompt(self) -> str:
+        """The query prompt of the saved model: ``eval.instruction`` (a Table 10 / Table 9 name or the
+        instruction itself; default: the first stage II task's) in ``instructions.query_template``, or the
+        pre-training query prompt when there is no instruction."""
+        from medadapt.bmretriever.instructions import query_prompt
+
+        ins = self.instructions
+        instruction = self.eval.instruction
+        if instruction is None and self.stage2.tasks:
+            instruction = self.task_instruction(self.stage2.tasks[0])
+        if not instruction:
+            return ins.pretrain_query
+        instruction = ins.eval.get(instruction, ins.finetune.get(instruction, instruction))
+        return query_prompt(instruction, ins.query_template)
 
     @model_validator(mode="after")
     def _instructions(self) -> "BmRetrieverRecipe":

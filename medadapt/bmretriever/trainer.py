@@ -13,6 +13,13 @@ seed, same order). The logged loss is the mean over processes (= the global-batc
 Instructions are sentence-transformers prompts (training argument ``prompts``): per data set and column
 (``anchor`` -> query prompt, ``positive`` / ``negative`` -> passage prompt). Several data sets train as a
 ``DatasetDict``; every batch comes from one data set (``proportional`` sampling), i.e. one task per batch.
+
+The stage's optimisation is its recipe section (:class:`~medadapt.bmretriever.schema.BmStageSection`, an
+``OptimSection``) and the run's ``training`` section, passed as they are: no separate config class.
+``gradient_accumulation_steps = k`` keeps the loop's meaning (one optimiser step = ``k * batch_size``
+rows, in-batch negatives over all of them) through ``CachedMultipleNegativesRankingLoss`` (GradCache,
+mini-batches of ``batch_size``), not through the trainer's own accumulation, which would shrink the
+negatives to one chunk.
 """
 
 from __future__ import annotations
@@ -20,90 +27,97 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any
 
-__all__ = ["StageConfig", "StageResult", "train_stage"]
+if TYPE_CHECKING:
+    from medadapt.bmretriever.schema import BmStageSection
+    from medadapt.recipes.base import RunSection
 
-
-@dataclass
-class StageConfig:
-    """Optimisation of one stage (Appendix D: AdamW, linear warm-up over the first 100 steps).
-
-    Attributes:
-        batch_size: global batch size (split over processes).
-        warmup_steps: linear warm-up steps, then ``scheduler`` decay.
-        max_steps: stop after this many optimiser steps (overrides ``epochs``).
-    """
-
-    epochs: float = 1.0
-    batch_size: int = 256
-    lr: float = 5e-5
-    weight_decay: float = 0.0
-    warmup_steps: int = 100
-    scheduler: Literal["linear", "cosine", "constant"] = "linear"
-    max_grad_norm: float | None = 1.0
-    max_steps: int | None = None
-    temperature: float = 1.0
-    seed: int = 42
-    mixed_precision: Literal["no", "fp16", "bf16"] = "no"
-    checkpoint_every_steps: int | None = None
-    logging_steps: int | None = None
-    no_duplicates: bool = True
-    use_cpu: bool = False
+__all__ = ["StageResult", "train_stage"]
 
 
 @dataclass
 class StageResult:
+    """What :func:`train_stage` did: optimiser steps, wall-clock seconds, logged rows (``step``, ``loss``,
+    ``lr``)."""
+
     steps: int = 0
     seconds: float = 0.0
     loss_history: list[dict[str, float]] = field(default_factory=list)
 
 
-def train_stage(model, train_data, prompts: dict[str, Any], config: StageConfig, checkpoint_dir: str | Path, *,
-                show_progress: bool = True) -> StageResult:
+def train_stage(model, train_data, prompts: dict[str, Any], stage: BmStageSection, run: RunSection,
+                checkpoint_dir: str | Path, *, show_progress: bool = True) -> StageResult:
     """Train ``model`` in place on ``train_data`` (a ``Dataset`` or ``DatasetDict``) and return the losses.
 
-    ``prompts`` is ST's ``prompts`` training argument (``{column: prompt}`` or ``{dataset: {column:
-    prompt}}``). Resumes from the newest checkpoint in ``checkpoint_dir`` when there is one."""
+    Args:
+        model: the SentenceTransformer (LoRA attached or not: whatever requires gradients trains).
+        train_data: ``anchor`` / ``positive`` (/ ``negative``) rows; a ``DatasetDict`` trains one data set
+            per batch.
+        prompts: ST's ``prompts`` training argument (``{column: prompt}`` or ``{dataset: {column: prompt}}``).
+        stage: the stage's :class:`~medadapt.bmretriever.schema.BmStageSection` (optimisation, τ,
+            duplicates).
+        run: the recipe's ``training`` section (seed, mixed precision, device, checkpoint cadence,
+            ``logging_steps`` when it has one).
+        checkpoint_dir: the trainer's checkpoints; resumes from the newest one there when there is one.
+        show_progress: the trainer's progress bar.
+    """
+    import torch
+    from accelerate import PartialState
     from sentence_transformers import SentenceTransformerTrainer, SentenceTransformerTrainingArguments
     from sentence_transformers.base.training_args import BatchSamplers, MultiDatasetBatchSamplers
-    from sentence_transformers.sentence_transformer.losses import MultipleNegativesRankingLoss
+    from sentence_transformers.sentence_transformer.losses import (
+        CachedMultipleNegativesRankingLoss,
+        MultipleNegativesRankingLoss,
+    )
     from sentence_transformers.util import dot_score
 
     ckpt = Path(checkpoint_dir)
+    use_cpu = run.device == "cpu" or not torch.cuda.is_available()
+    k = stage.gradient_accumulation_steps
+    global_batch = stage.batch_size * k  # one optimiser step; GradCache keeps its in-batch negatives exact
     n_rows = sum(len(d) for d in train_data.values()) if hasattr(train_data, "values") else len(train_data)
-    steps_per_epoch = max(1, n_rows // config.batch_size)
-    total = config.max_steps or max(1, int(steps_per_epoch * config.epochs))
+    steps_per_epoch = max(1, n_rows // global_batch)
+    total = stage.max_steps or max(1, int(steps_per_epoch * stage.epochs))
+    every = run.checkpoint_every_steps
+    logging_steps = getattr(run, "logging_steps", None) or max(1, min(50, total // 20))
     args = SentenceTransformerTrainingArguments(
         output_dir=str(ckpt),
-        num_train_epochs=config.epochs,
-        max_steps=config.max_steps or -1,
-        per_device_train_batch_size=config.batch_size,  # the global batch: split_batches shares it out
+        num_train_epochs=stage.epochs,
+        max_steps=stage.max_steps or -1,
+        per_device_train_batch_size=global_batch,  # the global batch: split_batches shares it out
         accelerator_config={"split_batches": True},
-        learning_rate=config.lr,
-        weight_decay=config.weight_decay,
-        warmup_steps=config.warmup_steps,
-        lr_scheduler_type="constant_with_warmup" if config.scheduler == "constant" else config.scheduler,
-        max_grad_norm=config.max_grad_norm or 0.0,
-        seed=config.seed,
-        data_seed=config.seed,
-        bf16=config.mixed_precision == "bf16",
-        fp16=config.mixed_precision == "fp16",
-        use_cpu=config.use_cpu,
+        learning_rate=stage.lr,
+        weight_decay=stage.weight_decay,
+        warmup_steps=stage.warmup,
+        lr_scheduler_type="constant_with_warmup" if stage.scheduler == "constant" else stage.scheduler,
+        max_grad_norm=stage.max_grad_norm or 0.0,
+        seed=run.seed,
+        data_seed=run.seed,
+        bf16=run.mixed_precision == "bf16",
+        fp16=run.mixed_precision == "fp16",
+        use_cpu=use_cpu,
         prompts=prompts or None,
-        batch_sampler=BatchSamplers.NO_DUPLICATES if config.no_duplicates else BatchSamplers.BATCH_SAMPLER,
+        batch_sampler=BatchSamplers.NO_DUPLICATES if stage.no_duplicates else BatchSamplers.BATCH_SAMPLER,
         multi_dataset_batch_sampler=MultiDatasetBatchSamplers.PROPORTIONAL,
-        save_strategy="steps" if config.checkpoint_every_steps else "no",
-        save_steps=config.checkpoint_every_steps or 500,
+        save_strategy="steps" if every else "no",
+        save_steps=every or 500,
         save_total_limit=2,
-        logging_steps=config.logging_steps or max(1, min(50, total // 20)),
+        logging_steps=logging_steps,
         report_to="none",
         disable_tqdm=not show_progress,
         dataloader_drop_last=True,
         ddp_find_unused_parameters=False,
     )
-    loss = MultipleNegativesRankingLoss(model, scale=1.0 / config.temperature, similarity_fct=dot_score,
-                                        gather_across_devices=True)
+    scale = 1.0 / stage.temperature
+    if k > 1:
+        world = PartialState().num_processes
+        loss = CachedMultipleNegativesRankingLoss(model, scale=scale, similarity_fct=dot_score,
+                                                  mini_batch_size=max(1, stage.batch_size // world),
+                                                  gather_across_devices=True)
+    else:
+        loss = MultipleNegativesRankingLoss(model, scale=scale, similarity_fct=dot_score,
+                                            gather_across_devices=True)
     trainer = SentenceTransformerTrainer(model=model, args=args, train_dataset=train_data, loss=loss)
     resume = ckpt.is_dir() and any(ckpt.glob("checkpoint-*"))
     t0 = time.perf_counter()
@@ -111,6 +125,7 @@ def train_stage(model, train_data, prompts: dict[str, Any], config: StageConfig,
     return StageResult(
         steps=int(trainer.state.global_step),
         seconds=time.perf_counter() - t0,
-        loss_history=[{"step": float(r["step"]), "loss": float(r["loss"])}
+        loss_history=[{"step": int(r["step"]), "loss": float(r["loss"]),
+                       **({"lr": float(r["learning_rate"])} if "learning_rate" in r else {})}
                       for r in trainer.state.log_history if "loss" in r],
     )

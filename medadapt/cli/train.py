@@ -57,11 +57,15 @@ def train_cmd(
         table = Table(title=f"{spec.name}: {spec.eval.data or spec.data.path} / {spec.eval.split}")
         table.add_column("metric")
         table.add_column("value", justify="right")
-        table.add_column("expected", justify="right")
+        if result.expected:  # only a recipe with eval.expected gets the column
+            table.add_column("expected", justify="right")
         for metric, value in result.metrics.items():
-            target = result.expected.get(metric)
-            mark = "" if target is None else f"{target[0]:.4f} {'ok' if target[1] else 'MISSED'}"
-            table.add_row(metric, f"{value:.4f}", mark)
+            row = [metric, f"{value:.4f}"]
+            if result.expected:
+                target = result.expected.get(metric)
+                row.append("" if target is None else
+                           f"{target[0]:.4f} " + ("ok" if target[1] else f"off by {target[0] - value:.4f}"))
+            table.add_row(*row)
         console.print(table)
     console.print(f"saved model to {result.output_dir}  (load with medadapt.load('{result.output_dir}'))")
     if check and any(not ok for _, ok in result.expected.values()):

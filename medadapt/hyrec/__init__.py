@@ -1,5 +1,6 @@
 """HyReC (hybrid lexical + dense retrieval with a semantic union of terms): GLAE, projectors, bagging,
-Normalisation Module, union labelling, training, recipes (``kind: hyrec``) and evaluation.
+Normalisation Module, union labelling, training (a step of :func:`medadapt.training.loop.train`), recipes
+(``kind: hyrec``, run by ``medadapt train`` / :func:`medadapt.recipes.run_recipe`) and evaluation.
 
 Imports are lazy so ``import medadapt.hyrec`` stays light::
 
@@ -34,10 +35,12 @@ _LAZY = {
     "SharedStateCache": "medadapt.hyrec.data",
     "build_examples": "medadapt.hyrec.data",
     "train_hyrec": "medadapt.hyrec.train",
-    "HyReCTrainConfig": "medadapt.hyrec.train",
+    "hyrec_stage": "medadapt.hyrec.train",
+    "HyReCStep": "medadapt.hyrec.train",
     "evaluate_hyrec": "medadapt.hyrec.evaluate",
-    "load_hyrec_recipe": "medadapt.hyrec.recipe",
-    "run_hyrec_recipe": "medadapt.hyrec.recipe",
+    "HyReCRecipe": "medadapt.hyrec.recipe",
+    "HyReCTrainingSection": "medadapt.hyrec.recipe",
+    "HyReCLossSection": "medadapt.hyrec.recipe",
 }
 
 __all__ = sorted(_LAZY)

@@ -1,4 +1,5 @@
-"""HyReC recipes: typed YAML schema (``kind: hyrec``) and :func:`run_hyrec_recipe`.
+"""HyReC recipes: the typed schema of ``kind: hyrec`` and the system's ``train`` / ``evaluate`` for the one
+runner (:func:`medadapt.recipes.run.run_recipe`, ``medadapt train``).
 
 ::
 
@@ -11,35 +12,39 @@
     training:  {epochs: 5, batch_size: 64, lr: 5.0e-5}
     eval:      {split: test, modes: [lexical, dense, hybrid], metrics: [ndcg@10]}
 
+The sections are the configuration of the Python API too: :func:`medadapt.hyrec.train.train_hyrec` takes a
+:class:`HyReCTrainingSection` and a :class:`HyReCLossSection`, with the same defaults as a YAML file.
 Every section forbids unknown keys. Overrides use ``section.field=value`` (``medadapt train --set``).
 ``loss.union_weight: 0`` trains without the semantic union (no union loss, no words in the training-time
 lexical score) and turns bagging off (the paper's "w/o SU").
 Evaluation metrics are reported as ``<mode>/<metric>`` (``hybrid/ndcg@10``), and so are ``eval.expected``.
+
+Training runs on :func:`medadapt.training.loop.train` (Accelerate: sharded global batches, gathered
+in-batch negatives, mixed precision, resumable checkpoints beside the model folder in
+``<output>.checkpoints``), so ``accelerate launch -m medadapt train recipes/hyrec.yaml`` trains the
+single-process objective on N processes.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
-from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any, Literal
+import weakref
+from typing import Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 
-from medadapt.errors import ConfigError
-from medadapt.recipes.schema import EvalSection, Section
-from medadapt.training.runner import RunResult
+from medadapt.config import Section
+from medadapt.recipes.base import DataSection, EvalSection, RecipeBase, RunSection
+from medadapt.recipes.registry import RecipeKind, register_kind
+from medadapt.training.config import OptimSection, SchedulerKind
 
-__all__ = ["HyReCRecipe", "HyReCRunResult", "load_hyrec_recipe", "run_hyrec_recipe", "HYREC_SCHEMA_VERSION"]
-
-HYREC_SCHEMA_VERSION = 1
+__all__ = ["HyReCDataSection", "HyReCEvalSection", "HyReCLossSection", "HyReCModelSection", "HyReCRecipe",
+           "HyReCTrainingSection", "NegativesSection", "evaluate", "evaluate_modes", "model_config", "train"]
 
 
-class HyReCDataSection(Section):
-    kind: Literal["beir"] = "beir"
-    path: str = Field(..., description="BEIR folder or builtin dataset name")
-    train_split: str = "train"
+class HyReCDataSection(DataSection):
+    """The BEIR training data, optionally subsampled."""
+
     max_train_examples: int | None = Field(None, ge=1, description="random subset of (query, positive) pairs")
 
 
@@ -68,11 +73,11 @@ class HyReCModelSection(Section):
                                        description="lexicon encoder depth (default branch_layers)")
     term_bias: bool = Field(False,
                             description="learned per-term bias in the weight projector (not in the paper)")
-    device: str | None = None
 
 
 class NegativesSection(Section):
-    """Hard negatives from ANN ranks ``window`` (Appendix B: 20-100) of a first-stage retriever."""
+    """Hard negatives from ANN ranks ``window`` (Appendix B: 20-100) of a first-stage retriever; ``num``
+    per example are used in training (fewer when an example of the optimiser step has fewer)."""
 
     source: Literal["dense", "bm25", "none"] = "dense"
     miner: str = Field("minilm", description="embedder for source: dense")
@@ -81,23 +86,40 @@ class NegativesSection(Section):
 
 
 class HyReCLossSection(Section):
+    """``L = lexical_weight L_lex + dense_weight L_den + union_weight L_union`` (eq. 12-14), InfoNCE at
+    ``temperature``; a weight of 0 drops that part."""
+
     temperature: float = Field(0.05, gt=0)
     lexical_weight: float = Field(1.0, ge=0)
     dense_weight: float = Field(1.0, ge=0)
     union_weight: float = Field(1.0, ge=0)
 
+    @model_validator(mode="after")
+    def _some_weight(self) -> HyReCLossSection:
+        if self.lexical_weight == self.dense_weight == self.union_weight == 0:
+            raise ValueError("at least one of lexical_weight, dense_weight, union_weight must be > 0")
+        return self
 
-class HyReCTrainingSection(Section):
-    epochs: int = Field(1, ge=1)
-    max_steps: int | None = Field(None, ge=1)
-    batch_size: int = Field(32, ge=2)
+    def build(self):
+        """The :class:`~medadapt.losses.hyrec.HyReCLoss` this section describes."""
+        from medadapt.losses.hyrec import HyReCLoss
+
+        return HyReCLoss(self.temperature, self.lexical_weight, self.dense_weight, self.union_weight)
+
+
+class HyReCTrainingSection(OptimSection, RunSection):
+    """Optimisation (:class:`~medadapt.training.config.OptimSection`, HyReC's defaults: the paper's lr
+    5e-5, linear decay after a 5 % warm-up), the run settings
+    (:class:`~medadapt.recipes.base.RunSection`) and what trains.
+
+    ``lr`` is the encoders' learning rate, ``head_lr`` the three projectors' (default ``lr``): two
+    parameter groups of one AdamW. ``batch_size`` is the global number of (query, positive, negatives)
+    examples per forward pass; the last batch of an epoch may be smaller.
+    """
+
     lr: float = Field(5e-5, gt=0)
+    scheduler: SchedulerKind = "linear"
     head_lr: float | None = Field(None, gt=0, description="projectors' learning rate (default: lr)")
-    weight_decay: float = Field(0.0, ge=0)
-    warmup_ratio: float = Field(0.05, ge=0, lt=1)
-    max_grad_norm: float | None = Field(1.0, gt=0)
-    seed: int = 42
-    mixed_precision: Literal["no", "fp16", "bf16"] = "no"
     train_dense_encoder: bool = True
     train_lexicon_encoder: bool = Field(True, description="false (frozen variant + state cache): only the "
                                         "projectors train, on cached lexicon-encoder states")
@@ -108,13 +130,13 @@ class HyReCTrainingSection(Section):
         "or computed once from the shared-state cache (states)")
     lexical_words: Literal["none", "labels", "predicted"] = Field(
         "predicted", description="words scored with the tokens in the training-time lexical score (eq. 10): "
-        "the union head's arg-max (as bagged at inference), the labelling tool's, or none (ignored when "
-        "loss.union_weight is 0)")
-    checkpoint_every_steps: int | None = Field(None, ge=1)
-    log_every: int = Field(10, ge=1)
+        "the union head's arg-max (as bagged at inference), the labelling tool's, or none (ignored, i.e. "
+        "none, for a model without the semantic union: loss.union_weight 0)")
 
 
 class HyReCEvalSection(EvalSection):
+    """Evaluation modes (each reported as ``<mode>/<metric>``), dense source and hybrid fusion."""
+
     modes: list[Literal["lexical", "dense", "hybrid"]] = Field(
         default_factory=lambda: ["lexical", "dense", "hybrid"])
     dense_source: Literal["model", "cache", "states"] = "model"
@@ -129,11 +151,10 @@ class HyReCEvalSection(EvalSection):
         return list(dict.fromkeys(v))
 
 
-class HyReCRecipe(Section):
+class HyReCRecipe(RecipeBase):
+    """A HyReC training run (``kind: hyrec``); see the module docstring."""
+
     kind: Literal["hyrec"] = "hyrec"
-    name: str
-    schema_version: Literal[1] = HYREC_SCHEMA_VERSION
-    description: str = ""
     data: HyReCDataSection
     model: HyReCModelSection
     negatives: NegativesSection = Field(default_factory=NegativesSection)
@@ -141,24 +162,27 @@ class HyReCRecipe(Section):
     training: HyReCTrainingSection = Field(default_factory=HyReCTrainingSection)
     eval: HyReCEvalSection = Field(default_factory=HyReCEvalSection)
 
-
-def load_hyrec_recipe(path_or_data: str | Path | dict, overrides: list[str] | None = None) -> HyReCRecipe:
-    """Read (a file or a dict), apply ``section.field=value`` overrides, validate."""
-    from medadapt.recipes.loader import load_kind_recipe
-
-    return load_kind_recipe(path_or_data, overrides, HyReCRecipe, "hyrec", "HyReC")
-
-
-@dataclass
-class HyReCRunResult(RunResult):
-    """:class:`~medadapt.training.runner.RunResult` plus ``train_examples`` and the model's ``n_terms``."""
-
-    train_examples: int = 0
-    n_terms: int = 0
-    mode_metrics: dict[str, dict[str, float]] = field(default_factory=dict)
+    @model_validator(mode="after")
+    def _consistent(self) -> HyReCRecipe:
+        tr, frozen = self.training, self.model.variant == "frozen"
+        if tr.state_cache != "off" and not frozen:
+            raise ValueError("training.state_cache needs model.variant: frozen")
+        if tr.dense_inputs != "model" and (tr.train_dense_encoder or not frozen):
+            raise ValueError(f"training.dense_inputs: {tr.dense_inputs} needs model.variant: frozen and "
+                             "training.train_dense_encoder: false")
+        if not tr.train_lexicon_encoder and (tr.state_cache == "off" or tr.dense_inputs == "model"):
+            raise ValueError("training.train_lexicon_encoder: false needs a training.state_cache and "
+                             "training.dense_inputs: cache or states")
+        if (tr.dense_inputs == "states" or self.eval.dense_source == "states") and tr.state_cache == "off":
+            raise ValueError("dense inputs from 'states' need training.state_cache: memory or disk")
+        if self.negatives.num == 0 and tr.effective_batch_size < 2:
+            raise ValueError("without hard negatives (negatives.num: 0) in-batch negatives need "
+                             "training.batch_size * gradient_accumulation_steps >= 2")
+        return self
 
 
 def model_config(spec: HyReCRecipe):
+    """The :class:`~medadapt.hyrec.model.HyReCConfig` of a recipe (``union`` iff ``loss.union_weight > 0``)."""
     from medadapt.hyrec.model import HyReCConfig
 
     m = spec.model
@@ -171,83 +195,42 @@ def model_config(spec: HyReCRecipe):
                        term_bias=m.term_bias, union_source=m.union_source, union_context=m.union_context)
 
 
-def run_hyrec_recipe(path_or_recipe: str | Path | HyReCRecipe, output_dir: str | Path,
-                     overrides: list[str] | None = None, *, cache=None, show_progress: bool = True,
-                     evaluate: bool = True,
-                     log: Callable[[str], None] = print, recipe_path: str | Path | None = None,
-                     state_cache=None, **_: Any) -> HyReCRunResult:
-    """Build, train, save and evaluate a HyReC model as the recipe says; returns a :class:`HyReCRunResult`.
+# the SharedStateCache a model was trained with, for its evaluation (weak keys: it goes with the model)
+_STATE_CACHES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
-    Output folder: the model (:meth:`HyReCModel.save`), ``recipe.yaml``, ``train_log.json``, ``metrics.json``.
-    Checkpoints go to ``output_dir/checkpoints`` and a re-run resumes.
-    """
+
+def train(recipe: HyReCRecipe, ctx):
+    """Build the model and the training examples (hard negatives, caches: the main process first, so the
+    others read what it wrote), train through ``ctx.train`` and return the :class:`HyReCModel`.
+    ``ctx.result.details`` gets ``train_examples``, ``n_terms`` and ``steps``."""
     import torch
-    from accelerate import Accelerator
 
-    from medadapt.cache import EmbeddingCache, backbone_view
+    from medadapt.cache import backbone_view
     from medadapt.data import load_beir
     from medadapt.hyrec.data import SharedStateCache, build_examples
     from medadapt.hyrec.model import HyReCModel
-    from medadapt.hyrec.train import HyReCTrainConfig, train_hyrec
-    from medadapt.losses.hyrec import HyReCLoss
-    from medadapt.recipes.loader import resolve_path
-    from medadapt.training.checkpoint import CheckpointConfig
+    from medadapt.hyrec.train import hyrec_stage
 
-    if isinstance(path_or_recipe, HyReCRecipe):
-        if overrides:
-            raise ConfigError("overrides apply to a recipe file; pass a path or edit the HyReCRecipe")
-        spec = path_or_recipe
-    else:
-        recipe_path = Path(path_or_recipe)
-        spec = load_hyrec_recipe(recipe_path, overrides)
-    output_dir = Path(output_dir)
-    cache = cache if cache is not None else EmbeddingCache()
-    tr = spec.training
-    if tr.state_cache != "off" and spec.model.variant != "frozen":
-        raise ConfigError("training.state_cache needs model.variant: frozen")
-    if tr.dense_inputs != "model" and (tr.train_dense_encoder or spec.model.variant != "frozen"):
-        raise ConfigError(f"training.dense_inputs: {tr.dense_inputs} needs model.variant: frozen and "
-                          "train_dense_encoder: false")
-    if not tr.train_lexicon_encoder and (tr.state_cache == "off" or tr.dense_inputs == "model"):
-        raise ConfigError("training.train_lexicon_encoder: false needs a state_cache and "
-                          "dense_inputs: cache or states")
-    if (tr.dense_inputs == "states" or spec.eval.dense_source == "states") and tr.state_cache == "off":
-        raise ConfigError("dense inputs from 'states' need training.state_cache: memory or disk")
-    want_cpu = spec.model.device == "cpu" or not torch.cuda.is_available()
-    accelerator = Accelerator(cpu=want_cpu, mixed_precision=tr.mixed_precision)
-    torch.manual_seed(tr.seed)
-    result = HyReCRunResult(output_dir=output_dir)
-    data_path = resolve_path(spec.data.path, recipe_path)
-    data = load_beir(data_path, [spec.data.train_split])
-
+    tr, neg = recipe.training, recipe.negatives
+    split = recipe.data.train_split
     t0 = time.perf_counter()
+    data = load_beir(ctx.resolve(recipe.data.path), [split])
     train_texts = []
-    if spec.model.extend_vocab:
-        train_texts = data.doc_texts() + [data.queries[q] for q in data.qrels[spec.data.train_split]]
-    model = HyReCModel.from_backbone(spec.model.backbone, model_config(spec), extend_with=train_texts,
-                                     seed=tr.seed, num_layers=spec.model.num_layers)
-    model.to(accelerator.device)
-    log(f"HyReC: {spec.model.backbone}, {model._n_shared} shared + {len(model.lexicon)} lexicon + "
-        f"{spec.model.branch_layers} dense layers ({spec.model.variant}), {model.vocab_size} tokenizer terms")
-    neg = spec.negatives
-    examples = build_examples(data, spec.data.train_split, negatives=neg.source if neg.num else "none",
-                              window=neg.window, num_negatives=max(neg.num, 1),
-                              max_queries=spec.data.max_train_examples,
-                              miner_model=neg.miner, language=spec.model.language, cache=cache, seed=tr.seed,
-                              show_progress=show_progress)
-    result.train_examples = len(examples)
-    if state_cache is None and tr.state_cache != "off":
+    if recipe.model.extend_vocab:
+        train_texts = data.doc_texts() + [data.queries[q] for q in data.qrels[split]]
+    model = HyReCModel.from_backbone(recipe.model.backbone, model_config(recipe), extend_with=train_texts,
+                                     seed=tr.seed, num_layers=recipe.model.num_layers)
+    model.to(ctx.device)
+    ctx.log(f"HyReC: {recipe.model.backbone}, {model._n_shared} shared + {len(model.lexicon)} lexicon + "
+            f"{recipe.model.branch_layers} dense layers ({recipe.model.variant}), {model.vocab_size} tokenizer "
+            "terms")
+    cache = ctx.cache
+    state_cache = None
+    if tr.state_cache != "off":
         state_cache = SharedStateCache(SharedStateCache.default_root() if tr.state_cache == "disk" else None)
-    if state_cache is not None:
-        lex, pooled = not tr.train_lexicon_encoder, tr.dense_inputs == "states"
-        state_cache.warm(model, [e.query for e in examples], "query", lexicon=lex, pooled=pooled,
-                         show_progress=show_progress)
-        docs = sorted({t for e in examples for t in [e.positive, *e.negatives[: neg.num]]})
-        state_cache.warm(model, docs, "document", lexicon=lex, pooled=pooled, show_progress=show_progress)
     dense_inputs = None
+    view = backbone_view(model.st) if tr.dense_inputs == "cache" else None
     if tr.dense_inputs == "cache":
-        view = backbone_view(model.st)
-
         def dense_inputs(texts, role):
             return torch.from_numpy(cache.encode(view, list(texts), role=role, show_progress=False))
 
@@ -255,50 +238,46 @@ def run_hyrec_recipe(path_or_recipe: str | Path | HyReCRecipe, output_dir: str |
         def dense_inputs(texts, role):
             return state_cache.pooled(model, list(texts), role)
 
-    if tr.dense_inputs == "cache":
-        # encode every training text into the cache once, with a progress bar
-        dense_inputs([e.query for e in examples], "query")
-        cache.encode(view, list({t for e in examples for t in [e.positive, *e.negatives]}), role="document",
-                     show_progress=show_progress)
-    result.encode_seconds = time.perf_counter() - t0
-    log(f"training on {len(examples)} examples")
-    lo = spec.loss
-    loss = HyReCLoss(lo.temperature, lo.lexical_weight, lo.dense_weight, lo.union_weight)
-    cfg = HyReCTrainConfig(epochs=tr.epochs, max_steps=tr.max_steps, batch_size=tr.batch_size,
-                           negatives=neg.num, lr=tr.lr, head_lr=tr.head_lr,
-                           weight_decay=tr.weight_decay,
-                           warmup_ratio=tr.warmup_ratio, max_grad_norm=tr.max_grad_norm, seed=tr.seed,
-                           train_dense_encoder=tr.train_dense_encoder,
-                           train_lexicon_encoder=tr.train_lexicon_encoder,
-                           lexical_words=tr.lexical_words if lo.union_weight > 0 else "none",
-                           log_every=tr.log_every)
+    with ctx.accelerator.main_process_first():  # mining and cache fills: the others then read the caches
+        examples = build_examples(data, split, negatives=neg.source if neg.num else "none", window=neg.window,
+                                  num_negatives=max(neg.num, 1), max_queries=recipe.data.max_train_examples,
+                                  miner_model=neg.miner, language=recipe.model.language, cache=cache,
+                                  seed=tr.seed, show_progress=ctx.show_progress)
+        docs = sorted({t for e in examples for t in [e.positive, *e.negatives[: neg.num]]})
+        if state_cache is not None:
+            lex, pooled = not tr.train_lexicon_encoder, tr.dense_inputs == "states"
+            state_cache.warm(model, [e.query for e in examples], "query", lexicon=lex, pooled=pooled,
+                             show_progress=ctx.show_progress)
+            state_cache.warm(model, docs, "document", lexicon=lex, pooled=pooled, show_progress=ctx.show_progress)
+        if tr.dense_inputs == "cache":
+            cache.encode(view, [e.query for e in examples], role="query", show_progress=ctx.show_progress)
+            cache.encode(view, docs, role="document", show_progress=ctx.show_progress)
+    ctx.result.encode_seconds += time.perf_counter() - t0
+    ctx.result.details.update(train_examples=len(examples), n_terms=model.n_terms)
+    ctx.log(f"training on {len(examples)} examples")
+    stage = hyrec_stage(model, examples, tr, recipe.loss, negatives=neg.num, state_cache=state_cache,
+                        dense_inputs=dense_inputs)
+    res = ctx.train(model, [stage])
+    ctx.result.details["steps"] = res.steps
+    model.eval()
+    if state_cache is not None:
+        _STATE_CACHES[model] = state_cache
+    return model
 
-    def progress(step, total, record):
-        if show_progress:
-            parts = ", ".join(f"{k}={v:.4f}" for k, v in record.items() if k not in ("step", "lr"))
-            log(f"[hyrec] step {step}/{total}: {parts}")
 
-    res = train_hyrec(model, examples, cfg, loss, accelerator=accelerator, state_cache=state_cache,
-                      dense_inputs=dense_inputs, progress=progress if show_progress else None,
-                      checkpoint=CheckpointConfig(output_dir / "checkpoints",
-                                                  every_steps=tr.checkpoint_every_steps))
-    result.loss_history = res.loss_history
-    result.train_seconds = res.seconds
-    result.n_terms = model.n_terms
-    if accelerator.is_main_process:
-        model.save(output_dir)
-        result.write_run_files(output_dir, spec, train_examples=len(examples), steps=res.steps)
-    accelerator.wait_for_everyone()
-    if evaluate and accelerator.is_main_process:
-        ev = spec.eval
-        eval_path = data_path if ev.data is None else resolve_path(ev.data, recipe_path)
-        result.mode_metrics = evaluate_modes(model, load_beir(eval_path, [ev.split]), ev, cache=cache,
-                                             state_cache=state_cache, show_progress=show_progress,
-                                             cached_lexicon=(state_cache is not None
-                                                             and not tr.train_lexicon_encoder))
-        result.record_metrics({f"{m}/{k}": v for m, vals in result.mode_metrics.items() for k, v in vals.items()},
-                              ev, output_dir)
-    return result
+def evaluate(recipe: HyReCRecipe, model, ctx) -> dict[str, float]:
+    """``<mode>/<metric>`` for every mode of ``eval.modes`` on ``eval.data`` (default ``data.path``), split
+    ``eval.split``; the per-mode dicts also go to ``ctx.result.details["mode_metrics"]``."""
+    from medadapt.data import load_beir
+
+    ev = recipe.eval
+    data = load_beir(ctx.resolve(ev.data or recipe.data.path), [ev.split])
+    state_cache = _STATE_CACHES.get(model)
+    modes = evaluate_modes(model, data, ev, cache=ctx.cache, state_cache=state_cache,
+                           show_progress=ctx.show_progress,
+                           cached_lexicon=state_cache is not None and not recipe.training.train_lexicon_encoder)
+    ctx.result.details["mode_metrics"] = modes
+    return {f"{m}/{k}": v for m, vals in modes.items() for k, v in vals.items()}
 
 
 def evaluate_modes(model, data, ev: HyReCEvalSection, *, cache=None, state_cache=None, show_progress=True,
@@ -319,3 +298,7 @@ def evaluate_modes(model, data, ev: HyReCEvalSection, *, cache=None, state_cache
             vals.update({"q_terms": res["q_terms"], "d_terms": res["d_terms"]})
         out[m] = vals
     return out
+
+
+register_kind(RecipeKind("hyrec", HyReCRecipe, train, evaluate,
+                         summary="HyReC: learned lexical + dense retrieval from one model (GLAE, semantic union)"))

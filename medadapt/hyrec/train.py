@@ -1,85 +1,63 @@
-"""HyReC training loop (§3.2) on Accelerate.
+"""HyReC training (§3.2) as a :class:`~medadapt.training.loop.Step` of the one training loop.
 
-Each step takes ``batch_size`` examples (query, positive, ``n`` hard negatives; ``n`` = the smallest count
-in the batch, at most ``negatives``), computes term weights, union logits and dense vectors for queries
-and passages, and minimises :class:`~medadapt.losses.HyReCLoss` (InfoNCE with in-batch + hard negatives on
-the normalised term vectors and dense vectors, cross-entropy on the union labels). Optimiser steps go
-through :func:`medadapt.training.steps.optimizer_step`; checkpoints (trainable weights, optimiser, step)
-through :mod:`medadapt.training.checkpoint`, and a re-run resumes from the newest one.
+Each item is one :class:`~medadapt.hyrec.data.Example` (query, positive, hard negatives). A step's forward
+pass computes, for this process's items, term weights, union logits and dense vectors of the query and of
+its passages (the positive and ``n`` hard negatives, ``n`` = the smallest count among the optimiser step's
+examples, at most ``negatives``), plus the union labels as integer tensors. Everything is laid out per
+item (dim 0 = item; passages ``(items, 1 + n, ...)``) and padded to one token length for the whole
+optimiser step (the longest text of the step), so the loop can all-gather outputs of different processes
+and accumulation chunks. :meth:`HyReCStep.loss` then computes :class:`~medadapt.losses.HyReCLoss` on the
+gathered step: InfoNCE with in-batch + hard negatives on the normalised term vectors (tokens plus, per
+``lexical_words``, bagged words, in one compact term space: :meth:`HyReCModel.compact_term_vectors`) and
+on the dense vectors, cross-entropy on the union labels. The loop does the rest (Accelerate, sharding,
+GradCache accumulation, mixed precision, AdamW with two parameter groups, schedule, clipping, resumable
+checkpoints).
 
 Frozen variant: the sharing backbone's token states come from a
 :class:`~medadapt.hyrec.data.SharedStateCache` (computed once) and, when the dense encoder is frozen too,
 the pooled dense inputs from ``dense_inputs`` (e.g. the :class:`~medadapt.cache.EmbeddingCache`), so a step
 only runs the lexicon encoder and the projectors. With ``train_lexicon_encoder: false`` the lexicon
 encoder's states are cached as well and a step only runs the three projectors (the cheapest form: the
-lexical branch is a head on a frozen model).
+lexical branch is a head on a frozen model). Frozen parts run in eval mode (no dropout).
+
+Example:
+    >>> from medadapt.hyrec.recipe import HyReCLossSection, HyReCTrainingSection
+    >>> res = train_hyrec(model, examples, HyReCTrainingSection(epochs=2, lr=1e-4), HyReCLossSection())
+    >>> res.loss_history[-1]["lexical"]
 """
 
 from __future__ import annotations
 
-import random
-import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any
 
 import torch
 from torch import Tensor
 
 from medadapt.errors import ConfigError
 from medadapt.hyrec.data import Example, SharedStateCache, UnionLabelCache
+from medadapt.hyrec.recipe import HyReCLossSection, HyReCTrainingSection
 from medadapt.losses.hyrec import HyReCLoss
-from medadapt.training.checkpoint import CheckpointConfig, latest_checkpoint, load_checkpoint, save_checkpoint
-from medadapt.training.steps import optimizer_step
+from medadapt.training.checkpoint import CheckpointConfig
+from medadapt.training.loop import Batch, LoopResult, Stage
 
-__all__ = ["HyReCTrainConfig", "HyReCTrainResult", "train_hyrec"]
+__all__ = ["HyReCStep", "hyrec_stage", "train_hyrec"]
 
 DenseInputs = Callable[[Sequence[str], str], Tensor]
 
 
-@dataclass
-class HyReCTrainConfig:
-    """Optimisation settings (paper: lr 5e-5, 5 epochs, batch 64 small / 30 base, 3 hard negatives).
-
-    ``lexical_words``: which words join the tokens in the training-time lexical score (eq. 10 scores terms
-    *and* words): ``none`` (tokens only), ``labels`` (words of the labelling tool's BMES labels) or
-    ``predicted`` (words of the union head's arg-max labels, as bagged at inference).
-    """
-
-    epochs: int = 1
-    max_steps: int | None = None
-    batch_size: int = 32
-    negatives: int = 3
-    lr: float = 5e-5
-    head_lr: float | None = None
-    weight_decay: float = 0.0
-    warmup_ratio: float = 0.05
-    max_grad_norm: float | None = 1.0
-    seed: int = 42
-    train_dense_encoder: bool = True
-    train_lexicon_encoder: bool = True
-    lexical_words: Literal["none", "labels", "predicted"] = "none"
-    log_every: int = 10
-
-
-@dataclass
-class HyReCTrainResult:
-    steps: int = 0
-    seconds: float = 0.0
-    loss_history: list[dict[str, float]] = field(default_factory=list)
-
-
-def _trainable(model, cfg: HyReCTrainConfig) -> tuple[list, list]:
-    """``(encoder params, head params)`` that train under ``cfg`` and the model's variant."""
+def _trainable(model, training: HyReCTrainingSection) -> tuple[list, list]:
+    """``(encoder params, head params)`` that train under ``training`` and the model's variant (sets
+    ``requires_grad`` accordingly)."""
     for p in model.parameters():
         p.requires_grad_(True)
     if model.config.variant == "frozen":
         model.freeze_shared()
-        if not cfg.train_dense_encoder:
+        if not training.train_dense_encoder:
             for layer in model.dense_layers:
                 for p in layer.parameters():
                     p.requires_grad_(False)
-        if not cfg.train_lexicon_encoder:
+        if not training.train_lexicon_encoder:
             for p in model.lexicon.parameters():
                 p.requires_grad_(False)
     heads = [*model.weight_proj.parameters(), *model.union_proj.parameters(), *model.projector.parameters()]
@@ -88,172 +66,217 @@ def _trainable(model, cfg: HyReCTrainConfig) -> tuple[list, list]:
     return enc, heads
 
 
-def _batches(n: int, batch_size: int, epochs: int, seed: int) -> list[list[int]]:
-    out = []
-    for epoch in range(epochs):
-        order = list(range(n))
-        random.Random(seed + epoch).shuffle(order)
-        out += [order[i : i + batch_size] for i in range(0, n - batch_size + 1, batch_size)] or [order]
-    return out
-
-
-def train_hyrec(model, examples: Sequence[Example], cfg: HyReCTrainConfig, loss_fn: HyReCLoss, *,
-                accelerator=None, state_cache: SharedStateCache | None = None,
-                dense_inputs: DenseInputs | None = None, checkpoint: CheckpointConfig | None = None,
-                progress: Callable[[int, int, dict], None] | None = None) -> HyReCTrainResult:
-    """Train ``model`` in place; returns steps, seconds and the per-step loss parts."""
-    from tqdm.auto import tqdm
-
-    if not examples:
-        raise ConfigError("no training examples")
-    if state_cache is not None and model.config.variant != "frozen":
-        raise ConfigError("a shared-state cache needs the frozen variant "
-                          "(the sharing backbone must not train)")
-    if cfg.lexical_words != "none" and not model.config.union:
-        raise ConfigError(f"lexical_words: {cfg.lexical_words} needs a model with the semantic union "
-                          "(HyReCConfig.union); use 'none' without it")
-    if dense_inputs is not None and cfg.train_dense_encoder:
-        raise ConfigError("precomputed dense inputs need train_dense_encoder: false")
-    torch.manual_seed(cfg.seed)
-    device = accelerator.device if accelerator is not None else model.device
-    model.to(device)
-    enc_params, head_params = _trainable(model, cfg)
-    groups = [{"params": enc_params, "lr": cfg.lr}, {"params": head_params, "lr": cfg.head_lr or cfg.lr}]
-    groups = [g for g in groups if g["params"]]
-    optimizer = torch.optim.AdamW(groups, weight_decay=cfg.weight_decay)
-    batches = _batches(len(examples), min(cfg.batch_size, len(examples)), cfg.epochs, cfg.seed)
-    if cfg.max_steps is not None:
-        batches = batches[: cfg.max_steps]
-    total = len(batches)
-    warm = int(cfg.warmup_ratio * total)
-
-    def lr_lambda(step: int) -> float:
-        if step < warm:
-            return (step + 1) / max(1, warm)
-        return max(0.0, (total - step) / max(1, total - warm))
-
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda)
-    trainable = {n: p for n, p in model.named_parameters() if p.requires_grad}
-    result = HyReCTrainResult()
-    start = 0
-    if checkpoint is not None and checkpoint.resume and (last := latest_checkpoint(checkpoint.directory)):
-        weights, opt_state, state = load_checkpoint(last)
-        with torch.no_grad():
-            for n, t in weights.items():
-                trainable[n].copy_(t.to(trainable[n].dtype))
-        optimizer.load_state_dict(opt_state["optimizer"])
-        scheduler.load_state_dict(opt_state["scheduler"])
-        start = int(state["step"])
-        result.loss_history = list(state.get("loss_history", []))
-    want_labels = loss_fn.weights["union"] > 0 or cfg.lexical_words == "labels"
-    labels = UnionLabelCache(model, model.config.language) if want_labels else None
-    t0 = time.perf_counter()
-    model.train()
-    _frozen_parts_eval(model, cfg)
-    bar = tqdm(total=total, initial=start, desc="training HyReC", unit="step", disable=progress is None)
-    for step in range(start, total):
-        batch = [examples[i] for i in batches[step]]
-        n_neg = min(cfg.negatives, min(len(e.negatives) for e in batch))
-        queries = [e.query for e in batch]
-        passages = [e.positive for e in batch] + [e.negatives[j] for e in batch for j in range(n_neg)]
-        # positives first, then negatives grouped per query: reorder so negatives are (B, n)
-        parts = _step_outputs(model, queries, passages, state_cache, dense_inputs, device,
-                              cached_lexicon=(not cfg.train_lexicon_encoder
-                                              and model.config.variant == "frozen"))
-        q, p = parts
-        B = len(batch)
-
-        def split(x: Tensor) -> tuple[Tensor, Tensor | None]:
-            pos, neg = x[:B], x[B:]
-            return pos, (neg.reshape(B, n_neg, -1) if n_neg else None)
-
-        lex = dense = union = None
-        ql = pl = None
-        if labels is not None:
-            ql = labels.labels(queries, "query", q["input_ids"].shape[1]).to(device)
-            pl = labels.labels(passages, "document", p["input_ids"].shape[1]).to(device)
-        if loss_fn.weights["lexical"] > 0:
-            qv, pv = model.compact_term_vectors(_terms(model, q, ql, cfg.lexical_words),
-                                                _terms(model, p, pl, cfg.lexical_words))
-            lex = (qv, *split(pv))
-        if loss_fn.weights["dense"] > 0:
-            dense = (q["dense"], *split(p["dense"]))
-        if loss_fn.weights["union"] > 0:
-            logits = torch.cat([q["union_logits"].reshape(1, -1, 4), p["union_logits"].reshape(1, -1, 4)], 1)
-            union = (logits, torch.cat([ql.reshape(1, -1), pl.reshape(1, -1)], 1))
-        out = loss_fn(lexical=lex, dense=dense, union=union)
-        lr = optimizer_step(out["loss"], optimizer, scheduler, list(trainable.values()), cfg.max_grad_norm,
-                            accelerator)
-        record = {"step": step + 1, "lr": lr, **{k: float(v.detach()) for k, v in out.items()}}
-        result.loss_history.append(record)
-        bar.update(1)
-        if progress is not None and ((step + 1) % cfg.log_every == 0 or step + 1 == total):
-            progress(step + 1, total, record)
-        if checkpoint is not None and checkpoint.every_steps and (step + 1) % checkpoint.every_steps == 0:
-            _save(checkpoint, step + 1, trainable, optimizer, scheduler, result)
-    bar.close()
-    if checkpoint is not None and total > start:
-        _save(checkpoint, total, trainable, optimizer, scheduler, result)
-    model.eval()
-    result.steps = total
-    result.seconds = time.perf_counter() - t0
-    return result
-
-
-def _terms(model, out: dict[str, Tensor], gold: Tensor | None, source: str) -> tuple[Tensor, Tensor]:
-    """``(weights, term_ids)`` of one side for the lexical score: tokens, plus words per ``source``."""
-    if source == "none":
-        return out["term_weights"], out["input_ids"]
-    if source == "labels":
-        lab = gold
-    else:
-        from medadapt.hyrec.labels import IGNORE
-
-        lab = out["union_logits"].detach().argmax(-1).masked_fill(~out["term_mask"], IGNORE)
-    return model.bagged_terms(out["term_weights"], out["input_ids"], out["term_mask"], lab)
-
-
-def _frozen_parts_eval(model, cfg: HyReCTrainConfig) -> None:
+def _frozen_parts_eval(model, training: HyReCTrainingSection) -> None:
     """Frozen parts run in eval mode (no dropout), trainable ones in train mode."""
     if model.config.variant != "frozen":
         return
     model.auto_model.embeddings.eval()
     for layer in model.shared_layers:
         layer.eval()
-    if not cfg.train_dense_encoder:
+    if not training.train_dense_encoder:
         for layer in model.dense_layers:
             layer.eval()
-    if not cfg.train_lexicon_encoder:
+    if not training.train_lexicon_encoder:
         model.lexicon.eval()
 
 
-def _save(checkpoint, step, trainable, optimizer, scheduler, result) -> None:
-    save_checkpoint(checkpoint, step, {n: p.detach() for n, p in trainable.items()},
-                    {"optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict()},
-                    {"step": step, "loss_history": result.loss_history})
+def _pad(x: Tensor, length: int, value: float | int = 0) -> Tensor:
+    """Pad dim 1 of ``x`` to ``length`` with ``value``."""
+    if x.shape[1] >= length:
+        return x
+    fill = x.new_full((x.shape[0], length - x.shape[1], *x.shape[2:]), value)
+    return torch.cat([x, fill], 1)
 
 
-def _step_outputs(model, queries, passages, state_cache, dense_inputs, device, cached_lexicon=False):
-    outs = []
-    for texts, role in ((queries, "query"), (passages, "document")):
-        if state_cache is not None and cached_lexicon and dense_inputs is not None:
-            ids, mask, lex = state_cache.lexicon_batch(model, texts, role)
-            ids, mask = ids.to(device), mask.to(device)
-            weights, union = model.heads_from_lexicon(lex.to(device), ids, mask)
-            tmask = model.term_mask(ids, mask)
-            outs.append({"term_weights": weights * tmask.to(weights.dtype), "union_logits": union,
-                         "term_mask": tmask, "input_ids": ids,
-                         "dense": model.dense_from_pooled(dense_inputs(texts, role).to(device))})
-            continue
-        if state_cache is not None:
-            ids, mask, states = state_cache.batch(model, texts, role)
-            feats = {"input_ids": ids.to(device), "attention_mask": mask.to(device)}
-            states = states.to(device)
+class HyReCStep:
+    """The HyReC objective as a :class:`~medadapt.training.loop.Step` over ``examples``.
+
+    Args:
+        model: the :class:`~medadapt.hyrec.model.HyReCModel` (for tokenising, bagging, word ids).
+        examples: the training examples; item ``i`` of a batch is ``examples[i]``.
+        loss_fn: :class:`~medadapt.losses.HyReCLoss`.
+        negatives: hard negatives per example (at most; fewer when an example of the step has fewer).
+        lexical_words: words in the training-time lexical score: ``none``, ``labels`` or ``predicted``.
+        state_cache / dense_inputs / cached_lexicon: the frozen variant's fast paths (module docstring).
+    """
+
+    def __init__(self, model, examples: Sequence[Example], loss_fn: HyReCLoss, *, negatives: int = 3,
+                 lexical_words: str = "predicted", state_cache: SharedStateCache | None = None,
+                 dense_inputs: DenseInputs | None = None, cached_lexicon: bool = False):
+        self.model = model
+        self.examples = list(examples)
+        self.loss_fn = loss_fn
+        self.negatives = negatives
+        self.lexical_words = lexical_words
+        self.state_cache = state_cache
+        self.dense_inputs = dense_inputs
+        self.cached_lexicon = cached_lexicon
+        w = loss_fn.weights
+        self.need_dense = w["dense"] > 0
+        self.need_union = w["union"] > 0 or (w["lexical"] > 0 and lexical_words == "predicted")
+        want_labels = w["union"] > 0 or (w["lexical"] > 0 and lexical_words == "labels")
+        self.labels = UnionLabelCache(model, model.config.language) if want_labels else None
+        self._memo: tuple[tuple, dict[str, Any]] | None = None
+
+    # ------------------------------------------------------------------ the optimiser step's texts
+    def _step_texts(self, batch: Batch) -> dict[str, Any]:
+        """Texts of the whole optimiser step (every process, every chunk), their common token lengths and
+        each item's row; computed once per step."""
+        key = (batch.step, tuple(batch.all_indices))
+        if self._memo is not None and self._memo[0] == key:
+            return self._memo[1]
+        exs = [self.examples[i] for i in batch.all_indices]
+        n_neg = min(self.negatives, min(len(e.negatives) for e in exs))
+        queries = [e.query for e in exs]
+        passages = [t for e in exs for t in [e.positive, *e.negatives[:n_neg]]]
+        info: dict[str, Any] = {"n_neg": n_neg, "row": {i: r for r, i in enumerate(batch.all_indices)},
+                                "query": queries, "document": passages}
+        for role, texts in (("query", queries), ("document", passages)):
+            tok = self.model.tokenize(texts, role)  # one padded length for the step
+            info[f"{role}_tokens"] = tok
+            info[f"{role}_length"] = tok["input_ids"].shape[1]
+        self._memo = (key, info)
+        return info
+
+    # ------------------------------------------------------------------ forward
+    def forward(self, model, batch: Batch) -> dict[str, Tensor]:
+        """Per item: ``q_*`` ``(b, T_q, ...)`` and ``p_*`` ``(b, 1 + n, T_p, ...)`` term weights, ids, term
+        mask, union logits / labels (when used) and dense vectors (when used)."""
+        info = self._step_texts(batch)
+        rows = [info["row"][i] for i in batch.indices]
+        per = 1 + info["n_neg"]
+        out = {f"q_{k}": v for k, v in self._encode(model, info, "query", rows).items()}
+        p_rows = [r * per + j for r in rows for j in range(per)]
+        for k, v in self._encode(model, info, "document", p_rows).items():
+            out[f"p_{k}"] = v.reshape(len(rows), per, *v.shape[1:])
+        return out
+
+    def _encode(self, model, info: dict[str, Any], role: str, rows: list[int]) -> dict[str, Tensor]:
+        hy = self.model
+        device = hy.device
+        texts = [info[role][r] for r in rows]
+        length = info[f"{role}_length"]
+        pad_id = hy.tokenizer.pad_token_id or 0
+        sc = self.state_cache
+        with_dense = self.need_dense and self.dense_inputs is None
+        if sc is not None and self.cached_lexicon:
+            ids, mask, lex = sc.lexicon_batch(hy, texts, role)
+            ids, mask = _pad(ids, length, pad_id).to(device), _pad(mask, length).to(device)
+            weights, union = hy.heads_from_lexicon(_pad(lex, length).to(device), ids, mask)
+            tmask = hy.term_mask(ids, mask)
+            o = {"term_weights": weights * tmask.to(weights.dtype), "union_logits": union, "term_mask": tmask,
+                 "input_ids": ids}
+        elif sc is not None:
+            ids, mask, states = sc.batch(hy, texts, role)
+            feats = {"input_ids": _pad(ids, length, pad_id).to(device), "attention_mask": _pad(mask, length).to(device)}
+            o = model(feats, states=_pad(states, length).to(device), with_dense=with_dense)
         else:
-            feats = {k: v.to(device) for k, v in model.tokenize(texts, role).items()}
-            states = None
-        out = model(feats, states=states, with_dense=dense_inputs is None)
-        if dense_inputs is not None:
-            out["dense"] = model.dense_from_pooled(dense_inputs(texts, role).to(device))
-        outs.append(out)
-    return outs
+            tok = info[f"{role}_tokens"]
+            feats = {k: v[rows].to(device) for k, v in tok.items()}
+            o = model(feats, with_dense=with_dense)
+        out = {"weights": o["term_weights"], "ids": o["input_ids"], "mask": o["term_mask"]}
+        if self.need_union:
+            out["union"] = o["union_logits"]
+        if self.labels is not None:
+            out["labels"] = self.labels.labels(texts, role, length).to(device)
+        if self.need_dense:
+            out["dense"] = (hy.dense_from_pooled(self.dense_inputs(texts, role).to(device))
+                            if self.dense_inputs is not None else o["dense"])
+        return out
+
+    # ------------------------------------------------------------------ loss
+    def loss(self, out: dict[str, Tensor], batch: Batch) -> dict[str, Tensor]:
+        """:class:`~medadapt.losses.HyReCLoss` of the gathered step: ``{"lexical", "dense", "union", "loss"}``
+        (parts with weight 0 left out)."""
+        B, per = out["p_weights"].shape[:2]
+        w = self.loss_fn.weights
+        lex = dense = union = None
+
+        def flat(name: str) -> Tensor:
+            v = out[f"p_{name}"]
+            return v.reshape(B * per, *v.shape[2:])
+
+        def split(x: Tensor) -> tuple[Tensor, Tensor | None]:
+            x = x.reshape(B, per, -1)
+            return x[:, 0], (x[:, 1:] if per > 1 else None)
+
+        if w["lexical"] > 0:
+            q_terms = self._terms(out["q_weights"], out["q_ids"], out["q_mask"], out.get("q_union"),
+                                  out.get("q_labels"))
+            p_terms = self._terms(flat("weights"), flat("ids"), flat("mask"),
+                                  flat("union") if "p_union" in out else None,
+                                  flat("labels") if "p_labels" in out else None)
+            qv, pv = self.model.compact_term_vectors(q_terms, p_terms)
+            lex = (qv, *split(pv))
+        if w["dense"] > 0:
+            dense = (out["q_dense"], *split(out["p_dense"]))
+        if w["union"] > 0:
+            logits = torch.cat([out["q_union"].reshape(1, -1, 4), out["p_union"].reshape(1, -1, 4)], 1)
+            labels = torch.cat([out["q_labels"].reshape(1, -1), out["p_labels"].reshape(1, -1)], 1)
+            union = (logits, labels)
+        return self.loss_fn(lexical=lex, dense=dense, union=union)
+
+    def _terms(self, weights: Tensor, ids: Tensor, mask: Tensor, union: Tensor | None, gold: Tensor | None
+               ) -> tuple[Tensor, Tensor]:
+        """``(weights, term_ids)`` of one side for the lexical score: tokens, plus words per
+        ``lexical_words``."""
+        if self.lexical_words == "none":
+            return weights, ids
+        if self.lexical_words == "labels":
+            lab = gold
+        else:
+            from medadapt.hyrec.labels import IGNORE
+
+            lab = union.detach().argmax(-1).masked_fill(~mask.bool(), IGNORE)
+        return self.model.bagged_terms(weights, ids, mask.bool(), lab)
+
+
+def hyrec_stage(model, examples: Sequence[Example], training: HyReCTrainingSection | None = None,
+                loss: HyReCLossSection | HyReCLoss | None = None, *, negatives: int = 3,
+                state_cache: SharedStateCache | None = None, dense_inputs: DenseInputs | None = None,
+                name: str = "hyrec") -> Stage:
+    """The :class:`~medadapt.training.loop.Stage` that trains ``model`` on ``examples``: sets which
+    parameters train (variant, ``train_dense_encoder``, ``train_lexicon_encoder``), two parameter groups
+    (encoders at ``lr``, projectors at ``head_lr``), frozen parts in eval mode when the stage starts.
+
+    ``lexical_words`` counts as ``none`` for a model without the semantic union (``HyReCConfig.union``
+    false: the recipe's ``loss.union_weight: 0``)."""
+    training = training if training is not None else HyReCTrainingSection()
+    loss_fn = loss if isinstance(loss, HyReCLoss) else (loss or HyReCLossSection()).build()
+    if not examples:
+        raise ConfigError("no training examples")
+    if state_cache is not None and model.config.variant != "frozen":
+        raise ConfigError("a shared-state cache needs the frozen variant (the sharing backbone must not train)")
+    if dense_inputs is not None and training.train_dense_encoder:
+        raise ConfigError("precomputed dense inputs need train_dense_encoder: false")
+    cached_lexicon = not training.train_lexicon_encoder and model.config.variant == "frozen"
+    if cached_lexicon and (state_cache is None or dense_inputs is None):
+        raise ConfigError("train_lexicon_encoder: false needs a shared-state cache and precomputed dense inputs")
+    words = training.lexical_words if model.config.union else "none"
+    step = HyReCStep(model, examples, loss_fn, negatives=negatives, lexical_words=words, state_cache=state_cache,
+                     dense_inputs=dense_inputs, cached_lexicon=cached_lexicon)
+    enc, heads = _trainable(model, training)
+    groups = [{"params": enc, "lr": training.lr}, {"params": heads, "lr": training.head_lr or training.lr}]
+    return Stage(name, len(examples), step, [g for g in groups if g["params"]], training,
+                 on_start=lambda: _frozen_parts_eval(model, training))
+
+
+def train_hyrec(model, examples: Sequence[Example], training: HyReCTrainingSection | None = None,
+                loss: HyReCLossSection | HyReCLoss | None = None, *, negatives: int = 3, accelerator=None,
+                state_cache: SharedStateCache | None = None, dense_inputs: DenseInputs | None = None,
+                checkpoint: CheckpointConfig | None = None, fingerprint: str | None = None,
+                progress: Callable[[str, int, int, dict], None] | None = None) -> LoopResult:
+    """Train ``model`` in place on ``examples`` (Python API; the recipe runs the same stage through
+    ``medadapt train``); returns the loop's :class:`~medadapt.training.loop.LoopResult` (per-step rows with
+    ``loss``, ``lexical``, ``dense``, ``union``, ``lr``). The model is left in eval mode."""
+    from medadapt.training.loop import train
+
+    training = training if training is not None else HyReCTrainingSection()
+    model.to(accelerator.device if accelerator is not None else model.device)
+    stage = hyrec_stage(model, examples, training, loss, negatives=negatives, state_cache=state_cache,
+                        dense_inputs=dense_inputs)
+    try:
+        return train(model, [stage], seed=training.seed, accelerator=accelerator, checkpoint=checkpoint,
+                     fingerprint=fingerprint, progress=progress)
+    finally:
+        model.eval()

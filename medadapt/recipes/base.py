@@ -44,6 +44,11 @@ class RunSection(Section):
     checkpoint_every_steps: int | None = Field(None, ge=1)
     encode_batch_size: int = Field(64, ge=1, description="batch size when encoding texts into the cache")
 
+    @field_validator("mixed_precision", mode="before")
+    @classmethod
+    def _yaml_no(cls, v):
+        return "no" if v is False else v  # YAML 1.1 reads a bare `no` (e.g. --set training.mixed_precision=no) as false
+
 
 class EvalSection(Section):
     """Evaluation after training: on ``data`` (default: the recipe's data folder), split ``split``;

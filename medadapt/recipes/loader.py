@@ -3,6 +3,7 @@ errors that name the file and the field."""
 
 from __future__ import annotations
 
+import copy
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -78,7 +79,7 @@ def load_recipe(path_or_data: str | Path | dict, overrides: list[str] | None = N
     from medadapt.recipes.registry import get_kind
 
     source = "<dict>" if isinstance(path_or_data, dict) else str(path_or_data)
-    data = dict(path_or_data) if isinstance(path_or_data, dict) else read_recipe_yaml(path_or_data)
+    data = copy.deepcopy(path_or_data) if isinstance(path_or_data, dict) else read_recipe_yaml(path_or_data)
     data = apply_overrides(data, list(overrides or []))
     schema = get_kind(data.get("kind"), source).schema
     if expect is not None and not issubclass(schema, expect):

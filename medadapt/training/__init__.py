@@ -1,18 +1,22 @@
-"""Training: heads on cached embeddings (fast path), backbone / LoRA training through sentence-transformers
-(slow path), checkpoints, and the recipe runner behind ``medadapt train``."""
+"""Training core shared by every system: the one loop (:func:`train` over :class:`Stage` objects, each with
+a :class:`Step`), its optimisation section (:class:`OptimSection`) and resumable checkpoints.
+
+Systems build their stages on it (Med-MoE-Embed: :mod:`medadapt.moe.schedule`); recipes run through
+:func:`medadapt.recipes.run_recipe`.
+"""
 
 from medadapt.training.checkpoint import CheckpointConfig, latest_checkpoint
-from medadapt.training.head_trainer import HeadTrainConfig, TrainProgress, TrainResult, encode_with_head, train_head
-from medadapt.training.runner import RunResult, run_recipe
+from medadapt.training.config import OptimSection
+from medadapt.training.loop import Batch, LoopResult, Stage, Step, TrainingError, train
 
 __all__ = [
+    "Batch",
     "CheckpointConfig",
-    "HeadTrainConfig",
-    "RunResult",
-    "TrainProgress",
-    "TrainResult",
-    "encode_with_head",
+    "LoopResult",
+    "OptimSection",
+    "Stage",
+    "Step",
+    "TrainingError",
     "latest_checkpoint",
-    "run_recipe",
-    "train_head",
+    "train",
 ]

@@ -25,7 +25,7 @@ PREFIX = "step-"
 
 @dataclass
 class CheckpointConfig:
-    """Where and how often :func:`~medadapt.training.head_trainer.train_head` checkpoints.
+    """Where and how often :func:`~medadapt.training.loop.train` checkpoints.
 
     Attributes:
         directory: folder holding ``step-*`` checkpoints.

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from medadapt.heads.experts.kan import KANExpert
-from medadapt.heads.experts.mlp import MLPGeluExpert, MLPSwiGLUExpert
-from medadapt.heads.experts.mlp_kan import MLPKANExpert
-from medadapt.heads.experts.registry import available_experts, build_expert, expert_class, register_expert
+from medadapt.moe.experts.kan import KANExpert
+from medadapt.moe.experts.mlp import MLPGeluExpert, MLPSwiGLUExpert
+from medadapt.moe.experts.mlp_kan import MLPKANExpert
+from medadapt.moe.experts.registry import available_experts, build_expert, expert_class, register_expert
 
 __all__ = [
     "KANExpert",

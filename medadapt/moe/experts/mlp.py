@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from medadapt.heads.experts.registry import register_expert
+from medadapt.moe.experts.registry import register_expert
 
 __all__ = ["MLPGeluExpert", "MLPSwiGLUExpert", "zero_linear_"]
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from torch import Tensor, nn
 
-from medadapt.heads.experts.registry import register_expert
+from medadapt.moe.experts.registry import register_expert
 from medadapt.heads.kan import KANBackend, KANLayer, KANOptions, SquashKind
 
 __all__ = ["KANExpert"]

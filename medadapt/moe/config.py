@@ -1,4 +1,4 @@
-"""Typed, validated configuration of :class:`~medadapt.heads.moe.MoEHead`; saved inside the module."""
+"""Typed, validated configuration of :class:`~medadapt.moe.head.MoEHead`; saved inside the module."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ from typing import Any, get_args
 from torch import nn
 
 from medadapt.errors import ConfigError
-from medadapt.heads.experts.registry import build_expert, check_expert_options
-from medadapt.heads.routing import RoutingMode
+from medadapt.moe.experts.registry import build_expert, check_expert_options
+from medadapt.moe.routing import RoutingMode
 
 __all__ = ["MoEConfig", "MOE_CONFIG_FORMAT_VERSION"]
 
@@ -36,14 +36,15 @@ class MoEConfig:
             zero gradient forever.
         residual: output ``v + residual_scale * h`` instead of ``h``.
         residual_scale: scale ``γ`` of the learned correction at inference. Training always learns the
-            full-strength correction (``train_head`` sets ``γ = 1`` while it trains); a saved ``γ < 1``
-            interpolates between the backbone (0) and the trained head (1), which is WiSE-FT's weight-space
-            ensembling for a zero-initialised residual head (Wortsman et al., CVPR 2022): it trades a little
-            in-domain gain for robustness on unseen query styles (see docs/benchmarks.md).
+            full-strength correction (:func:`medadapt.moe.schedule.head_training` sets ``γ = 1`` while it
+            trains); a saved ``γ < 1`` interpolates between the backbone (0) and the trained head (1),
+            which is WiSE-FT's weight-space ensembling for a zero-initialised residual head (Wortsman et
+            al., CVPR 2022): it trades a little in-domain gain for robustness on unseen query styles (see
+            docs/benchmarks.md).
         zero_init_output: zero the last layer of every expert, so ``h = 0`` at initialisation.
         routing: ``"learned"`` (top-k gate), ``"random"`` (warm-up) or ``"off"`` (routed branch skipped);
             can be switched at train time with :meth:`MoEHead.set_routing`.
-        renormalize_top_k: renormalise the kept gate values to sum to 1 (see :mod:`medadapt.heads.routing`).
+        renormalize_top_k: renormalise the kept gate values to sum to 1 (see :mod:`medadapt.moe.routing`).
         gate_init_std: standard deviation of the initial gate centroids.
         expert_options: per expert name, extra constructor options (e.g. ``{"kan": {"grid_size": 8}}``);
             validated against the expert's signature.

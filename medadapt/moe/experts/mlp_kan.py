@@ -13,8 +13,8 @@ from __future__ import annotations
 
 from torch import Tensor, nn
 
-from medadapt.heads.experts.mlp import zero_linear_
-from medadapt.heads.experts.registry import register_expert
+from medadapt.moe.experts.mlp import zero_linear_
+from medadapt.moe.experts.registry import register_expert
 from medadapt.heads.kan import KANBackend, KANLayer, KANOptions, SquashKind
 
 __all__ = ["MLPKANExpert"]

@@ -1,0 +1,193 @@
+"""Med-MoE-Embed head as a sentence-transformers module (paper §III-A, eq. 1-2).
+
+    h = sum_i E_i^(s)(v) + alpha * sum_{i in top-k} g_i E_i^(r)(v)
+
+applied to the pooled ``features["sentence_embedding"]`` ``v`` of a frozen backbone, before ``Normalize``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+try:
+    from typing import Self
+except ImportError:  # pragma: no cover - Python < 3.11
+    from typing_extensions import Self
+
+import torch
+from sentence_transformers.base.modules import Module
+from torch import Tensor, nn
+
+from medadapt.errors import ConfigError
+from medadapt.moe.config import MoEConfig
+from medadapt.moe.routing import RoutingMode, TopKRouter
+
+__all__ = ["MoEHead"]
+
+
+class MoEHead(Module):
+    """Shared + top-k routed experts on the sentence embedding (see :class:`MoEConfig` for every option).
+
+    Identity-preserving by default (``residual=True``, ``zero_init_output=True``): the head outputs
+    ``v + h`` and the last layer of every expert starts at zero, so an untrained head returns the backbone
+    embedding *exactly*. Attaching a fresh head therefore never degrades a strong backbone, training starts
+    from the backbone's retrieval quality instead of from a random projection, and the head only has to learn
+    a correction. (alpha must then start non-zero; :class:`MoEConfig` enforces it.)
+
+    A single-expert residual MLP head is the special case with one shared expert and no routed experts
+    (``MoEConfig.single_expert(dim)``, ``top_k=0``); it has no gate, no ``alpha`` and a zero aux loss.
+
+    Routing (:meth:`set_routing`): ``"learned"``, ``"random"`` (warm-up) or ``"off"`` (shared experts only).
+    Each forward stores the unweighted Switch load-balancing loss on ``self.last_aux_loss`` and, in training
+    mode, also in ``features["moe_aux_loss"]`` (kept out of inference outputs so that
+    ``encode(output_value=None)`` only returns per-input tensors). :meth:`routing_stats` reports per-expert
+    load fractions for the last batch and since the last :meth:`reset_routing_stats`.
+
+    Saved like any sentence-transformers module: ``config.json`` (the :class:`MoEConfig` plus
+    ``format_version``) and ``model.safetensors``; reload with
+    ``SentenceTransformer(path, trust_remote_code=True)`` (needed because the class lives outside
+    ``sentence_transformers``). Routing statistics are not saved.
+
+    Args:
+        config: a :class:`MoEConfig`; alternatively pass its fields as keyword arguments.
+
+    Example:
+        >>> head = MoEHead(MoEConfig.paper(dim=384))
+        >>> out = head({"sentence_embedding": torch.randn(8, 384)})["sentence_embedding"]
+    """
+
+    config_keys: list[str] = [f.name for f in dataclasses.fields(MoEConfig)]
+    #: reads and writes only ``features["sentence_embedding"]``: the embedding cache may run it on cached
+    #: backbone outputs (see :func:`medadapt.cache.split_backbone`).
+    operates_on_sentence_embedding: bool = True
+
+    def __init__(self, config: MoEConfig | None = None, **config_kwargs: Any) -> None:
+        super().__init__()
+        if config is None:
+            config = MoEConfig(**config_kwargs)
+        elif config_kwargs:
+            raise TypeError("Pass either a MoEConfig or its fields as keyword arguments, not both")
+        self.config = config
+        self.routing: RoutingMode = config.routing
+        self.residual_scale: float = config.residual_scale  # run-time, like routing (see MoEConfig)
+        self.shared_experts = nn.ModuleList(config.build_expert(name) for name in config.shared_experts)
+        self.routed_experts = nn.ModuleList(config.build_expert(name) for name in config.routed_experts)
+        self.router: TopKRouter | None = None
+        self.alpha: nn.Parameter | None = None
+        if config.routed_experts:
+            self.router = TopKRouter(
+                config.dim,
+                len(config.routed_experts),
+                config.top_k,
+                renormalize=config.renormalize_top_k,
+                init_std=config.gate_init_std,
+            )
+            self.alpha = nn.Parameter(torch.tensor(float(config.alpha_init)))
+        self.last_aux_loss: Tensor = torch.zeros(())
+
+    # ------------------------------------------------------------------ forward
+    def forward(self, features: dict[str, Tensor | Any], **kwargs: Any) -> dict[str, Tensor | Any]:
+        name = self.config.input_name
+        features[name] = self.transform(features[name], routing_noise=features.get("routing_noise"))
+        if self.training:
+            features["moe_aux_loss"] = self.last_aux_loss
+        return features
+
+    def transform(self, v: Tensor, routing_noise: Tensor | None = None) -> Tensor:
+        """Apply the head to raw embeddings ``(..., dim)`` and return ``(..., dim)``.
+
+        ``routing_noise`` (rows, num_routed_experts): the random-routing scores (see
+        :meth:`~medadapt.moe.routing.TopKRouter.forward`); ignored unless routing is ``"random"``."""
+        leading = v.shape[:-1]
+        v = v.reshape(-1, self.config.dim)
+        h = torch.zeros_like(v)
+        for expert in self.shared_experts:
+            h = h + expert(v)
+        if self.router is not None and self.routing != "off":
+            h = h + self.alpha * self._routed(v, routing_noise if self.routing == "random" else None)
+        else:
+            self.last_aux_loss = v.new_zeros(())
+        out = v + self.residual_scale * h if self.config.residual else h
+        return out.reshape(*leading, self.config.dim)
+
+    def _routed(self, v: Tensor, noise: Tensor | None = None) -> Tensor:
+        """``sum_{top-k} g_i E_i(v)``, running each expert only on the inputs routed to it."""
+        decision = self.router(v, self.routing, noise=noise)
+        self.last_aux_loss = decision.aux_loss
+        out = torch.zeros_like(v)
+        for i, expert in enumerate(self.routed_experts):
+            rows = decision.selected[:, i].nonzero(as_tuple=True)[0]
+            if rows.numel() == 0:
+                continue
+            out = out.index_add(0, rows, decision.weights[rows, i : i + 1] * expert(v[rows]))
+        return out
+
+    # ------------------------------------------------------------------ control
+    def set_routing(self, mode: RoutingMode) -> None:
+        """Switch routing to ``"learned"``, ``"random"`` or ``"off"``."""
+        if mode not in ("learned", "random", "off"):
+            raise ConfigError(f"Unknown routing {mode!r}; valid: ['learned', 'random', 'off']")
+        self.routing = mode
+
+    def parameter_groups(self) -> dict[str, list[nn.Parameter]]:
+        """Parameters by role: ``shared`` experts, ``routed`` experts and ``gate`` (centroids and alpha)."""
+        gate = [] if self.router is None else [*self.router.parameters(), self.alpha]
+        return {
+            "shared": list(self.shared_experts.parameters()),
+            "routed": list(self.routed_experts.parameters()),
+            "gate": gate,
+        }
+
+    def routing_stats(self) -> dict[str, Any]:
+        """Per-routed-expert load fractions (``last_load``, ``running_load``), ``running_counts``,
+        ``inputs_seen`` and the expert ``names``; empty lists without routed experts."""
+        names = list(self.config.routed_experts)
+        if self.router is None:
+            empty: dict[str, Any] = {key: [] for key in ("last_load", "running_load", "running_counts")}
+            return {"names": names, **empty, "inputs_seen": 0}
+        return {"names": names, **self.router.stats()}
+
+    def reset_routing_stats(self) -> None:
+        if self.router is not None:
+            self.router.reset_stats()
+
+    # ------------------------------------------------------------ persistence
+    def get_embedding_dimension(self) -> int:
+        return self.config.dim
+
+    def get_config_dict(self) -> dict[str, Any]:
+        return dataclasses.replace(self.config, routing=self.routing, residual_scale=self.residual_scale).to_dict()
+
+    def save(self, output_path: str, *args: Any, safe_serialization: bool = True, **kwargs: Any) -> None:
+        self.save_config(output_path)
+        self.save_torch_weights(output_path, safe_serialization=safe_serialization)
+
+    @classmethod
+    def load(
+        cls,
+        model_name_or_path: str,
+        subfolder: str = "",
+        token: bool | str | None = None,
+        cache_folder: str | None = None,
+        revision: str | None = None,
+        local_files_only: bool = False,
+        **kwargs: Any,
+    ) -> Self:
+        hub_kwargs = {
+            "subfolder": subfolder,
+            "token": token,
+            "cache_folder": cache_folder,
+            "revision": revision,
+            "local_files_only": local_files_only,
+        }
+        config = MoEConfig.from_dict(cls.load_config(model_name_or_path, **hub_kwargs))
+        head = cls(config)
+        return cls.load_torch_weights(model_name_or_path, model=head, **hub_kwargs)
+
+    def __repr__(self) -> str:
+        cfg = self.config
+        return (
+            f"MoEHead(dim={cfg.dim}, shared={cfg.shared_experts}, routed={cfg.routed_experts}, "
+            f"top_k={cfg.top_k}, residual={cfg.residual}, routing={self.routing!r})"
+        )

@@ -1,0 +1,271 @@
+"""The ``moe`` recipe kind: Med-MoE-Embed heads on a frozen backbone, or backbone / LoRA fine-tuning.
+
+A recipe file looks like::
+
+    kind: moe
+    name: med-moe-embed
+    model:    {backbone: minilm, freeze_backbone: true}
+    data:     {path: ../shared/data/medquad, train_split: train, hard_negatives: {window: [3, 30]}}
+    head:     {kind: moe, top_k: 2}
+    loss:     {kind: infonce, temperature: 0.05, load_balance_weight: 0.01}
+    training: {shared_epochs: 2, random_routing_epochs: 1, epochs: 1, batch_size: 128, lr: 1.0e-3}
+    eval:     {split: dev, metrics: [ndcg@10, recall@100], expected: {ndcg@10: 0.65}}
+
+``medadapt train`` runs it through :func:`medadapt.recipes.run_recipe` (Accelerator, seed, atomic save of
+the model folder with ``recipe.yaml`` and ``train_log.json``, evaluation). :func:`train` takes one of two
+paths:
+
+* **Fast path** (``model.freeze_backbone: true``, no ``peft``, a ``head``): the training queries and the
+  corpus are encoded once into the embedding cache (by the main process first, the others then read it),
+  hard negatives are mined on those embeddings, and only the head trains, on cached tensors, through the
+  one loop with Med-MoE-Embed's two-step schedule (:mod:`medadapt.moe.schedule`). Checkpoints go to
+  ``<output>.checkpoints/`` and a rerun resumes from them.
+* **Slow path** (``freeze_backbone: false`` or a ``peft`` LoRA adapter): sentence-transformers'
+  ``SentenceTransformerTrainer`` with ``MultipleNegativesRankingLoss`` (``scale = 1 / temperature``; the
+  cached variant when accumulating, so in-batch negatives span the whole step; ``batch_size`` is the global
+  batch), the mined hard negatives as extra columns and the head, if any, trained jointly; a LoRA adapter
+  is merged into the weights before saving. Its checkpoints go to ``<output>.checkpoints/`` too. It has no
+  stage schedule and no load-balancing term, so recipes that set ``shared_epochs``,
+  ``random_routing_epochs`` or a ``load_balance_weight`` for routed experts are refused.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Literal
+
+from pydantic import Field, model_validator
+
+from medadapt.config import Section
+from medadapt.curation.mining_config import MiningConfig
+from medadapt.errors import ConfigError
+from medadapt.moe.sections import (
+    HeadSection,
+    InfoNCESection,
+    LossSection,
+    MoEHeadSection,
+    MoETrainingSection,
+    NoHead,
+)
+from medadapt.recipes.base import DataSection, LoraSection, RecipeBase
+from medadapt.recipes.registry import RecipeKind, register_kind
+from medadapt.recipes.run import RunContext, evaluate_dense
+
+__all__ = ["MoEDataSection", "MoEModelSection", "MoERecipe", "train"]
+
+
+class MoEModelSection(Section):
+    """The backbone and how it trains: frozen (fast path, a head must train) or fine-tuned (slow path)."""
+
+    backbone: str = Field(..., description="alias (minilm), model folder, or hub id")
+    max_seq_length: int | None = Field(None, ge=8)
+    freeze_backbone: bool = True
+    peft: LoraSection | None = Field(None, description="train a LoRA adapter on the backbone (slow path)")
+
+
+class MoEDataSection(DataSection):
+    """Training pairs from the ``train_split`` qrels of a BEIR folder, with optional mined hard negatives."""
+
+    max_train_queries: int | None = Field(None, ge=1, description="train on the first N queries only")
+    hard_negatives: MiningConfig | None = Field(
+        None, description="mine hard negatives for each training query with the frozen backbone (dense)")
+
+
+class MoERecipe(RecipeBase):
+    """A Med-MoE-Embed recipe (``kind: moe``); see the module docstring for the two training paths."""
+
+    kind: Literal["moe"] = "moe"
+    model: MoEModelSection
+    data: MoEDataSection
+    head: HeadSection = Field(default_factory=NoHead)
+    loss: LossSection = Field(default_factory=InfoNCESection)
+    training: MoETrainingSection = Field(default_factory=MoETrainingSection)
+
+    @property
+    def fast(self) -> bool:
+        """``True`` when only the head trains, on cached embeddings of the frozen backbone."""
+        return self.model.freeze_backbone and self.model.peft is None
+
+    @model_validator(mode="after")
+    def _trainable(self) -> MoERecipe:
+        problem = recipe_problem(self)
+        if problem:
+            raise ValueError(problem)
+        return self
+
+
+def recipe_problem(recipe: MoERecipe) -> str | None:
+    """Why ``recipe`` cannot train as written (``None`` when it can)."""
+    if recipe.fast:
+        if recipe.head.kind == "none":
+            return ("nothing to train: the backbone is frozen, there is no model.peft adapter and head.kind "
+                    "is none")
+        return None
+    t = recipe.training
+    ignored = [f"training.{name}={getattr(t, name)}" for name in ("shared_epochs", "random_routing_epochs")
+               if getattr(t, name)]
+    routed = isinstance(recipe.head, MoEHeadSection) and bool(recipe.head.routed_experts)
+    if routed and recipe.loss.load_balance_weight:
+        ignored.append(f"loss.load_balance_weight={recipe.loss.load_balance_weight}")
+    if ignored:
+        return (f"{', '.join(ignored)}: the backbone / LoRA path (sentence-transformers' trainer) has no "
+                "stage schedule and no load-balancing term (they apply to a head on a frozen backbone); set "
+                "them to 0")
+    return None
+
+
+def train(recipe: MoERecipe, ctx: RunContext):
+    """Train what ``recipe`` describes (fast or slow path, module docstring); returns the
+    SentenceTransformer (head attached before ``Normalize``) and fills ``ctx.result``."""
+    from medadapt.data import load_beir
+    from medadapt.models import load
+
+    problem = recipe_problem(recipe)  # again: sections may have been assigned after validation
+    if problem:
+        raise ConfigError(problem)
+    data = load_beir(ctx.resolve(recipe.data.path), [recipe.data.train_split])
+    model = load(recipe.model.backbone, device=ctx.device)
+    if recipe.model.max_seq_length:
+        model.max_seq_length = recipe.model.max_seq_length
+    if recipe.fast:
+        _train_fast(recipe, model, data, ctx)
+    else:
+        _train_slow(recipe, model, data, ctx)
+    return model
+
+
+def _prepare(recipe: MoERecipe, model, data, ctx: RunContext):
+    """Training pairs, the backbone's cached raw embeddings and the mined hard negatives
+    (:func:`~medadapt.training.pairs.prepare_head_training`)."""
+    from medadapt.training.pairs import prepare_head_training
+
+    t0 = time.perf_counter()
+    with ctx.accelerator.main_process_first():  # the main process encodes into the cache, the others read it
+        prepared = prepare_head_training(model, data, recipe.data.train_split, ctx.cache,
+                                         mining=recipe.data.hard_negatives,
+                                         max_queries=recipe.data.max_train_queries,
+                                         batch_size=recipe.training.encode_batch_size,
+                                         show_progress=ctx.show_progress, log=ctx.log)
+    ctx.result.encode_seconds += time.perf_counter() - t0
+    return prepared
+
+
+def _train_fast(recipe: MoERecipe, model, data, ctx: RunContext) -> None:
+    """The head on cached embeddings, through the one loop (:mod:`medadapt.moe.schedule`)."""
+    from medadapt.heads import attach
+    from medadapt.moe.head import MoEHead
+    from medadapt.moe.schedule import head_stages, head_training, merge_routing_stats
+
+    prepared = _prepare(recipe, model, data, ctx)
+    head = MoEHead(recipe.head.to_config(prepared.query_raw.shape[1])).to(ctx.accelerator.device)
+    q, p, n = prepared.tensors()
+    n_params = sum(x.numel() for x in head.parameters())
+    ctx.log(f"training {n_params:,}-parameter head on {len(prepared.pairs):,} pairs "
+            f"({'with' if n is not None else 'without'} hard negatives) on {ctx.device}")
+    with head_training(head):
+        res = ctx.train(head, head_stages(head, q.float(), p.float(), None if n is None else n.float(),
+                                          recipe.training, recipe.loss))
+    merge_routing_stats(head, ctx.accelerator)
+    ctx.result.details["stage_steps"] = dict(res.stage_steps)
+    ctx.result.details["routing_stats"] = head.routing_stats()
+    attach(model, head)
+
+
+def _train_slow(recipe: MoERecipe, model, data, ctx: RunContext) -> None:
+    """Backbone (or LoRA) training through sentence-transformers' trainer (Accelerate underneath), the head
+    (if any) jointly."""
+    from datasets import Dataset
+    from sentence_transformers import SentenceTransformerTrainer, SentenceTransformerTrainingArguments
+    from sentence_transformers.base.training_args import BatchSamplers
+    from sentence_transformers.sentence_transformer.losses import (
+        CachedMultipleNegativesRankingLoss,
+        MultipleNegativesRankingLoss,
+    )
+
+    from medadapt.heads import attach
+    from medadapt.moe.head import MoEHead
+    from medadapt.moe.schedule import head_training
+    from medadapt.training.lora import attach_lora, merge_lora
+
+    if recipe.model.peft is not None:
+        attach_lora(model, recipe.model.peft)  # only the LoRA matrices of the backbone train
+    head = None
+    if isinstance(recipe.head, MoEHeadSection):
+        head = MoEHead(recipe.head.to_config(model.get_embedding_dimension()))
+        attach(model, head)
+    if recipe.data.hard_negatives is not None:  # mining needs the backbone's embeddings
+        prepared = _prepare(recipe, model, data, ctx)
+        pairs, negatives = prepared.pairs, prepared.negatives
+    else:
+        from medadapt.training.pairs import pairs_from_qrels
+
+        pairs = pairs_from_qrels(data, recipe.data.train_split, recipe.data.max_train_queries)
+        negatives = None
+    texts = data.doc_texts()
+    columns: dict[str, list[str]] = {
+        "anchor": [data.queries[pairs.query_ids[i]] for i in pairs.pair_query],
+        "positive": [texts[j] for j in pairs.pair_doc],
+    }
+    if negatives is not None:
+        for k in range(negatives.shape[1]):
+            columns[f"negative_{k + 1}"] = [texts[negatives[i, k]] for i in pairs.pair_query]
+    dataset = Dataset.from_dict(columns)
+    t = recipe.training
+    ckpt_dir = ctx.checkpoint_dir
+    _check_slow_checkpoints(ckpt_dir, ctx)
+    # training.batch_size is the global batch, as on the fast path: Accelerate splits it over the processes
+    # and the loss gathers the embeddings; accumulation caches embeddings (GradCache) so that the in-batch
+    # negatives span the whole step
+    k, world = t.gradient_accumulation_steps, ctx.accelerator.num_processes
+    global_batch = t.batch_size * k
+    total_steps = max(1, len(dataset) // global_batch) * max(1, t.epochs)
+    args = SentenceTransformerTrainingArguments(
+        output_dir=str(ckpt_dir), num_train_epochs=t.epochs, max_steps=t.max_steps or -1,
+        per_device_train_batch_size=global_batch, accelerator_config={"split_batches": True},
+        learning_rate=t.lr, weight_decay=t.weight_decay, warmup_ratio=t.warmup_ratio, seed=t.seed,
+        data_seed=t.seed,
+        lr_scheduler_type="constant_with_warmup" if t.scheduler == "constant" else t.scheduler,
+        max_grad_norm=t.max_grad_norm or 0.0, bf16=t.mixed_precision == "bf16",
+        fp16=t.mixed_precision == "fp16", use_cpu=t.device == "cpu",
+        batch_sampler=BatchSamplers.NO_DUPLICATES,
+        save_strategy="steps" if t.checkpoint_every_steps else "epoch",
+        save_steps=t.checkpoint_every_steps or 500, save_total_limit=2,
+        logging_steps=max(1, min(50, total_steps // 20)), report_to="none",
+        disable_tqdm=not ctx.show_progress,
+        dataloader_drop_last=world > 1, ddp_find_unused_parameters=False,
+    )
+    scale = 1.0 / recipe.loss.temperature
+    if k > 1:
+        loss = CachedMultipleNegativesRankingLoss(model, scale=scale, gather_across_devices=True,
+                                                  mini_batch_size=max(1, t.batch_size // world))
+    else:
+        loss = MultipleNegativesRankingLoss(model, scale=scale, gather_across_devices=True)
+    trainer = SentenceTransformerTrainer(model=model, args=args, train_dataset=dataset, loss=loss)
+    resume = ckpt_dir.is_dir() and any(ckpt_dir.glob("checkpoint-*"))
+    t1 = time.perf_counter()
+    with head_training(head):  # a MoE head learns its full-strength correction, as on the fast path
+        trainer.train(resume_from_checkpoint=True if resume else None)
+    ctx.result.train_seconds += time.perf_counter() - t1
+    merge_lora(model)  # the saved folder loads without PEFT
+    ctx.result.loss_history += [{"stage": "train", "step": int(r["step"]), "loss": float(r["loss"])}
+                                for r in trainer.state.log_history if "loss" in r]
+
+
+def _check_slow_checkpoints(ckpt_dir, ctx: RunContext) -> None:
+    """Refuse to resume the trainer's checkpoints of another run (the fast path's loop checks the
+    fingerprint itself); record this run's fingerprint next to them."""
+    marker = ckpt_dir / "fingerprint.txt"
+    other = marker.is_file() and marker.read_text().strip() != ctx.fingerprint
+    if other and any(ckpt_dir.glob("checkpoint-*")):
+        raise ConfigError(f"checkpoints in {ckpt_dir} belong to another run (recipe, data or base model "
+                          "differ); train into a new output folder, or pass --overwrite to start afresh")
+    if ctx.is_main:
+        ckpt_dir.mkdir(parents=True, exist_ok=True)
+        marker.write_text(ctx.fingerprint)
+    ctx.accelerator.wait_for_everyone()
+
+
+KIND = register_kind(RecipeKind(
+    "moe", MoERecipe, train, evaluate_dense,
+    "Med-MoE-Embed head on a frozen backbone (two-step schedule on cached embeddings), or backbone / LoRA "
+    "fine-tuning"))

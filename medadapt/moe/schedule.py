@@ -1,0 +1,349 @@
+"""Med-MoE-Embed's training schedule on cached (frozen-backbone) embeddings, as stages of the one loop
+(:func:`medadapt.training.loop.train`).
+
+The backbone is frozen, so its raw pooled embeddings (taken *before* ``Normalize``) are computed once and
+cached; the head then trains without transformer forward passes. The same head maps queries and
+documents (symmetric); InfoNCE L2-normalises both sides, exactly as the attached head followed by
+``Normalize`` does at inference.
+
+Stages (paper §III-D) for a :class:`~medadapt.moe.head.MoEHead`, built by :func:`head_stages`:
+
+1. ``shared``: ``training.shared_epochs`` epochs training only the shared experts; routing is ``"off"``,
+   so routed experts, gate and alpha are neither used nor updated (the paper pre-trains the shared experts
+   separately; training them in place is equivalent and keeps one object). Its own optimiser.
+2. ``random``: ``training.random_routing_epochs`` epochs on all parameters with random routing (a warm-up
+   that feeds every routed expert).
+3. ``learned``: ``training.epochs`` epochs on all parameters with the learned top-k gate.
+
+Stages 2-3 share one optimiser and one learning-rate schedule (``Stage.schedule``). Stage 2 is skipped for
+heads without routed experts, stage 1 for heads without shared experts. Any other head (a module mapping
+``features["sentence_embedding"]``) trains all its parameters in one stage, ``main``.
+
+Loss of an optimiser step (:class:`MoEStep`): InfoNCE over in-batch + hard negatives plus
+``loss.load_balance_weight`` x the Switch load-balancing loss, both on the *whole* step: ``forward`` returns
+per-item query / positive / negative embeddings and the router's probabilities and assignments of the
+item's rows, the loop gathers them over processes and accumulation chunks, ``loss`` computes both terms.
+Random routing draws one seeded set of uniform scores per optimiser step for every row of
+``batch.all_indices``; each process (and each accumulation chunk) routes its own rows with it, so the
+random stage is the same on 1 or N processes and with or without accumulation.
+
+:func:`head_training` learns the full-strength correction (``residual_scale = 1`` while training) and
+restores the head's scale and routing afterwards.
+
+Example:
+    >>> result = train_head(head, q_emb, pos_emb, neg_emb, MoETrainingSection(epochs=3, shared_epochs=1))
+    >>> docs = encode_with_head(head, doc_emb)
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from medadapt.errors import ConfigError
+from medadapt.losses.load_balance import switch_load_balance
+from medadapt.moe.head import MoEHead
+from medadapt.moe.routing import RoutingMode
+from medadapt.moe.sections import InfoNCESection, MoETrainingSection
+from medadapt.training.checkpoint import CheckpointConfig
+from medadapt.training.loop import Batch, LoopResult, Stage, train
+
+__all__ = ["HeadTrainResult", "MoEStep", "encode_with_head", "head_stages", "head_training",
+           "merge_routing_stats", "train_head"]
+
+
+class MoEStep:
+    """One stage's :class:`~medadapt.training.loop.Step`: the head over cached query, positive and
+    hard-negative embeddings, InfoNCE + load balancing on the whole optimiser step.
+
+    Args:
+        head: the head being trained (the unwrapped module: its router is observed and its routing read).
+        query / positive: ``(N, d)`` raw embeddings, one row per training pair.
+        negatives: ``(N, n, d)`` raw hard-negative embeddings, or ``None``.
+        loss: the :class:`~medadapt.moe.sections.InfoNCESection` that builds the loss terms.
+        routing: the stage's routing mode (``None`` for heads that are not a ``MoEHead``).
+    """
+
+    def __init__(self, head: nn.Module, query: Tensor, positive: Tensor, negatives: Tensor | None,
+                 loss: InfoNCESection, routing: RoutingMode | None) -> None:
+        self.head = head
+        self.query, self.positive, self.negatives = query, positive, negatives
+        self.n_neg = 0 if negatives is None else negatives.shape[1]
+        self.infonce, self.load_balance = loss.build()
+        self.routing = routing
+        has_router = isinstance(head, MoEHead) and head.router is not None
+        self.routed = has_router and routing in ("learned", "random")
+
+    def forward(self, model: nn.Module, batch: Batch) -> dict[str, Tensor]:
+        """Per item of ``batch.indices``: ``q``, ``p`` (d), ``n`` (n, d) mapped embeddings and, when the
+        stage routes, the router's ``probs`` / ``selected`` of the item's ``2 + n`` rows ((2 + n, E))."""
+        device = next(self.head.parameters()).device
+        index = torch.as_tensor(batch.indices, dtype=torch.long)
+        b = len(batch.indices)
+        blocks = [self.query[index], self.positive[index]]
+        if self.negatives is not None:
+            blocks.append(self.negatives[index].reshape(b * self.n_neg, -1))
+        features = {"sentence_embedding": torch.cat(blocks).to(device=device, dtype=torch.float32)}
+        decisions: list[Any] = []
+        handle, counters = None, None
+        if self.routed:
+            router = self.head.router
+            if self.routing == "random":
+                features["routing_noise"] = self._noise(batch, device)
+            handle = router.register_forward_hook(lambda _m, _a, out: decisions.append(out))
+            if not torch.is_grad_enabled():  # GradCache's first pass: the chunk runs again, count it once
+                counters = (router.running_counts.clone(), router.last_load.clone(), router.inputs_seen)
+        try:
+            mapped = model(features)["sentence_embedding"].float()
+        finally:
+            if handle is not None:
+                handle.remove()
+            if counters is not None:
+                self.head.router.running_counts.copy_(counters[0])
+                self.head.router.last_load.copy_(counters[1])
+                self.head.router.inputs_seen = counters[2]
+        out = {"q": mapped[:b], "p": mapped[b: 2 * b]}
+        if self.n_neg:
+            out["n"] = mapped[2 * b:].reshape(b, self.n_neg, -1)
+        if self.routed:
+            out["probs"] = self._per_item(decisions[-1].probs, b)
+            out["selected"] = self._per_item(decisions[-1].selected, b)
+        return out
+
+    def loss(self, outputs: dict[str, Tensor], batch: Batch) -> dict[str, Tensor]:
+        """``infonce`` of the gathered step and, for a ``MoEHead``, ``load_balance`` (weighted Switch loss on
+        every row the step routed; zero when the stage does not route)."""
+        parts = self.infonce(outputs["q"], outputs["p"], outputs.get("n"))
+        if isinstance(self.head, MoEHead):
+            if "probs" in outputs:
+                n_experts = outputs["probs"].shape[-1]
+                aux = switch_load_balance(outputs["probs"].reshape(-1, n_experts).float(),
+                                          outputs["selected"].reshape(-1, n_experts))
+            else:
+                aux = outputs["q"].new_zeros(())
+            parts.update(self.load_balance(aux))
+        return parts
+
+    def _per_item(self, rows: Tensor, b: int) -> Tensor:
+        """Head-input rows laid out ``[queries (b), positives (b), negatives (b * n)]`` -> per item
+        ``(b, 2 + n, E)``."""
+        per_item = [rows[:b, None], rows[b: 2 * b, None]]
+        if self.n_neg:
+            per_item.append(rows[2 * b:].reshape(b, self.n_neg, rows.shape[-1]))
+        return torch.cat(per_item, dim=1)
+
+    def _noise(self, batch: Batch, device: torch.device) -> Tensor:
+        """This chunk's rows of one uniform draw, seeded by ``(seed, step)``, over every head-input row of
+        the optimiser step (laid out ``[queries, positives, negatives]`` of ``batch.all_indices``)."""
+        total = len(batch.all_indices)
+        generator = torch.Generator().manual_seed(batch.seed * 1_000_003 + batch.step)
+        noise = torch.rand((total * (2 + self.n_neg), self.head.router.num_experts), generator=generator)
+        where = {item: j for j, item in enumerate(batch.all_indices)}
+        pos = torch.tensor([where[i] for i in batch.indices], dtype=torch.long)
+        rows = [pos, total + pos]
+        if self.n_neg:
+            rows.append((2 * total + pos[:, None] * self.n_neg + torch.arange(self.n_neg)).reshape(-1))
+        return noise[torch.cat(rows)].to(device)
+
+
+def _trainable(params) -> list[nn.Parameter]:
+    return [p for p in params if p.requires_grad]
+
+
+def head_stages(head: nn.Module, query: Tensor, positive: Tensor, negatives: Tensor | None,
+                training: MoETrainingSection, loss: InfoNCESection) -> list[Stage]:
+    """The :class:`~medadapt.training.loop.Stage` list of the module docstring (stages with zero epochs
+    are left out)."""
+    n = int(query.shape[0])
+
+    def step(routing: RoutingMode | None) -> MoEStep:
+        return MoEStep(head, query, positive, negatives, loss, routing)
+
+    if not isinstance(head, MoEHead):
+        if training.shared_epochs or training.random_routing_epochs:
+            raise ConfigError("training.shared_epochs / random_routing_epochs need a MoEHead; "
+                              f"set them to 0 to train a {type(head).__name__}")
+        if not training.epochs:
+            return []
+        return [Stage("main", n, step(None), _trainable(head.parameters()), training.optim(training.epochs))]
+
+    def start(mode: RoutingMode) -> Callable[[], None]:
+        def on_start() -> None:
+            head.set_routing(mode)
+            head.reset_routing_stats()  # the reported statistics describe the last stage
+        return on_start
+
+    everything = _trainable(head.parameters())
+    shared = _trainable(head.parameter_groups()["shared"])
+    routed = head.router is not None
+    stages = []
+    if shared and training.shared_epochs:
+        stages.append(Stage("shared", n, step("off"), shared, training.optim(training.shared_epochs),
+                            on_start=start("off")))
+    if routed and training.random_routing_epochs:
+        stages.append(Stage("random", n, step("random"), everything,
+                            training.optim(training.random_routing_epochs), schedule="routed",
+                            on_start=start("random")))
+    if training.epochs:
+        mode: RoutingMode = "learned" if routed else "off"
+        stages.append(Stage("learned", n, step(mode), everything, training.optim(training.epochs),
+                            schedule="routed", on_start=start(mode)))
+    return stages
+
+
+@contextlib.contextmanager
+def head_training(head: nn.Module | None) -> Iterator[nn.Module | None]:
+    """While training, a :class:`~medadapt.moe.head.MoEHead` learns the full-strength correction
+    (``residual_scale = 1``; the configured scale is the WiSE-FT interpolation applied at inference); its
+    scale and routing mode are restored afterwards, also after an error. Other heads (or ``None``) pass
+    through."""
+    if not isinstance(head, MoEHead):
+        yield head
+        return
+    routing, scale = head.routing, head.residual_scale
+    head.residual_scale = 1.0
+    try:
+        yield head
+    finally:
+        head.set_routing(routing)
+        head.residual_scale = scale
+
+
+def merge_routing_stats(head: nn.Module, accelerator: Any | None) -> None:
+    """Sum the per-process routing counters (call on every process) so ``head.routing_stats()`` describes
+    every process's inputs, as in a one-process run."""
+    if not isinstance(head, MoEHead) or head.router is None or accelerator is None:
+        return
+    if accelerator.num_processes < 2:
+        return
+    from medadapt.training.distributed import sum_across_processes
+
+    router = head.router
+    router.running_counts.copy_(sum_across_processes(router.running_counts))
+    seen = torch.tensor([float(router.inputs_seen)], device=router.running_counts.device)
+    seen = sum_across_processes(seen)
+    router.inputs_seen = int(seen.item())
+
+
+@dataclass
+class HeadTrainResult(LoopResult):
+    """:class:`~medadapt.training.loop.LoopResult` plus the head's routing statistics over the last stage
+    (``head.routing_stats()``; empty for heads that are not a ``MoEHead``)."""
+
+    routing_stats: dict[str, Any] = field(default_factory=dict)
+
+
+def _check_inputs(query: Tensor, positive: Tensor, negatives: Tensor | None) -> None:
+    if query.dim() != 2 or query.shape != positive.shape:
+        raise ConfigError(f"query_emb and pos_emb must both be (N, d); got {tuple(query.shape)}, "
+                          f"{tuple(positive.shape)}")
+    if negatives is not None and (negatives.dim() != 3 or negatives.shape[0] != query.shape[0]
+                                  or negatives.shape[2] != query.shape[1]):
+        raise ConfigError(f"neg_emb must be (N, n, d) matching query_emb {tuple(query.shape)}; "
+                          f"got {tuple(negatives.shape)}")
+    if query.shape[0] == 0:
+        raise ConfigError("no training pairs")
+
+
+def _fingerprint(head: nn.Module, tensors: list[Tensor | None], training: MoETrainingSection,
+                 loss: InfoNCESection) -> str:
+    """Identity of a :func:`train_head` run (configuration, head, training data), so that a checkpoint of
+    another run is refused."""
+    config = head.get_config_dict() if isinstance(head, MoEHead) else type(head).__name__
+    digest = hashlib.sha256(json.dumps(
+        [training.model_dump(mode="json", exclude={"device", "checkpoint_every_steps", "encode_batch_size"}),
+         loss.model_dump(mode="json"), config, [None if t is None else list(t.shape) for t in tensors]],
+        sort_keys=True, default=str).encode())
+    for t in tensors:
+        if t is not None:
+            digest.update(t.detach().cpu().contiguous().numpy().data)
+    return digest.hexdigest()[:32]
+
+
+def train_head(
+    head: nn.Module,
+    query_emb: Tensor,
+    pos_emb: Tensor,
+    neg_emb: Tensor | None = None,
+    training: MoETrainingSection | None = None,
+    loss: InfoNCESection | None = None,
+    *,
+    accelerator: Any | None = None,
+    checkpoint: CheckpointConfig | str | Path | None = None,
+    fingerprint: str | None = None,
+    progress: Callable[[str, int, int, dict[str, Any]], None] | None = None,
+) -> HeadTrainResult:
+    """Train ``head`` in place on cached raw backbone embeddings through the schedule of the module
+    docstring; the Python API of what the ``moe`` recipe's fast path does.
+
+    Args:
+        head: a :class:`~medadapt.moe.head.MoEHead` or any module mapping ``features["sentence_embedding"]``.
+        query_emb: ``(N, d)`` raw (un-normalised) query embeddings.
+        pos_emb: ``(N, d)`` raw embeddings of each query's positive document.
+        neg_emb: optional ``(N, n, d)`` raw hard-negative embeddings.
+        training: :class:`~medadapt.moe.sections.MoETrainingSection` (its defaults when ``None``); ``seed``
+            seeds data order and random routing, ``device`` places the head when there is no accelerator.
+        loss: :class:`~medadapt.moe.sections.InfoNCESection` (its defaults when ``None``).
+        accelerator: an ``accelerate.Accelerator`` (``None``: one process on ``training.device`` or the
+            head's device); under ``accelerate launch`` the loss is the global-batch loss.
+        checkpoint: a :class:`~medadapt.training.checkpoint.CheckpointConfig`, or a folder (checkpoints every
+            ``training.checkpoint_every_steps`` steps and at stage ends); a later call resumes from it.
+        fingerprint: identity of the run stored in checkpoints (default: a hash of the configuration, the
+            head's config and the data), a resume with another one is refused.
+        progress: ``progress(stage, step, total, row)`` after every step (main process).
+
+    Returns:
+        :class:`HeadTrainResult`: per-step rows (``stage``, ``step``, ``epoch``, ``loss``, ``infonce``,
+        ``load_balance``, ``lr``), steps per stage, seconds and the routing statistics.
+    """
+    training = training if training is not None else MoETrainingSection()
+    loss = loss if loss is not None else InfoNCESection()
+    _check_inputs(query_emb, pos_emb, neg_emb)
+    if accelerator is None:
+        if training.mixed_precision != "no":
+            raise ConfigError(f"training.mixed_precision={training.mixed_precision!r} needs an accelerator: "
+                              "pass accelerator=accelerate.Accelerator(mixed_precision=...)")
+        device = torch.device(training.device) if training.device else next(head.parameters()).device
+    else:
+        device = accelerator.device
+    head.to(device)
+    if isinstance(checkpoint, (str, Path)):
+        checkpoint = CheckpointConfig(Path(checkpoint), every_steps=training.checkpoint_every_steps)
+    tensors = [query_emb.float(), pos_emb.float(), None if neg_emb is None else neg_emb.float()]
+    if checkpoint is not None and fingerprint is None:
+        fingerprint = _fingerprint(head, tensors, training, loss)
+    with head_training(head):
+        stages = head_stages(head, *tensors, training, loss)
+        res = train(head, stages, seed=training.seed, accelerator=accelerator, checkpoint=checkpoint,
+                    fingerprint=fingerprint, progress=progress)
+    merge_routing_stats(head, accelerator)
+    stats = head.routing_stats() if isinstance(head, MoEHead) else {}
+    return HeadTrainResult(loss_history=res.loss_history, stage_steps=res.stage_steps, seconds=res.seconds,
+                           routing_stats=stats)
+
+
+@torch.no_grad()
+def encode_with_head(head: nn.Module, emb: Tensor, batch_size: int = 1024) -> Tensor:
+    """Apply ``head`` then L2 normalisation to cached raw embeddings ``(N, d)``, in eval mode, batch by
+    batch: what the attached head followed by ``Normalize`` computes. Returns float32 on ``emb``'s device;
+    the head's train/eval mode is restored."""
+    was_training = head.training
+    head.eval()
+    device = next(head.parameters()).device
+    try:
+        outputs = []
+        for start in range(0, emb.shape[0], batch_size):
+            block = emb[start: start + batch_size].to(device=device, dtype=torch.float32)
+            mapped = head({"sentence_embedding": block})["sentence_embedding"]
+            outputs.append(torch.nn.functional.normalize(mapped, dim=-1).to(emb.device))
+        return torch.cat(outputs) if outputs else emb.new_zeros((0, emb.shape[-1]), dtype=torch.float32)
+    finally:
+        head.train(was_training)

@@ -1,0 +1,118 @@
+"""The configuration sections of Med-MoE-Embed training: ``head``, ``loss`` and ``training``.
+
+They are both the ``moe`` recipe's sections (:class:`~medadapt.moe.recipe.MoERecipe`) and the arguments of
+the Python API (:func:`~medadapt.moe.schedule.train_head`): one class, one set of defaults.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import TYPE_CHECKING, Annotated, Any, Literal, Union
+
+from pydantic import Field, model_validator
+
+from medadapt.config import Section
+from medadapt.errors import ConfigError
+from medadapt.moe.config import MoEConfig
+from medadapt.recipes.base import RunSection
+from medadapt.training.config import OptimSection
+
+if TYPE_CHECKING:
+    from medadapt.losses.infonce import InfoNCELoss
+    from medadapt.losses.load_balance import LoadBalanceLoss
+
+__all__ = ["HeadSection", "InfoNCESection", "LossSection", "MoEHeadSection", "MoETrainingSection", "NoHead"]
+
+_MOE_DEFAULTS = {f.name: f for f in dataclasses.fields(MoEConfig)}
+
+
+def _default(name: str) -> Any:
+    """``MoEConfig``'s default for ``name`` (the head section repeats no default of its own)."""
+    f = _MOE_DEFAULTS[name]
+    return f.default
+
+
+def _factory(name: str):
+    return _MOE_DEFAULTS[name].default_factory
+
+
+class NoHead(Section):
+    """No head: train (``model.peft`` / ``freeze_backbone: false``) or evaluate the backbone alone."""
+
+    kind: Literal["none"] = "none"
+
+
+class MoEHeadSection(Section):
+    """A :class:`~medadapt.moe.head.MoEHead`; the fields (and defaults) are
+    :class:`~medadapt.moe.config.MoEConfig`'s, minus ``dim`` (taken from the backbone), the run-time
+    ``routing`` mode (set by the training schedule) and ``input_name``."""
+
+    kind: Literal["moe"] = "moe"
+    shared_experts: list[str] = Field(default_factory=_factory("shared_experts"))
+    routed_experts: list[str] = Field(default_factory=_factory("routed_experts"))
+    top_k: int = Field(_default("top_k"), ge=0)
+    expansion: int = Field(_default("expansion"), ge=1)
+    alpha_init: float = _default("alpha_init")
+    residual: bool = _default("residual")
+    residual_scale: float = Field(_default("residual_scale"), ge=0, le=1,
+                                  description="WiSE-FT interpolation at inference (training uses 1)")
+    zero_init_output: bool = _default("zero_init_output")
+    renormalize_top_k: bool = _default("renormalize_top_k")
+    gate_init_std: float = Field(_default("gate_init_std"), ge=0)
+    expert_options: dict[str, dict[str, Any]] = Field(default_factory=_factory("expert_options"))
+
+    def to_config(self, dim: int) -> MoEConfig:
+        """The head's :class:`~medadapt.moe.config.MoEConfig` for a backbone of width ``dim``."""
+        return MoEConfig(dim=dim, **self.model_dump(exclude={"kind"}))
+
+    @model_validator(mode="after")
+    def _valid_moe(self) -> MoEHeadSection:
+        try:
+            self.to_config(dim=8)
+        except ConfigError as exc:
+            raise ValueError(str(exc)) from None
+        return self
+
+
+HeadSection = Annotated[Union[NoHead, MoEHeadSection], Field(discriminator="kind")]
+
+
+class InfoNCESection(Section):
+    """InfoNCE on cosine similarity with in-batch (and mined hard) negatives, plus the MoE Switch
+    load-balancing term weighted by ``load_balance_weight`` (:meth:`build`)."""
+
+    kind: Literal["infonce"] = "infonce"
+    temperature: float = Field(0.05, gt=0)
+    load_balance_weight: float = Field(0.01, ge=0)
+
+    def build(self) -> tuple[InfoNCELoss, LoadBalanceLoss]:
+        """The two loss modules: :class:`~medadapt.losses.InfoNCELoss` at ``temperature`` and
+        :class:`~medadapt.losses.LoadBalanceLoss` at ``load_balance_weight``."""
+        from medadapt.losses.infonce import InfoNCELoss
+        from medadapt.losses.load_balance import LoadBalanceLoss
+
+        return InfoNCELoss(self.temperature), LoadBalanceLoss(self.load_balance_weight)
+
+
+LossSection = Annotated[Union[InfoNCESection], Field(discriminator="kind")]
+
+
+class MoETrainingSection(RunSection, OptimSection):
+    """How the head (or backbone) trains: the run settings (:class:`~medadapt.recipes.base.RunSection`:
+    seed, precision, device, checkpoints, encoding batch), the optimisation
+    (:class:`~medadapt.training.config.OptimSection`) with the defaults the MoE recipes use, and
+    Med-MoE-Embed's two-step schedule (paper §III-D): ``shared_epochs`` on the shared experts alone,
+    ``random_routing_epochs`` of random-routing warm-up, then ``epochs`` with the learned gate (the random and
+    learned stages share one optimiser and learning-rate schedule). ``max_steps`` caps each stage.
+    ``batch_size`` is the global batch (queries per optimiser step before accumulation)."""
+
+    epochs: int = Field(1, ge=0, description="epochs with the learned gate (all epochs for other heads)")
+    shared_epochs: int = Field(0, ge=0, description="epochs training only the shared experts (routing off)")
+    random_routing_epochs: int = Field(0, ge=0, description="epochs of random-routing warm-up")
+    batch_size: int = Field(64, ge=1)
+    lr: float = Field(2e-5, gt=0)
+    warmup_ratio: float = Field(0.0, ge=0, lt=1)
+
+    def optim(self, epochs: int) -> OptimSection:
+        """The :class:`~medadapt.training.config.OptimSection` of one stage of ``epochs`` epochs."""
+        return OptimSection(**{**self.model_dump(include=set(OptimSection.model_fields)), "epochs": epochs})
