@@ -1,11 +1,6 @@
-"""LoRA on the document tower of an asymmetric model (CARE: document encoders fine-tuned with LoRA).
-
-The adapter itself is :mod:`medadapt.training.lora` (one helper for every system, configured by the
-recipe's :class:`~medadapt.recipes.base.LoraSection`); this module only says *where* it goes in a Router
-model: the ``Transformer`` that starts the document route. Only the LoRA matrices of the document tower
-train; the query tower is untouched. :func:`merge_document_lora` folds the adapter into the weights so the
-saved model is a plain folder that loads without PEFT. CARE Appendix C.3 uses ``r=32`` (``recipes/care.yaml``
-says so; the section's defaults are ``r=16, alpha=32``).
+"""LoRA on the document tower of an asymmetric model (CARE Appendix C.3: the document encoder is fine-tuned
+with LoRA, ``r=32`` in ``recipes/care.yaml``): the one helper :mod:`medadapt.training.lora`, placed on the
+``Transformer`` that starts the document route, and merged before saving so the folder loads without PEFT.
 """
 
 from __future__ import annotations
@@ -31,12 +26,9 @@ def document_transformer(model):
 
 
 def attach_document_lora(model, lora: LoraSection | None = None, *, gradient_checkpointing: bool = False):
-    """Wrap the document tower's transformer with a PEFT LoRA adapter (:func:`medadapt.training.lora.
-    attach_lora`; ``lora`` default: ``LoraSection()``), in place; returns the PEFT model.
-
-    Afterwards only the LoRA matrices of the document tower have ``requires_grad`` among document-tower
-    parameters (the query tower's flags are not changed).
-    """
+    """Wrap the document route's transformer with a PEFT LoRA adapter in place (``lora`` default:
+    ``LoraSection()``); returns the PEFT model. Afterwards only its LoRA matrices have ``requires_grad`` among
+    the document tower's parameters (the query tower's flags are not changed)."""
     return attach_lora(document_transformer(model), lora if lora is not None else LoraSection(),
                        gradient_checkpointing=gradient_checkpointing)
 

@@ -1,36 +1,14 @@
-"""CARE recipes: the typed YAML schema (``kind: care``) and the system's ``train`` / ``evaluate`` for the
-one runner (:func:`medadapt.recipes.run_recipe`, ``medadapt train``).
-
-A CARE recipe describes the two towers, how they are joined, and the three training phases::
-
-    kind: care
-    name: care-minilm
-    data:     {path: ../shared/data/medquad, train_split: train}
-    document: {kind: sentence_transformer, model: minilm}               # or kind: decoder (Qwen3, LoRA, MRL)
-    query:    {kind: pruned, layers: 2}                                  # or sentence_transformer / static
-    architecture: {projection: false, truncate_to: auto}
-    init:     {query: null, document: null}                              # independent initialisation (skip)
-    stage1:   {epochs: 1, batch_size: 64, lr: 1.0e-4, mse_weight: 1.0}   # query alignment (eq. 3)
-    stage2:   {epochs: 1, train_document: true, negatives: 7}            # joint fine-tuning (eq. 4)
-    training: {seed: 42, mixed_precision: bf16}
-    eval:     {split: test, metrics: [ndcg@10], expected: {ndcg@10: 0.55}}
-
-:class:`CareRecipe` extends :class:`~medadapt.recipes.base.RecipeBase`; every phase's optimisation is a
-:class:`~medadapt.asym.stages.CarePhaseSection` (the loop's ``OptimSection`` with CARE's Table-17
-defaults). Every section forbids unknown keys; discriminated sections (``document.kind``, ``query.kind``)
-list their valid kinds in the error. Importing this module registers the kind (entry point
-``medadapt.recipe_kinds: care``).
-
-Python API: the sections are the configs, so a recipe built in Python equals the YAML one::
-
-    from medadapt.recipes import DataSection, run_recipe
-    recipe = CareRecipe(name="care-x", data=DataSection(path="medmini"),
-                        document=DocumentSection(model="minilm"), query=PrunedQuerySection(layers=2))
-    result = run_recipe(recipe, "runs/care-x")     # checkpoints in runs/care-x.checkpoints/<phase>
+"""CARE recipes (``kind: care``, e.g. ``recipes/care-minilm.yaml``; see ``docs/care.md``): the schema of the
+document and query towers, how they are joined (``architecture``) and the training phases (``init``;
+``stage1``, query alignment, eq. 3; ``stage2``, joint fine-tuning, eq. 4), and the system's ``train`` /
+``evaluate`` for the one runner (:func:`medadapt.recipes.run_recipe`). Every phase's optimisation is a
+:class:`~medadapt.asym.stages.CarePhaseSection`; the sections are the Python API's configs too (a
+``CareRecipe`` built in Python equals the YAML). Importing this module registers the kind.
 """
 
 from __future__ import annotations
 
+import contextlib
 import time
 from typing import TYPE_CHECKING, Annotated, Any, Literal, Union
 
@@ -43,33 +21,16 @@ from medadapt.recipes.registry import RecipeKind, register_kind
 if TYPE_CHECKING:
     from medadapt.recipes.run import RunContext
 
-__all__ = [
-    "ArchitectureSection",
-    "CarePhaseSection",
-    "CareRecipe",
-    "CareTrainingSection",
-    "DocumentSection",
-    "InitSection",
-    "PrunedQuerySection",
-    "StQuerySection",
-    "Stage1Section",
-    "Stage2Section",
-    "StaticQuerySection",
-    "build_document_tower",
-    "build_query_tower",
-    "evaluate",
-    "train",
-]
+__all__ = ["ArchitectureSection", "CarePhaseSection", "CareRecipe", "CareTrainingSection", "DocumentSection",
+           "InitSection", "PrunedQuerySection", "StQuerySection", "Stage1Section", "Stage2Section",
+           "StaticQuerySection", "build_document_tower", "build_query_tower", "evaluate", "train"]
 
 
 class DocumentSection(Section):
-    """The large, offline document tower.
-
-    ``kind: sentence_transformer`` loads any ST model (alias, folder, hub id); ``kind: decoder`` wraps a
-    decoder LLM (``AutoModel``: Qwen2/Qwen3/Llama/Pythia/Gemma) with EOS appending and last-token pooling.
-    ``lora`` trains the tower through a LoRA adapter (independent init and stage II; merged after each);
-    ``gradient_checkpointing`` turns on activation checkpointing wherever the tower trains.
-    """
+    """The large, offline document tower: any ST model (``kind: sentence_transformer``: alias, folder, hub
+    id) or a decoder LLM (``kind: decoder``: Qwen2/Qwen3/Llama/Pythia/Gemma, EOS + last-token pooling).
+    ``lora`` trains it through a LoRA adapter (independent init and stage II; merged after each);
+    ``gradient_checkpointing`` turns on activation checkpointing wherever the tower trains."""
 
     kind: Literal["sentence_transformer", "decoder"] = "sentence_transformer"
     model: str
@@ -163,10 +124,8 @@ class Stage1Section(CarePhaseSection):
 
 class Stage2Section(CarePhaseSection):
     """Stage II, joint fine-tuning (eq. 4) on labelled pairs with mined hard negatives (``split`` defaults
-    to ``data.train_split``).
-
-    ``train_document: false`` keeps the document tower frozen (its cached corpus stays valid): the CPU
-    shortcut, which is *not* the paper's stage II."""
+    to ``data.train_split``). ``train_document: false`` keeps the document tower frozen (its cached corpus
+    stays valid): the CPU shortcut, which is *not* the paper's stage II."""
 
     enabled: bool = True
     split: str | None = None
@@ -213,14 +172,9 @@ class CareRecipe(RecipeBase):
 
 
 # ---------------------------------------------------------------------------------------------- towers
-def _dtype(name: str | None):
-    import torch
-
-    return None if name is None else getattr(torch, name)
-
-
 def build_document_tower(spec: DocumentSection, device: str | None = None):
     """The standalone (symmetric) document tower: ST modules + ``Normalize``, with ``spec.prompts``."""
+    import torch
     from sentence_transformers import SentenceTransformer
     from sentence_transformers.base.modules import Normalize
 
@@ -228,7 +182,7 @@ def build_document_tower(spec: DocumentSection, device: str | None = None):
     from medadapt.models import load, resolve_model_path
 
     if spec.kind == "decoder":
-        kwargs = {"dtype": _dtype(spec.torch_dtype)} if spec.torch_dtype else {}
+        kwargs = {"dtype": getattr(torch, spec.torch_dtype)} if spec.torch_dtype else {}
         modules = decoder_tower_modules(resolve_model_path(spec.model), spec.max_seq_length, spec.padding_side,
                                         model_kwargs=kwargs)
         model = SentenceTransformer(modules=[*modules, Normalize()], device=device, prompts=dict(spec.prompts))
@@ -268,24 +222,11 @@ def build_query_tower(spec, document, texts: list[str] | None = None, device: st
 
 
 # ---------------------------------------------------------------------------------------------- running
-def _summary(res) -> dict[str, Any]:
-    hist = res.loss_history
-    return {"steps": res.steps, "seconds": round(res.seconds, 2),
-            "first_loss": hist[0]["loss"] if hist else None, "last_loss": hist[-1]["loss"] if hist else None}
-
-
 def train(recipe: CareRecipe, ctx: RunContext):
-    """Train what a CARE recipe describes; returns the asymmetric model (saved by the runner).
-
-    Steps: build the document tower -> (init it: symmetric InfoNCE + MRL, through LoRA when
-    ``document.lora``) -> build the query tower -> (init it) -> assemble the Router model -> stage I
-    (teacher embeddings from the EmbeddingCache) -> stage II (LoRA on the document route when
-    ``document.lora`` is set and ``stage2.train_document``) -> merge LoRA (``training.merge_lora_on_save``).
-    Each phase runs through ``ctx.train`` (the one loop) and checkpoints into
-    ``ctx.checkpoint_dir/<phase>`` (``init_document``, ``init_query``, ``stage1``, ``stage2``); a re-run
-    resumes. Per-phase summaries (steps, seconds, first / last loss) go to
-    ``ctx.result.details["stages"]``.
-    """
+    """Train what a CARE recipe describes; returns the asymmetric model (saved by the runner): document
+    tower (+ init, through LoRA when ``document.lora``) -> query tower (+ init) -> Router model -> stage I ->
+    stage II -> merged LoRA. Each phase runs through ``ctx.train`` with its own checkpoint folder (a re-run
+    resumes); its summary (steps, seconds, first / last loss) goes to ``ctx.result.details["stages"]``."""
     import torch
 
     from medadapt.asym.alignment_loss import QueryAlignmentLoss
@@ -297,101 +238,95 @@ def train(recipe: CareRecipe, ctx: RunContext):
     from medadapt.losses import AsymInfoNCELoss, InfoNCELoss, MatryoshkaLoss
     from medadapt.training.lora import attach_lora, merge_lora
 
-    tr, acc, cache, log = recipe.training, ctx.accelerator, ctx.cache, ctx.log
-    device, bs = ctx.device, tr.encode_batch_size
+    tr, init, s1, s2, cache = recipe.training, recipe.init, recipe.stage1, recipe.stage2, ctx.cache
+    device, bs, lora, arch = ctx.device, tr.encode_batch_size, recipe.document.lora, recipe.architecture
+    checkpointing = recipe.document.gradient_checkpointing
     show = ctx.show_progress and ctx.is_main
     stages: dict[str, Any] = ctx.result.details.setdefault("stages", {})
 
     def run(model, stage) -> None:
         with trainable_only(model, stage.params):
             res = ctx.train(model, [stage], name=stage.name)
-        stages[stage.name] = _summary(res)
+        hist = res.loss_history
+        stages[stage.name] = {"steps": res.steps, "seconds": round(res.seconds, 2),
+                              "first_loss": hist[0]["loss"] if hist else None,
+                              "last_loss": hist[-1]["loss"] if hist else None}
 
-    splits: set[str] = set()
-    if recipe.stage1.enabled:
-        splits |= set(recipe.stage1_splits())
-    if recipe.stage2.enabled:
+    @contextlib.contextmanager
+    def encoding():  # encoding time; the main process goes first (it fills the cache, the others read it)
+        t0 = time.perf_counter()
+        with ctx.accelerator.main_process_first():
+            yield
+        ctx.result.encode_seconds += time.perf_counter() - t0
+
+    splits = set(recipe.stage1_splits()) if s1.enabled else set()
+    if s2.enabled:
         splits.add(recipe.stage2_split())
-    if recipe.init.query or recipe.init.document:
+    if init.query or init.document:
         splits.add(recipe.init_split())
     data = load_beir(ctx.resolve(recipe.data.path), sorted(splits) or None)
     doc_texts = data.doc_texts()
 
     # ---- document tower (+ independent initialisation)
     document = build_document_tower(recipe.document, device)
-    lora = recipe.document.lora
-    init = recipe.init
     init_pairs = None
     if init.query or init.document:
-        t0 = time.perf_counter()
-        with acc.main_process_first():  # the main process fills the cache, the others read it
-            init_pairs = mined_pairs(data, recipe.init_split(), init.max_queries, init.negatives,
-                                     recipe.stage2.skip_top, recipe.stage2.depth, document, cache, bs, tr.seed)
-        ctx.result.encode_seconds += time.perf_counter() - t0
+        with encoding():
+            init_pairs = mined_pairs(data, recipe.init_split(), init.max_queries, init.negatives, s2.skip_top,
+                                     s2.depth, document, cache, bs, tr.seed)
     if init.document:
         if lora is not None:
-            attach_lora(document, lora, gradient_checkpointing=recipe.document.gradient_checkpointing)
-        base = InfoNCELoss(init.temperature)
-        loss = MatryoshkaLoss(base, recipe.document.mrl_dims) if recipe.document.mrl_dims else base
-        log("init: document tower (symmetric InfoNCE" + (" + MRL)" if recipe.document.mrl_dims else ")"))
-        run(document, init_stage(document, init_pairs, doc_texts, init.document, loss, max_length=init.max_length,
-                                 name="init_document"))
+            attach_lora(document, lora, gradient_checkpointing=checkpointing)
+        base, mrl = InfoNCELoss(init.temperature), recipe.document.mrl_dims
+        loss = MatryoshkaLoss(base, mrl) if mrl else base
+        ctx.log("init: document tower (symmetric InfoNCE" + (" + MRL)" if mrl else ")"))
+        run(document, init_stage(document, init_pairs, doc_texts, init.document, loss,
+                                 max_length=init.max_length, name="init_document"))
         merge_lora(document)
 
     # ---- query tower (+ independent initialisation)
-    stage1_items = None
-    if recipe.stage1.enabled:
-        s1 = recipe.stage1
+    stage1_items = []
+    if s1.enabled:
         stage1_items = self_contrastive_texts(data, recipe.stage1_splits(), s1.include_corpus, s1.max_texts,
                                               tr.seed, s1.max_corpus_texts)
-    distil_texts = doc_texts + [t for t, r in (stage1_items or []) if r == "query"]  # static: token table + SIF
+    distil_texts = doc_texts + [t for t, r in stage1_items if r == "query"]  # static: token table + SIF
     query = build_query_tower(recipe.query, document, distil_texts, device)
     if init.query:
-        log("init: query tower (symmetric InfoNCE)")
+        ctx.log("init: query tower (symmetric InfoNCE)")
         run(query, init_stage(query, init_pairs, doc_texts, init.query, InfoNCELoss(init.temperature),
                               max_length=init.max_length, name="init_query"))
 
-    prompts = {}
-    if "query" in recipe.query.prompts:
-        prompts["query"] = recipe.query.prompts["query"]
-    if "document" in recipe.document.prompts:
-        prompts["document"] = recipe.document.prompts["document"]
-    model = build_asymmetric_model(query, document, projection=recipe.architecture.projection,
-                                   truncate_to=recipe.architecture.truncate_to, prompts=prompts, device=device)
-    dim = model.get_embedding_dimension()
+    towers = {"query": recipe.query, "document": recipe.document}
+    prompts = {role: spec.prompts[role] for role, spec in towers.items() if role in spec.prompts}
+    model = build_asymmetric_model(query, document, projection=arch.projection, truncate_to=arch.truncate_to,
+                                   prompts=prompts, device=device)
 
     # ---- stage I: query alignment against cached teacher embeddings
-    if recipe.stage1.enabled:
-        s1 = recipe.stage1
-        t0 = time.perf_counter()
-        with acc.main_process_first():
-            teacher = teacher_targets(document, stage1_items, cache, dim=dim, batch_size=bs, show_progress=show)
-        ctx.result.encode_seconds += time.perf_counter() - t0
-        log(f"stage I: aligning the query tower on {len(stage1_items)} texts")
+    if s1.enabled:
+        with encoding():
+            teacher = teacher_targets(document, stage1_items, cache, dim=model.get_embedding_dimension(),
+                                      batch_size=bs, show_progress=show)
+        ctx.log(f"stage I: aligning the query tower on {len(stage1_items)} texts")
         run(model, align_stage(model, [t for t, _ in stage1_items], teacher, s1,
                                QueryAlignmentLoss(s1.temperature, s1.contrastive_weight, s1.mse_weight),
                                max_length=s1.max_length, name="stage1"))
 
     # ---- stage II: joint fine-tuning
-    if recipe.stage2.enabled:
-        s2 = recipe.stage2
-        t0 = time.perf_counter()
-        with acc.main_process_first():
-            pairs = mined_pairs(data, recipe.stage2_split(), s2.max_queries, s2.negatives, s2.skip_top, s2.depth,
-                                document, cache, bs, tr.seed)
+    if s2.enabled:
         doc_table = None
-        if s2.train_document:
-            if lora is not None:
-                attach_document_lora(model, lora, gradient_checkpointing=recipe.document.gradient_checkpointing)
-        else:
-            with acc.main_process_first():
-                doc_table = torch.from_numpy(cache.encode(tower(model, "document"), doc_texts, role="document",
-                                                          batch_size=bs, show_progress=show))
-        ctx.result.encode_seconds += time.perf_counter() - t0
+        with encoding():
+            pairs = mined_pairs(data, recipe.stage2_split(), s2.max_queries, s2.negatives, s2.skip_top,
+                                s2.depth, document, cache, bs, tr.seed)
+            if s2.train_document and lora is not None:
+                attach_document_lora(model, lora, gradient_checkpointing=checkpointing)
+            elif not s2.train_document:
+                table = cache.encode(tower(model, "document"), doc_texts, role="document", batch_size=bs,
+                                     show_progress=show)
+                doc_table = torch.from_numpy(table)
         how = "frozen"
         if s2.train_document:
             how = "trainable via LoRA" if lora is not None else "fully trainable"
-        log(f"stage II: joint fine-tuning on {len(pairs)} pairs (document tower {how})")
+        ctx.log(f"stage II: joint fine-tuning on {len(pairs)} pairs (document tower {how})")
         run(model, joint_stage(model, pairs, doc_texts, s2, AsymInfoNCELoss(s2.temperature),
                                train_document=s2.train_document, doc_table=doc_table,
                                query_max_length=s2.query_max_length, doc_max_length=s2.document_max_length,
@@ -402,11 +337,9 @@ def train(recipe: CareRecipe, ctx: RunContext):
 
 
 def evaluate(recipe: CareRecipe, model, ctx: RunContext) -> dict[str, float]:
-    """:func:`~medadapt.asym.evaluate_asymmetric` on ``eval.data`` (default ``data.path``), split
-    ``eval.split``: the model as it is served, the corpus through the document route *via the embedding
-    cache* (keyed by the document route's own modules, so a frozen document tower cached as a standalone
-    model costs no re-encode, unlike the whole-model key of ``evaluate_dense``), queries through the query
-    route (not cached)."""
+    """:func:`~medadapt.asym.evaluate_asymmetric` on ``eval.data`` (default ``data.path``), ``eval.split``:
+    the corpus through the document route via the embedding cache, keyed by that route's own modules (so a
+    frozen document tower cached as a standalone model costs no re-encode, unlike ``evaluate_dense``)."""
     from medadapt.asym.evaluate import evaluate_asymmetric
     from medadapt.data import load_beir
 

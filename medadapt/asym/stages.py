@@ -1,29 +1,16 @@
 """The three CARE training phases on a Router-based asymmetric model (CARE §4.2, Appendix C).
 
-* :func:`init_tower` – **independent initialisation** (Appendix C.1): symmetric InfoNCE fine-tuning of one
-  standalone tower on (query, positive, hard negatives); for the document tower wrap the loss in
-  :class:`~medadapt.losses.MatryoshkaLoss` (eq. 5) so its prefix is usable at the query width.
-* :func:`align_queries` – **stage I** (§4.2.1): document tower frozen; the query route learns to map each
-  unlabeled text onto the teacher's embedding of the same text (eq. 3 = Asym-InfoNCE eq. 1 + MSE eq. 2).
-  Teacher embeddings are a precomputed tensor (from the EmbeddingCache), so the large model never runs.
-* :func:`joint_finetune` – **stage II** (§4.2.2): query route and document route (through LoRA when
-  attached) trained together with Asym-InfoNCE (eq. 4) over in-batch and hard negatives, one learning rate.
-  ``train_document=False`` keeps the document tower frozen and reads document embeddings from a table
-  (the CPU shortcut: the cached corpus stays valid).
+* independent initialisation (Appendix C.1, :func:`init_stage` / :func:`init_tower`): symmetric InfoNCE on
+  one standalone tower (the document tower's loss wrapped in ``MatryoshkaLoss``, eq. 5);
+* stage I (§4.2.1, :func:`align_stage` / :func:`align_queries`): the query route learns the teacher's
+  precomputed embedding of each text (eq. 3), the document tower frozen;
+* stage II (§4.2.2, :func:`joint_stage` / :func:`joint_finetune`): both routes (the document one through
+  LoRA when attached) with Asym-InfoNCE (eq. 4), or the query route alone against a frozen ``doc_table``.
 
-Each phase is a :class:`~medadapt.training.loop.Stage` of the one training loop
-(:func:`medadapt.training.loop.train`): :func:`init_stage`, :func:`align_stage` and :func:`joint_stage`
-build it, the functions above build and run it. A phase's :class:`~medadapt.training.loop.Step` embeds its
-items (``forward`` returns per-item embeddings: query, positive, negatives as ``(items, n, d)``, teacher
-rows) and computes the loss on the embeddings of the whole optimiser step, which the loop gathers over
-processes and accumulation chunks (GradCache): in-batch negatives span the global batch and the loss equals
-the single-process one. The optimisation of a phase is a :class:`CarePhaseSection` (CARE Table 17:
-lr 1e-4, warm-up 0.05). Texts are routed by ``task`` through the model's Router
-(``model.preprocess(texts, task="query")``), exactly what ``encode_query`` / ``encode_document`` do at
-inference.
+Each phase is a :class:`~medadapt.training.loop.Stage` of the one loop (in-batch negatives span the gathered
+global batch) configured by a :class:`CarePhaseSection`; texts are routed by ``task`` through the Router.
 
 Example:
-    >>> from medadapt.asym import CarePhaseSection, align_queries
     >>> align_queries(model, texts, teacher, CarePhaseSection(epochs=1, batch_size=64), seed=0)
 """
 
@@ -34,7 +21,6 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 import torch
-from pydantic import Field
 from torch import Tensor, nn
 
 from medadapt.asym.alignment_loss import QueryAlignmentLoss
@@ -45,37 +31,16 @@ from medadapt.losses.asym_infonce import AsymInfoNCELoss
 from medadapt.training.config import OptimSection
 from medadapt.training.loop import Batch, LoopResult, Stage, train
 
-__all__ = [
-    "AlignStep",
-    "CarePhaseSection",
-    "PairStep",
-    "align_queries",
-    "align_stage",
-    "embed",
-    "init_stage",
-    "init_tower",
-    "joint_finetune",
-    "joint_stage",
-    "route_parameters",
-    "teacher_targets",
-    "trainable_only",
-]
+__all__ = ["AlignStep", "CarePhaseSection", "PairStep", "align_queries", "align_stage", "embed",
+           "init_stage", "init_tower", "joint_finetune", "joint_stage", "route_parameters", "teacher_targets",
+           "trainable_only"]
 
 
 class CarePhaseSection(OptimSection):
-    """Optimisation of one CARE phase (independent init, stage I, stage II): the loop's
-    :class:`~medadapt.training.config.OptimSection` with CARE's Table-17 settings as defaults (lr 1e-4 and
-    warm-up 0.05 for every phase and both towers; batch sizes are global, the paper's are 640 / 2,560 / 640).
-    ``gradient_accumulation_steps`` trains exactly as the larger batch (GradCache: in-batch negatives span
-    every chunk)."""
-
-    batch_size: int = Field(32, ge=1)
-    lr: float = Field(1e-4, gt=0)
-    warmup_ratio: float = Field(0.05, ge=0, lt=1)
-
-
-def _device(model: nn.Module) -> torch.device:
-    return next(model.parameters()).device
+    """Optimisation of one CARE phase (independent init, stage I, stage II). CARE's Table-17 settings (lr
+    1e-4, warm-up 0.05 for every phase and both towers) are the loop's
+    :class:`~medadapt.training.config.OptimSection` defaults; batch sizes are global (the paper's are 640 /
+    2,560 / 640), and ``gradient_accumulation_steps`` trains exactly as the larger batch (GradCache)."""
 
 
 def embed(model, texts: Sequence[str], task: str | None, *, run_model: nn.Module | None = None,
@@ -88,7 +53,7 @@ def embed(model, texts: Sequence[str], task: str | None, *, run_model: nn.Module
     if max_length is not None:
         kwargs["max_length"] = max_length
     features = model.preprocess(list(texts), prompt=prompt or None, **kwargs)
-    device = _device(model)
+    device = next(model.parameters()).device
     features = {k: v.to(device) if isinstance(v, Tensor) else v for k, v in features.items()}
     return (run_model or model)(features)["sentence_embedding"]
 
@@ -116,10 +81,7 @@ def teacher_targets(teacher, items: Sequence[tuple[str, str]], cache, *, dim: in
         out[rows] = emb
     if out is None:
         raise ConfigError("no teacher texts")
-    t = torch.from_numpy(out)
-    if dim is not None:
-        t = t[:, :dim]
-    return torch.nn.functional.normalize(t, dim=-1)
+    return torch.nn.functional.normalize(torch.from_numpy(out)[:, :dim], dim=-1)
 
 
 @contextlib.contextmanager
@@ -139,13 +101,9 @@ def trainable_only(model: nn.Module, params: Sequence[nn.Parameter]) -> Iterator
 
 # ------------------------------------------------------------------------------------------------ steps
 class PairStep:
-    """(query, positive, hard negatives) items of ``pairs`` -> ``loss(query, positive, negatives)``.
-
-    ``forward`` returns ``{"query": (b, d), "positive": (b, d), "negatives": (b, n, d)}`` (no
-    ``negatives`` when the pairs have none); queries go through the query route (``task="query"``),
-    documents through the document route, or are rows of ``doc_table`` when one is given (frozen document
-    tower).
-    """
+    """(query, positive, hard negatives) items of ``pairs`` -> ``loss(query, positive, negatives)``:
+    ``forward`` returns ``{"query": (b, d), "positive": (b, d), "negatives": (b, n, d)}`` (no ``negatives``
+    when the pairs have none); documents go through the document route, or are rows of ``doc_table``."""
 
     def __init__(self, model, pairs: Sequence[TrainPair], doc_texts: Sequence[str], loss: nn.Module, *,
                  doc_table: Tensor | None = None, query_max_length: int | None = None,
@@ -204,10 +162,9 @@ def _check(name: str, n_items: int, params: Sequence[nn.Parameter]) -> None:
 
 def init_stage(tower, pairs: Sequence[TrainPair], doc_texts: Sequence[str], section: OptimSection,
                loss: nn.Module, *, max_length: int | None = None, name: str = "init") -> Stage:
-    """The independent-initialisation :class:`~medadapt.training.loop.Stage` of one standalone tower
-    (SentenceTransformer): queries with ``task="query"``, documents with ``task="document"``,
-    ``loss(q, d+, d-)`` (InfoNCE, or MRL-wrapped); trains the tower's parameters that require gradients
-    (only the LoRA matrices when an adapter is attached)."""
+    """The independent-initialisation :class:`~medadapt.training.loop.Stage` of one standalone tower:
+    ``loss(q, d+, d-)`` (InfoNCE, or MRL-wrapped) on the tower's parameters that require gradients (only the
+    LoRA matrices when an adapter is attached)."""
     params = [p for p in tower.parameters() if p.requires_grad]
     _check(name, len(pairs), params)
     step = PairStep(tower, pairs, doc_texts, loss, query_max_length=max_length, doc_max_length=max_length)
@@ -232,13 +189,9 @@ def joint_stage(model, pairs: Sequence[TrainPair], doc_texts: Sequence[str], sec
                 query_max_length: int | None = None, doc_max_length: int | None = None,
                 name: str = "stage2") -> Stage:
     """The stage-II :class:`~medadapt.training.loop.Stage`: Asym-InfoNCE (eq. 4) with in-batch + hard
-    negatives, one learning rate for both towers.
-
-    With ``train_document`` the document route trains too: only its LoRA matrices if an adapter is attached
-    (:func:`~medadapt.asym.attach_document_lora`), otherwise all of it. Without it, document embeddings are
-    rows of ``doc_table`` (``(n_docs, d)``, e.g. the cached corpus), and only the query route trains. Run it
-    inside :func:`trainable_only`.
-    """
+    negatives, one learning rate for both towers. With ``train_document`` the document route trains too (only
+    its LoRA matrices if an adapter is attached); without it, document embeddings are rows of ``doc_table``
+    (``(n_docs, d)``, e.g. the cached corpus). Run it inside :func:`trainable_only`."""
     from medadapt.training.lora import has_lora
 
     params = route_parameters(model, "query")
@@ -248,36 +201,33 @@ def joint_stage(model, pairs: Sequence[TrainPair], doc_texts: Sequence[str], sec
         params += [p for m in doc_modules for n, p in m.named_parameters() if not lora or "lora_" in n]
         doc_table = None
     elif doc_table is None:
-        raise ConfigError("joint_finetune(train_document=False) needs doc_table (the frozen document "
-                          "embeddings)")
+        raise ConfigError("joint_finetune(train_document=False) needs doc_table "
+                          "(the frozen document embeddings)")
     _check(name, len(pairs), params)
     step = PairStep(model, pairs, doc_texts, loss or AsymInfoNCELoss(), doc_table=doc_table,
                     query_max_length=query_max_length, doc_max_length=doc_max_length)
     return Stage(name, len(pairs), step, params, section)
 
 
+# ------------------------------------------------------------------------------------------------ runners
+# Each runs its stage through medadapt.training.loop.train (``train_kwargs``: seed, accelerator, checkpoint,
+# fingerprint, progress) with only the stage's parameters trainable (every flag restored afterwards).
 def _run(model, stage: Stage, train_kwargs: dict[str, Any]) -> LoopResult:
     with trainable_only(model, stage.params):
         return train(model, [stage], **train_kwargs)
 
 
-# ------------------------------------------------------------------------------------------------ runners
 def init_tower(tower, pairs: Sequence[TrainPair], doc_texts: Sequence[str], section: OptimSection,
                loss: nn.Module, *, max_length: int | None = None, **train_kwargs: Any) -> LoopResult:
-    """Run :func:`init_stage` on ``tower`` through :func:`medadapt.training.loop.train` (``train_kwargs``:
-    ``seed``, ``accelerator``, ``checkpoint``, ``fingerprint``, ``progress``)."""
+    """Independent initialisation of one standalone tower (:func:`init_stage`)."""
     return _run(tower, init_stage(tower, pairs, doc_texts, section, loss, max_length=max_length), train_kwargs)
 
 
 def align_queries(model, texts: Sequence[str], teacher: Tensor, section: OptimSection,
                   loss: QueryAlignmentLoss | None = None, *, max_length: int | None = None,
                   **train_kwargs: Any) -> LoopResult:
-    """Stage I: train the query route so that ``E_Q(texts[i])`` matches ``teacher[i]`` (eq. 3).
-
-    Every document-route parameter is frozen for the duration (``requires_grad`` restored afterwards), so
-    the document tower's weights are bit-for-bit unchanged. ``train_kwargs`` go to
-    :func:`medadapt.training.loop.train`.
-    """
+    """Stage I (:func:`align_stage`): ``E_Q(texts[i])`` learns ``teacher[i]`` (eq. 3); the document tower's
+    weights stay bit-for-bit unchanged."""
     return _run(model, align_stage(model, texts, teacher, section, loss, max_length=max_length), train_kwargs)
 
 
@@ -285,8 +235,7 @@ def joint_finetune(model, pairs: Sequence[TrainPair], doc_texts: Sequence[str], 
                    loss: AsymInfoNCELoss | None = None, *, train_document: bool = True,
                    doc_table: Tensor | None = None, query_max_length: int | None = None,
                    doc_max_length: int | None = None, **train_kwargs: Any) -> LoopResult:
-    """Stage II (:func:`joint_stage`), run through :func:`medadapt.training.loop.train`; only the stage's
-    parameters train (flags restored afterwards)."""
+    """Stage II (:func:`joint_stage`)."""
     stage = joint_stage(model, pairs, doc_texts, section, loss, train_document=train_document,
                         doc_table=doc_table, query_max_length=query_max_length, doc_max_length=doc_max_length)
     return _run(model, stage, train_kwargs)

@@ -5,11 +5,9 @@
   appends ``<EOS>``, ``Pooling("lasttoken")`` reads its final hidden state). No second implementation.
 * ``kind="sentence_transformer"``: any ST model (the CPU-sized run uses the packaged MiniLM).
 
-Similarity is the dot product (Appendix E); ``normalize=True`` keeps / adds a ``Normalize`` module (then dot
-equals cosine). Instructions are the model's ``prompts`` (``query`` / ``document``), so ``encode_query`` and
-``encode_document`` apply them. LoRA (Appendix D: ``r=16, alpha=32``, the ``LoraSection`` defaults) is
-:func:`medadapt.training.lora.attach_lora` on the first ``Transformer``; :func:`medadapt.training.lora.merge_lora`
-folds it back so saved folders load without PEFT.
+Similarity is the dot product (Appendix E); ``normalize=True`` adds a ``Normalize`` module (dot = cosine).
+Instructions are the model's ``prompts`` (``query`` / ``document``), applied by ``encode_query`` /
+``encode_document``. LoRA (Appendix D) goes through :mod:`medadapt.training.lora`.
 """
 
 from __future__ import annotations
@@ -21,17 +19,10 @@ from medadapt.errors import ConfigError
 __all__ = ["build_retriever"]
 
 
-def build_retriever(
-    name: str,
-    kind: Literal["decoder", "sentence_transformer"] = "decoder",
-    *,
-    max_seq_length: int | None = None,
-    padding_side: Literal["left", "right"] = "right",
-    torch_dtype: str | None = None,
-    normalize: bool = False,
-    prompts: dict[str, str] | None = None,
-    device: str | None = None,
-):
+def build_retriever(name: str, kind: Literal["decoder", "sentence_transformer"] = "decoder", *,
+                    max_seq_length: int | None = None, padding_side: Literal["left", "right"] = "right",
+                    torch_dtype: str | None = None, normalize: bool = False,
+                    prompts: dict[str, str] | None = None, device: str | None = None):
     """Build the retriever: decoder tower (EOS pooling) or an ST model, dot-product similarity, prompts."""
     import torch
     from sentence_transformers import SentenceTransformer
@@ -55,7 +46,6 @@ def build_retriever(
     modules = list(strip_normalize(modules))
     if normalize:
         modules.append(Normalize())
-    model = SentenceTransformer(modules=modules, device=device, prompts=dict(prompts or {}),
-                                similarity_fn_name="dot")
-    return model
+    return SentenceTransformer(modules=modules, device=device, prompts=dict(prompts or {}),
+                               similarity_fn_name="dot")
 

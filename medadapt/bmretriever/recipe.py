@@ -1,29 +1,16 @@
-"""The BMRetriever recipe kind (``kind: bmretriever``; schema in :mod:`medadapt.bmretriever.schema`):
-its ``train`` for the one runner (:func:`medadapt.recipes.run_recipe`, ``medadapt train``).
+"""The BMRetriever recipe kind (``kind: bmretriever``; schema in :mod:`medadapt.bmretriever.schema`) for the
+one runner (:func:`medadapt.recipes.run_recipe`, ``medadapt train``, also under ``accelerate launch``).
 
-:func:`train` does, in order:
-
-1. build the encoder (:func:`~medadapt.bmretriever.model.build_retriever`: decoder tower with EOS pooling, or
-   an ST model; dot product; optional bf16, gradient checkpointing);
-2. **stage I** (§3.2): title -> text / cropped pairs streamed from the corpora, a fresh LoRA adapter,
-   InfoNCE with in-batch negatives; the adapter is merged and the stage-I model saved to
-   ``<output>.checkpoints/stage1-model`` (a re-run skips a finished stage I);
-3. **stage II** (§3.3): per task (query, positive, hard negative) rows, negatives = 1 random of the base
-   retriever's top 100; optional consistency-filtered synthetic pairs; a fresh LoRA adapter; InfoNCE with
-   in-batch + hard negatives; merge;
-4. set the prompts ``query`` (the evaluation instruction) and ``document`` (the passage instruction) and
-   return the model; the runner saves it (atomically, with ``recipe.yaml`` and ``train_log.json``) and
-   evaluates it with :func:`~medadapt.recipes.run.evaluate_dense` (``metrics.json``).
-
-Both stages train on sentence-transformers' trainer (:func:`~medadapt.bmretriever.trainer.train_stage`),
-whose checkpoints go to ``<output>.checkpoints/stage1`` and ``stage2``. Each stage folder records the
-fingerprint of what decides that stage's weights; a re-run with another recipe or data is refused there
-(``--overwrite`` discards the old checkpoints). Per-stage summaries (rows, steps, seconds, loss history)
-go to ``ctx.result.details["stages"]``.
-
-Runs unchanged under ``accelerate launch`` (DDP; DeepSpeed / FSDP configs in ``recipes/accelerate/``): data
-preparation that fills the embedding cache runs on the main process first, saving and evaluation on the
-main process only, and the trainer splits each global batch over the processes.
+:func:`train` builds the encoder (:func:`~medadapt.bmretriever.model.build_retriever`), then runs
+**stage I** (§3.2: title -> text / cropped pairs, in-batch negatives; the merged model is saved to
+``<output>.checkpoints/stage1-model`` so a re-run skips a finished stage I) and **stage II** (§3.3: per task
+(query, positive, hard negative) rows, the negative one random passage of the base retriever's top 100,
+optional consistency-filtered synthetic pairs), each with a fresh LoRA adapter merged afterwards, on
+sentence-transformers' trainer (:func:`~medadapt.bmretriever.trainer.train_stage`; checkpoints in
+``<output>.checkpoints/stage1`` and ``stage2``, each folder claimed by the fingerprint of what decides its
+weights, so a re-run with another recipe or data is refused). It returns the model with the ``query``
+(evaluation instruction) and ``document`` (passage) prompts; per-stage summaries go to
+``ctx.result.details["stages"]``.
 """
 
 from __future__ import annotations
@@ -53,33 +40,34 @@ def stage1_dataset(recipe: BmRetrieverRecipe):
     from medadapt.bmretriever.pretrain_data import CorpusSource, CropConfig, pretrain_dataset
 
     s1 = recipe.stage1
-    sections = s1.sources or [None]
-    sources = []
-    for sec in sections:
-        if sec is None:
-            sources.append(CorpusSource(_resolve(recipe, recipe.data.path)))
-        else:
-            sources.append(CorpusSource(_resolve(recipe, sec.path), sec.mode, sec.title_field,
-                                        sec.text_field, sec.id_field, sec.max_docs))
-    return pretrain_dataset(sources, CropConfig(s1.min_words, s1.max_words), recipe.training.seed, s1.max_pairs)
+    sources = [CorpusSource(_resolve(recipe, sec.path), sec.mode, sec.title_field, sec.text_field,
+                            sec.id_field, sec.max_docs) for sec in s1.sources]
+    sources = sources or [CorpusSource(_resolve(recipe, recipe.data.path))]
+    return pretrain_dataset(sources, CropConfig(s1.min_words, s1.max_words), recipe.training.seed,
+                            s1.max_pairs)
 
 
 def stage2_datasets(recipe: BmRetrieverRecipe, *, cache=None, device: str | None = None,
                     show_progress: bool = True, log: Callable[[str], None] = print):
-    """``(datasets, prompts)`` for stage II: ``{task: Dataset}`` and ST prompts ``{task: {column: prompt}}``."""
+    """``(datasets, prompts)`` for stage II: ``{task: Dataset}`` and ST prompts
+    ``{task: {column: prompt}}``."""
+    import random
+
     from medadapt.bmretriever.finetune_data import beir_groups, groups_to_dataset, subsample_groups
     from medadapt.bmretriever.instructions import query_prompt
+    from medadapt.bmretriever.synthetic import (FakeQueryGenerator, TransformersQueryGenerator,
+                                                synthesize_query_groups)
     from medadapt.curation import DenseSearcher
     from medadapt.data import load_beir
-    from medadapt.data.training import load_training_groups
+    from medadapt.data.beir import BeirDataset
+    from medadapt.data.training import TrainingGroup, load_training_groups
     from medadapt.models import load
 
     s2, ins, tr = recipe.stage2, recipe.instructions, recipe.training
-    mining = s2.mining.model_copy(update={"seed": tr.seed}) if "seed" not in s2.mining.model_fields_set \
-        else s2.mining
-    passage = ins.passage
-    out, prompts = {}, {}
-    searchers: dict[str, Any] = {}
+    mining = s2.mining
+    if "seed" not in mining.model_fields_set:
+        mining = mining.model_copy(update={"seed": tr.seed})
+    out, prompts, searchers = {}, {}, {}
     base = None
 
     def searcher_for(path: str, data):
@@ -91,6 +79,11 @@ def stage2_datasets(recipe: BmRetrieverRecipe, *, cache=None, device: str | None
                                             batch_size=tr.encode_batch_size, show_progress=show_progress)
         return searchers[path]
 
+    def add(name: str, groups, instruction: str) -> None:
+        out[name] = groups_to_dataset(groups, hard_negatives=s2.hard_negatives)
+        prompts[name] = {"anchor": query_prompt(instruction, ins.query_template), "positive": ins.passage,
+                         "negative": ins.passage}
+
     for task in s2.tasks:
         instruction = recipe.task_instruction(task)
         if task.kind == "beir":
@@ -101,20 +94,9 @@ def stage2_datasets(recipe: BmRetrieverRecipe, *, cache=None, device: str | None
         else:
             groups = subsample_groups(load_training_groups(_resolve(recipe, task.path)), task.max_queries,
                                       tr.seed)
-        out[task.name] = groups_to_dataset(groups, hard_negatives=s2.hard_negatives)
-        prompts[task.name] = {"anchor": query_prompt(instruction, ins.query_template), "positive": passage,
-                              "negative": passage}
+        add(task.name, groups, instruction)
         log(f"stage II task {task.name}: {len(out[task.name])} rows from {len(groups)} groups")
     if s2.synthetic is not None:
-        import random
-
-        from medadapt.bmretriever.synthetic import (
-            FakeQueryGenerator,
-            TransformersQueryGenerator,
-            synthesize_query_groups,
-        )
-        from medadapt.data.training import TrainingGroup
-
         syn = s2.synthetic
         path = _resolve(recipe, recipe.data.path)
         data = load_beir(path, [])
@@ -129,28 +111,18 @@ def stage2_datasets(recipe: BmRetrieverRecipe, *, cache=None, device: str | None
         kept = synthesize_query_groups(passages, gen, instruction, searcher, text_to_id, top_k=syn.top_k,
                                        show_progress=show_progress)
         log(f"synthetic: kept {len(kept)} of {len(passages)} generated pairs (consistency top-{syn.top_k})")
-        if kept:
-            # mine negatives for the kept pairs like labelled data: a temporary BEIR view of them
-            from medadapt.data.beir import BeirDataset
-
+        if kept:  # mine negatives for the kept pairs like labelled data, on a temporary BEIR view of them
             queries = {f"syn{i}": g.query for i, g in enumerate(kept)}
             qrels = {f"syn{i}": {text_to_id[g.pos[0]]: 1} for i, g in enumerate(kept)}
-            view = BeirDataset(corpus=data.corpus, queries=queries, qrels={"synthetic": qrels}, root=data.root)
-            groups = beir_groups(view, "synthetic", searcher, mining, seed=tr.seed, show_progress=show_progress)
-            groups = [TrainingGroup(query=g.query, pos=g.pos, neg=g.neg, prompt=instruction) for g in groups]
-            out[syn.name] = groups_to_dataset(groups, hard_negatives=s2.hard_negatives)
-            prompts[syn.name] = {"anchor": query_prompt(instruction, ins.query_template), "positive": passage,
-                                 "negative": passage}
+            view = BeirDataset(corpus=data.corpus, queries=queries, qrels={"synthetic": qrels},
+                               root=data.root)
+            groups = beir_groups(view, "synthetic", searcher, mining, seed=tr.seed,
+                                 show_progress=show_progress)
+            add(syn.name, [TrainingGroup(query=g.query, pos=g.pos, neg=g.neg, prompt=instruction)
+                           for g in groups], instruction)
     if not out:
         raise ConfigError("stage II has no training data (no task rows and no kept synthetic pairs)")
     return out, prompts
-
-
-def _summary(res, rows: int) -> dict[str, Any]:
-    hist = res.loss_history
-    return {"rows": rows, "steps": res.steps, "seconds": round(res.seconds, 2),
-            "first_loss": hist[0]["loss"] if hist else None, "last_loss": hist[-1]["loss"] if hist else None,
-            "loss_history": hist}
 
 
 def stage1_identity(recipe: BmRetrieverRecipe) -> str:
@@ -182,10 +154,11 @@ def _claim(folder: Path, identity: str, ctx: RunContext) -> None:
 def train(recipe: BmRetrieverRecipe, ctx: RunContext):
     """Train a BMRetriever recipe (see module docstring); returns the SentenceTransformer with its
     inference prompts."""
-    from sentence_transformers import SentenceTransformer
+    from datasets import DatasetDict
 
     from medadapt.bmretriever.model import build_retriever
     from medadapt.bmretriever.trainer import train_stage
+    from medadapt.models import load
     from medadapt.recipes.run import replace_folder
     from medadapt.training.lora import attach_lora, enable_gradient_checkpointing, merge_lora
 
@@ -206,14 +179,15 @@ def train(recipe: BmRetrieverRecipe, ctx: RunContext):
             enable_gradient_checkpointing(model)
         rows = sum(len(d) for d in data.values()) if isinstance(data, dict) else len(data)
         how = f"LoRA r={lora.r}" if lora is not None else "full fine-tuning"
-        log(f"{name}: {rows} rows, global batch {section.effective_batch_size}, {how}, tau={section.temperature}")
-        if isinstance(data, dict):
-            from datasets import DatasetDict
-
-            data = DatasetDict(data)
-        res = train_stage(model, data, prompts, section, tr, folder, show_progress=show)
+        log(f"{name}: {rows} rows, global batch {section.effective_batch_size}, {how}, "
+            f"tau={section.temperature}")
+        res = train_stage(model, DatasetDict(data) if isinstance(data, dict) else data, prompts, section, tr,
+                          folder, show_progress=show)
         merge_lora(model)
-        stages[name] = _summary(res, rows)
+        hist = res.loss_history
+        stages[name] = {"rows": rows, "steps": res.steps, "seconds": round(res.seconds, 2),
+                        "first_loss": hist[0]["loss"] if hist else None,
+                        "last_loss": hist[-1]["loss"] if hist else None, "loss_history": hist}
         ctx.result.train_seconds += res.seconds
         ctx.result.loss_history += [{"stage": name, **r} for r in res.loss_history]
 
@@ -224,7 +198,7 @@ def train(recipe: BmRetrieverRecipe, ctx: RunContext):
         if (stage1_model / "modules.json").is_file():
             _claim(ctx.checkpoint_dir / "stage1", identity, ctx)
             log(f"stage I: finished earlier, loading {stage1_model}")
-            model = SentenceTransformer(str(stage1_model), device=device, trust_remote_code=True)
+            model = load(str(stage1_model), device=device)  # trusts only sentence_transformers / medadapt
             stages["stage1"] = {"resumed": True}
         else:
             with acc.main_process_first():
@@ -240,7 +214,8 @@ def train(recipe: BmRetrieverRecipe, ctx: RunContext):
     if recipe.stage2.enabled:
         t0 = time.perf_counter()
         with acc.main_process_first():  # the main process fills the embedding cache, the others read it
-            data2, prompts2 = stage2_datasets(recipe, cache=ctx.cache, device=device, show_progress=show, log=log)
+            data2, prompts2 = stage2_datasets(recipe, cache=ctx.cache, device=device, show_progress=show,
+                                              log=log)
         ctx.result.encode_seconds += time.perf_counter() - t0
         run_stage("stage2", recipe.stage2, data2, prompts2, ctx.fingerprint)
 

@@ -4,20 +4,17 @@ A recipe names the backbone, the instruction tables, and the two stages::
 
     kind: bmretriever
     name: bmretriever-410m
-    data:   {path: ../shared/data/medquad}                     # BEIR folder: stage II tasks default here, eval
+    data:   {path: ../shared/data/medquad}                 # BEIR folder: stage II tasks default here, eval
     model:  {kind: decoder, name: EleutherAI/pythia-410m, max_seq_length: 512, torch_dtype: bfloat16,
              lora: {r: 16, alpha: 32}, gradient_checkpointing: true}
-    instructions: {...}                                        # Appendix B, Tables 9-10 (defaults built in)
+    instructions: {...}                                    # Appendix B, Tables 9-10 (defaults built in)
     stage1: {sources: [{path: pubmed.jsonl}], epochs: 2, batch_size: 256, lr: 5.0e-5, warmup_steps: 100}
     stage2: {tasks: [{name: medquad, split: train}], base_retriever: minilm, epochs: 1, lr: 5.0e-5}
     training: {seed: 42, mixed_precision: bf16}
     eval:   {split: test, metrics: [ndcg@10], instruction: "Given a question, ..."}
 
-:class:`BmRetrieverRecipe` extends :class:`~medadapt.recipes.base.RecipeBase`. A stage's optimisation is a
-:class:`BmStageSection`, the loop's :class:`~medadapt.training.config.OptimSection` with the paper's
-defaults and the sentence-transformers trainer's own needs (fractional ``epochs``, ``warmup_steps``),
-handed as it is to :func:`~medadapt.bmretriever.trainer.train_stage`. Every section forbids unknown keys.
-``LoraSection`` and ``EvalSection`` come from :mod:`medadapt.recipes.base`, hard-negative mining is
+A stage's optimisation is a :class:`BmStageSection` (an ``OptimSection`` with the paper's defaults), handed
+as it is to :func:`~medadapt.bmretriever.trainer.train_stage`; hard-negative mining is
 :class:`medadapt.curation.MiningConfig`.
 """
 
@@ -27,31 +24,15 @@ from typing import Any, Literal
 
 from pydantic import Field, model_validator
 
-from medadapt.bmretriever.instructions import (
-    EVAL_INSTRUCTIONS,
-    FINETUNE_INSTRUCTIONS,
-    PASSAGE_PROMPT,
-    PRETRAIN_QUERY_PROMPT,
-    QUERY_TEMPLATE,
-    SYNTHETIC_INSTRUCTIONS,
-)
+from medadapt.bmretriever.instructions import (EVAL_INSTRUCTIONS, FINETUNE_INSTRUCTIONS, PASSAGE_PROMPT,
+                                               PRETRAIN_QUERY_PROMPT, QUERY_TEMPLATE, SYNTHETIC_INSTRUCTIONS)
 from medadapt.curation.mining_config import MiningConfig
 from medadapt.recipes.base import EvalSection, LoraSection, RecipeBase, RunSection, Section
 from medadapt.training.config import OptimSection
 
-__all__ = [
-    "BmEvalSection",
-    "BmRetrieverRecipe",
-    "BmStageSection",
-    "BmTrainingSection",
-    "CorpusSourceSection",
-    "InstructionsSection",
-    "RetrieverModelSection",
-    "Stage1Section",
-    "Stage2Section",
-    "SyntheticSection",
-    "TaskSection",
-]
+__all__ = ["BmEvalSection", "BmRetrieverRecipe", "BmStageSection", "BmTrainingSection",
+           "CorpusSourceSection", "InstructionsSection", "RetrieverModelSection", "Stage1Section",
+           "Stage2Section", "SyntheticSection", "TaskSection"]
 
 
 class RetrieverModelSection(Section):
@@ -87,17 +68,11 @@ class InstructionsSection(Section):
 
 
 class BmStageSection(OptimSection):
-    """Optimisation of one stage on the sentence-transformers trainer (Appendix D: AdamW, linear warm-up
-    over the first 100 steps, then linear decay); used as it is by
-    :func:`~medadapt.bmretriever.trainer.train_stage`.
-
-    Differences from :class:`~medadapt.training.config.OptimSection`: the paper's defaults (lr 5e-5, global
-    batch 256, linear decay), ``epochs`` may be fractional, and the warm-up is counted in **steps**
-    (``warmup_steps``, paper: 100) as the paper gives it. ``warmup_ratio`` is the alternative: giving it
-    (without ``warmup_steps``) warms up over that fraction of the stage's steps instead; giving both is an
-    error. ``batch_size`` is global (split over processes); ``gradient_accumulation_steps = k`` trains as
-    one batch of ``k * batch_size`` (GradCache: ``CachedMultipleNegativesRankingLoss`` with mini-batches of
-    ``batch_size``), so in-batch negatives span the whole effective batch, as in the loop.
+    """Optimisation of one stage on the sentence-transformers trainer (Appendix D: AdamW, lr 5e-5, global
+    batch 256, linear warm-up over the first 100 steps, then linear decay). Unlike
+    :class:`~medadapt.training.config.OptimSection`, ``epochs`` may be fractional and the warm-up is counted
+    in ``warmup_steps``; giving ``warmup_ratio`` instead (not both) warms up over that fraction of the steps.
+    ``gradient_accumulation_steps = k`` trains as one batch of ``k * batch_size`` (GradCache), as the loop.
     """
 
     enabled: bool = True
@@ -116,10 +91,10 @@ class BmStageSection(OptimSection):
     @model_validator(mode="before")
     @classmethod
     def _one_warmup(cls, data: Any) -> Any:
-        if isinstance(data, dict) and data.get("warmup_ratio") and data.get("warmup_steps"):
-            raise ValueError("give warmup_steps or warmup_ratio, not both")
-        if isinstance(data, dict) and data.get("warmup_ratio") and "warmup_steps" not in data:
-            data = {**data, "warmup_steps": None}
+        if isinstance(data, dict) and data.get("warmup_ratio"):
+            if data.get("warmup_steps"):
+                raise ValueError("give warmup_steps or warmup_ratio, not both")
+            data = {"warmup_steps": None, **data}
         return data
 
     @property
@@ -140,9 +115,8 @@ class CorpusSourceSection(Section):
 
 
 class Stage1Section(BmStageSection):
-    """Unsupervised contrastive pre-training (§3.2, eq. 2): in-batch negatives only.
-
-    ``sources`` empty means the recipe's own BEIR corpus (``data.path``) in ``auto`` mode."""
+    """Unsupervised contrastive pre-training (§3.2, eq. 2): in-batch negatives only. ``sources`` empty
+    means the recipe's own BEIR corpus (``data.path``) in ``auto`` mode."""
 
     sources: list[CorpusSourceSection] = Field(default_factory=list)
     min_words: int = Field(8, ge=1, description="shortest crop span (untitled documents)")

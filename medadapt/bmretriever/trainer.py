@@ -1,25 +1,14 @@
 """One BMRetriever training stage on sentence-transformers' ``SentenceTransformerTrainer`` (Accelerate).
 
-Both stages minimise InfoNCE with dot-product similarity and temperature ``τ`` (paper: 1):
-``MultipleNegativesRankingLoss(scale=1/τ, similarity_fct=dot_score)`` over in-batch negatives (stage I,
-eq. 2) or in-batch + hard negatives (stage II, eq. 3: a ``negative`` column). With
-``gather_across_devices=True`` every process scores its queries against the passages of *all* processes,
-so the negatives are those of the global batch, as on one device.
-
-Batch sizes are **global**: Accelerate's ``split_batches=True`` makes every process take its
-``1/N`` share of each global batch, so ``N`` processes see exactly the batches one process sees (same
-seed, same order). The logged loss is the mean over processes (= the global-batch loss).
-
-Instructions are sentence-transformers prompts (training argument ``prompts``): per data set and column
-(``anchor`` -> query prompt, ``positive`` / ``negative`` -> passage prompt). Several data sets train as a
-``DatasetDict``; every batch comes from one data set (``proportional`` sampling), i.e. one task per batch.
-
-The stage's optimisation is its recipe section (:class:`~medadapt.bmretriever.schema.BmStageSection`, an
-``OptimSection``) and the run's ``training`` section, passed as they are: no separate config class.
-``gradient_accumulation_steps = k`` keeps the loop's meaning (one optimiser step = ``k * batch_size``
-rows, in-batch negatives over all of them) through ``CachedMultipleNegativesRankingLoss`` (GradCache,
-mini-batches of ``batch_size``), not through the trainer's own accumulation, which would shrink the
-negatives to one chunk.
+Both stages minimise InfoNCE with dot-product similarity and temperature ``τ`` (paper: 1),
+``MultipleNegativesRankingLoss(scale=1/τ, similarity_fct=dot_score)``, over in-batch negatives (stage I,
+eq. 2) or in-batch + hard negatives (stage II, eq. 3: a ``negative`` column); ``gather_across_devices``
+makes the negatives those of the global batch. Batch sizes are **global**: ``split_batches=True`` gives
+every process its ``1/N`` share of each batch, so ``N`` processes see the batches one process sees.
+``gradient_accumulation_steps = k`` keeps the loop's meaning (one step = ``k * batch_size`` rows, in-batch
+negatives over all of them) through ``CachedMultipleNegativesRankingLoss`` (GradCache), not through the
+trainer's own accumulation, which would shrink the negatives to one chunk. Instructions are ST prompts per
+data set and column; a ``DatasetDict`` trains one data set per batch (``proportional`` sampling).
 """
 
 from __future__ import annotations
@@ -48,28 +37,22 @@ class StageResult:
 
 def train_stage(model, train_data, prompts: dict[str, Any], stage: BmStageSection, run: RunSection,
                 checkpoint_dir: str | Path, *, show_progress: bool = True) -> StageResult:
-    """Train ``model`` in place on ``train_data`` (a ``Dataset`` or ``DatasetDict``) and return the losses.
+    """Train ``model`` (whatever requires gradients, e.g. LoRA matrices) in place on ``train_data``
+    (``anchor`` / ``positive`` (/ ``negative``) rows, a ``Dataset`` or ``DatasetDict``) and return the losses.
 
     Args:
-        model: the SentenceTransformer (LoRA attached or not: whatever requires gradients trains).
-        train_data: ``anchor`` / ``positive`` (/ ``negative``) rows; a ``DatasetDict`` trains one data set
-            per batch.
-        prompts: ST's ``prompts`` training argument (``{column: prompt}`` or ``{dataset: {column: prompt}}``).
+        prompts: ST's ``prompts`` argument (``{column: prompt}`` or ``{dataset: {column: prompt}}``).
         stage: the stage's :class:`~medadapt.bmretriever.schema.BmStageSection` (optimisation, τ,
             duplicates).
-        run: the recipe's ``training`` section (seed, mixed precision, device, checkpoint cadence,
-            ``logging_steps`` when it has one).
-        checkpoint_dir: the trainer's checkpoints; resumes from the newest one there when there is one.
-        show_progress: the trainer's progress bar.
+        run: the recipe's ``training`` section (seed, precision, device, checkpoints, ``logging_steps``).
+        checkpoint_dir: the trainer's checkpoints; resumes from the newest one there.
     """
     import torch
     from accelerate import PartialState
     from sentence_transformers import SentenceTransformerTrainer, SentenceTransformerTrainingArguments
     from sentence_transformers.base.training_args import BatchSamplers, MultiDatasetBatchSamplers
-    from sentence_transformers.sentence_transformer.losses import (
-        CachedMultipleNegativesRankingLoss,
-        MultipleNegativesRankingLoss,
-    )
+    from sentence_transformers.sentence_transformer.losses import (CachedMultipleNegativesRankingLoss,
+                                                                   MultipleNegativesRankingLoss)
     from sentence_transformers.util import dot_score
 
     ckpt = Path(checkpoint_dir)
@@ -77,37 +60,22 @@ def train_stage(model, train_data, prompts: dict[str, Any], stage: BmStageSectio
     k = stage.gradient_accumulation_steps
     global_batch = stage.batch_size * k  # one optimiser step; GradCache keeps its in-batch negatives exact
     n_rows = sum(len(d) for d in train_data.values()) if hasattr(train_data, "values") else len(train_data)
-    steps_per_epoch = max(1, n_rows // global_batch)
-    total = stage.max_steps or max(1, int(steps_per_epoch * stage.epochs))
+    total = stage.max_steps or max(1, int(max(1, n_rows // global_batch) * stage.epochs))
     every = run.checkpoint_every_steps
     logging_steps = getattr(run, "logging_steps", None) or max(1, min(50, total // 20))
     args = SentenceTransformerTrainingArguments(
-        output_dir=str(ckpt),
-        num_train_epochs=stage.epochs,
-        max_steps=stage.max_steps or -1,
+        output_dir=str(ckpt), num_train_epochs=stage.epochs, max_steps=stage.max_steps or -1,
         per_device_train_batch_size=global_batch,  # the global batch: split_batches shares it out
-        accelerator_config={"split_batches": True},
-        learning_rate=stage.lr,
-        weight_decay=stage.weight_decay,
-        warmup_steps=stage.warmup,
+        accelerator_config={"split_batches": True}, learning_rate=stage.lr, weight_decay=stage.weight_decay,
+        warmup_steps=stage.warmup, max_grad_norm=stage.max_grad_norm or 0.0,
         lr_scheduler_type="constant_with_warmup" if stage.scheduler == "constant" else stage.scheduler,
-        max_grad_norm=stage.max_grad_norm or 0.0,
-        seed=run.seed,
-        data_seed=run.seed,
-        bf16=run.mixed_precision == "bf16",
-        fp16=run.mixed_precision == "fp16",
-        use_cpu=use_cpu,
-        prompts=prompts or None,
+        seed=run.seed, data_seed=run.seed, bf16=run.mixed_precision == "bf16",
+        fp16=run.mixed_precision == "fp16", use_cpu=use_cpu, prompts=prompts or None,
         batch_sampler=BatchSamplers.NO_DUPLICATES if stage.no_duplicates else BatchSamplers.BATCH_SAMPLER,
         multi_dataset_batch_sampler=MultiDatasetBatchSamplers.PROPORTIONAL,
-        save_strategy="steps" if every else "no",
-        save_steps=every or 500,
-        save_total_limit=2,
-        logging_steps=logging_steps,
-        report_to="none",
-        disable_tqdm=not show_progress,
-        dataloader_drop_last=True,
-        ddp_find_unused_parameters=False,
+        save_strategy="steps" if every else "no", save_steps=every or 500, save_total_limit=2,
+        logging_steps=logging_steps, report_to="none", disable_tqdm=not show_progress,
+        dataloader_drop_last=True, ddp_find_unused_parameters=False,
     )
     scale = 1.0 / stage.temperature
     if k > 1:

@@ -1,28 +1,11 @@
-"""HyReC recipes: the typed schema of ``kind: hyrec`` and the system's ``train`` / ``evaluate`` for the one
-runner (:func:`medadapt.recipes.run.run_recipe`, ``medadapt train``).
+"""HyReC recipes (``kind: hyrec``, e.g. ``recipes/hyrec-tiny.yaml``; see ``docs/hyrec.md``): the schema
+(``model``, ``negatives``, ``loss``, ``training``, ``eval``) and the system's ``train`` / ``evaluate`` for the
+one runner (:func:`medadapt.recipes.run.run_recipe`).
 
-::
-
-    kind: hyrec
-    name: hyrec-small
-    data:      {path: ../shared/data/zh-med-qa, train_split: train}
-    model:     {backbone: BAAI/bge-small-zh-v1.5, branch_layers: 1, variant: full, pooling: cls, language: zh}
-    negatives: {source: dense, window: [20, 100], num: 3}
-    loss:      {temperature: 0.05, lexical_weight: 1, dense_weight: 1, union_weight: 1}
-    training:  {epochs: 5, batch_size: 64, lr: 5.0e-5}
-    eval:      {split: test, modes: [lexical, dense, hybrid], metrics: [ndcg@10]}
-
-The sections are the configuration of the Python API too: :func:`medadapt.hyrec.train.train_hyrec` takes a
-:class:`HyReCTrainingSection` and a :class:`HyReCLossSection`, with the same defaults as a YAML file.
-Every section forbids unknown keys. Overrides use ``section.field=value`` (``medadapt train --set``).
-``loss.union_weight: 0`` trains without the semantic union (no union loss, no words in the training-time
-lexical score) and turns bagging off (the paper's "w/o SU").
-Evaluation metrics are reported as ``<mode>/<metric>`` (``hybrid/ndcg@10``), and so are ``eval.expected``.
-
-Training runs on :func:`medadapt.training.loop.train` (Accelerate: sharded global batches, gathered
-in-batch negatives, mixed precision, resumable checkpoints beside the model folder in
-``<output>.checkpoints``), so ``accelerate launch -m medadapt train recipes/hyrec.yaml`` trains the
-single-process objective on N processes.
+The sections are the Python API's configs too (:func:`medadapt.hyrec.train.train_hyrec` takes a
+:class:`HyReCTrainingSection` and a :class:`HyReCLossSection`). ``loss.union_weight: 0`` trains without the
+semantic union (no union loss, no words in the training-time lexical score) and turns bagging off (the
+paper's "w/o SU"). Metrics and ``eval.expected`` are ``<mode>/<metric>`` (``hybrid/ndcg@10``).
 """
 
 from __future__ import annotations
@@ -108,14 +91,9 @@ class HyReCLossSection(Section):
 
 
 class HyReCTrainingSection(OptimSection, RunSection):
-    """Optimisation (:class:`~medadapt.training.config.OptimSection`, HyReC's defaults: the paper's lr
-    5e-5, linear decay after a 5 % warm-up), the run settings
-    (:class:`~medadapt.recipes.base.RunSection`) and what trains.
-
-    ``lr`` is the encoders' learning rate, ``head_lr`` the three projectors' (default ``lr``): two
-    parameter groups of one AdamW. ``batch_size`` is the global number of (query, positive, negatives)
-    examples per forward pass; the last batch of an epoch may be smaller.
-    """
+    """Optimisation (``OptimSection`` with the paper's lr 5e-5, linear decay after a 5 % warm-up), the run
+    settings (``RunSection``) and what trains. ``lr`` is the encoders' learning rate, ``head_lr`` the three
+    projectors' (default ``lr``); ``batch_size`` is the global number of examples per forward pass."""
 
     lr: float = Field(5e-5, gt=0)
     scheduler: SchedulerKind = "linear"
@@ -182,17 +160,14 @@ class HyReCRecipe(RecipeBase):
 
 
 def model_config(spec: HyReCRecipe):
-    """The :class:`~medadapt.hyrec.model.HyReCConfig` of a recipe (``union`` iff ``loss.union_weight > 0``)."""
+    """The :class:`~medadapt.hyrec.model.HyReCConfig` of a recipe: the ``model`` section's architecture
+    fields, ``union`` iff ``loss.union_weight > 0``."""
+    import dataclasses
+
     from medadapt.hyrec.model import HyReCConfig
 
-    m = spec.model
-    return HyReCConfig(branch_layers=m.branch_layers, variant=m.variant, pooling=m.pooling,
-                       union=spec.loss.union_weight > 0, n_word_buckets=m.n_word_buckets,
-                       keep_subterms=m.keep_subterms, min_union=m.min_union,
-                       query_max_length=m.query_max_length, passage_max_length=m.passage_max_length,
-                       dense_weight=m.dense_weight, language=m.language,
-                       dense_max_length=m.dense_max_length, lexicon_layers=m.lexicon_layers,
-                       term_bias=m.term_bias, union_source=m.union_source, union_context=m.union_context)
+    fields = {f.name for f in dataclasses.fields(HyReCConfig)}
+    return HyReCConfig(**spec.model.model_dump(include=fields), union=spec.loss.union_weight > 0)
 
 
 # the SharedStateCache a model was trained with, for its evaluation (weak keys: it goes with the model)
@@ -200,9 +175,9 @@ _STATE_CACHES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 def train(recipe: HyReCRecipe, ctx):
-    """Build the model and the training examples (hard negatives, caches: the main process first, so the
-    others read what it wrote), train through ``ctx.train`` and return the :class:`HyReCModel`.
-    ``ctx.result.details`` gets ``train_examples``, ``n_terms`` and ``steps``."""
+    """Build the model and the examples (hard negatives and caches: the main process first, the others read
+    what it wrote), train through ``ctx.train``, return the model; ``ctx.result.details`` gets
+    ``train_examples``, ``n_terms`` and ``steps``."""
     import torch
 
     from medadapt.cache import backbone_view
@@ -211,37 +186,30 @@ def train(recipe: HyReCRecipe, ctx):
     from medadapt.hyrec.model import HyReCModel
     from medadapt.hyrec.train import hyrec_stage
 
-    tr, neg = recipe.training, recipe.negatives
+    tr, neg, m, cache = recipe.training, recipe.negatives, recipe.model, ctx.cache
     split = recipe.data.train_split
     t0 = time.perf_counter()
     data = load_beir(ctx.resolve(recipe.data.path), [split])
-    train_texts = []
-    if recipe.model.extend_vocab:
-        train_texts = data.doc_texts() + [data.queries[q] for q in data.qrels[split]]
-    model = HyReCModel.from_backbone(recipe.model.backbone, model_config(recipe), extend_with=train_texts,
-                                     seed=tr.seed, num_layers=recipe.model.num_layers)
+    train_texts = data.doc_texts() + [data.queries[q] for q in data.qrels[split]] if m.extend_vocab else []
+    model = HyReCModel.from_backbone(m.backbone, model_config(recipe), extend_with=train_texts, seed=tr.seed,
+                                     num_layers=m.num_layers)
     model.to(ctx.device)
-    ctx.log(f"HyReC: {recipe.model.backbone}, {model._n_shared} shared + {len(model.lexicon)} lexicon + "
-            f"{recipe.model.branch_layers} dense layers ({recipe.model.variant}), {model.vocab_size} tokenizer "
-            "terms")
-    cache = ctx.cache
+    ctx.log(f"HyReC: {m.backbone}, {model._n_shared} shared + {len(model.lexicon)} lexicon + "
+            f"{m.branch_layers} dense layers ({m.variant}), {model.vocab_size} tokenizer terms")
     state_cache = None
     if tr.state_cache != "off":
         state_cache = SharedStateCache(SharedStateCache.default_root() if tr.state_cache == "disk" else None)
-    dense_inputs = None
     view = backbone_view(model.st) if tr.dense_inputs == "cache" else None
-    if tr.dense_inputs == "cache":
-        def dense_inputs(texts, role):
-            return torch.from_numpy(cache.encode(view, list(texts), role=role, show_progress=False))
 
-    elif tr.dense_inputs == "states":
-        def dense_inputs(texts, role):
-            return state_cache.pooled(model, list(texts), role)
+    def dense_inputs(texts, role):  # the frozen dense encoder's pooled inputs (dense_inputs: cache / states)
+        if view is not None:
+            return torch.from_numpy(cache.encode(view, list(texts), role=role, show_progress=False))
+        return state_cache.pooled(model, list(texts), role)
 
     with ctx.accelerator.main_process_first():  # mining and cache fills: the others then read the caches
         examples = build_examples(data, split, negatives=neg.source if neg.num else "none", window=neg.window,
                                   num_negatives=max(neg.num, 1), max_queries=recipe.data.max_train_examples,
-                                  miner_model=neg.miner, language=recipe.model.language, cache=cache,
+                                  miner_model=neg.miner, language=m.language, cache=cache,
                                   seed=tr.seed, show_progress=ctx.show_progress)
         docs = sorted({t for e in examples for t in [e.positive, *e.negatives[: neg.num]]})
         if state_cache is not None:
@@ -249,14 +217,14 @@ def train(recipe: HyReCRecipe, ctx):
             state_cache.warm(model, [e.query for e in examples], "query", lexicon=lex, pooled=pooled,
                              show_progress=ctx.show_progress)
             state_cache.warm(model, docs, "document", lexicon=lex, pooled=pooled, show_progress=ctx.show_progress)
-        if tr.dense_inputs == "cache":
+        if view is not None:
             cache.encode(view, [e.query for e in examples], role="query", show_progress=ctx.show_progress)
             cache.encode(view, docs, role="document", show_progress=ctx.show_progress)
     ctx.result.encode_seconds += time.perf_counter() - t0
     ctx.result.details.update(train_examples=len(examples), n_terms=model.n_terms)
     ctx.log(f"training on {len(examples)} examples")
     stage = hyrec_stage(model, examples, tr, recipe.loss, negatives=neg.num, state_cache=state_cache,
-                        dense_inputs=dense_inputs)
+                        dense_inputs=None if tr.dense_inputs == "model" else dense_inputs)
     res = ctx.train(model, [stage])
     ctx.result.details["steps"] = res.steps
     model.eval()
@@ -273,9 +241,9 @@ def evaluate(recipe: HyReCRecipe, model, ctx) -> dict[str, float]:
     ev = recipe.eval
     data = load_beir(ctx.resolve(ev.data or recipe.data.path), [ev.split])
     state_cache = _STATE_CACHES.get(model)
+    cached_lexicon = state_cache is not None and not recipe.training.train_lexicon_encoder
     modes = evaluate_modes(model, data, ev, cache=ctx.cache, state_cache=state_cache,
-                           show_progress=ctx.show_progress,
-                           cached_lexicon=state_cache is not None and not recipe.training.train_lexicon_encoder)
+                           show_progress=ctx.show_progress, cached_lexicon=cached_lexicon)
     ctx.result.details["mode_metrics"] = modes
     return {f"{m}/{k}": v for m, vals in modes.items() for k, v in vals.items()}
 

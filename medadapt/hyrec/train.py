@@ -1,29 +1,18 @@
 """HyReC training (§3.2) as a :class:`~medadapt.training.loop.Step` of the one training loop.
 
-Each item is one :class:`~medadapt.hyrec.data.Example` (query, positive, hard negatives). A step's forward
-pass computes, for this process's items, term weights, union logits and dense vectors of the query and of
-its passages (the positive and ``n`` hard negatives, ``n`` = the smallest count among the optimiser step's
-examples, at most ``negatives``), plus the union labels as integer tensors. Everything is laid out per
-item (dim 0 = item; passages ``(items, 1 + n, ...)``) and padded to one token length for the whole
-optimiser step (the longest text of the step), so the loop can all-gather outputs of different processes
-and accumulation chunks. :meth:`HyReCStep.loss` then computes :class:`~medadapt.losses.HyReCLoss` on the
-gathered step: InfoNCE with in-batch + hard negatives on the normalised term vectors (tokens plus, per
-``lexical_words``, bagged words, in one compact term space: :meth:`HyReCModel.compact_term_vectors`) and
-on the dense vectors, cross-entropy on the union labels. The loop does the rest (Accelerate, sharding,
-GradCache accumulation, mixed precision, AdamW with two parameter groups, schedule, clipping, resumable
-checkpoints).
+Each item is one :class:`~medadapt.hyrec.data.Example`. ``forward`` returns, per item, the term weights,
+union logits / labels and dense vectors of the query and of its passages (the positive and ``n`` hard
+negatives, ``n`` = the smallest count in the optimiser step, at most ``negatives``), padded to the step's
+longest text so the loop can gather them; :meth:`HyReCStep.loss` computes :class:`~medadapt.losses.HyReCLoss`
+on the gathered step (InfoNCE with in-batch + hard negatives, cross-entropy on the union labels).
 
-Frozen variant: the sharing backbone's token states come from a
-:class:`~medadapt.hyrec.data.SharedStateCache` (computed once) and, when the dense encoder is frozen too,
-the pooled dense inputs from ``dense_inputs`` (e.g. the :class:`~medadapt.cache.EmbeddingCache`), so a step
-only runs the lexicon encoder and the projectors. With ``train_lexicon_encoder: false`` the lexicon
-encoder's states are cached as well and a step only runs the three projectors (the cheapest form: the
-lexical branch is a head on a frozen model). Frozen parts run in eval mode (no dropout).
+Frozen variant: the sharing backbone's token states come from a :class:`~medadapt.hyrec.data.SharedStateCache`
+and, with the dense encoder frozen too, the pooled dense inputs from ``dense_inputs`` (e.g. the
+EmbeddingCache); with ``train_lexicon_encoder: false`` the lexicon states are cached as well and only the
+three projectors run. Frozen parts run in eval mode (no dropout).
 
 Example:
-    >>> from medadapt.hyrec.recipe import HyReCLossSection, HyReCTrainingSection
     >>> res = train_hyrec(model, examples, HyReCTrainingSection(epochs=2, lr=1e-4), HyReCLossSection())
-    >>> res.loss_history[-1]["lexical"]
 """
 
 from __future__ import annotations
@@ -32,52 +21,31 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
 from medadapt.errors import ConfigError
 from medadapt.hyrec.data import Example, SharedStateCache, UnionLabelCache
 from medadapt.hyrec.recipe import HyReCLossSection, HyReCTrainingSection
 from medadapt.losses.hyrec import HyReCLoss
 from medadapt.training.checkpoint import CheckpointConfig
-from medadapt.training.loop import Batch, LoopResult, Stage
+from medadapt.training.loop import Batch, LoopResult, Stage, train
 
 __all__ = ["HyReCStep", "hyrec_stage", "train_hyrec"]
 
 DenseInputs = Callable[[Sequence[str], str], Tensor]
 
 
-def _trainable(model, training: HyReCTrainingSection) -> tuple[list, list]:
-    """``(encoder params, head params)`` that train under ``training`` and the model's variant (sets
-    ``requires_grad`` accordingly)."""
-    for p in model.parameters():
-        p.requires_grad_(True)
-    if model.config.variant == "frozen":
-        model.freeze_shared()
-        if not training.train_dense_encoder:
-            for layer in model.dense_layers:
-                for p in layer.parameters():
-                    p.requires_grad_(False)
-        if not training.train_lexicon_encoder:
-            for p in model.lexicon.parameters():
-                p.requires_grad_(False)
-    heads = [*model.weight_proj.parameters(), *model.union_proj.parameters(), *model.projector.parameters()]
-    head_ids = {id(p) for p in heads}
-    enc = [p for p in model.parameters() if p.requires_grad and id(p) not in head_ids]
-    return enc, heads
-
-
-def _frozen_parts_eval(model, training: HyReCTrainingSection) -> None:
-    """Frozen parts run in eval mode (no dropout), trainable ones in train mode."""
+def _frozen_modules(model, training: HyReCTrainingSection) -> list:
+    """What does not train: in the frozen variant the sharing backbone (embeddings + shared layers), plus
+    the dense layers / the lexicon encoder without ``train_dense_encoder`` / ``train_lexicon_encoder``."""
     if model.config.variant != "frozen":
-        return
-    model.auto_model.embeddings.eval()
-    for layer in model.shared_layers:
-        layer.eval()
+        return []
+    frozen = [model.auto_model.embeddings, *model.shared_layers]
     if not training.train_dense_encoder:
-        for layer in model.dense_layers:
-            layer.eval()
+        frozen += model.dense_layers
     if not training.train_lexicon_encoder:
-        model.lexicon.eval()
+        frozen.append(model.lexicon)
+    return frozen
 
 
 def _pad(x: Tensor, length: int, value: float | int = 0) -> Tensor:
@@ -103,13 +71,8 @@ class HyReCStep:
     def __init__(self, model, examples: Sequence[Example], loss_fn: HyReCLoss, *, negatives: int = 3,
                  lexical_words: str = "predicted", state_cache: SharedStateCache | None = None,
                  dense_inputs: DenseInputs | None = None, cached_lexicon: bool = False):
-        self.model = model
-        self.examples = list(examples)
-        self.loss_fn = loss_fn
-        self.negatives = negatives
-        self.lexical_words = lexical_words
-        self.state_cache = state_cache
-        self.dense_inputs = dense_inputs
+        self.model, self.examples, self.loss_fn, self.negatives = model, list(examples), loss_fn, negatives
+        self.lexical_words, self.state_cache, self.dense_inputs = lexical_words, state_cache, dense_inputs
         self.cached_lexicon = cached_lexicon
         w = loss_fn.weights
         self.need_dense = w["dense"] > 0
@@ -118,7 +81,6 @@ class HyReCStep:
         self.labels = UnionLabelCache(model, model.config.language) if want_labels else None
         self._memo: tuple[tuple, dict[str, Any]] | None = None
 
-    # ------------------------------------------------------------------ the optimiser step's texts
     def _step_texts(self, batch: Batch) -> dict[str, Any]:
         """Texts of the whole optimiser step (every process, every chunk), their common token lengths and
         each item's row; computed once per step."""
@@ -138,7 +100,6 @@ class HyReCStep:
         self._memo = (key, info)
         return info
 
-    # ------------------------------------------------------------------ forward
     def forward(self, model, batch: Batch) -> dict[str, Tensor]:
         """Per item: ``q_*`` ``(b, T_q, ...)`` and ``p_*`` ``(b, 1 + n, T_p, ...)`` term weights, ids, term
         mask, union logits / labels (when used) and dense vectors (when used)."""
@@ -152,8 +113,7 @@ class HyReCStep:
         return out
 
     def _encode(self, model, info: dict[str, Any], role: str, rows: list[int]) -> dict[str, Tensor]:
-        hy = self.model
-        device = hy.device
+        hy, device = self.model, self.model.device
         texts = [info[role][r] for r in rows]
         length = info[f"{role}_length"]
         pad_id = hy.tokenizer.pad_token_id or 0
@@ -184,7 +144,6 @@ class HyReCStep:
                             if self.dense_inputs is not None else o["dense"])
         return out
 
-    # ------------------------------------------------------------------ loss
     def loss(self, out: dict[str, Tensor], batch: Batch) -> dict[str, Tensor]:
         """:class:`~medadapt.losses.HyReCLoss` of the gathered step: ``{"lexical", "dense", "union", "loss"}``
         (parts with weight 0 left out)."""
@@ -192,9 +151,9 @@ class HyReCStep:
         w = self.loss_fn.weights
         lex = dense = union = None
 
-        def flat(name: str) -> Tensor:
-            v = out[f"p_{name}"]
-            return v.reshape(B * per, *v.shape[2:])
+        def flat(name: str) -> Tensor | None:
+            v = out.get(f"p_{name}")
+            return None if v is None else v.reshape(B * per, *v.shape[2:])
 
         def split(x: Tensor) -> tuple[Tensor, Tensor | None]:
             x = x.reshape(B, per, -1)
@@ -203,9 +162,7 @@ class HyReCStep:
         if w["lexical"] > 0:
             q_terms = self._terms(out["q_weights"], out["q_ids"], out["q_mask"], out.get("q_union"),
                                   out.get("q_labels"))
-            p_terms = self._terms(flat("weights"), flat("ids"), flat("mask"),
-                                  flat("union") if "p_union" in out else None,
-                                  flat("labels") if "p_labels" in out else None)
+            p_terms = self._terms(flat("weights"), flat("ids"), flat("mask"), flat("union"), flat("labels"))
             qv, pv = self.model.compact_term_vectors(q_terms, p_terms)
             lex = (qv, *split(pv))
         if w["dense"] > 0:
@@ -218,8 +175,7 @@ class HyReCStep:
 
     def _terms(self, weights: Tensor, ids: Tensor, mask: Tensor, union: Tensor | None, gold: Tensor | None
                ) -> tuple[Tensor, Tensor]:
-        """``(weights, term_ids)`` of one side for the lexical score: tokens, plus words per
-        ``lexical_words``."""
+        """``(weights, term_ids)`` of one side's lexical score: tokens (+ words per ``lexical_words``)."""
         if self.lexical_words == "none":
             return weights, ids
         if self.lexical_words == "labels":
@@ -238,9 +194,7 @@ def hyrec_stage(model, examples: Sequence[Example], training: HyReCTrainingSecti
     """The :class:`~medadapt.training.loop.Stage` that trains ``model`` on ``examples``: sets which
     parameters train (variant, ``train_dense_encoder``, ``train_lexicon_encoder``), two parameter groups
     (encoders at ``lr``, projectors at ``head_lr``), frozen parts in eval mode when the stage starts.
-
-    ``lexical_words`` counts as ``none`` for a model without the semantic union (``HyReCConfig.union``
-    false: the recipe's ``loss.union_weight: 0``)."""
+    ``lexical_words`` counts as ``none`` for a model without the semantic union (``loss.union_weight: 0``)."""
     training = training if training is not None else HyReCTrainingSection()
     loss_fn = loss if isinstance(loss, HyReCLoss) else (loss or HyReCLossSection()).build()
     if not examples:
@@ -255,10 +209,15 @@ def hyrec_stage(model, examples: Sequence[Example], training: HyReCTrainingSecti
     words = training.lexical_words if model.config.union else "none"
     step = HyReCStep(model, examples, loss_fn, negatives=negatives, lexical_words=words, state_cache=state_cache,
                      dense_inputs=dense_inputs, cached_lexicon=cached_lexicon)
-    enc, heads = _trainable(model, training)
+    frozen = nn.ModuleList(_frozen_modules(model, training))  # a view: frozen.eval() runs them in eval mode
+    model.requires_grad_(True)
+    frozen.requires_grad_(False)
+    heads = [*model.weight_proj.parameters(), *model.union_proj.parameters(), *model.projector.parameters()]
+    head_ids = {id(p) for p in heads}
+    enc = [p for p in model.parameters() if p.requires_grad and id(p) not in head_ids]
     groups = [{"params": enc, "lr": training.lr}, {"params": heads, "lr": training.head_lr or training.lr}]
     return Stage(name, len(examples), step, [g for g in groups if g["params"]], training,
-                 on_start=lambda: _frozen_parts_eval(model, training))
+                 on_start=frozen.eval)
 
 
 def train_hyrec(model, examples: Sequence[Example], training: HyReCTrainingSection | None = None,
@@ -269,8 +228,6 @@ def train_hyrec(model, examples: Sequence[Example], training: HyReCTrainingSecti
     """Train ``model`` in place on ``examples`` (Python API; the recipe runs the same stage through
     ``medadapt train``); returns the loop's :class:`~medadapt.training.loop.LoopResult` (per-step rows with
     ``loss``, ``lexical``, ``dense``, ``union``, ``lr``). The model is left in eval mode."""
-    from medadapt.training.loop import train
-
     training = training if training is not None else HyReCTrainingSection()
     model.to(accelerator.device if accelerator is not None else model.device)
     stage = hyrec_stage(model, examples, training, loss, negatives=negatives, state_cache=state_cache,

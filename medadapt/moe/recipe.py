@@ -11,22 +11,19 @@ A recipe file looks like::
     training: {shared_epochs: 2, random_routing_epochs: 1, epochs: 1, batch_size: 128, lr: 1.0e-3}
     eval:     {split: dev, metrics: [ndcg@10, recall@100], expected: {ndcg@10: 0.65}}
 
-``medadapt train`` runs it through :func:`medadapt.recipes.run_recipe` (Accelerator, seed, atomic save of
-the model folder with ``recipe.yaml`` and ``train_log.json``, evaluation). :func:`train` takes one of two
-paths:
+:func:`medadapt.recipes.run_recipe` (``medadapt train``) runs it; :func:`train` takes one of two paths,
+both checkpointing to ``<output>.checkpoints/`` (a rerun resumes):
 
-* **Fast path** (``model.freeze_backbone: true``, no ``peft``, a ``head``): the training queries and the
-  corpus are encoded once into the embedding cache (by the main process first, the others then read it),
-  hard negatives are mined on those embeddings, and only the head trains, on cached tensors, through the
-  one loop with Med-MoE-Embed's two-step schedule (:mod:`medadapt.moe.schedule`). Checkpoints go to
-  ``<output>.checkpoints/`` and a rerun resumes from them.
-* **Slow path** (``freeze_backbone: false`` or a ``peft`` LoRA adapter): sentence-transformers'
-  ``SentenceTransformerTrainer`` with ``MultipleNegativesRankingLoss`` (``scale = 1 / temperature``; the
-  cached variant when accumulating, so in-batch negatives span the whole step; ``batch_size`` is the global
-  batch), the mined hard negatives as extra columns and the head, if any, trained jointly; a LoRA adapter
-  is merged into the weights before saving. Its checkpoints go to ``<output>.checkpoints/`` too. It has no
-  stage schedule and no load-balancing term, so recipes that set ``shared_epochs``,
-  ``random_routing_epochs`` or a ``load_balance_weight`` for routed experts are refused.
+* **Fast path** (``model.freeze_backbone: true``, no ``peft``, a ``head``): training queries and corpus
+  are encoded once into the embedding cache (main process first), hard negatives are mined on those
+  embeddings, and only the head trains, on cached tensors, through the one loop with Med-MoE-Embed's
+  two-step schedule (:mod:`medadapt.moe.schedule`).
+* **Slow path** (``freeze_backbone: false`` or a ``peft`` LoRA adapter): sentence-transformers' trainer
+  with ``MultipleNegativesRankingLoss`` (``scale = 1 / temperature``; the cached variant when accumulating,
+  so in-batch negatives span the whole global step), mined hard negatives as extra columns, the head (if
+  any) trained jointly, LoRA merged before saving. It has no stage schedule and no load-balancing term,
+  so recipes setting ``shared_epochs``, ``random_routing_epochs`` or a routed ``load_balance_weight`` are
+  refused.
 """
 
 from __future__ import annotations
@@ -39,14 +36,8 @@ from pydantic import Field, model_validator
 from medadapt.config import Section
 from medadapt.curation.mining_config import MiningConfig
 from medadapt.errors import ConfigError
-from medadapt.moe.sections import (
-    HeadSection,
-    InfoNCESection,
-    LossSection,
-    MoEHeadSection,
-    MoETrainingSection,
-    NoHead,
-)
+from medadapt.moe.sections import (HeadSection, InfoNCESection, LossSection, MoEHeadSection,
+                                   MoETrainingSection, NoHead)
 from medadapt.recipes.base import DataSection, LoraSection, RecipeBase
 from medadapt.recipes.registry import RecipeKind, register_kind
 from medadapt.recipes.run import RunContext, evaluate_dense
@@ -141,11 +132,10 @@ def _prepare(recipe: MoERecipe, model, data, ctx: RunContext):
 
     t0 = time.perf_counter()
     with ctx.accelerator.main_process_first():  # the main process encodes into the cache, the others read it
-        prepared = prepare_head_training(model, data, recipe.data.train_split, ctx.cache,
-                                         mining=recipe.data.hard_negatives,
-                                         max_queries=recipe.data.max_train_queries,
-                                         batch_size=recipe.training.encode_batch_size,
-                                         show_progress=ctx.show_progress, log=ctx.log)
+        prepared = prepare_head_training(
+            model, data, recipe.data.train_split, ctx.cache, mining=recipe.data.hard_negatives,
+            max_queries=recipe.data.max_train_queries, batch_size=recipe.training.encode_batch_size,
+            show_progress=ctx.show_progress, log=ctx.log)
     ctx.result.encode_seconds += time.perf_counter() - t0
     return prepared
 
@@ -177,15 +167,14 @@ def _train_slow(recipe: MoERecipe, model, data, ctx: RunContext) -> None:
     from datasets import Dataset
     from sentence_transformers import SentenceTransformerTrainer, SentenceTransformerTrainingArguments
     from sentence_transformers.base.training_args import BatchSamplers
-    from sentence_transformers.sentence_transformer.losses import (
-        CachedMultipleNegativesRankingLoss,
-        MultipleNegativesRankingLoss,
-    )
+    from sentence_transformers.sentence_transformer.losses import (CachedMultipleNegativesRankingLoss,
+                                                                   MultipleNegativesRankingLoss)
 
     from medadapt.heads import attach
     from medadapt.moe.head import MoEHead
     from medadapt.moe.schedule import head_training
     from medadapt.training.lora import attach_lora, merge_lora
+    from medadapt.training.pairs import pairs_from_qrels
 
     if recipe.model.peft is not None:
         attach_lora(model, recipe.model.peft)  # only the LoRA matrices of the backbone train
@@ -197,25 +186,19 @@ def _train_slow(recipe: MoERecipe, model, data, ctx: RunContext) -> None:
         prepared = _prepare(recipe, model, data, ctx)
         pairs, negatives = prepared.pairs, prepared.negatives
     else:
-        from medadapt.training.pairs import pairs_from_qrels
-
-        pairs = pairs_from_qrels(data, recipe.data.train_split, recipe.data.max_train_queries)
         negatives = None
+        pairs = pairs_from_qrels(data, recipe.data.train_split, recipe.data.max_train_queries)
     texts = data.doc_texts()
-    columns: dict[str, list[str]] = {
-        "anchor": [data.queries[pairs.query_ids[i]] for i in pairs.pair_query],
-        "positive": [texts[j] for j in pairs.pair_doc],
-    }
+    columns = {"anchor": [data.queries[pairs.query_ids[i]] for i in pairs.pair_query],
+               "positive": [texts[j] for j in pairs.pair_doc]}
     if negatives is not None:
         for k in range(negatives.shape[1]):
             columns[f"negative_{k + 1}"] = [texts[negatives[i, k]] for i in pairs.pair_query]
     dataset = Dataset.from_dict(columns)
-    t = recipe.training
-    ckpt_dir = ctx.checkpoint_dir
+    t, ckpt_dir = recipe.training, ctx.checkpoint_dir
     _check_slow_checkpoints(ckpt_dir, ctx)
-    # training.batch_size is the global batch, as on the fast path: Accelerate splits it over the processes
-    # and the loss gathers the embeddings; accumulation caches embeddings (GradCache) so that the in-batch
-    # negatives span the whole step
+    # training.batch_size is the global batch, as on the fast path (split over the processes, embeddings
+    # gathered); accumulation caches embeddings (GradCache) so the in-batch negatives span the whole step
     k, world = t.gradient_accumulation_steps, ctx.accelerator.num_processes
     global_batch = t.batch_size * k
     total_steps = max(1, len(dataset) // global_batch) * max(1, t.epochs)
@@ -223,16 +206,13 @@ def _train_slow(recipe: MoERecipe, model, data, ctx: RunContext) -> None:
         output_dir=str(ckpt_dir), num_train_epochs=t.epochs, max_steps=t.max_steps or -1,
         per_device_train_batch_size=global_batch, accelerator_config={"split_batches": True},
         learning_rate=t.lr, weight_decay=t.weight_decay, warmup_ratio=t.warmup_ratio, seed=t.seed,
-        data_seed=t.seed,
+        data_seed=t.seed, max_grad_norm=t.max_grad_norm or 0.0,
         lr_scheduler_type="constant_with_warmup" if t.scheduler == "constant" else t.scheduler,
-        max_grad_norm=t.max_grad_norm or 0.0, bf16=t.mixed_precision == "bf16",
-        fp16=t.mixed_precision == "fp16", use_cpu=t.device == "cpu",
-        batch_sampler=BatchSamplers.NO_DUPLICATES,
-        save_strategy="steps" if t.checkpoint_every_steps else "epoch",
-        save_steps=t.checkpoint_every_steps or 500, save_total_limit=2,
+        bf16=t.mixed_precision == "bf16", fp16=t.mixed_precision == "fp16", use_cpu=t.device == "cpu",
+        batch_sampler=BatchSamplers.NO_DUPLICATES, save_steps=t.checkpoint_every_steps or 500,
+        save_strategy="steps" if t.checkpoint_every_steps else "epoch", save_total_limit=2,
         logging_steps=max(1, min(50, total_steps // 20)), report_to="none",
-        disable_tqdm=not ctx.show_progress,
-        dataloader_drop_last=world > 1, ddp_find_unused_parameters=False,
+        disable_tqdm=not ctx.show_progress, dataloader_drop_last=world > 1, ddp_find_unused_parameters=False,
     )
     scale = 1.0 / recipe.loss.temperature
     if k > 1:

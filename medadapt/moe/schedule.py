@@ -1,34 +1,20 @@
-"""Med-MoE-Embed's training schedule on cached (frozen-backbone) embeddings, as stages of the one loop
-(:func:`medadapt.training.loop.train`).
+"""Med-MoE-Embed's training schedule (paper §III-D) on cached frozen-backbone embeddings, as stages of the
+one loop (:func:`medadapt.training.loop.train`).
 
-The backbone is frozen, so its raw pooled embeddings (taken *before* ``Normalize``) are computed once and
-cached; the head then trains without transformer forward passes. The same head maps queries and
-documents (symmetric); InfoNCE L2-normalises both sides, exactly as the attached head followed by
-``Normalize`` does at inference.
+The backbone is frozen, so its raw pooled embeddings (before ``Normalize``) are cached and only the head
+trains; it maps queries and documents alike, and InfoNCE L2-normalises both sides as ``Normalize`` does at
+inference. :func:`head_stages` gives a :class:`~medadapt.moe.head.MoEHead` three stages: ``shared``
+(``training.shared_epochs`` on the shared experts alone, routing off, its own optimiser: the paper
+pre-trains them separately, in place is equivalent), ``random`` (``training.random_routing_epochs`` on all
+parameters with random routing, a warm-up feeding every routed expert) and ``learned`` (``training.epochs``
+with the learned top-k gate); the last two share one optimiser and LR schedule.
+Stages a head has nothing for are skipped; any other head trains all its parameters in one stage, ``main``.
 
-Stages (paper §III-D) for a :class:`~medadapt.moe.head.MoEHead`, built by :func:`head_stages`:
-
-1. ``shared``: ``training.shared_epochs`` epochs training only the shared experts; routing is ``"off"``,
-   so routed experts, gate and alpha are neither used nor updated (the paper pre-trains the shared experts
-   separately; training them in place is equivalent and keeps one object). Its own optimiser.
-2. ``random``: ``training.random_routing_epochs`` epochs on all parameters with random routing (a warm-up
-   that feeds every routed expert).
-3. ``learned``: ``training.epochs`` epochs on all parameters with the learned top-k gate.
-
-Stages 2-3 share one optimiser and one learning-rate schedule (``Stage.schedule``). Stage 2 is skipped for
-heads without routed experts, stage 1 for heads without shared experts. Any other head (a module mapping
-``features["sentence_embedding"]``) trains all its parameters in one stage, ``main``.
-
-Loss of an optimiser step (:class:`MoEStep`): InfoNCE over in-batch + hard negatives plus
-``loss.load_balance_weight`` x the Switch load-balancing loss, both on the *whole* step: ``forward`` returns
-per-item query / positive / negative embeddings and the router's probabilities and assignments of the
-item's rows, the loop gathers them over processes and accumulation chunks, ``loss`` computes both terms.
-Random routing draws one seeded set of uniform scores per optimiser step for every row of
-``batch.all_indices``; each process (and each accumulation chunk) routes its own rows with it, so the
-random stage is the same on 1 or N processes and with or without accumulation.
-
-:func:`head_training` learns the full-strength correction (``residual_scale = 1`` while training) and
-restores the head's scale and routing afterwards.
+The loss of an optimiser step (:class:`MoEStep`) is InfoNCE over in-batch + hard negatives plus
+``loss.load_balance_weight`` x the Switch load-balancing loss, both on the whole gathered step. Random
+routing draws one seeded set of scores per step for every row of ``batch.all_indices``, so the random stage
+is the same on 1 or N processes, with or without accumulation. :func:`head_training` trains the
+full-strength correction (``residual_scale = 1``) and restores the head's scale and routing afterwards.
 
 Example:
     >>> result = train_head(head, q_emb, pos_emb, neg_emb, MoETrainingSection(epochs=3, shared_epochs=1))
@@ -61,24 +47,16 @@ __all__ = ["HeadTrainResult", "MoEStep", "encode_with_head", "head_stages", "hea
 
 
 class MoEStep:
-    """One stage's :class:`~medadapt.training.loop.Step`: the head over cached query, positive and
-    hard-negative embeddings, InfoNCE + load balancing on the whole optimiser step.
-
-    Args:
-        head: the head being trained (the unwrapped module: its router is observed and its routing read).
-        query / positive: ``(N, d)`` raw embeddings, one row per training pair.
-        negatives: ``(N, n, d)`` raw hard-negative embeddings, or ``None``.
-        loss: the :class:`~medadapt.moe.sections.InfoNCESection` that builds the loss terms.
-        routing: the stage's routing mode (``None`` for heads that are not a ``MoEHead``).
-    """
+    """One stage's :class:`~medadapt.training.loop.Step`: ``head`` (the unwrapped module, whose router is
+    observed) over cached ``(N, d)`` query / positive and ``(N, n, d)`` negative (or ``None``) raw
+    embeddings, in routing mode ``routing`` (``None`` for heads that are not a ``MoEHead``)."""
 
     def __init__(self, head: nn.Module, query: Tensor, positive: Tensor, negatives: Tensor | None,
                  loss: InfoNCESection, routing: RoutingMode | None) -> None:
-        self.head = head
+        self.head, self.routing = head, routing
         self.query, self.positive, self.negatives = query, positive, negatives
         self.n_neg = 0 if negatives is None else negatives.shape[1]
         self.infonce, self.load_balance = loss.build()
-        self.routing = routing
         has_router = isinstance(head, MoEHead) and head.router is not None
         self.routed = has_router and routing in ("learned", "random")
 
@@ -93,9 +71,8 @@ class MoEStep:
             blocks.append(self.negatives[index].reshape(b * self.n_neg, -1))
         features = {"sentence_embedding": torch.cat(blocks).to(device=device, dtype=torch.float32)}
         decisions: list[Any] = []
-        handle, counters = None, None
+        handle, counters, router = None, None, self.head.router if self.routed else None
         if self.routed:
-            router = self.head.router
             if self.routing == "random":
                 features["routing_noise"] = self._noise(batch, device)
             handle = router.register_forward_hook(lambda _m, _a, out: decisions.append(out))
@@ -107,9 +84,9 @@ class MoEStep:
             if handle is not None:
                 handle.remove()
             if counters is not None:
-                self.head.router.running_counts.copy_(counters[0])
-                self.head.router.last_load.copy_(counters[1])
-                self.head.router.inputs_seen = counters[2]
+                router.running_counts.copy_(counters[0])
+                router.last_load.copy_(counters[1])
+                router.inputs_seen = counters[2]
         out = {"q": mapped[:b], "p": mapped[b: 2 * b]}
         if self.n_neg:
             out["n"] = mapped[2 * b:].reshape(b, self.n_neg, -1)
@@ -220,17 +197,13 @@ def head_training(head: nn.Module | None) -> Iterator[nn.Module | None]:
 def merge_routing_stats(head: nn.Module, accelerator: Any | None) -> None:
     """Sum the per-process routing counters (call on every process) so ``head.routing_stats()`` describes
     every process's inputs, as in a one-process run."""
-    if not isinstance(head, MoEHead) or head.router is None or accelerator is None:
+    if not isinstance(head, MoEHead) or head.router is None or accelerator is None \
+            or accelerator.num_processes < 2:
         return
-    if accelerator.num_processes < 2:
-        return
-    from medadapt.training.distributed import sum_across_processes
-
     router = head.router
-    router.running_counts.copy_(sum_across_processes(router.running_counts))
+    router.running_counts.copy_(accelerator.reduce(router.running_counts, "sum"))
     seen = torch.tensor([float(router.inputs_seen)], device=router.running_counts.device)
-    seen = sum_across_processes(seen)
-    router.inputs_seen = int(seen.item())
+    router.inputs_seen = int(accelerator.reduce(seen, "sum").item())
 
 
 @dataclass
@@ -268,36 +241,24 @@ def _fingerprint(head: nn.Module, tensors: list[Tensor | None], training: MoETra
     return digest.hexdigest()[:32]
 
 
-def train_head(
-    head: nn.Module,
-    query_emb: Tensor,
-    pos_emb: Tensor,
-    neg_emb: Tensor | None = None,
-    training: MoETrainingSection | None = None,
-    loss: InfoNCESection | None = None,
-    *,
-    accelerator: Any | None = None,
-    checkpoint: CheckpointConfig | str | Path | None = None,
-    fingerprint: str | None = None,
-    progress: Callable[[str, int, int, dict[str, Any]], None] | None = None,
-) -> HeadTrainResult:
-    """Train ``head`` in place on cached raw backbone embeddings through the schedule of the module
-    docstring; the Python API of what the ``moe`` recipe's fast path does.
+def train_head(head: nn.Module, query_emb: Tensor, pos_emb: Tensor, neg_emb: Tensor | None = None,
+               training: MoETrainingSection | None = None, loss: InfoNCESection | None = None, *,
+               accelerator: Any | None = None, checkpoint: CheckpointConfig | str | Path | None = None,
+               fingerprint: str | None = None,
+               progress: Callable[[str, int, int, dict[str, Any]], None] | None = None) -> HeadTrainResult:
+    """Train ``head`` (a ``MoEHead`` or any module mapping ``features["sentence_embedding"]``) in place on
+    cached raw ``(N, d)`` query / positive and optional ``(N, n, d)`` hard-negative embeddings through the
+    schedule of the module docstring: the Python API of the ``moe`` recipe's fast path.
 
     Args:
-        head: a :class:`~medadapt.moe.head.MoEHead` or any module mapping ``features["sentence_embedding"]``.
-        query_emb: ``(N, d)`` raw (un-normalised) query embeddings.
-        pos_emb: ``(N, d)`` raw embeddings of each query's positive document.
-        neg_emb: optional ``(N, n, d)`` raw hard-negative embeddings.
-        training: :class:`~medadapt.moe.sections.MoETrainingSection` (its defaults when ``None``); ``seed``
-            seeds data order and random routing, ``device`` places the head when there is no accelerator.
-        loss: :class:`~medadapt.moe.sections.InfoNCESection` (its defaults when ``None``).
-        accelerator: an ``accelerate.Accelerator`` (``None``: one process on ``training.device`` or the
-            head's device); under ``accelerate launch`` the loss is the global-batch loss.
-        checkpoint: a :class:`~medadapt.training.checkpoint.CheckpointConfig`, or a folder (checkpoints every
+        training / loss: the recipe sections (their defaults when ``None``); ``training.seed`` seeds data
+            order and random routing, ``training.device`` places the head when there is no accelerator.
+        accelerator: an ``accelerate.Accelerator`` (``None``: one process); under ``accelerate launch`` the
+            loss is the global-batch loss.
+        checkpoint: a :class:`~medadapt.training.checkpoint.CheckpointConfig` or a folder (checkpoints every
             ``training.checkpoint_every_steps`` steps and at stage ends); a later call resumes from it.
-        fingerprint: identity of the run stored in checkpoints (default: a hash of the configuration, the
-            head's config and the data), a resume with another one is refused.
+        fingerprint: the run's identity stored in checkpoints (default: a hash of configuration, head and
+            data); a resume with another one is refused.
         progress: ``progress(stage, step, total, row)`` after every step (main process).
 
     Returns:
@@ -325,9 +286,8 @@ def train_head(
         res = train(head, stages, seed=training.seed, accelerator=accelerator, checkpoint=checkpoint,
                     fingerprint=fingerprint, progress=progress)
     merge_routing_stats(head, accelerator)
-    stats = head.routing_stats() if isinstance(head, MoEHead) else {}
     return HeadTrainResult(loss_history=res.loss_history, stage_steps=res.stage_steps, seconds=res.seconds,
-                           routing_stats=stats)
+                           routing_stats=head.routing_stats() if isinstance(head, MoEHead) else {})
 
 
 @torch.no_grad()

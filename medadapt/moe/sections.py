@@ -23,17 +23,8 @@ if TYPE_CHECKING:
 
 __all__ = ["HeadSection", "InfoNCESection", "LossSection", "MoEHeadSection", "MoETrainingSection", "NoHead"]
 
-_MOE_DEFAULTS = {f.name: f for f in dataclasses.fields(MoEConfig)}
-
-
-def _default(name: str) -> Any:
-    """``MoEConfig``'s default for ``name`` (the head section repeats no default of its own)."""
-    f = _MOE_DEFAULTS[name]
-    return f.default
-
-
-def _factory(name: str):
-    return _MOE_DEFAULTS[name].default_factory
+#: ``MoEConfig``'s fields: the head section takes its defaults from them (it repeats none of its own).
+_MOE = {f.name: f for f in dataclasses.fields(MoEConfig)}
 
 
 class NoHead(Section):
@@ -48,18 +39,18 @@ class MoEHeadSection(Section):
     ``routing`` mode (set by the training schedule) and ``input_name``."""
 
     kind: Literal["moe"] = "moe"
-    shared_experts: list[str] = Field(default_factory=_factory("shared_experts"))
-    routed_experts: list[str] = Field(default_factory=_factory("routed_experts"))
-    top_k: int = Field(_default("top_k"), ge=0)
-    expansion: int = Field(_default("expansion"), ge=1)
-    alpha_init: float = _default("alpha_init")
-    residual: bool = _default("residual")
-    residual_scale: float = Field(_default("residual_scale"), ge=0, le=1,
+    shared_experts: list[str] = Field(default_factory=_MOE["shared_experts"].default_factory)
+    routed_experts: list[str] = Field(default_factory=_MOE["routed_experts"].default_factory)
+    top_k: int = Field(_MOE["top_k"].default, ge=0)
+    expansion: int = Field(_MOE["expansion"].default, ge=1)
+    alpha_init: float = _MOE["alpha_init"].default
+    residual: bool = _MOE["residual"].default
+    residual_scale: float = Field(_MOE["residual_scale"].default, ge=0, le=1,
                                   description="WiSE-FT interpolation at inference (training uses 1)")
-    zero_init_output: bool = _default("zero_init_output")
-    renormalize_top_k: bool = _default("renormalize_top_k")
-    gate_init_std: float = Field(_default("gate_init_std"), ge=0)
-    expert_options: dict[str, dict[str, Any]] = Field(default_factory=_factory("expert_options"))
+    zero_init_output: bool = _MOE["zero_init_output"].default
+    renormalize_top_k: bool = _MOE["renormalize_top_k"].default
+    gate_init_std: float = Field(_MOE["gate_init_std"].default, ge=0)
+    expert_options: dict[str, dict[str, Any]] = Field(default_factory=_MOE["expert_options"].default_factory)
 
     def to_config(self, dim: int) -> MoEConfig:
         """The head's :class:`~medadapt.moe.config.MoEConfig` for a backbone of width ``dim``."""
@@ -98,13 +89,10 @@ LossSection = Annotated[Union[InfoNCESection], Field(discriminator="kind")]
 
 
 class MoETrainingSection(RunSection, OptimSection):
-    """How the head (or backbone) trains: the run settings (:class:`~medadapt.recipes.base.RunSection`:
-    seed, precision, device, checkpoints, encoding batch), the optimisation
-    (:class:`~medadapt.training.config.OptimSection`) with the defaults the MoE recipes use, and
-    Med-MoE-Embed's two-step schedule (paper §III-D): ``shared_epochs`` on the shared experts alone,
-    ``random_routing_epochs`` of random-routing warm-up, then ``epochs`` with the learned gate (the random and
-    learned stages share one optimiser and learning-rate schedule). ``max_steps`` caps each stage.
-    ``batch_size`` is the global batch (queries per optimiser step before accumulation)."""
+    """How the head (or backbone) trains: :class:`~medadapt.recipes.base.RunSection` plus
+    :class:`~medadapt.training.config.OptimSection` with the MoE recipes' defaults and the two-step
+    schedule of :mod:`medadapt.moe.schedule` (paper §III-D). ``max_steps`` caps each stage; ``batch_size``
+    is the global batch (queries per optimiser step before accumulation)."""
 
     epochs: int = Field(1, ge=0, description="epochs with the learned gate (all epochs for other heads)")
     shared_epochs: int = Field(0, ge=0, description="epochs training only the shared experts (routing off)")

@@ -43,6 +43,7 @@ class RunResult:
         encode_seconds / train_seconds: wall time spent encoding (caches, mining) / training.
         loss_history: per-step rows (``stage``, ``step``, ``loss``, loss parts, ``lr``).
         details: system-specific facts (stages, routing statistics, example counts) for ``train_log.json``.
+        model: the trained model, in memory (the folder holds the same).
     """
 
     output_dir: Path
@@ -52,6 +53,7 @@ class RunResult:
     train_seconds: float = 0.0
     loss_history: list[dict[str, Any]] = field(default_factory=list)
     details: dict[str, Any] = field(default_factory=dict)
+    model: Any = field(default=None, repr=False)
 
     def record_metrics(self, metrics: dict[str, float], ev, output_dir: Path | None = None) -> None:
         """Keep ``metrics``, check them against ``ev.expected`` (within ``ev.tolerance``) and, with
@@ -201,6 +203,14 @@ def _accelerator(recipe: RecipeBase):
     device = recipe.training.device
     if device not in (None, "cpu") and device.startswith("cuda") and not torch.cuda.is_available():
         raise ConfigError(f"training.device is {device!r} but CUDA is not available on this machine")
+    from accelerate.state import AcceleratorState, PartialState
+
+    shared = AcceleratorState._shared_state
+    if shared and shared.get("_mixed_precision") != recipe.training.mixed_precision \
+            and PartialState().num_processes == 1:
+        # a second run in one Python process with another precision: Accelerate keeps its first state as a
+        # process-wide singleton and would refuse; outside a multi-process launch it is safe to start anew
+        AcceleratorState._reset_state()
     return Accelerator(cpu=device == "cpu" or not torch.cuda.is_available(),
                        mixed_precision=recipe.training.mixed_precision)
 
@@ -247,7 +257,7 @@ def run_recipe(
     ctx = RunContext(recipe=recipe, output_dir=output_dir, checkpoint_dir=checkpoints, accelerator=accelerator,
                      cache=cache if cache is not None else EmbeddingCache(), result=result,
                      fingerprint=fingerprint(recipe), show_progress=show_progress, log=log)
-    model = system.train(recipe, ctx)
+    model = result.model = system.train(recipe, ctx)
     if accelerator.is_main_process:
         import yaml
 

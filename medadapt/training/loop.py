@@ -1,48 +1,30 @@
 """The one hand-written training loop of medadapt, on Hugging Face Accelerate.
 
-Every trainer that sentence-transformers' own trainer cannot run (heads on cached embeddings, HyReC's
-sparse + dense + union objective, CARE's two-route phases) is a list of :class:`Stage` objects handed to
-:func:`train`. A system supplies, per stage, a :class:`Step` (what a forward pass returns and what the loss
-is) and the parameters to train; the loop does the rest, identically for every system:
+Every trainer that sentence-transformers' own trainer cannot run (heads on cached embeddings, HyReC,
+CARE's two-route phases) is a list of :class:`Stage` objects handed to :func:`train`: a system supplies a
+:class:`Step` per stage (``forward``: per-item outputs; ``loss``: named parts on the whole step) and the
+parameters to train. The loop does the rest, identically for every system:
 
-* **global batches, sharded**: ``batch_size`` is the global batch. Each process takes a contiguous shard
-  (:func:`~medadapt.training.distributed.shard_bounds`), runs ``step.forward`` on it, and the loop
-  all-gathers every output tensor (:func:`~medadapt.training.distributed.gather_with_grad`: gradients
-  flow into the local rows) before ``step.loss``. The loss is therefore the global-batch loss, the same
-  on every process, and ``N x loss`` backpropagated then averaged over processes is the one-process
-  gradient. Gradients are averaged with one flat all-reduce (no DDP wrapper: a step may run the model
-  several times and leave trainable parameters unused, both of which DDP rejects); DeepSpeed and FSDP
-  engines prepared by Accelerate average their own.
-* **gradient accumulation without changing the objective** (GradCache, Gao et al. 2021): with
-  ``gradient_accumulation_steps = k`` one optimiser step covers ``k`` forward chunks. The chunks' outputs
-  are computed without gradients, the loss is computed once on all of them, and each chunk is then run
-  again with gradients and back-propagated with the cached output gradients (the RNG state is replayed so
-  dropout masks repeat). In-batch negatives therefore span all ``k * batch_size`` items: ``k`` steps at
-  batch ``b`` equal one step at batch ``k * b``.
-* **mixed precision** through ``accelerator.autocast()`` / ``accelerator.backward`` (fp16 loss scaling);
-* ``transformers.get_scheduler`` warm-up + decay, AdamW with weight decay on matrices only, clipping
-  through ``accelerator.clip_grad_norm_``;
-* **named loss parts**: ``step.loss`` returns a dict of parts, summed into the loss unless it carries its own
-  total under ``"loss"``; every part is logged;
-* **non-finite stop**: a NaN / inf loss raises :class:`TrainingError` before the optimiser moves, and
-  nothing new is saved;
-* **atomic, resumable checkpoints** (:mod:`medadapt.training.checkpoint`) that carry a fingerprint of the
-  run (recipe, data, base model, as the caller hashes them): a resume with another fingerprint is refused.
-  Data order (permutation per ``(seed, stage, epoch)``) and the torch RNG (re-seeded per step) are
-  functions of the step, so a resumed run repeats the uninterrupted one.
+* **sharded global batches**: each process runs ``forward`` on a contiguous shard of the global batch and
+  the loop all-gathers the outputs (:func:`~medadapt.training.distributed.gather_with_grad`), so ``loss``
+  sees the global batch (in-batch negatives included) on every process; ``N x loss`` is back-propagated and
+  gradients averaged by one flat all-reduce (no DDP wrapper: a step may run the model twice and leave
+  parameters unused). DeepSpeed / FSDP engines prepared by Accelerate average their own.
+* **gradient accumulation that keeps the objective** (GradCache, Gao et al. 2021): the ``k`` chunks of a
+  step are run without gradients, the loss is computed once on all of them, then each chunk is re-run with
+  gradients and back-propagated with its cached output gradients (RNG replayed, so dropout repeats):
+  ``k`` steps at batch ``b`` equal one step at batch ``k * b``.
+* mixed precision through ``accelerator.autocast()`` / ``accelerator.backward``; AdamW with weight decay on
+  matrices only; ``transformers.get_scheduler``; clipping through ``accelerator.clip_grad_norm_``;
+* named loss parts in every logged row; a non-finite loss raises :class:`TrainingError` before the
+  optimiser moves;
+* atomic resumable checkpoints (:mod:`medadapt.training.checkpoint`) carrying the run's fingerprint; data
+  order (per ``(seed, stage, epoch)``) and the torch RNG (per step) are functions of the step, so a resumed
+  run repeats the uninterrupted one.
 
-Stages that name the same ``schedule`` share one optimiser and one learning-rate schedule spanning them
-(Med-MoE-Embed's random-routing warm-up and learned-routing stages). Hand-written because Accelerate has
-no contrastive-aware gradient accumulation and no multi-stage schedule, and transformers' ``Trainer``
-owns its data loading (no global-batch gather, no GradCache).
-
-Example:
-    >>> class PairStep:
-    ...     def forward(self, model, batch):
-    ...         return {"q": model(q_emb[batch.indices]), "d": model(d_emb[batch.indices])}
-    ...     def loss(self, out, batch):
-    ...         return infonce(out["q"], out["d"])        # {"loss"/"infonce": tensor}
-    >>> train(head, [Stage("main", len(q_emb), PairStep(), list(head.parameters()), OptimSection())])
+Stages naming the same ``schedule`` share one optimiser and learning-rate schedule (Med-MoE-Embed's
+random- and learned-routing stages). Hand-written because Accelerate has no contrastive-aware
+accumulation or multi-stage schedule, and transformers' ``Trainer`` owns its data loading.
 """
 
 from __future__ import annotations
@@ -146,24 +128,18 @@ class LoopResult:
         return float(self.loss_history[-1]["loss"]) if self.loss_history else math.nan
 
 
-def _param_groups(params, optim: OptimSection) -> list[dict[str, Any]]:
+def _param_groups(params, optim: OptimSection, covered: set[int]) -> list[dict[str, Any]]:
+    """AdamW groups of ``params`` (parameters or ``{"params", "lr"}`` groups) not yet in ``covered``: weight
+    decay on matrices only."""
     groups = list(params)
-    if groups and not isinstance(groups[0], dict):
-        groups = [{"params": groups}]
     out = []
-    for g in groups:
-        ps = [p for p in g["params"] if p.requires_grad]
+    for g in groups if groups and isinstance(groups[0], dict) else [{"params": groups}]:
+        ps = [p for p in g["params"] if p.requires_grad and id(p) not in covered]
+        covered.update(id(p) for p in ps)
         lr = g.get("lr", optim.lr)
         out.append({"params": [p for p in ps if p.ndim >= 2], "weight_decay": optim.weight_decay, "lr": lr})
         out.append({"params": [p for p in ps if p.ndim < 2], "weight_decay": 0.0, "lr": lr})
     return [g for g in out if g["params"]]
-
-
-def _flat(params) -> list[nn.Parameter]:
-    groups = list(params)
-    if groups and isinstance(groups[0], dict):
-        return [p for g in groups for p in g["params"]]
-    return groups
 
 
 class _Schedule:
@@ -172,21 +148,10 @@ class _Schedule:
     def __init__(self, stages: list[Stage], accelerator, model: nn.Module, world: int):
         from transformers import get_scheduler
 
-        first = stages[0]
-        optim = first.optim
-        seen: set[int] = set()
-        params: list[nn.Parameter] = []
-        for s in stages:
-            for p in _flat(s.params):
-                if id(p) not in seen and p.requires_grad:
-                    seen.add(id(p))
-                    params.append(p)
-        self.params = params
-        self.optim = optim
-        groups = _param_groups(first.params, optim)
-        covered = {id(p) for g in groups for p in g["params"]}
-        extra = [p for p in params if id(p) not in covered]  # later stages of the group train more
-        groups += _param_groups(extra, optim)
+        optim = stages[0].optim
+        covered: set[int] = set()
+        groups = [g for s in stages for g in _param_groups(s.params, optim, covered)]
+        self.params = params = [p for g in groups for p in g["params"]]
         self.optimizer = torch.optim.AdamW(groups, lr=optim.lr)
         total = sum(s.steps() for s in stages)
         kind = {"cosine": "cosine", "linear": "linear", "constant": "constant_with_warmup"}[optim.scheduler]
@@ -284,7 +249,6 @@ def train(
         groups.setdefault(s.schedule or f"#{i}", []).append(s)
     schedules = {key: _Schedule(members, accelerator, model, world) for key, members in groups.items()}
     schedule_of = {id(s): schedules[s.schedule or f"#{i}"] for i, s in enumerate(stages)}
-    trained: dict[str, nn.Parameter] = {}
     ids = {id(p) for sch in schedules.values() for p in sch.params}
     trained = {n: p for n, p in model.named_parameters() if id(p) in ids}
 

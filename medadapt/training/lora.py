@@ -1,22 +1,14 @@
 """LoRA adapters on sentence-transformers models: the one attach / merge / gradient-checkpointing helper.
 
-Every system that trains a backbone through LoRA uses these functions with the recipe's
-:class:`~medadapt.recipes.base.LoraSection` (one set of defaults: ``r=16, alpha=32, dropout=0.05``; a
-paper setting such as CARE's ``r=32`` is written in its recipe). The section is passed in (this neutral
-module imports nothing from :mod:`medadapt.recipes`, which imports the training loop); anything with its
-four fields ``r``, ``alpha``, ``dropout``, ``target_modules`` will do:
-
-* CARE attaches to the document route's ``Transformer`` (:func:`medadapt.asym.attach_document_lora`),
-* BMRetriever to the retriever's first ``Transformer`` (each stage attaches a fresh adapter, merges it),
-* the Med-MoE-Embed slow path to the backbone's first ``Transformer``.
-
-``SentenceTransformer.add_adapter`` only reaches the *first* ``Transformer`` of a model, which inside a
-``Router`` is not necessarily the one to adapt, so the adapter is attached explicitly: the module's Hugging
-Face model is wrapped with PEFT's ``get_peft_model`` (only the LoRA matrices train afterwards), and
-:func:`merge_lora` folds it back (``merge_and_unload``) so a saved folder loads without PEFT.
+CARE (the document route's ``Transformer``, :func:`medadapt.asym.attach_document_lora`), BMRetriever and
+the Med-MoE-Embed slow path (the first ``Transformer``) all attach through :func:`attach_lora` with the
+recipe's :class:`~medadapt.recipes.base.LoraSection` (passed in: this neutral module does not import
+:mod:`medadapt.recipes`; anything with ``r``, ``alpha``, ``dropout`` and ``target_modules`` will do).
+``SentenceTransformer.add_adapter`` only reaches the first ``Transformer``, which inside a ``Router`` is not
+necessarily the one to adapt, so the module's Hugging Face model is wrapped with PEFT's ``get_peft_model``
+explicitly, and :func:`merge_lora` folds it back (``merge_and_unload``) so a saved folder loads without PEFT.
 
 Example:
-    >>> from medadapt.recipes.base import LoraSection
     >>> attach_lora(model, LoraSection(r=8, alpha=16), gradient_checkpointing=True)
     >>> ...  # train
     >>> merge_lora(model)
@@ -24,21 +16,11 @@ Example:
 
 from __future__ import annotations
 
-from typing import Any, Protocol
+from typing import Any
 
 from medadapt.errors import ConfigError
 
-__all__ = ["LoraSpec", "attach_lora", "enable_gradient_checkpointing", "first_transformer", "has_lora",
-           "merge_lora", "peft_config"]
-
-
-class LoraSpec(Protocol):
-    """What a LoRA adapter needs: the fields of :class:`medadapt.recipes.base.LoraSection`."""
-
-    r: int
-    alpha: int
-    dropout: float
-    target_modules: list[str] | None
+__all__ = ["attach_lora", "enable_gradient_checkpointing", "first_transformer", "has_lora", "merge_lora"]
 
 
 def first_transformer(model) -> Any:
@@ -60,16 +42,6 @@ def has_lora(module) -> bool:
     return any("lora_" in name for name, _ in module.named_parameters())
 
 
-def peft_config(lora: LoraSpec):
-    """The ``peft.LoraConfig`` of a :class:`~medadapt.recipes.base.LoraSection`. ``target_modules=None``
-    lets PEFT pick its default for the architecture (``q_proj`` / ``v_proj`` for Llama / Qwen, ``query`` /
-    ``value`` for BERT)."""
-    from peft import LoraConfig
-
-    return LoraConfig(r=lora.r, lora_alpha=lora.alpha, lora_dropout=lora.dropout,
-                      target_modules=list(lora.target_modules) if lora.target_modules else None)
-
-
 def enable_gradient_checkpointing(model) -> None:
     """Activation checkpointing in the Hugging Face model of ``model``'s first ``Transformer`` (or of the
     ``Transformer`` module given), non-reentrant so that LoRA matrices and frozen embeddings still get
@@ -82,14 +54,16 @@ def enable_gradient_checkpointing(model) -> None:
         hf.enable_input_require_grads()
 
 
-def attach_lora(model, lora: LoraSpec, *, gradient_checkpointing: bool = False):
+def attach_lora(model, lora, *, gradient_checkpointing: bool = False):
     """Wrap the Hugging Face model of ``model``'s first ``Transformer`` (or of the ``Transformer`` module
-    given) with a PEFT LoRA adapter, in place; returns the PEFT model.
+    given) with a PEFT LoRA adapter of ``lora`` (a ``LoraSection``), in place; returns the PEFT model.
 
     Afterwards only the LoRA matrices of that module have ``requires_grad`` (other modules' flags are not
-    changed). A module that already has an adapter is refused (merge it first).
+    changed). ``target_modules=None`` lets PEFT pick its default for the architecture (``q_proj`` /
+    ``v_proj`` for Llama / Qwen, ``query`` / ``value`` for BERT). A module that already has an adapter is
+    refused (merge it first).
     """
-    from peft import get_peft_model
+    from peft import LoraConfig, get_peft_model
 
     transformer = first_transformer(model)
     if has_lora(transformer):
@@ -97,7 +71,9 @@ def attach_lora(model, lora: LoraSpec, *, gradient_checkpointing: bool = False):
                           "merge it (merge_lora) before attaching another")
     if gradient_checkpointing:
         enable_gradient_checkpointing(transformer)
-    transformer.model = get_peft_model(transformer.model, peft_config(lora))
+    config = LoraConfig(r=lora.r, lora_alpha=lora.alpha, lora_dropout=lora.dropout,
+                        target_modules=list(lora.target_modules) if lora.target_modules else None)
+    transformer.model = get_peft_model(transformer.model, config)
     return transformer.model
 
 

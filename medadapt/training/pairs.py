@@ -12,14 +12,9 @@ from medadapt.errors import DataError
 
 @dataclass
 class TrainingPairs:
-    """(query, positive document) pairs of a qrels split, as indices.
-
-    Attributes:
-        query_ids: distinct training query ids (order of first appearance in the qrels).
-        pair_query: for each pair, its index into ``query_ids``.
-        pair_doc: for each pair, the positive's index into ``data.doc_ids``.
-        positives: for each distinct query, the set of all its positive document indices.
-    """
+    """(query, positive document) pairs of a qrels split, as indices: ``query_ids`` (distinct, in qrels
+    order), per pair ``pair_query`` (index into ``query_ids``) and ``pair_doc`` (index into
+    ``data.doc_ids``), and per distinct query the set of all its ``positives``."""
 
     query_ids: list[str]
     pair_query: np.ndarray
@@ -82,10 +77,9 @@ class HeadTrainingData:
         """``(query, positive, negatives | None)`` float tensors, one row per pair (see ``train_head``)."""
         import torch
 
-        q = torch.from_numpy(self.query_raw[self.pairs.pair_query])
-        p = torch.from_numpy(self.doc_raw[self.pairs.pair_doc])
-        n = None if self.negatives is None else torch.from_numpy(self.doc_raw[self.negatives[self.pairs.pair_query]])
-        return q, p, n
+        pq = self.pairs.pair_query
+        n = None if self.negatives is None else torch.from_numpy(self.doc_raw[self.negatives[pq]])
+        return torch.from_numpy(self.query_raw[pq]), torch.from_numpy(self.doc_raw[self.pairs.pair_doc]), n
 
 
 def prepare_head_training(model, data: BeirDataset, split: str, cache, *, mining=None,

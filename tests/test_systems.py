@@ -1,0 +1,111 @@
+"""One battery over the four systems' tiny CPU-twin recipes (``recipes/*-tiny.yaml``) on tiny random models:
+
+* train -> save -> load gives the encodings of the model in memory, bit for bit (dense and learned sparse);
+* a run killed mid-training and run again resumes from its checkpoints and ends with the same model as an
+  uninterrupted run (the three systems on the one loop; BMRetriever's sentence-transformers trainer is
+  checked in tests/test_bmretriever.py);
+* the saved folder is one of a medadapt run (recipe.yaml, train_log.json) with checkpoints beside it.
+
+Two processes against one and "beats the untrained model" are per system, with settings that make each
+system learn on tiny data: tests/test_distributed.py (MoE, CARE), tests/test_hyrec_distributed.py,
+tests/test_bmretriever_distributed.py; tests/test_train_recipe.py, test_asym_recipe.py,
+test_hyrec_recipe.py, test_bmretriever.py.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from test_asym import build_tiny_qwen2
+
+RECIPES = Path(__file__).resolve().parents[1] / "recipes"
+TEXTS = ["symptoms of gout", "asthma is a condition with wheezing inhaler airway breath cough."]
+
+
+@pytest.fixture(scope="module")
+def qwen_dir(tmp_path_factory) -> Path:
+    return build_tiny_qwen2(tmp_path_factory.mktemp("qwen"))
+
+
+def _setup(kind: str, bert: Path, qwen: Path, beir: Path) -> tuple[Path, list[str]]:
+    if kind == "moe":
+        return RECIPES / "med-moe-embed-tiny.yaml", [
+            f"model.backbone={bert}", f"data.path={beir}", "data.hard_negatives.window=[2, 6]",
+            "training.batch_size=4", "training.shared_epochs=1", "training.random_routing_epochs=1",
+            "training.epochs=2", "eval.split=test"]
+    if kind == "hyrec":
+        return RECIPES / "hyrec-tiny.yaml", [f"model.backbone={bert}", f"data.path={beir}", "training.epochs=2"]
+    if kind == "care":
+        return RECIPES / "care-tiny.yaml", [f"document.model={qwen}", f"query.model={bert}", f"data.path={beir}"]
+    return RECIPES / "bmretriever-tiny.yaml", [f"model.name={qwen}", f"data.path={beir}",
+                                              f"stage2.base_retriever={bert}"]
+
+
+def _encodings(encoder) -> dict[str, np.ndarray]:
+    out = {}
+    if hasattr(encoder, "encode_query"):
+        out["query"] = np.asarray(encoder.encode_query(TEXTS))
+        out["document"] = np.asarray(encoder.encode_document(TEXTS))
+    if hasattr(encoder, "encode_lexical"):
+        for role in ("query", "document"):
+            vectors = encoder.encode_lexical(TEXTS, role)  # [{term id: weight}]
+            out[f"lexical-{role}"] = np.array([sorted(v.items()) for v in vectors], dtype=object)
+    return out
+
+
+def _run(kind, bert, qwen, beir, out, extra=(), **kw):
+    from medadapt.recipes import run_recipe
+
+    recipe, overrides = _setup(kind, bert, qwen, beir)
+    return run_recipe(recipe, out, [*overrides, *extra], show_progress=False, log=lambda _m: None, **kw)
+
+
+@pytest.mark.parametrize("kind", ["moe", "hyrec", "care", "bmretriever"])
+def test_train_save_load_gives_identical_encodings(kind, tiny_bert_dir, qwen_dir, tiny_beir_dir, tmp_path):
+    from medadapt.retrieval.encoders import as_encoder, open_encoder
+
+    res = _run(kind, tiny_bert_dir, qwen_dir, tiny_beir_dir, tmp_path / "run", evaluate=False)
+    assert res.loss_history and (tmp_path / "run" / "recipe.yaml").is_file()
+    assert (tmp_path / "run" / "train_log.json").is_file() and not (tmp_path / "run" / "checkpoints").exists()
+    assert (tmp_path / "run.checkpoints").is_dir()
+    res.model.eval()
+    before = _encodings(as_encoder(res.model))
+    after = _encodings(open_encoder(str(tmp_path / "run"), device="cpu"))
+    assert set(before) == set(after) and "query" in before
+    for key in before:
+        assert before[key].tolist() == after[key].tolist(), f"{kind}: {key} changed on reload"
+
+
+@pytest.mark.parametrize("kind", ["moe", "hyrec", "care"])
+def test_killed_run_resumes_to_the_uninterrupted_model(kind, tiny_bert_dir, qwen_dir, tiny_beir_dir, tmp_path,
+                                                       monkeypatch):
+    import medadapt.training.loop as loop
+    from medadapt.retrieval.encoders import open_encoder
+
+    every = ["training.checkpoint_every_steps=1"]
+    whole = _run(kind, tiny_bert_dir, qwen_dir, tiny_beir_dir, tmp_path / "whole", every, evaluate=False)
+    n_steps = len(whole.loss_history)
+    assert n_steps >= 4
+
+    real, calls = loop._one_step, [0]
+
+    def dies_midway(*args, **kwargs):
+        calls[0] += 1
+        if calls[0] > n_steps // 2:
+            raise KeyboardInterrupt  # what a kill leaves: checkpoints up to the last finished step
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(loop, "_one_step", dies_midway)
+    with pytest.raises(KeyboardInterrupt):
+        _run(kind, tiny_bert_dir, qwen_dir, tiny_beir_dir, tmp_path / "killed", every, evaluate=False)
+    assert not (tmp_path / "killed").exists()  # nothing half-saved
+    monkeypatch.setattr(loop, "_one_step", real)
+    resumed = _run(kind, tiny_bert_dir, qwen_dir, tiny_beir_dir, tmp_path / "killed", every, evaluate=False)
+    assert [r["loss"] for r in resumed.loss_history] == [r["loss"] for r in whole.loss_history]
+    a = _encodings(open_encoder(str(tmp_path / "whole"), device="cpu"))
+    b = _encodings(open_encoder(str(tmp_path / "killed"), device="cpu"))
+    for key in a:
+        assert a[key].tolist() == b[key].tolist(), f"{kind}: {key} differs after resume"
