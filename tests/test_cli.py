@@ -31,7 +31,14 @@ def test_eval_retrieval_writes_flat_json(tiny_bert_dir, tiny_beir_dir, tmp_path)
     assert "ndcg@10" in text
     data = json.loads(out.read_text())
     assert set(data) == {"ndcg@10", "recall@100", "f1@10"}
-    assert 0 <= data["ndcg@10"] <= 1 and data["recall@100"] == 1.0
+    from sentence_transformers import SentenceTransformer
+
+    from medadapt.data import load_beir
+    from medadapt.eval import evaluate_retrieval
+
+    ref = evaluate_retrieval(SentenceTransformer(str(tiny_bert_dir), device="cpu"), load_beir(tiny_beir_dir, ["test"]),
+                             "test", ["ndcg@10"], show_progress=False)
+    assert data["ndcg@10"] == pytest.approx(ref["ndcg@10"], abs=1e-6) and data["recall@100"] == 1.0
 
 
 def test_eval_sts_and_rerank(tiny_bert_dir, tmp_path):

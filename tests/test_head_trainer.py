@@ -16,13 +16,7 @@ from medadapt.training import CheckpointConfig, TrainingError, latest_checkpoint
 DIM = 32
 
 
-@pytest.fixture(autouse=True)
-def _single_thread():
-    """These tensors are tiny: intra-op threading only adds overhead (and stalls on a busy 2-core box)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("_single_thread")
 
 
 def rotated_pairs(n: int, seed: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

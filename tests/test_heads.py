@@ -17,13 +17,7 @@ from medadapt.heads.kan.bspline import bspline_basis, uniform_bspline_basis, uni
 from medadapt.moe.routing import TopKRouter
 
 
-@pytest.fixture(autouse=True)
-def _single_thread():
-    """These tensors are tiny: intra-op threading only adds overhead (and stalls on a busy 2-core box)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("_single_thread")
 
 DIM = 32  # hidden size of the tiny_bert fixture
 EXPERTS = ["mlp_gelu", "mlp_swiglu", "kan", "mlp_kan"]

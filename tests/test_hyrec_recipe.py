@@ -109,8 +109,18 @@ def test_cli_trains_tiny_recipe_end_to_end(tiny_bert_dir, tiny_beir_dir, tmp_pat
     assert again["ndcg@10"] == pytest.approx(metrics["hybrid/ndcg@10"], abs=1e-6)
     lex = evaluate_hyrec(out, tiny_beir_dir, "test", "lexical", ["ndcg@10"], show_progress=False)
     assert lex["ndcg@10"] == pytest.approx(metrics["lexical/ndcg@10"], abs=1e-6)
-    mm = evaluate_hyrec(model, tiny_beir_dir, "test", "hybrid", ["ndcg@10"], fusion="minmax", show_progress=False)
-    assert 0 <= mm["ndcg@10"] <= 1
+    mm, runs = evaluate_hyrec(model, tiny_beir_dir, "test", "hybrid", ["ndcg@10"], fusion="minmax",
+                              show_progress=False, return_runs=True)
+    from medadapt.data import load_beir
+    from medadapt.eval.metrics import evaluate_run
+    from medadapt.retrieval.fusion import minmax_normalize
+
+    by_hand = {}  # min-max normalise each list, sum, missing documents count 0
+    for q in runs["lexical"]:
+        lex, den = minmax_normalize(runs["lexical"][q]), minmax_normalize(runs["dense"][q])
+        by_hand[q] = {d: lex.get(d, 0.0) + den.get(d, 0.0) for d in set(lex) | set(den)}
+    qrels = load_beir(tiny_beir_dir, ["test"]).qrels["test"]
+    assert mm["ndcg@10"] == pytest.approx(evaluate_run(qrels, by_hand, ["ndcg@10"])["ndcg@10"], abs=1e-9)
     with pytest.raises(ConfigError, match="mode"):
         evaluate_hyrec(model, tiny_beir_dir, "test", "sparse")
 
