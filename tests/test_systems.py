@@ -4,16 +4,23 @@
 * a run killed mid-training and run again resumes from its checkpoints and ends with the same model as an
   uninterrupted run (the three systems on the one loop; BMRetriever's sentence-transformers trainer is
   checked in tests/test_bmretriever.py);
-* the saved folder is one of a medadapt run (recipe.yaml, train_log.json) with checkpoints beside it.
+* the saved folder is one of a medadapt run (recipe.yaml, train_log.json) with checkpoints beside it;
+* 2 CPU processes under ``accelerate launch`` train like one process (same loss curve, same model).
 
-Two processes against one and "beats the untrained model" are per system, with settings that make each
-system learn on tiny data: tests/test_distributed.py (MoE, CARE), tests/test_hyrec_distributed.py,
-tests/test_bmretriever_distributed.py; tests/test_train_recipe.py, test_asym_recipe.py,
-test_hyrec_recipe.py, test_bmretriever.py.
+"Beats the untrained model" is per system, with settings that make each system learn on tiny data
+(tests/test_train_recipe.py, test_asym_recipe.py, test_hyrec_recipe.py, test_bmretriever.py), and so are
+the systems' own distributed details (routing counters, resuming a 2-process checkpoint in one process:
+tests/test_distributed.py, test_hyrec_distributed.py, test_bmretriever_distributed.py).
 """
 
 from __future__ import annotations
 
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -109,3 +116,48 @@ def test_killed_run_resumes_to_the_uninterrupted_model(kind, tiny_bert_dir, qwen
     b = _encodings(open_encoder(str(tmp_path / "killed"), device="cpu"))
     for key in a:
         assert a[key].tolist() == b[key].tolist(), f"{kind}: {key} differs after resume"
+
+
+@pytest.mark.parametrize("kind", ["moe", "hyrec", "care", "bmretriever"])
+def test_two_processes_train_like_one(kind, tiny_bert_dir, qwen_dir, tiny_beir_dir, tmp_path):
+    from medadapt.retrieval.encoders import open_encoder
+
+    bert = tmp_path / "bert"  # without dropout: each process would draw its own masks
+    shutil.copytree(tiny_bert_dir, bert)
+    config = json.loads((bert / "config.json").read_text())
+    (bert / "config.json").write_text(json.dumps({k: 0.0 if k.endswith("dropout_prob") else v
+                                                  for k, v in config.items()}))
+    recipe, overrides = _setup(kind, bert, qwen_dir, tiny_beir_dir)
+    overrides.append("training.device=cpu")
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--config_file",
+           str(RECIPES / "accelerate" / "cpu-2proc.yaml"), "--main_process_port", str(port), "-m", "medadapt",
+           "train", str(recipe), "--output", str(tmp_path / "two"), "--no-eval", "-q"]
+    for o in overrides:
+        cmd += ["--set", o]
+    env = {**os.environ, "MEDADAPT_CACHE": str(tmp_path / "cache2"), "CUDA_VISIBLE_DEVICES": "",
+           "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        from medadapt.recipes import run_recipe
+
+        one = run_recipe(recipe, tmp_path / "one", overrides, evaluate=False, show_progress=False,
+                         log=lambda _m: None)
+        out, _ = proc.communicate(timeout=300)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, out[-4000:]
+    two = json.loads((tmp_path / "two" / "train_log.json").read_text())
+    assert two["num_processes"] == 2
+    assert [r["loss"] for r in two["loss_history"]] == pytest.approx([r["loss"] for r in one.loss_history],
+                                                                      abs=1e-4)
+    a = _encodings(open_encoder(str(tmp_path / "one"), device="cpu"))
+    b = _encodings(open_encoder(str(tmp_path / "two"), device="cpu"))
+    for key in a:
+        if key.startswith("lexical"):  # term ids must agree; weights within float rounding
+            assert [[t for t, _ in v] for v in a[key].tolist()] == [[t for t, _ in v] for v in b[key].tolist()]
+        else:
+            np.testing.assert_allclose(a[key], b[key], atol=1e-4, err_msg=f"{kind}: {key}")
