@@ -25,19 +25,12 @@ from _common import base_parser, finish  # noqa: E402
 
 
 def _systems(tmp: Path) -> dict[str, tuple[Path, list[str]]]:
-    from conftest import TOPICS, build_tiny_bert, write_beir
+    from conftest import build_tiny_beir, build_tiny_bert
     from test_asym import build_tiny_qwen2
 
     bert = build_tiny_bert(tmp / "bert")
     qwen = build_tiny_qwen2(tmp / "qwen")
-    corpus, queries, test, train = {}, {}, {}, {}
-    for i, (name, words) in enumerate(TOPICS):
-        corpus[f"d{i}"] = (name, f"{name} is a condition with {words}.")
-        queries[f"q{i}"] = f"symptoms of {name}"
-        queries[f"t{i}"] = f"treatment {name} {words.split()[0]}"
-        test[f"q{i}"] = {f"d{i}": 1}
-        train[f"t{i}"] = {f"d{i}": 1}
-    beir = write_beir(tmp / "beir", corpus, queries, {"test": test, "train": train})
+    beir = build_tiny_beir(tmp / "beir")
     recipes = ROOT / "recipes"
     return {
         "moe": (recipes / "med-moe-embed-tiny.yaml",

@@ -140,6 +140,11 @@ def write_beir(root: Path, corpus: dict, queries: dict, qrels: dict[str, dict[st
 
 @pytest.fixture()
 def tiny_beir_dir(tmp_path) -> Path:
+    return build_tiny_beir(tmp_path / "beir")
+
+
+def build_tiny_beir(root: Path) -> Path:
+    """A small BEIR folder whose queries share words with their relevant documents (train and test)."""
     corpus, queries, test, train = {}, {}, {}, {}
     for i, (name, words) in enumerate(TOPICS):
         corpus[f"d{i}"] = (name, f"{name} is a condition with {words}.")
@@ -148,7 +153,7 @@ def tiny_beir_dir(tmp_path) -> Path:
         test[f"q{i}"] = {f"d{i}": 1}
         train[f"t{i}"] = {f"d{i}": 1}
     test["q0"]["d1"] = 2  # a graded second relevant document
-    return write_beir(tmp_path / "beir", corpus, queries, {"test": test, "train": train})
+    return write_beir(root, corpus, queries, {"test": test, "train": train})
 
 
 @pytest.fixture

@@ -45,6 +45,7 @@ class RecipeKind:
 
 
 _KINDS: dict[str, RecipeKind] = {}
+_BROKEN: dict[str, str] = {}  # kind -> why its module could not be imported (a missing optional dependency)
 _loaded_entry_points = False
 
 
@@ -69,8 +70,6 @@ def _load_entry_points() -> None:
                 _KINDS.setdefault(ep.name, None)  # type: ignore[arg-type]
                 _BROKEN[ep.name] = str(exc)
 
-
-_BROKEN: dict[str, str] = {}
 
 
 def kinds() -> list[str]:
