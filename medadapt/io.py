@@ -9,7 +9,9 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import tempfile
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import IO, Any
@@ -49,3 +51,23 @@ def atomic_save_npy(path: str | os.PathLike, array) -> None:
 
     with atomic_open(path, "wb") as f:
         np.save(f, np.ascontiguousarray(array), allow_pickle=False)
+
+
+@contextlib.contextmanager
+def replace_folder(target: Path) -> Iterator[Path]:
+    """Yield a temporary sibling folder to write into; on success it replaces ``target`` as a whole (old
+    folder renamed away, new one renamed in, old one deleted), so a crash leaves the old or the new
+    folder, never a mix. Hand-written: no library swaps directories."""
+    target = Path(target)
+    tmp = target.parent / f".{target.name}.tmp-{uuid.uuid4().hex[:8]}"
+    tmp.mkdir(parents=True)
+    try:
+        yield tmp
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    old = target.parent / f".{target.name}.old-{uuid.uuid4().hex[:8]}"
+    if target.exists():
+        os.replace(target, old)
+    os.replace(tmp, target)
+    shutil.rmtree(old, ignore_errors=True)

@@ -127,12 +127,15 @@ def remote_code_needs(folder: str | Path) -> tuple[bool, str | None]:
 
 
 def load(name_or_path: str, device: str | None = None, *, trust_remote_code: bool | None = None,
-         **kwargs) -> "SentenceTransformer":
+         base: str | None = None, **kwargs) -> "SentenceTransformer":
     """Load a SentenceTransformer (with any medadapt heads) from an alias, a folder or a hub id.
 
     Args:
-        name_or_path: ``"minilm"`` (packaged all-MiniLM-L6-v2), a saved model folder, or a hub id such
-            as ``"BAAI/bge-small-en-v1.5"`` (needs network access the first time).
+        name_or_path: ``"minilm"`` (packaged all-MiniLM-L6-v2), a saved model folder, an adapter-only
+            folder (:mod:`medadapt.adapters.files`: its base model is loaded, checked and the heads put on
+            it), or a hub id such as ``"BAAI/bge-small-en-v1.5"`` (needs network access the first time).
+        base: for an adapter-only folder, the base model to load instead of the one it records (it must
+            have the same weights).
         device: ``"cpu"``, ``"cuda"``, ... (default: sentence-transformers' choice).
         trust_remote_code: ``None`` (default) applies the module policy (see the module docstring): set
             for local folders naming medadapt classes, refused for folders naming other code, never for
@@ -145,6 +148,14 @@ def load(name_or_path: str, device: str | None = None, *, trust_remote_code: boo
     """
     resolved = resolve_model_path(name_or_path)
     local = Path(resolved).is_dir()
+    import medadapt.adapters  # noqa: F401  (SentenceTransformer.add_adapter / load_adapter know medadapt heads)
+    from medadapt.adapters.files import is_adapter_folder, load_adapter_model
+
+    if local and is_adapter_folder(resolved):
+        return load_adapter_model(resolved, load, base=base, device=device,
+                                  trust_remote_code=trust_remote_code, **kwargs)
+    if base is not None:
+        raise ModelLoadError(f"base= applies to adapter-only folders; {name_or_path!r} is not one")
     if trust_remote_code is None:
         trust_remote_code = False
         if local:
@@ -158,7 +169,9 @@ def load(name_or_path: str, device: str | None = None, *, trust_remote_code: boo
     from sentence_transformers import SentenceTransformer
 
     try:
-        return SentenceTransformer(resolved, device=device, trust_remote_code=trust_remote_code, **kwargs)
+        model = SentenceTransformer(resolved, device=device, trust_remote_code=trust_remote_code, **kwargs)
+        model._medadapt_base_name = str(name_or_path)  # recorded (never as an absolute path) by save_adapter
+        return model
     except ModelLoadError:
         raise
     except (OSError, ValueError, RuntimeError, KeyError, ImportError) as exc:

@@ -10,7 +10,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1] / "medadapt"
 SYSTEMS = ("medadapt.moe", "medadapt.asym", "medadapt.hyrec", "medadapt.bmretriever")
-NEUTRAL = ("recipes", "training", "retrieval", "data", "eval", "losses", "curation", "config.py", "cache.py",
+NEUTRAL = ("adapters", "cards.py", "recipes", "training", "retrieval", "data", "eval", "losses", "curation", "config.py", "cache.py",
            "io.py", "errors.py", "models.py")
 
 

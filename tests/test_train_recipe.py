@@ -193,7 +193,8 @@ def test_slow_path_lora_with_head_trains_and_reloads(tiny_bert_dir, synonym_beir
     assert result.loss_history and result.metrics["ndcg@10"] > 0
     assert any((tmp_path / "lora.checkpoints").glob("checkpoint-*"))
     model = medadapt.load(str(out), device="cpu")
-    assert "MoEHead" in [type(m).__name__ for m in model]
+    assert "MoEHead" in [type(m).__name__ for m in model.modules()]  # inside the AdapterStack
+    assert not (out / "medadapt_adapter.json").exists()  # the backbone trained: a standalone folder
     assert not any("lora" in n for n, _ in model.named_parameters())  # merged
     base = medadapt.load(str(tiny_bert_dir), device="cpu")
     query = "encoder.layer.0.attention.self.query.weight"

@@ -41,5 +41,8 @@ def attach(model: SentenceTransformer, head: nn.Module, name: str = DEFAULT_HEAD
 
 
 def find_head(model: SentenceTransformer, cls: type[H]) -> H | None:
-    """The first top-level module of ``model`` that is an instance of ``cls``, or ``None``."""
-    return next((m for m in model._modules.values() if isinstance(m, cls)), None)
+    """The first module of ``model`` (top level first, then nested, e.g. a head added with
+    ``model.add_adapter`` inside its :class:`~medadapt.adapters.stack.AdapterStack`) that is an instance of
+    ``cls``, or ``None``."""
+    top = next((m for m in model._modules.values() if isinstance(m, cls)), None)
+    return top if top is not None else next((m for m in model.modules() if isinstance(m, cls)), None)

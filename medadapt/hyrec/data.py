@@ -41,10 +41,11 @@ class Example:
 
 def build_examples(data, split: str, *, negatives: Literal["dense", "bm25", "none"] = "dense",
                    window: tuple[int, int] = (20, 100), num_negatives: int = 3,
-                   max_queries: int | None = None, miner_model: str = "minilm",
+                   max_queries: int | None = None, miner_model="minilm",
                    language: Literal["zh", "en"] = "en", cache=None, seed: int = 42,
                    show_progress: bool = True) -> list[Example]:
-    """One :class:`Example` per (query, positive) of ``split`` (queries sampled down to ``max_queries``)."""
+    """One :class:`Example` per (query, positive) of ``split`` (queries sampled down to ``max_queries``);
+    ``miner_model``: the dense miner's name (``medadapt.load``) or a SentenceTransformer."""
     from medadapt.curation.mining import mine_hard_negatives
     from medadapt.curation.mining_config import MiningConfig
 
@@ -59,7 +60,8 @@ def build_examples(data, split: str, *, negatives: Literal["dense", "bm25", "non
             from medadapt.curation.dense import DenseSearcher
             from medadapt.models import load
 
-            searcher = DenseSearcher(load(miner_model, device="cpu"), data.doc_ids, data.doc_texts(),
+            miner = load(miner_model, device="cpu") if isinstance(miner_model, str) else miner_model
+            searcher = DenseSearcher(miner, data.doc_ids, data.doc_texts(),
                                      cache=cache, show_progress=show_progress)
         elif negatives == "bm25":
             from medadapt.curation.bm25 import BM25Searcher

@@ -177,8 +177,14 @@ class HyReCModel(nn.Module):
         return self.transformer.tokenizer
 
     @property
-    def projector(self) -> DenseProjector:
-        return self.st[2]
+    def projector(self) -> nn.Module:
+        """The dense head between pooling and ``Normalize``: a :class:`DenseProjector` (eq. 6) or, in a
+        composed model, medadapt heads (an :class:`~medadapt.adapters.stack.AdapterStack`, e.g. a MoE head);
+        an empty ``nn.Sequential`` (identity) when there is none."""
+        from sentence_transformers.base.modules import Normalize
+
+        mods = [m for m in list(self.st._modules.values())[2:] if not isinstance(m, Normalize)]
+        return mods[0] if len(mods) == 1 else nn.Sequential(*mods)
 
     @property
     def shared_layers(self) -> list[nn.Module]:
@@ -264,8 +270,14 @@ class HyReCModel(nn.Module):
         return (d * m).sum(1) / m.sum(1).clamp_min(1e-9)
 
     def dense_from_pooled(self, pooled: Tensor) -> Tensor:
-        """Dense projector (eq. 6); not normalised."""
-        return self.projector.linear(pooled)
+        """Dense projector (eq. 6) or the composed dense head; not normalised."""
+        head = self.projector
+        if isinstance(head, DenseProjector):
+            return head.linear(pooled)
+        features = {"sentence_embedding": pooled}
+        for module in (head if isinstance(head, nn.Sequential) else [head]):
+            features = module(features)
+        return features["sentence_embedding"]
 
     def forward(self, features: dict[str, Tensor], states: Tensor | None = None, with_dense: bool = True
                 ) -> dict[str, Tensor]:
@@ -405,7 +417,7 @@ class HyReCModel(nn.Module):
         inv = np.argsort(np.asarray(order, dtype=np.int64)) if texts else np.zeros(0, dtype=np.int64)
         d_arr = np.concatenate(dense_out)[inv] if dense and dense_out else None
         if dense and not texts:
-            d_arr = np.zeros((0, self.projector.out_features), dtype=np.float32)
+            d_arr = np.zeros((0, self.embedding_dim), dtype=np.float32)
         lex = [lex_out[i] for i in inv] if lexical else None
         return d_arr, lex
 
@@ -460,7 +472,7 @@ class HyReCModel(nn.Module):
     @property
     def embedding_dim(self) -> int:
         """Dimension of the dense vectors."""
-        return int(self.projector.out_features)
+        return int(self.st.get_embedding_dimension())
 
     def encoder_identity(self) -> dict[str, Any]:
         """What a retrieval index records to recognise this model: a fingerprint over every module (dense
@@ -492,13 +504,28 @@ class HyReCModel(nn.Module):
     # ------------------------------------------------------------------ persistence
     def save(self, folder: str | Path) -> None:
         """Write the sentence-transformers folder (dense side) and ``hyrec/`` (lexical side)."""
+        folder = Path(folder)
+        folder.mkdir(parents=True, exist_ok=True)
+        self.st.save(str(folder))  # `medadapt train` saves into a fresh folder swapped in as a whole
+        self._save_lexical(folder)
+
+    def save_adapter(self, folder: str | Path, *, base: str | None = None, name: str | None = None) -> None:
+        """Adapter-only save of a model whose backbone is unchanged (a composed model: frozen base + medadapt
+        dense heads + this lexical branch): the dense heads as an adapter folder tied to ``base``
+        (:mod:`medadapt.adapters.files`) plus ``hyrec/``. :meth:`load` (and ``medadapt.load`` for the dense
+        side) loads the base model and puts both back."""
+        from medadapt.adapters.files import write_adapter
+
+        folder = Path(folder)
+        folder.mkdir(parents=True, exist_ok=True)
+        write_adapter(self.st, folder, base=base, name=name, allow_empty=True)
+        self._save_lexical(folder)
+
+    def _save_lexical(self, folder: Path) -> None:
         from safetensors.torch import save_file
 
         from medadapt.io import atomic_write_json
 
-        folder = Path(folder)
-        folder.mkdir(parents=True, exist_ok=True)
-        self.st.save(str(folder))  # `medadapt train` saves into a fresh folder swapped in as a whole
         sub = folder / SUBDIR
         sub.mkdir(parents=True, exist_ok=True)
         state = {f"lexicon.{k}": v for k, v in self.lexicon.state_dict().items()}

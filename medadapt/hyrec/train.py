@@ -190,11 +190,12 @@ class HyReCStep:
 def hyrec_stage(model, examples: Sequence[Example], training: HyReCTrainingSection | None = None,
                 loss: HyReCLossSection | HyReCLoss | None = None, *, negatives: int = 3,
                 state_cache: SharedStateCache | None = None, dense_inputs: DenseInputs | None = None,
-                name: str = "hyrec") -> Stage:
+                name: str = "hyrec", train_dense_head: bool = True) -> Stage:
     """The :class:`~medadapt.training.loop.Stage` that trains ``model`` on ``examples``: sets which
     parameters train (variant, ``train_dense_encoder``, ``train_lexicon_encoder``), two parameter groups
     (encoders at ``lr``, projectors at ``head_lr``), frozen parts in eval mode when the stage starts.
-    ``lexical_words`` counts as ``none`` for a model without the semantic union (``loss.union_weight: 0``)."""
+    ``lexical_words`` counts as ``none`` for a model without the semantic union (``loss.union_weight: 0``).
+    ``train_dense_head: false`` keeps the dense head (projector or composed heads) fixed."""
     training = training if training is not None else HyReCTrainingSection()
     loss_fn = loss if isinstance(loss, HyReCLoss) else (loss or HyReCLossSection()).build()
     if not examples:
@@ -209,10 +210,11 @@ def hyrec_stage(model, examples: Sequence[Example], training: HyReCTrainingSecti
     words = training.lexical_words if model.config.union else "none"
     step = HyReCStep(model, examples, loss_fn, negatives=negatives, lexical_words=words, state_cache=state_cache,
                      dense_inputs=dense_inputs, cached_lexicon=cached_lexicon)
-    frozen = nn.ModuleList(_frozen_modules(model, training))  # a view: frozen.eval() runs them in eval mode
+    frozen = nn.ModuleList(_frozen_modules(model, training) + ([] if train_dense_head else [model.projector]))
     model.requires_grad_(True)
-    frozen.requires_grad_(False)
-    heads = [*model.weight_proj.parameters(), *model.union_proj.parameters(), *model.projector.parameters()]
+    frozen.requires_grad_(False)  # a view: frozen.eval() also runs them in eval mode
+    heads = [*model.weight_proj.parameters(), *model.union_proj.parameters(),
+             *(model.projector.parameters() if train_dense_head else [])]
     head_ids = {id(p) for p in heads}
     enc = [p for p in model.parameters() if p.requires_grad and id(p) not in head_ids]
     groups = [{"params": enc, "lr": training.lr}, {"params": heads, "lr": training.head_lr or training.lr}]

@@ -12,6 +12,7 @@
 
 from __future__ import annotations
 
+import medadapt.moe.adapter  # noqa: F401  (registers the "moe" adapter type; installs add_adapter)
 from medadapt.moe.config import MoEConfig
 from medadapt.moe.experts import available_experts, build_expert, expert_class, register_expert
 from medadapt.moe.head import MoEHead

@@ -29,9 +29,9 @@ both checkpointing to ``<output>.checkpoints/`` (a rerun resumes):
 from __future__ import annotations
 
 import time
-from typing import Literal
+from typing import Any, Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from medadapt.config import Section
 from medadapt.curation.mining_config import MiningConfig
@@ -42,7 +42,10 @@ from medadapt.recipes.base import DataSection, LoraSection, RecipeBase
 from medadapt.recipes.registry import RecipeKind, register_kind
 from medadapt.recipes.run import RunContext, evaluate_dense
 
-__all__ = ["MoEDataSection", "MoEModelSection", "MoERecipe", "train"]
+__all__ = ["ADAPTER_NAME", "MoEDataSection", "MoEModelSection", "MoERecipe", "train"]
+
+#: the name ``medadapt train`` gives the head it adds (``model.add_adapter(recipe.head, adapter_name=...)``)
+ADAPTER_NAME = "default"
 
 
 class MoEModelSection(Section):
@@ -71,6 +74,21 @@ class MoERecipe(RecipeBase):
     head: HeadSection = Field(default_factory=NoHead)
     loss: LossSection = Field(default_factory=InfoNCESection)
     training: MoETrainingSection = Field(default_factory=MoETrainingSection)
+    branches: list[Any] = Field(default_factory=list, description="branches composed beside the dense "
+                                "embedding, e.g. [{kind: hyrec_lexical, ...}] (medadapt.adapters.compose)")
+
+    @field_validator("branches", mode="before")
+    @classmethod
+    def _branch_sections(cls, value):
+        """Each entry validated by its registered branch kind's section (``kind`` picks it)."""
+        from medadapt.adapters.compose import branch_kind
+
+        out = []
+        for entry in value or []:
+            if isinstance(entry, dict):
+                entry = branch_kind(str(entry.get("kind"))).section.model_validate(entry)
+            out.append(entry)
+        return out
 
     @property
     def fast(self) -> bool:
@@ -87,8 +105,10 @@ class MoERecipe(RecipeBase):
 
 def recipe_problem(recipe: MoERecipe) -> str | None:
     """Why ``recipe`` cannot train as written (``None`` when it can)."""
+    if recipe.branches and not recipe.fast:
+        return "branches compose onto a frozen backbone (model.freeze_backbone: true, no model.peft)"
     if recipe.fast:
-        if recipe.head.kind == "none":
+        if recipe.head.kind == "none" and not recipe.branches:
             return ("nothing to train: the backbone is frozen, there is no model.peft adapter and head.kind "
                     "is none")
         return None
@@ -118,11 +138,40 @@ def train(recipe: MoERecipe, ctx: RunContext):
     model = load(recipe.model.backbone, device=ctx.device)
     if recipe.model.max_seq_length:
         model.max_seq_length = recipe.model.max_seq_length
+    _check_composition(recipe, model)
     if recipe.fast:
-        _train_fast(recipe, model, data, ctx)
+        if isinstance(recipe.head, MoEHeadSection):
+            _train_fast(recipe, model, data, ctx)
+        ctx.result.adapter_base = recipe.model.backbone
     else:
         _train_slow(recipe, model, data, ctx)
+    for section in recipe.branches:  # each branch wraps the model it is given (medadapt.adapters.compose)
+        from medadapt.adapters.compose import branch_kind
+
+        model = branch_kind(section.kind).build_and_train(model, section, recipe, ctx)
     return model
+
+
+def _check_composition(recipe: MoERecipe, model) -> None:
+    """The head's route and the branches against :data:`medadapt.adapters.compose.ALLOWED`."""
+    from medadapt.adapters.compose import base_kind, check_composition
+
+    parts = [("moe", recipe.head.route)] if isinstance(recipe.head, MoEHeadSection) else []
+    parts += [(b.kind, "branch") for b in recipe.branches]
+    check_composition(base_kind(model), parts)
+    if isinstance(recipe.head, MoEHeadSection) and recipe.head.route != "all" and not recipe.fast:
+        raise ConfigError("a head on one route trains on a frozen base (model.freeze_backbone: true, no peft)")
+
+
+def evaluate(recipe: MoERecipe, model, ctx: RunContext) -> dict[str, float]:
+    """:func:`~medadapt.recipes.run.evaluate_dense`, or the last branch's evaluation for a composed model
+    (e.g. ``lexical/``, ``dense/``, ``hybrid/`` metrics)."""
+    if recipe.branches:
+        from medadapt.adapters.compose import branch_kind
+
+        section = recipe.branches[-1]
+        return branch_kind(section.kind).evaluate(recipe, model, section, ctx)
+    return evaluate_dense(recipe, model, ctx)
 
 
 def _prepare(recipe: MoERecipe, model, data, ctx: RunContext):
@@ -141,24 +190,23 @@ def _prepare(recipe: MoERecipe, model, data, ctx: RunContext):
 
 
 def _train_fast(recipe: MoERecipe, model, data, ctx: RunContext) -> None:
-    """The head on cached embeddings, through the one loop (:mod:`medadapt.moe.schedule`)."""
-    from medadapt.heads import attach
-    from medadapt.moe.head import MoEHead
+    """The head, added with ``model.add_adapter(recipe.head)``, trained on cached embeddings through the
+    one loop (:mod:`medadapt.moe.schedule`); the backbone is unchanged, so the run folder holds the head
+    alone (``save.adapter_only``)."""
     from medadapt.moe.schedule import head_stages, head_training, merge_routing_stats
 
-    prepared = _prepare(recipe, model, data, ctx)
-    head = MoEHead(recipe.head.to_config(prepared.query_raw.shape[1])).to(ctx.accelerator.device)
+    prepared = _prepare(recipe, model, data, ctx)  # before the head exists: raw backbone embeddings
+    head = model.add_adapter(recipe.head, adapter_name=ADAPTER_NAME).to(ctx.accelerator.device)
     q, p, n = prepared.tensors()
     n_params = sum(x.numel() for x in head.parameters())
     ctx.log(f"training {n_params:,}-parameter head on {len(prepared.pairs):,} pairs "
             f"({'with' if n is not None else 'without'} hard negatives) on {ctx.device}")
     with head_training(head):
         res = ctx.train(head, head_stages(head, q.float(), p.float(), None if n is None else n.float(),
-                                          recipe.training, recipe.loss))
+                                          recipe.training, recipe.loss, route=recipe.head.route))
     merge_routing_stats(head, ctx.accelerator)
     ctx.result.details["stage_steps"] = dict(res.stage_steps)
     ctx.result.details["routing_stats"] = head.routing_stats()
-    attach(model, head)
 
 
 def _train_slow(recipe: MoERecipe, model, data, ctx: RunContext) -> None:
@@ -170,8 +218,6 @@ def _train_slow(recipe: MoERecipe, model, data, ctx: RunContext) -> None:
     from sentence_transformers.sentence_transformer.losses import (CachedMultipleNegativesRankingLoss,
                                                                    MultipleNegativesRankingLoss)
 
-    from medadapt.heads import attach
-    from medadapt.moe.head import MoEHead
     from medadapt.moe.schedule import head_training
     from medadapt.training.lora import attach_lora, merge_lora
     from medadapt.training.pairs import pairs_from_qrels
@@ -180,8 +226,7 @@ def _train_slow(recipe: MoERecipe, model, data, ctx: RunContext) -> None:
         attach_lora(model, recipe.model.peft)  # only the LoRA matrices of the backbone train
     head = None
     if isinstance(recipe.head, MoEHeadSection):
-        head = MoEHead(recipe.head.to_config(model.get_embedding_dimension()))
-        attach(model, head)
+        head = model.add_adapter(recipe.head, adapter_name=ADAPTER_NAME)
     if recipe.data.hard_negatives is not None:  # mining needs the backbone's embeddings
         prepared = _prepare(recipe, model, data, ctx)
         pairs, negatives = prepared.pairs, prepared.negatives
@@ -246,6 +291,6 @@ def _check_slow_checkpoints(ckpt_dir, ctx: RunContext) -> None:
 
 
 KIND = register_kind(RecipeKind(
-    "moe", MoERecipe, train, evaluate_dense,
+    "moe", MoERecipe, train, evaluate,
     "Med-MoE-Embed head on a frozen backbone (two-step schedule on cached embeddings), or backbone / LoRA "
     "fine-tuning"))

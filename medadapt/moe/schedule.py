@@ -52,8 +52,10 @@ class MoEStep:
     embeddings, in routing mode ``routing`` (``None`` for heads that are not a ``MoEHead``)."""
 
     def __init__(self, head: nn.Module, query: Tensor, positive: Tensor, negatives: Tensor | None,
-                 loss: InfoNCESection, routing: RoutingMode | None) -> None:
-        self.head, self.routing = head, routing
+                 loss: InfoNCESection, routing: RoutingMode | None, route: str = "all") -> None:
+        if route not in ("all", "query", "document"):
+            raise ConfigError(f"route must be all, query or document, got {route!r}")
+        self.head, self.routing, self.route = head, routing, route
         self.query, self.positive, self.negatives = query, positive, negatives
         self.n_neg = 0 if negatives is None else negatives.shape[1]
         self.infonce, self.load_balance = loss.build()
@@ -61,25 +63,31 @@ class MoEStep:
         self.routed = has_router and routing in ("learned", "random")
 
     def forward(self, model: nn.Module, batch: Batch) -> dict[str, Tensor]:
-        """Per item of ``batch.indices``: ``q``, ``p`` (d), ``n`` (n, d) mapped embeddings and, when the
-        stage routes, the router's ``probs`` / ``selected`` of the item's ``2 + n`` rows ((2 + n, E))."""
+        """Per item of ``batch.indices``: ``q``, ``p`` (d), ``n`` (n, d) embeddings, mapped by the head on
+        the stage's route (``all``: every row; ``query`` / ``document``: that side only, the other side is
+        the raw tower output) and, when the stage routes, the router's ``probs`` / ``selected`` of the
+        item's mapped rows ((rows, E))."""
         device = next(self.head.parameters()).device
         index = torch.as_tensor(batch.indices, dtype=torch.long)
         b = len(batch.indices)
         blocks = [self.query[index], self.positive[index]]
         if self.negatives is not None:
             blocks.append(self.negatives[index].reshape(b * self.n_neg, -1))
-        features = {"sentence_embedding": torch.cat(blocks).to(device=device, dtype=torch.float32)}
+        rows = torch.cat(blocks).to(device=device, dtype=torch.float32)
+        first, last = {"all": (0, rows.shape[0]), "query": (0, b), "document": (b, rows.shape[0])}[self.route]
+        features = {"sentence_embedding": rows[first:last]}
         decisions: list[Any] = []
         handle, counters, router = None, None, self.head.router if self.routed else None
         if self.routed:
             if self.routing == "random":
-                features["routing_noise"] = self._noise(batch, device)
+                features["routing_noise"] = self._noise(batch, device)[first:last]
             handle = router.register_forward_hook(lambda _m, _a, out: decisions.append(out))
             if not torch.is_grad_enabled():  # GradCache's first pass: the chunk runs again, count it once
                 counters = (router.running_counts.clone(), router.last_load.clone(), router.inputs_seen)
         try:
             mapped = model(features)["sentence_embedding"].float()
+            if self.route != "all":
+                mapped = torch.cat([rows[:first], mapped, rows[last:]])
         finally:
             if handle is not None:
                 handle.remove()
@@ -95,6 +103,18 @@ class MoEStep:
             out["selected"] = self._per_item(decisions[-1].selected, b)
         return out
 
+    def _per_item(self, rows: Tensor, b: int) -> Tensor:
+        """The head's input rows (all, the queries or the documents of the step's items, see
+        :meth:`forward`) -> per item ``(b, rows per item, E)``."""
+        if self.route == "query":
+            return rows[:, None]
+        if self.route == "document":
+            docs = [rows[:b, None]]
+            if self.n_neg:
+                docs.append(rows[b:].reshape(b, self.n_neg, rows.shape[-1]))
+            return torch.cat(docs, dim=1)
+        return self._per_item_all(rows, b)
+
     def loss(self, outputs: dict[str, Tensor], batch: Batch) -> dict[str, Tensor]:
         """``infonce`` of the gathered step and, for a ``MoEHead``, ``load_balance`` (weighted Switch loss on
         every row the step routed; zero when the stage does not route)."""
@@ -109,7 +129,7 @@ class MoEStep:
             parts.update(self.load_balance(aux))
         return parts
 
-    def _per_item(self, rows: Tensor, b: int) -> Tensor:
+    def _per_item_all(self, rows: Tensor, b: int) -> Tensor:
         """Head-input rows laid out ``[queries (b), positives (b), negatives (b * n)]`` -> per item
         ``(b, 2 + n, E)``."""
         per_item = [rows[:b, None], rows[b: 2 * b, None]]
@@ -136,13 +156,14 @@ def _trainable(params) -> list[nn.Parameter]:
 
 
 def head_stages(head: nn.Module, query: Tensor, positive: Tensor, negatives: Tensor | None,
-                training: MoETrainingSection, loss: InfoNCESection) -> list[Stage]:
+                training: MoETrainingSection, loss: InfoNCESection, route: str = "all") -> list[Stage]:
     """The :class:`~medadapt.training.loop.Stage` list of the module docstring (stages with zero epochs
-    are left out)."""
+    are left out). ``route``: the side the head maps (``all``; ``query`` / ``document`` for a head on one
+    route of an asymmetric model, the other side's embeddings used as they are)."""
     n = int(query.shape[0])
 
     def step(routing: RoutingMode | None) -> MoEStep:
-        return MoEStep(head, query, positive, negatives, loss, routing)
+        return MoEStep(head, query, positive, negatives, loss, routing, route)
 
     if not isinstance(head, MoEHead):
         if training.shared_epochs or training.random_routing_epochs:

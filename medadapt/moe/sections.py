@@ -36,9 +36,13 @@ class NoHead(Section):
 class MoEHeadSection(Section):
     """A :class:`~medadapt.moe.head.MoEHead`; the fields (and defaults) are
     :class:`~medadapt.moe.config.MoEConfig`'s, minus ``dim`` (taken from the backbone), the run-time
-    ``routing`` mode (set by the training schedule) and ``input_name``."""
+    ``routing`` mode (set by the training schedule) and ``input_name``, plus ``route`` (where the head
+    sits)."""
 
     kind: Literal["moe"] = "moe"
+    route: Literal["all", "query", "document"] = Field(
+        "all", description="where the head sits: every input (all), or one route of an asymmetric (Router) "
+        "base model; checked against medadapt.adapters.compose.ALLOWED")
     shared_experts: list[str] = Field(default_factory=_MOE["shared_experts"].default_factory)
     routed_experts: list[str] = Field(default_factory=_MOE["routed_experts"].default_factory)
     top_k: int = Field(_MOE["top_k"].default, ge=0)
@@ -54,7 +58,7 @@ class MoEHeadSection(Section):
 
     def to_config(self, dim: int) -> MoEConfig:
         """The head's :class:`~medadapt.moe.config.MoEConfig` for a backbone of width ``dim``."""
-        return MoEConfig(dim=dim, **self.model_dump(exclude={"kind"}))
+        return MoEConfig(dim=dim, **self.model_dump(exclude={"kind", "route"}))
 
     @model_validator(mode="after")
     def _valid_moe(self) -> MoEHeadSection:

@@ -21,7 +21,8 @@ from pydantic import Field, PrivateAttr, field_validator
 
 from medadapt.config import Section
 
-__all__ = ["SCHEMA_VERSION", "DataSection", "EvalSection", "LoraSection", "RecipeBase", "RunSection", "Section"]
+__all__ = ["SCHEMA_VERSION", "DataSection", "EvalSection", "LoraSection", "RecipeBase", "RunSection", "SaveSection",
+           "Section"]
 
 SCHEMA_VERSION = 1
 
@@ -59,6 +60,8 @@ class EvalSection(Section):
     metrics: list[str] = Field(default_factory=lambda: ["ndcg@10", "recall@100", "mrr@10"])
     expected: dict[str, float] = Field(default_factory=dict, description="regression targets, metric -> value")
     tolerance: float = Field(0.005, ge=0)
+    baseline: bool = Field(True, description="also evaluate the frozen base model (the backbone with its "
+                           "heads disabled, or model.backbone) for the model card")
 
     @field_validator("metrics")
     @classmethod
@@ -68,6 +71,14 @@ class EvalSection(Section):
         for m in v:
             parse_metric(m)
         return v
+
+
+class SaveSection(Section):
+    """What the output folder holds."""
+
+    adapter_only: bool = Field(True, description="when the backbone stayed frozen and only medadapt heads "
+                               "trained: save the heads alone (a few MB, tied to the named base model); "
+                               "false: a standalone folder with the backbone copied in")
 
 
 class LoraSection(Section):
@@ -91,6 +102,7 @@ class RecipeBase(Section):
     data: DataSection
     training: RunSection = Field(default_factory=RunSection)
     eval: EvalSection = Field(default_factory=EvalSection)
+    save: SaveSection = Field(default_factory=SaveSection)
     _source: str | None = PrivateAttr(None)  # the file it was read from: relative paths resolve against it
 
     def resolve(self, value: str) -> Path:
@@ -101,6 +113,7 @@ class RecipeBase(Section):
         return resolve_path(value, self._source)
 
     def training_identity(self) -> dict:
-        """What decides the trained weights (everything but ``name``, ``description`` and ``eval``): the
+        """What decides the trained weights (everything but ``name``, ``description``, ``eval`` and
+        ``save``): the
         part of the recipe a checkpoint must match to be resumed."""
-        return self.model_dump(mode="json", exclude={"name", "description", "eval"})
+        return self.model_dump(mode="json", exclude={"name", "description", "eval", "save"})

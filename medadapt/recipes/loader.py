@@ -31,18 +31,38 @@ def parse_override(item: str) -> tuple[list[str], Any]:
 
 
 def apply_overrides(data: dict, overrides: list[str]) -> dict:
+    """Set ``section.field=value`` items in ``data``; a number indexes a list (``branches.0.training.lr``)."""
     for item in overrides:
         parts, value = parse_override(item)
         node = data
         for p in parts[:-1]:
+            if isinstance(node, list):
+                node = _list_item(node, p, item)
+                continue
             child = node.get(p)
             if child is None:
                 child = node[p] = {}
-            if not isinstance(child, dict):
+            if not isinstance(child, (dict, list)):
                 raise ConfigError(f"override {item!r}: {p!r} is not a section")
             node = child
-        node[parts[-1]] = value
+        if isinstance(node, list):
+            node[_list_index(node, parts[-1], item)] = value
+        else:
+            node[parts[-1]] = value
     return data
+
+
+def _list_index(items: list, part: str, item: str) -> int:
+    if not part.isdigit() or int(part) >= len(items):
+        raise ConfigError(f"override {item!r}: {part!r} is not an index of a {len(items)}-item list")
+    return int(part)
+
+
+def _list_item(items: list, part: str, item: str):
+    child = items[_list_index(items, part, item)]
+    if not isinstance(child, (dict, list)):
+        raise ConfigError(f"override {item!r}: item {part} is not a section")
+    return child
 
 
 def format_validation_error(source: str, exc: ValidationError) -> str:

@@ -14,19 +14,17 @@ files' sizes and dates), and a resume into the same output with another recipe i
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
 import os
 import shutil
-import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from medadapt.errors import ConfigError
-from medadapt.io import atomic_write_json, atomic_write_text
+from medadapt.io import atomic_write_json, atomic_write_text, replace_folder
 from medadapt.recipes.base import RecipeBase
 
 __all__ = ["RunContext", "RunResult", "checkpoint_dir_for", "evaluate_dense", "replace_folder", "run_recipe"]
@@ -44,6 +42,9 @@ class RunResult:
         loss_history: per-step rows (``stage``, ``step``, ``loss``, loss parts, ``lr``).
         details: system-specific facts (stages, routing statistics, example counts) for ``train_log.json``.
         model: the trained model, in memory (the folder holds the same).
+        adapter_base: set by a system whose trained model is an unchanged base model plus medadapt heads
+            (the base's name, e.g. ``minilm``): the folder then holds the heads alone (``save.adapter_only``).
+        baseline: the frozen base model's metrics, evaluated in the same run (``eval.baseline``).
     """
 
     output_dir: Path
@@ -54,6 +55,8 @@ class RunResult:
     loss_history: list[dict[str, Any]] = field(default_factory=list)
     details: dict[str, Any] = field(default_factory=dict)
     model: Any = field(default=None, repr=False)
+    adapter_base: str | None = None
+    baseline: dict[str, float] = field(default_factory=dict)
 
     def record_metrics(self, metrics: dict[str, float], ev, output_dir: Path | None = None) -> None:
         """Keep ``metrics``, check them against ``ev.expected`` (within ``ev.tolerance``) and, with
@@ -176,26 +179,6 @@ def _check_output(output_dir: Path) -> None:
             shutil.rmtree(leftover, ignore_errors=True)
 
 
-@contextlib.contextmanager
-def replace_folder(target: Path) -> Iterator[Path]:
-    """Yield a temporary sibling folder to write into; on success it replaces ``target`` as a whole (old
-    folder renamed away, new one renamed in, old one deleted), so a crash leaves the old or the new
-    folder, never a mix. Hand-written: no library swaps directories."""
-    target = Path(target)
-    tmp = target.parent / f".{target.name}.tmp-{uuid.uuid4().hex[:8]}"
-    tmp.mkdir(parents=True)
-    try:
-        yield tmp
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    old = target.parent / f".{target.name}.old-{uuid.uuid4().hex[:8]}"
-    if target.exists():
-        os.replace(target, old)
-    os.replace(tmp, target)
-    shutil.rmtree(old, ignore_errors=True)
-
-
 def _accelerator(recipe: RecipeBase):
     import torch
     from accelerate import Accelerator
@@ -258,21 +241,74 @@ def run_recipe(
                      cache=cache if cache is not None else EmbeddingCache(), result=result,
                      fingerprint=fingerprint(recipe), show_progress=show_progress, log=log)
     model = result.model = system.train(recipe, ctx)
+    adapter_only = bool(result.adapter_base) and recipe.save.adapter_only
     if accelerator.is_main_process:
         import yaml
 
         with replace_folder(output_dir) as tmp:
-            model.save(str(tmp))
+            if adapter_only and hasattr(model, "save_adapter"):  # a composed model (e.g. a HyReC branch)
+                model.save_adapter(tmp, base=result.adapter_base, name=output_dir.name)
+            elif adapter_only:
+                from medadapt.adapters.files import write_adapter
+
+                write_adapter(model, tmp, base=result.adapter_base, name=output_dir.name)
+            else:
+                model.save(str(tmp))
             atomic_write_text(tmp / "recipe.yaml",
                               yaml.safe_dump(recipe.model_dump(mode="json"), sort_keys=False, allow_unicode=True))
             atomic_write_json(tmp / "train_log.json", {
                 "encode_seconds": round(result.encode_seconds, 2), "train_seconds": round(result.train_seconds, 2),
-                "num_processes": accelerator.num_processes, **_jsonable(result.details),
-                "loss_history": result.loss_history})
+                "num_processes": accelerator.num_processes, "adapter_only": adapter_only,
+                **_jsonable(result.details), "loss_history": result.loss_history})
     accelerator.wait_for_everyone()
     if evaluate and system.evaluate is not None and accelerator.is_main_process:
         result.record_metrics(system.evaluate(recipe, model, ctx), recipe.eval, output_dir)
+        if recipe.eval.baseline:
+            result.baseline = _baseline_metrics(recipe, model, system, ctx)
+            if result.baseline:
+                atomic_write_json(output_dir / "baseline_metrics.json",
+                                  {k: round(v, 6) for k, v in result.baseline.items()})
+    if accelerator.is_main_process:
+        _write_card(recipe, model, result, output_dir, adapter_only)
     return result
+
+
+def _baseline_metrics(recipe: RecipeBase, model, system, ctx: RunContext) -> dict[str, float]:
+    """The frozen base model's metrics on the evaluation split: the trained model with its medadapt heads
+    disabled (no re-encode: the heads run on cached backbone outputs), else ``model.backbone`` through
+    :func:`evaluate_dense`; empty when the recipe names no backbone."""
+    from medadapt.adapters.api import adapter_names
+
+    if adapter_names(model):
+        model.disable_adapters()
+        try:
+            return dict(system.evaluate(recipe, model, ctx))
+        finally:
+            model.enable_adapters()
+    backbone = getattr(getattr(recipe, "model", None), "backbone", None)
+    if not isinstance(backbone, str):
+        return {}
+    from medadapt.models import load
+
+    return evaluate_dense(recipe, load(backbone, device=ctx.device), ctx)
+
+
+def _write_card(recipe: RecipeBase, model, result: RunResult, output_dir: Path, adapter_only: bool) -> None:
+    """The model card of the run folder (:mod:`medadapt.cards`), with the metrics beside the baseline."""
+    from medadapt.adapters.files import describe_heads
+    from medadapt.cards import write_card
+
+    adapter = None
+    if adapter_only:
+        from medadapt.adapters.files import read_adapter_config
+
+        adapter = read_adapter_config(output_dir)
+    ev = recipe.eval
+    inner = getattr(model, "st", model)  # a composed model's dense side
+    descriptions = describe_heads(inner) if hasattr(inner, "_modules") else {}
+    write_card(output_dir, descriptions=descriptions, adapter=adapter, recipe=recipe.model_dump(mode="json"),
+               metrics=result.metrics, baseline=result.baseline, eval_split=ev.split,
+               data=ev.data or recipe.data.path, train_seconds=result.train_seconds, standalone=not adapter_only)
 
 
 def _jsonable(obj):

@@ -1,0 +1,251 @@
+"""``SentenceTransformer.add_adapter`` and its companions, extended to medadapt heads.
+
+sentence-transformers forwards ``add_adapter`` / ``set_adapter`` / ``enable_adapters`` /
+``disable_adapters`` / ``active_adapters`` / ``load_adapter`` / ``delete_adapter`` /
+``get_adapter_state_dict`` to PEFT on the model's transformers backbone, which only knows adapters that
+wrap layers *inside* that backbone (LoRA and kin). :func:`install` (run when :mod:`medadapt.adapters` is
+imported, which any medadapt head config does) wraps those methods on ``SentenceTransformer``: a medadapt
+head config (a registered :class:`~medadapt.adapters.types.AdapterType`, e.g. ``MoEConfig``) or a name of
+a medadapt head is handled here, anything else goes to the original method, so PEFT LoRA adapters work
+exactly as before and both kinds can live in one model.
+
+Where a head sits: on the **pooled sentence embedding**, right before ``Normalize`` (inside an
+:class:`~medadapt.adapters.stack.AdapterStack`), or, with ``route="query"`` / ``"document"`` on an
+asymmetric (``Router``) model, at the end of that route. Semantics follow PEFT / transformers:
+``add_adapter`` adds a head and makes it the active one; ``set_adapter(name or [names])`` chooses the
+active heads (several run in the given order); ``disable_adapters`` returns the plain backbone output,
+``enable_adapters`` turns them back on.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Iterator
+from typing import Any
+
+from medadapt.adapters.stack import AdapterStack
+from medadapt.adapters.types import adapter_type_of
+from medadapt.errors import ConfigError
+
+__all__ = ["ALL_ROUTES", "adapter_locations", "adapter_names", "add_adapter", "get_adapter", "install",
+           "stack_for"]
+
+ALL_ROUTES = "all"
+STACK_NAME = "medadapt_adapters"
+_METHODS = ("add_adapter", "set_adapter", "enable_adapters", "disable_adapters", "active_adapters",
+            "active_adapter", "load_adapter", "delete_adapter", "get_adapter_state_dict")
+
+
+# ---------------------------------------------------------------------- where the stacks are
+def _router(model):
+    from sentence_transformers.base.modules import Router
+
+    first = next(iter(model._modules.values()), None)
+    return first if isinstance(first, Router) else None
+
+
+def _route_dim(modules) -> int | None:
+    for module in reversed(list(modules)):
+        for name in ("get_embedding_dimension", "get_sentence_embedding_dimension"):
+            fn = getattr(module, name, None)
+            if callable(fn):
+                try:
+                    value = fn()
+                except Exception:  # noqa: BLE001 - modules without a fixed width
+                    value = None
+                if value is not None:
+                    return int(value)
+    return None
+
+
+def adapter_locations(model) -> Iterator[tuple[str, AdapterStack]]:
+    """``(location, stack)`` for every :class:`AdapterStack` of ``model``: ``"all"`` for the top level,
+    the route name for one inside a ``Router`` route."""
+    for module in model._modules.values():
+        if isinstance(module, AdapterStack):
+            yield ALL_ROUTES, module
+    router = _router(model)
+    if router is not None:
+        for route, seq in router.sub_modules.items():
+            for module in seq:
+                if isinstance(module, AdapterStack):
+                    yield route, module
+
+
+def stack_for(model, route: str | None = None, create: bool = False) -> AdapterStack | None:
+    """The stack at ``route`` (``None`` / ``"all"``: the top level), created on demand."""
+    location = route or ALL_ROUTES
+    for where, stack in adapter_locations(model):
+        if where == location:
+            return stack
+    if not create:
+        return None
+    if location == ALL_ROUTES:
+        dim = model.get_embedding_dimension()
+        if dim is None:
+            raise ConfigError("cannot add a head: the model does not report its embedding dimension")
+        from medadapt.heads.attach import attach
+
+        stack = AdapterStack(dim)
+        attach(model, stack, name=STACK_NAME)
+        return stack
+    router = _router(model)
+    if router is None or location not in router.sub_modules:
+        routes = [] if router is None else list(router.sub_modules)
+        hint = routes or "none; the model has no Router, add the head without route="
+        raise ConfigError(f"route {location!r} does not exist in this model (routes: {hint})")
+    seq = router.sub_modules[location]
+    dim = _route_dim(seq)
+    if dim is None:
+        raise ConfigError(f"cannot determine the embedding dimension of route {location!r}")
+    stack = AdapterStack(dim).to(model.device)
+    seq.append(stack)
+    return stack
+
+
+def adapter_names(model) -> list[str]:
+    """Names of every medadapt head in ``model`` (all locations)."""
+    return [name for _, stack in adapter_locations(model) for name in stack.names()]
+
+
+def get_adapter(model, name: str):
+    """The head module named ``name`` (a :class:`~medadapt.moe.head.MoEHead`, ...)."""
+    for _, stack in adapter_locations(model):
+        if name in stack.heads:
+            return stack.heads[name]
+    raise ConfigError(f"no medadapt adapter named {name!r} (adapters: {adapter_names(model) or 'none'})")
+
+
+def _peft_loaded(model) -> bool:
+    inner = getattr(model, "transformers_model", None)
+    return bool(getattr(inner, "_hf_peft_config_loaded", False))
+
+
+def _peft_names(model) -> list[str]:
+    if not _peft_loaded(model):
+        return []
+    return list(getattr(model.transformers_model, "peft_config", {}) or {})
+
+
+# ---------------------------------------------------------------------- the calls
+def add_adapter(model, adapter_config: Any, adapter_name: str | None = None, *, route: str | None = None):
+    """Add a fresh medadapt head built from ``adapter_config`` as ``adapter_name`` (default ``"default"``)
+    and make it the active head (other medadapt heads are deactivated, as in PEFT). Returns the head.
+
+    ``route``: ``None`` puts the head on the pooled embedding before ``Normalize`` (every input); on an
+    asymmetric model ``"query"`` / ``"document"`` puts it at the end of that route only.
+    """
+    kind = adapter_type_of(adapter_config)
+    if kind is None:
+        raise ConfigError(f"{type(adapter_config).__name__} is not a medadapt head config")
+    name = adapter_name or "default"
+    if route is None and getattr(adapter_config, "route", "all") != "all":  # a recipe head section's route
+        route = adapter_config.route
+    if not isinstance(name, str) or not name or "." in name:
+        raise ConfigError(f"adapter_name must be a non-empty string without '.', got {name!r}")
+    if name in adapter_names(model) or name in _peft_names(model):
+        raise ConfigError(f"an adapter named {name!r} already exists; choose another adapter_name")
+    if route not in (None, ALL_ROUTES) and _router(model) is None:
+        raise ConfigError(f"route={route!r} needs an asymmetric model (a Router with that route); this model "
+                          "has no Router")
+    stack = stack_for(model, route, create=True)
+    head = kind.build(adapter_config, stack.dim)
+    head.to(model.device)
+    stack.add(name, head, kind.name)
+    set_active(model, [name])
+    return head
+
+
+def set_active(model, names: list[str]) -> None:
+    """Make exactly ``names`` (medadapt heads) active, each in its stack, in the given order."""
+    known = adapter_names(model)
+    unknown = [n for n in names if n not in known]
+    if unknown:
+        raise ConfigError(f"no medadapt adapter named {unknown} (adapters: {known or 'none'})")
+    for _, stack in adapter_locations(model):
+        stack.active = [n for n in names if n in stack.heads]
+        stack.enabled = True
+
+
+def _wrap(name: str, original):
+    """The ``SentenceTransformer`` method ``name``: medadapt heads here, everything else to ``original``."""
+
+    def ours(model, value) -> bool:
+        if name == "add_adapter":
+            return adapter_type_of(value) is not None
+        if name == "load_adapter":
+            from medadapt.adapters.files import is_adapter_folder
+
+            return value is not None and is_adapter_folder(value)
+        values = value if isinstance(value, (list, tuple)) else [value]
+        mine = adapter_names(model)
+        return bool(values) and all(v in mine for v in values)
+
+    if name in ("add_adapter", "load_adapter", "set_adapter", "delete_adapter", "get_adapter_state_dict"):
+        @functools.wraps(original)
+        def method(self, *args, **kwargs):
+            key = {"add_adapter": "adapter_config", "load_adapter": "peft_model_id"}.get(name, "adapter_name")
+            value = args[0] if args else kwargs.get(key, kwargs.get("adapter_name"))
+            if name == "get_adapter_state_dict" and value is None:
+                value = next(iter(self.active_adapters()), None)
+            if not ours(self, value):
+                if name in ("set_adapter", "delete_adapter", "get_adapter_state_dict") and not _peft_loaded(self):
+                    raise ConfigError(f"no adapter named {value!r} (adapters: {adapter_names(self) or 'none'})")
+                return original(self, *args, **kwargs)
+            rest = list(args[1:])
+            if name == "add_adapter":
+                return add_adapter(self, value, *rest, **{k: v for k, v in kwargs.items() if k != key})
+            if name == "load_adapter":
+                from medadapt.adapters.files import load_adapter
+
+                return load_adapter(self, value, *rest, **{k: v for k, v in kwargs.items() if k != key})
+            if name == "set_adapter":
+                names = list(value) if isinstance(value, (list, tuple)) else [value]
+                return set_active(self, names)
+            if name == "delete_adapter":
+                for n in (value if isinstance(value, (list, tuple)) else [value]):
+                    for _, stack in list(adapter_locations(self)):
+                        if n in stack.heads:
+                            stack.remove(n)
+                return None
+            head = get_adapter(self, value)  # get_adapter_state_dict
+            return {k: v for k, v in head.state_dict().items()}
+        return method
+
+    if name in ("enable_adapters", "disable_adapters"):
+        @functools.wraps(original)
+        def toggle(self, *args, **kwargs):
+            stacks = list(adapter_locations(self))
+            if not stacks and not _peft_loaded(self):
+                raise ConfigError("the model has no adapters")
+            for _, stack in stacks:
+                stack.enabled = name == "enable_adapters"
+            if _peft_loaded(self):
+                return original(self, *args, **kwargs)
+            return None
+        return toggle
+
+    @functools.wraps(original)
+    def active(self, *args, **kwargs):  # active_adapters / active_adapter
+        mine = [n for _, stack in adapter_locations(self) for n in stack.active]
+        peft = list(original(self)) if _peft_loaded(self) and name == "active_adapters" else []
+        if name == "active_adapter":
+            if mine:
+                return mine[0]
+            if _peft_loaded(self):
+                return original(self, *args, **kwargs)
+            raise ConfigError("the model has no active adapter")
+        return mine + [p for p in peft if p not in mine]
+    return active
+
+
+def install() -> None:
+    """Extend ``SentenceTransformer``'s adapter methods to medadapt heads (idempotent)."""
+    from sentence_transformers import SentenceTransformer
+
+    if getattr(SentenceTransformer, "_medadapt_adapters_installed", False):
+        return
+    for name in _METHODS:
+        original = getattr(SentenceTransformer, name)
+        setattr(SentenceTransformer, name, _wrap(name, original))
+    SentenceTransformer._medadapt_adapters_installed = True

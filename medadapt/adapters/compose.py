@@ -1,0 +1,129 @@
+"""Composition as data: which heads and branches go together, checked against one table.
+
+A composed model is a base model plus *components*: heads on the pooled embedding of a route (``"all"``:
+every input, ``"query"`` / ``"document"``: one route of an asymmetric ``Router`` model) and *branches*
+(a second output beside the dense embedding, e.g. HyReC's learned-lexical branch). Recipes describe them
+as data (the ``moe`` recipe's ``head.route`` and ``branches``); :func:`check_composition` accepts exactly
+the rows of :data:`ALLOWED` and refuses the rest with the reason from :data:`REFUSED` (or the list of what
+is allowed).
+
+Branches are registered by the system that provides them (:class:`BranchKind`, entry-point group
+``medadapt.branches``); nothing here imports a system.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from medadapt.errors import ConfigError
+
+__all__ = ["ALLOWED", "REFUSED", "BranchKind", "base_kind", "branch_kind", "branch_kinds", "check_composition",
+           "register_branch"]
+
+#: (base, component, where) -> what the combination gives. ``base``: ``dense`` (one tower) or ``asymmetric``
+#: (a Router with query and document routes); ``where``: a route (``all``, ``query``, ``document``) for
+#: heads, ``branch`` for branches.
+ALLOWED: dict[tuple[str, str, str], str] = {
+    ("dense", "moe", "all"): "MoE head on the pooled embedding of every input (queries and documents)",
+    ("asymmetric", "moe", "all"): "MoE head after the Router, on both towers' embeddings",
+    ("asymmetric", "moe", "query"): "MoE head on the query route only: the document tower, its cached "
+                                    "embeddings and any document index stay valid",
+    ("asymmetric", "moe", "document"): "MoE head on the document route only (re-index the documents)",
+    ("dense", "hyrec_lexical", "branch"): "HyReC learned-lexical branch beside the dense embedding (with or "
+                                          "without a MoE head on it): one hybrid model, one index",
+}
+
+#: combinations refused with a specific reason
+REFUSED: dict[tuple[str, str, str], str] = {
+    ("dense", "moe", "query"): "a head on the query route needs an asymmetric (Router) base model; on a "
+                               "one-tower model use route: all",
+    ("dense", "moe", "document"): "a head on the document route needs an asymmetric (Router) base model; on "
+                                  "a one-tower model use route: all",
+    ("asymmetric", "hyrec_lexical", "branch"): "the HyReC lexical branch reads the token states of one "
+                                               "BERT-like encoder shared by queries and documents; an "
+                                               "asymmetric model has two different towers",
+}
+
+
+def base_kind(model) -> str:
+    """``"asymmetric"`` when ``model``'s first module is a ``Router`` with query and document routes, else
+    ``"dense"``."""
+    from sentence_transformers.base.modules import Router
+
+    first = next(iter(getattr(model, "_modules", {}).values()), None)
+    if isinstance(first, Router) and {"query", "document"} <= set(first.sub_modules):
+        return "asymmetric"
+    return "dense"
+
+
+def check_composition(base: str, components: list[tuple[str, str]]) -> None:
+    """Raise :class:`~medadapt.errors.ConfigError` unless every ``(component, where)`` is allowed on
+    ``base`` and the heads are on one side of the branches (a branch reads the same tower for queries and
+    documents, so it takes no route-specific head)."""
+    for component, where in components:
+        key = (base, component, where)
+        if key in ALLOWED:
+            continue
+        reason = REFUSED.get(key)
+        allowed = "; ".join(f"{c} on {w} of a {b} model" for (b, c, w) in ALLOWED)
+        raise ConfigError(f"cannot compose {component} ({where}) on a {base} model: "
+                          f"{reason or 'not a supported combination'} (allowed: {allowed})")
+    branches = [c for c, w in components if w == "branch"]
+    routed = [f"{c} on {w}" for c, w in components if w in ("query", "document")]
+    if branches and routed:
+        raise ConfigError(f"cannot compose {', '.join(branches)} with {', '.join(routed)}: a branch shares one "
+                          "tower between queries and documents, so heads beside it must be on route all")
+
+
+@dataclass(frozen=True)
+class BranchKind:
+    """A branch a system offers.
+
+    Attributes:
+        name: the ``kind`` of a ``branches:`` entry (``"hyrec_lexical"``).
+        section: the pydantic class that validates the entry.
+        build_and_train: ``fn(model, section, recipe, ctx) -> composed model``: adds the branch to the trained
+            model (a SentenceTransformer, possibly with heads) and trains it; the result has ``save`` /
+            ``save_adapter`` and is what the run evaluates and saves.
+        evaluate: ``fn(recipe, model, section, ctx) -> {metric: value}`` for the composed model.
+    """
+
+    name: str
+    section: type
+    build_and_train: Callable[..., Any]
+    evaluate: Callable[..., dict[str, float]]
+
+
+_BRANCHES: dict[str, BranchKind] = {}
+_loaded = False
+ENTRY_POINT_GROUP = "medadapt.branches"
+
+
+def register_branch(kind: BranchKind) -> BranchKind:
+    _BRANCHES[kind.name] = kind
+    return kind
+
+
+def branch_kinds() -> list[str]:
+    global _loaded
+    if not _loaded:
+        _loaded = True
+        from importlib.metadata import entry_points
+
+        for ep in entry_points(group=ENTRY_POINT_GROUP):
+            if ep.name not in _BRANCHES:
+                try:
+                    ep.load()
+                except ImportError:
+                    pass
+    return sorted(_BRANCHES)
+
+
+def branch_kind(name: str) -> BranchKind:
+    if name not in _BRANCHES:
+        branch_kinds()
+    if name not in _BRANCHES:
+        raise ConfigError(f"unknown branch kind {name!r} (valid: {', '.join(branch_kinds()) or 'none'})")
+    return _BRANCHES[name]

@@ -1,0 +1,289 @@
+"""Adapter-only files: the heads without the backbone, tied to the backbone they were trained on.
+
+An adapter folder holds::
+
+    medadapt_adapter.json        # format, base model (name + weight fingerprint), heads (type, config,
+                                 # location), active heads, checksum of the weights file
+    adapter_model.safetensors    # "<adapter name>.<parameter>" -> tensor
+    README.md                    # model card (medadapt.cards)
+
+A few MB for a MoE head, against the ~90 MB of a full MiniLM folder. :func:`load_adapter` (also
+``SentenceTransformer.load_adapter(folder)``) checks the weights file's SHA-256 and the receiving model's
+base fingerprint *before* building any head, so a truncated file or a different / altered backbone is one
+clear :class:`~medadapt.errors.ModelLoadError` and the model is left untouched. Nothing in the folder is
+code: heads are rebuilt from registered types (:mod:`medadapt.adapters.types`) and JSON configs.
+
+The base fingerprint hashes the backbone's weights rounded to bfloat16 (name, shape, values; strided
+samples above 300M parameters), so the same backbone loaded in float32, bfloat16 or on another device
+matches, while any trained or swapped weight does not. No absolute path is written: the base is recorded
+by the name it was loaded with (an alias such as ``minilm`` or a hub id) or, for a local folder, by its
+path relative to the adapter folder.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from medadapt._version import __version__
+from medadapt.adapters.api import adapter_locations, set_active, stack_for
+from medadapt.errors import ConfigError, ModelLoadError
+from medadapt.io import atomic_write_json, replace_folder
+
+__all__ = ["ADAPTER_CONFIG", "ADAPTER_WEIGHTS", "base_fingerprint", "base_name", "is_adapter_folder",
+           "load_adapter", "load_adapter_model", "read_adapter_config", "save_adapter", "write_adapter"]
+
+ADAPTER_CONFIG = "medadapt_adapter.json"
+ADAPTER_WEIGHTS = "adapter_model.safetensors"
+ADAPTER_FORMAT = 1
+
+
+def is_adapter_folder(path: Any) -> bool:
+    """True for a local folder holding a medadapt adapter (``medadapt_adapter.json``)."""
+    try:
+        return (Path(os.fspath(path)) / ADAPTER_CONFIG).is_file()
+    except TypeError:
+        return False
+
+
+def _base_tensors(model) -> dict[str, Any]:
+    """The model's weights outside any :class:`~medadapt.adapters.stack.AdapterStack`."""
+    skip = {id(p) for _, stack in adapter_locations(model) for p in [*stack.parameters(), *stack.buffers()]}
+    out = {}
+    for name, t in [*model.named_parameters(), *model.named_buffers()]:
+        if id(t) not in skip:
+            out[name] = t
+    return out
+
+
+def base_fingerprint(model, full_hash_max_params: int = 300_000_000) -> str:
+    """Hash of ``model``'s backbone weights (heads excluded), dtype- and device-independent (module
+    docstring)."""
+    import torch
+
+    tensors = _base_tensors(model)
+    n_params = sum(t.numel() for t in tensors.values())
+    h = hashlib.sha256(b"medadapt-base-1")
+    for name in sorted(tensors):
+        t = tensors[name].detach()
+        h.update(f"{name}:{tuple(t.shape)}".encode())
+        flat = t.reshape(-1)
+        if n_params > full_hash_max_params and flat.numel() > 4096:
+            flat = flat[:: max(1, flat.numel() // 4096)]
+        if flat.is_floating_point():
+            flat = flat.to(torch.bfloat16).to(torch.float32)
+        h.update(flat.to("cpu").contiguous().numpy().tobytes())
+    return h.hexdigest()[:32]
+
+
+def base_name(model) -> str | None:
+    """The name ``model`` was loaded with (``medadapt.load`` records it), else sentence-transformers'
+    ``model_card_data.base_model``."""
+    name = getattr(model, "_medadapt_base_name", None)
+    if name:
+        return str(name)
+    card = getattr(model, "model_card_data", None)
+    return getattr(card, "base_model", None) or None
+
+
+def _base_record(model, folder: Path, name: str | None, final: str | None = None) -> dict[str, Any]:
+    """The ``base_model`` entry; ``folder`` is where the adapter is written, ``final`` its final name in the
+    same parent (relative paths are computed from there)."""
+    name = name if name is not None else base_name(model)
+    record: dict[str, Any] = {"name": None, "relative_path": None}
+    if name:
+        path = Path(name).expanduser()
+        if not path.exists():
+            record["name"] = str(name)  # an alias (minilm) or a hub id
+        else:  # a local folder: recorded relative to the adapter folder, never absolute
+            home = folder.resolve().parent / (final or folder.name)
+            record["relative_path"] = os.path.relpath(path.resolve(), home)
+            record["folder_name"] = path.resolve().name
+    record["fingerprint"] = base_fingerprint(model)
+    record["embedding_dim"] = model.get_embedding_dimension()
+    return record
+
+
+def save_adapter(model, folder: str | Path, adapter_name: str | list[str] | None = None, *,
+                 base: str | None = None, card: dict[str, Any] | None = None) -> Path:
+    """Write the medadapt heads of ``model`` (all, or ``adapter_name``) as an adapter-only folder.
+
+    Args:
+        base: the base model's name to record (default: what :func:`base_name` finds).
+        card: extra facts for the model card (:func:`medadapt.cards.write_card`: ``recipe``, ``metrics``,
+            ``baseline``, ...).
+
+    Files are written to a temporary sibling folder and swapped in as a whole.
+    """
+    folder = Path(folder)
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    with replace_folder(folder) as tmp:
+        write_adapter(model, tmp, adapter_name, base=base, name=folder.name, card=card)
+    return folder
+
+
+def write_adapter(model, folder: str | Path, adapter_name: str | list[str] | None = None, *,
+                  base: str | None = None, name: str | None = None, card: dict[str, Any] | None = None,
+                  allow_empty: bool = False) -> dict[str, Any]:
+    """The files of :func:`save_adapter`, written into the existing (fresh) folder ``folder``, which will
+    be called ``name`` (the model card uses it). Returns the adapter config. ``allow_empty``: a model
+    without heads is written too (a composed model whose other parts, e.g. a lexical branch, sit beside
+    the base model)."""
+    from safetensors.torch import save_file
+
+    folder = Path(folder)
+    wanted = None if adapter_name is None else (
+        [adapter_name] if isinstance(adapter_name, str) else list(adapter_name))
+    heads, tensors = {}, {}
+    active = []
+    for location, stack in adapter_locations(model):
+        for head in stack.names():
+            if wanted is not None and head not in wanted:
+                continue
+            heads[head] = {**stack.spec(head), "location": location}
+            for key, value in stack.heads[head].state_dict().items():
+                tensors[f"{head}.{key}"] = value.detach().to("cpu").contiguous()
+            if head in stack.active and stack.enabled:
+                active.append(head)
+    if wanted is not None and set(wanted) - set(heads):
+        raise ConfigError(f"no medadapt adapter named {sorted(set(wanted) - set(heads))}")
+    if not heads and not allow_empty:
+        raise ConfigError("the model has no medadapt adapters to save (add one with model.add_adapter)")
+    save_file(tensors, str(folder / ADAPTER_WEIGHTS), metadata={"format": "pt"})
+    digest = hashlib.sha256((folder / ADAPTER_WEIGHTS).read_bytes()).hexdigest()
+    config = {"format_version": ADAPTER_FORMAT, "library": "medadapt", "medadapt_version": __version__,
+              "base_model": _base_record(model, folder, base, final=name), "adapters": heads, "active": active,
+              "weights": {"file": ADAPTER_WEIGHTS, "sha256": digest,
+                          "parameters": int(sum(t.numel() for t in tensors.values()))}}
+    atomic_write_json(folder / ADAPTER_CONFIG, config)
+    from medadapt.cards import write_card
+
+    write_card(folder, adapter=config, descriptions=describe_heads(model),
+               **{"name": name or folder.name, **(card or {})})
+    return config
+
+
+def describe_heads(model) -> dict[str, str]:
+    """One line per medadapt head of ``model`` (its type's ``describe``), for model cards."""
+    from medadapt.adapters.types import adapter_type
+
+    return {name: adapter_type(stack.types[name]).describe(stack.heads[name])
+            for _, stack in adapter_locations(model) for name in stack.names()}
+
+
+def read_adapter_config(folder: str | Path) -> dict[str, Any]:
+    """The validated ``medadapt_adapter.json`` of ``folder``."""
+    path = Path(folder) / ADAPTER_CONFIG
+    try:
+        config = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise ModelLoadError(f"{path}: cannot read the adapter config ({exc})") from None
+    if not isinstance(config, dict) or config.get("format_version") != ADAPTER_FORMAT:
+        raise ModelLoadError(f"{path}: not a medadapt adapter config of format {ADAPTER_FORMAT}")
+    for key in ("base_model", "adapters", "weights"):
+        if not isinstance(config.get(key), dict):
+            raise ModelLoadError(f"{path}: missing {key!r}")
+    return config
+
+
+def _verified_weights(folder: Path, config: dict[str, Any]) -> dict[str, Any]:
+    from safetensors.torch import load_file
+
+    weights = config["weights"]
+    path = folder / str(weights.get("file", ADAPTER_WEIGHTS))
+    if path.parent != folder:
+        raise ModelLoadError(f"{folder / ADAPTER_CONFIG}: weights file must be inside the adapter folder")
+    if not path.is_file():
+        raise ModelLoadError(f"{folder}: the adapter weights file {path.name} is missing")
+    digest = hashlib.sha256(path.read_bytes()).hexdigest()
+    if digest != weights.get("sha256"):
+        raise ModelLoadError(f"{path}: checksum mismatch (the file is truncated or was modified); "
+                             "re-download or re-train the adapter")
+    return load_file(str(path))
+
+
+def load_adapter(model, folder: str | Path, adapter_name: str | None = None, *, check_base: bool = True,
+                 **_: Any) -> list[str]:
+    """Load the heads of adapter folder ``folder`` onto ``model`` (``SentenceTransformer.load_adapter``).
+
+    The weights' checksum and ``model``'s base fingerprint are checked first; on any error the model is
+    left as it was. ``adapter_name`` renames a single-head adapter. The saved active heads become the
+    active ones. Returns the names of the loaded heads.
+    """
+    import torch
+
+    folder = Path(folder)
+    config = read_adapter_config(folder)
+    base = config["base_model"]
+    if check_base:
+        found = base_fingerprint(model)
+        if found != base.get("fingerprint"):
+            named = base.get("name") or base.get("folder_name") or "its base model"
+            raise ModelLoadError(
+                f"adapter {folder} was trained on {named} (weights fingerprint {base.get('fingerprint')}); "
+                f"this model's backbone differs (fingerprint {found}): load it onto the same base model")
+    heads = config["adapters"]
+    if adapter_name is not None and len(heads) != 1:
+        raise ConfigError(f"adapter_name renames a single-head adapter; {folder} holds {sorted(heads)}")
+    rename = {old: (adapter_name or old) for old in heads}
+    from medadapt.adapters.api import _peft_names, adapter_names
+    from medadapt.adapters.types import adapter_type
+
+    taken = [n for n in rename.values() if n in adapter_names(model) or n in _peft_names(model)]
+    if taken:
+        raise ConfigError(f"the model already has adapter(s) named {taken}; pass adapter_name=...")
+    state = _verified_weights(folder, config)
+    built = {}
+    for old, spec in heads.items():  # build and fill every head before touching the model
+        kind = adapter_type(str(spec.get("type")))
+        dim = base.get("embedding_dim") if spec.get("location", "all") == "all" else None
+        head = kind.from_dict(spec["config"], dim or _config_dim(spec["config"]))
+        part = {k[len(old) + 1:]: v for k, v in state.items() if k.startswith(old + ".")}
+        try:
+            head.load_state_dict(part, strict=True)
+        except RuntimeError as exc:
+            raise ModelLoadError(f"{folder}: weights of adapter {old!r} do not match its config ({exc})") \
+                from None
+        built[old] = (head, kind.name, spec.get("location", "all"))
+    for old, (head, type_name, location) in built.items():
+        stack = stack_for(model, None if location == "all" else location, create=True)
+        if getattr(head, "get_embedding_dimension", None) and head.get_embedding_dimension() != stack.dim:
+            raise ModelLoadError(f"adapter {old!r} is {head.get_embedding_dimension()}-d but the model's "
+                                 f"{location} embedding is {stack.dim}-d")
+        with torch.no_grad():
+            head.to(model.device)
+        stack.add(rename[old], head, type_name)
+    active = [rename[n] for n in config.get("active", []) if n in rename] or list(rename.values())
+    set_active(model, active)
+    return list(rename.values())
+
+
+def _config_dim(config: dict[str, Any]) -> int:
+    dim = config.get("dim") if isinstance(config, dict) else None
+    if not isinstance(dim, int):
+        raise ModelLoadError("adapter config has no embedding dimension")
+    return dim
+
+
+def load_adapter_model(folder: str | Path, load, base: str | None = None, device: str | None = None,
+                       **kwargs):
+    """Load the base model an adapter folder names (or ``base``) with ``load`` (``medadapt.load``, which
+    calls this for adapter folders) and the adapter onto it."""
+    folder = Path(folder)
+    record = read_adapter_config(folder)["base_model"]
+    if base is None:
+        if record.get("name"):
+            base = record["name"]
+        elif record.get("relative_path") and (folder / record["relative_path"]).is_dir():
+            base = str((folder / record["relative_path"]).resolve())
+        else:
+            raise ModelLoadError(
+                f"adapter {folder} was trained on a local model folder "
+                f"({record.get('folder_name') or record.get('relative_path')}) that is not at its recorded "
+                "place; pass base=<that folder>")
+    model = load(base, device=device, **kwargs)
+    load_adapter(model, folder)
+    return model

@@ -1,0 +1,119 @@
+"""Model cards for saved folders: what the model is, how it was trained, how well it does, how to load it.
+
+For a full model folder, sentence-transformers writes its own ``README.md`` (architecture, usage, library
+versions); :func:`write_card` appends a medadapt section to it. An adapter-only folder gets a card of its
+own with the same facts. Metrics are shown beside the frozen base model's, measured in the same run.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from medadapt.io import atomic_write_text
+
+__all__ = ["card_text", "write_card"]
+
+MARK = "<!-- medadapt -->"
+
+
+def _size(folder: Path) -> str:
+    total = sum(p.stat().st_size for p in folder.rglob("*") if p.is_file())
+    return f"{total / 1e6:.1f} MB"
+
+
+def _metrics_table(metrics: dict[str, float], baseline: dict[str, float] | None) -> list[str]:
+    if not metrics:
+        return ["Not evaluated in this run (`medadapt eval --model <this folder> --data ...`)."]
+    rows = ["| metric | this model | frozen base model |", "|---|---|---|"]
+    for key, value in metrics.items():
+        base = (baseline or {}).get(key, (baseline or {}).get(key.rsplit("/", 1)[-1]))
+        rows.append(f"| {key} | {value:.4f} | {'' if base is None else f'{base:.4f}'} |")
+    return rows
+
+
+def card_text(folder: Path, *, descriptions: dict[str, str] | None = None, adapter: dict[str, Any] | None = None,
+              recipe: dict[str, Any] | None = None, metrics: dict[str, float] | None = None,
+              baseline: dict[str, float] | None = None, eval_split: str | None = None,
+              data: str | None = None, train_seconds: float | None = None,
+              standalone: bool = False, name: str | None = None) -> str:
+    """The medadapt card section (Markdown) for ``folder`` (called ``name`` once in place: cards are
+    written into a temporary folder that is then renamed)."""
+    recipe = recipe or {}
+    name = name or folder.name
+    base = (adapter or {}).get("base_model", {})
+    base_label = base.get("name") or base.get("folder_name") or (recipe.get("model") or {}).get("backbone") \
+        or "the base model"
+    lines = [MARK, "", f"# {recipe.get('name') or name}", ""]
+    if recipe.get("description"):
+        lines += [str(recipe["description"]), ""]
+    lines += ["Made with [medadapt](https://github.com/medadapt/medadapt): small trainable heads on a frozen "
+              "Sentence-Transformers embedder for medical retrieval.", "", "## Model", "",
+              f"- Base model: `{base_label}`" + (f" (weights fingerprint `{base['fingerprint']}`)"
+                                                 if base.get("fingerprint") else "")]
+    if adapter:
+        for head, spec in adapter.get("adapters", {}).items():
+            where = spec.get("location", "all")
+            where = "every input" if where == "all" else f"the {where} route"
+            lines.append(f"- Head `{head}` ({spec.get('type')}, on the pooled embedding of {where}): "
+                         f"{(descriptions or {}).get(head, '')}")
+        n = adapter.get("weights", {}).get("parameters")
+        lines.append(f"- Folder: adapter only, {_size(folder)}" + (f", {n:,} head parameters" if n else "")
+                     + "; it loads onto the base model named above and refuses any other.")
+    if not adapter:
+        for head, line in (descriptions or {}).items():
+            lines.append(f"- Head `{head}`: {line}")
+    if standalone:
+        lines.append(f"- Folder: standalone model (base model included), {_size(folder)}")
+    lines += ["", "## Training", ""]
+    if recipe:
+        lines.append(f"- Recipe: `kind: {recipe.get('kind')}`, `{recipe.get('name')}` (the full recipe is "
+                     "`recipe.yaml` in this folder; `medadapt train recipe.yaml` re-runs it)")
+        d = recipe.get("data") or {}
+        lines.append(f"- Training data: `{d.get('path')}`, split `{d.get('train_split', 'train')}`")
+    else:
+        lines.append("- Trained outside a recipe (Python API).")
+    if train_seconds is not None:
+        lines.append(f"- Training time: {train_seconds:.0f} s")
+    where = f" on `{data}`, split `{eval_split}`" if data and eval_split else ""
+    lines += ["", f"## Evaluation{where}", "", *_metrics_table(metrics or {}, baseline), "", "## How to load", ""]
+    lines += _usage(name, adapter, base_label)
+    return "\n".join(lines) + "\n"
+
+
+def _usage(folder: str, adapter: dict[str, Any] | None, base_label: str) -> list[str]:
+    lines = ["```python", "import medadapt", "", f'model = medadapt.load("{folder}")  # this folder'
+             + (" and its base model" if adapter else ""),
+             'embeddings = model.encode_query(["what are the symptoms of anemia?"])', "```"]
+    if adapter:
+        lines += ["", "Onto your own copy of the base model (it must be the same weights):", "", "```python",
+                  "import medadapt.adapters  # adds medadapt heads to SentenceTransformer.load_adapter",
+                  "from sentence_transformers import SentenceTransformer", "",
+                  f'model = SentenceTransformer("{base_label}")',
+                  f'model.load_adapter("{folder}")', "```"]
+    else:
+        lines += ["", "With sentence-transformers directly (the medadapt modules are classes outside its "
+                  "package):", "", "```python", "from sentence_transformers import SentenceTransformer", "",
+                  f'model = SentenceTransformer("{folder}", trust_remote_code=True)', "```"]
+    return lines
+
+
+def write_card(folder: str | Path, **facts: Any) -> Path:
+    """Write (adapter folder) or extend (sentence-transformers' ``README.md``) the card of ``folder``;
+    rewriting replaces an earlier medadapt section. Returns the card's path."""
+    folder = Path(folder)
+    path = folder / "README.md"
+    existing = path.read_text(encoding="utf-8") if path.is_file() else ""
+    if MARK in existing:
+        existing = existing[: existing.index(MARK)].rstrip()
+    section = card_text(folder, **facts)
+    if existing and not facts.get("adapter"):
+        text = existing + "\n\n" + section
+    else:
+        base = (facts.get("adapter") or {}).get("base_model", {}).get("name")
+        header = ["---", "library_name: medadapt", "tags: [sentence-transformers, medadapt, medical-retrieval]"]
+        if base:
+            header.append(f"base_model: {base}")
+        text = "\n".join(header + ["---", ""]) + section
+    atomic_write_text(path, text)
+    return path

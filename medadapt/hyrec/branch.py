@@ -1,0 +1,143 @@
+"""HyReC's learned-lexical branch as a composable branch (``branches: [{kind: hyrec_lexical, ...}]``).
+
+Composed onto a trained dense model (a frozen backbone, optionally with medadapt heads such as a MoE
+head): the model's encoder is split as HyReC's GLAE does (``model.branch_layers`` / ``lexicon_layers``,
+frozen variant), the lexicon encoder and the weight / union projectors are added, and only the branch
+trains (lexical InfoNCE + union loss; ``loss.dense_weight`` must be 0: the dense side is the composed
+model's and stays as it was trained). The result is a :class:`~medadapt.hyrec.model.HyReCModel` whose
+dense side *is* the composed model, so one folder, one ``medadapt eval --mode hybrid``, one Retriever
+index (dense + learned sparse) and one LangChain retriever serve it. Its folder is adapter-only (the
+heads, ``hyrec/`` and the base model's name) when ``save.adapter_only`` is set.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Literal
+
+from pydantic import Field, model_validator
+
+from medadapt.adapters.compose import BranchKind, register_branch
+from medadapt.config import Section
+from medadapt.hyrec.recipe import (HyReCEvalSection, HyReCLossSection, HyReCModelSection, HyReCTrainingSection,
+                                   NegativesSection, evaluate_modes)
+
+__all__ = ["BranchModelSection", "HyReCLexicalBranch", "build_and_train", "evaluate"]
+
+
+class BranchModelSection(HyReCModelSection):
+    """HyReC's model section on the composed model's backbone: the frozen variant, backbone unchanged."""
+
+    backbone: str | None = Field(None, description="not used: the branch reads the composed model's backbone")
+    variant: Literal["frozen"] = "frozen"
+    branch_layers: int = Field(1, ge=1, description="N: the last N layers are the (unchanged) dense encoder")
+    lexicon_layers: int | None = Field(1, ge=1, description="lexicon encoder depth (a trainable copy)")
+    language: Literal["zh", "en"] = "en"
+
+    @model_validator(mode="after")
+    def _unchanged_backbone(self) -> BranchModelSection:
+        if self.extend_vocab or self.num_layers is not None:
+            raise ValueError("a composed branch keeps the backbone unchanged: extend_vocab and num_layers are "
+                             "not available (train kind: hyrec for those)")
+        return self
+
+
+def _branch_training() -> HyReCTrainingSection:
+    return HyReCTrainingSection(state_cache="disk", dense_inputs="cache", train_dense_encoder=False,
+                                train_lexicon_encoder=False, lr=1e-3)
+
+
+class BranchNegativesSection(NegativesSection):
+    """Hard negatives for the branch; ``miner: model`` (default) mines with the composed dense model."""
+
+    miner: str = Field("model", description="model: the composed dense model; else a model name")
+
+
+class HyReCLexicalBranch(Section):
+    """A ``branches:`` entry: HyReC's learned-lexical branch beside the composed dense model."""
+
+    kind: Literal["hyrec_lexical"] = "hyrec_lexical"
+    model: BranchModelSection = Field(default_factory=BranchModelSection)
+    negatives: BranchNegativesSection = Field(default_factory=BranchNegativesSection)
+    loss: HyReCLossSection = Field(default_factory=lambda: HyReCLossSection(dense_weight=0.0))
+    training: HyReCTrainingSection = Field(default_factory=_branch_training)
+    eval: HyReCEvalSection = Field(default_factory=lambda: HyReCEvalSection(dense_source="cache"))
+
+    @model_validator(mode="after")
+    def _branch_only(self) -> HyReCLexicalBranch:
+        if self.loss.dense_weight != 0:
+            raise ValueError("loss.dense_weight must be 0 in a branch: the dense side is the composed model's "
+                             "(train its heads in the recipe's own stages)")
+        tr = self.training
+        if tr.train_dense_encoder or tr.state_cache == "off" or tr.dense_inputs != "cache":
+            raise ValueError("a branch trains on the frozen backbone's caches: training.train_dense_encoder: "
+                             "false, state_cache: disk or memory, dense_inputs: cache")
+        return self
+
+
+def build_and_train(model, section: HyReCLexicalBranch, recipe, ctx):
+    """Wrap the trained SentenceTransformer ``model`` into a :class:`~medadapt.hyrec.model.HyReCModel` and
+    train the lexical branch (module docstring). Returns the composed model."""
+    import dataclasses
+
+    import torch
+
+    from medadapt.cache import backbone_view
+    from medadapt.data import load_beir
+    from medadapt.hyrec.data import SharedStateCache, build_examples
+    from medadapt.hyrec.model import HyReCConfig, HyReCModel
+    from medadapt.hyrec.recipe import _STATE_CACHES
+    from medadapt.hyrec.train import hyrec_stage
+
+    m, tr, neg = section.model, section.training, section.negatives
+    fields = {f.name for f in dataclasses.fields(HyReCConfig)}
+    config = HyReCConfig(**m.model_dump(include=fields), union=section.loss.union_weight > 0)
+    t0 = time.perf_counter()
+    hy = HyReCModel(model, config).to(ctx.device)
+    split = recipe.data.train_split
+    data = load_beir(ctx.resolve(recipe.data.path), [split])
+    state_cache = SharedStateCache(SharedStateCache.default_root() if tr.state_cache == "disk" else None)
+    view = backbone_view(hy.st)
+    cache = ctx.cache
+
+    def dense_inputs(texts, role):  # unused with loss.dense_weight 0; the stage's cached path asks for it
+        return torch.from_numpy(cache.encode(view, list(texts), role=role, show_progress=False))
+
+    with ctx.accelerator.main_process_first():
+        examples = build_examples(data, split, negatives=neg.source if neg.num else "none", window=neg.window,
+                                  num_negatives=max(neg.num, 1), max_queries=getattr(recipe.data,
+                                                                                     "max_train_queries", None),
+                                  miner_model=model if neg.miner == "model" else neg.miner, language=m.language, cache=cache, seed=tr.seed,
+                                  show_progress=ctx.show_progress)
+        docs = sorted({t for e in examples for t in [e.positive, *e.negatives[: neg.num]]})
+        state_cache.warm(hy, [e.query for e in examples], "query", lexicon=True, pooled=False,
+                         show_progress=ctx.show_progress)
+        state_cache.warm(hy, docs, "document", lexicon=True, pooled=False, show_progress=ctx.show_progress)
+    ctx.result.encode_seconds += time.perf_counter() - t0
+    ctx.log(f"HyReC lexical branch: {hy._n_shared} shared + {len(hy.lexicon)} lexicon layers on the composed "
+            f"model, {len(examples)} examples")
+    stage = hyrec_stage(hy, examples, tr, section.loss, negatives=neg.num, state_cache=state_cache,
+                        dense_inputs=dense_inputs, name="hyrec_lexical", train_dense_head=False)
+    res = ctx.train(hy, [stage], name="hyrec_lexical")
+    ctx.result.details["branch_steps"] = res.steps
+    ctx.result.details["branch_examples"] = len(examples)
+    hy.eval()
+    _STATE_CACHES[hy] = state_cache
+    return hy
+
+
+def evaluate(recipe, model, section: HyReCLexicalBranch, ctx) -> dict[str, float]:
+    """``<mode>/<metric>`` of the composed model for ``section.eval.modes`` on the recipe's eval split."""
+    from medadapt.data import load_beir
+    from medadapt.hyrec.recipe import _STATE_CACHES
+
+    ev = section.eval.model_copy(update={"split": recipe.eval.split, "metrics": recipe.eval.metrics})
+    data = load_beir(ctx.resolve(recipe.eval.data or recipe.data.path), [ev.split])
+    state_cache = _STATE_CACHES.get(model)
+    modes = evaluate_modes(model, data, ev, cache=ctx.cache, state_cache=state_cache,
+                           show_progress=ctx.show_progress, cached_lexicon=state_cache is not None)
+    ctx.result.details["mode_metrics"] = modes
+    return {f"{mode}/{k}": v for mode, vals in modes.items() for k, v in vals.items()}
+
+
+register_branch(BranchKind("hyrec_lexical", HyReCLexicalBranch, build_and_train, evaluate))
