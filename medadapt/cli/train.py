@@ -25,6 +25,8 @@ def train_cmd(
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress bars.")] = False,
     overwrite: Annotated[bool, typer.Option("--overwrite", help="Discard checkpoints of an earlier, different run "
                                             "into the same output instead of refusing to resume them.")] = False,
+    full_model: Annotated[bool, typer.Option("--full-model", help="Save a standalone folder with the backbone "
+                                             "copied in, instead of the heads alone (save.adapter_only).")] = False,
 ) -> None:
     """Train a head (or backbone / LoRA) as a recipe describes; resumes from OUTPUT.checkpoints after a kill.
 
@@ -34,7 +36,8 @@ def train_cmd(
         from medadapt.cache import EmbeddingCache
         from medadapt.recipes import load_recipe, run_recipe
 
-        spec = load_recipe(recipe, list(set_ or []))  # `kind:` picks the system (medadapt.recipes.registry)
+        overrides = [*(set_ or []), *(["save.adapter_only=false"] if full_model else [])]
+        spec = load_recipe(recipe, overrides)  # `kind:` picks the system (medadapt.recipes.registry)
         result = run_recipe(spec, output or Path("runs") / spec.name, cache=EmbeddingCache(cache_dir),
                             show_progress=not quiet, evaluate=not no_eval, overwrite=overwrite,
                             log=lambda m: console.print(m, highlight=False))
@@ -57,16 +60,22 @@ def train_cmd(
         table = Table(title=f"{spec.name}: {spec.eval.data or spec.data.path} / {spec.eval.split}")
         table.add_column("metric")
         table.add_column("value", justify="right")
+        if result.baseline:
+            table.add_column("frozen base", justify="right")
         if result.expected:  # only a recipe with eval.expected gets the column
             table.add_column("expected", justify="right")
         for metric, value in result.metrics.items():
             row = [metric, f"{value:.4f}"]
+            if result.baseline:
+                base = result.baseline.get(metric, result.baseline.get(metric.rsplit("/", 1)[-1]))
+                row.append("" if base is None else f"{base:.4f}")
             if result.expected:
                 target = result.expected.get(metric)
                 row.append("" if target is None else
                            f"{target[0]:.4f} " + ("ok" if target[1] else f"off by {target[0] - value:.4f}"))
             table.add_row(*row)
         console.print(table)
-    console.print(f"saved model to {result.output_dir}  (load with medadapt.load('{result.output_dir}'))")
+    what = "adapter (heads only)" if (result.output_dir / "medadapt_adapter.json").is_file() else "model"
+    console.print(f"saved {what} to {result.output_dir}  (load with medadapt.load('{result.output_dir}'))")
     if check and any(not ok for _, ok in result.expected.values()):
         raise typer.Exit(code=2)

@@ -1,0 +1,209 @@
+"""medadapt heads through ``SentenceTransformer.add_adapter`` and friends, adapter-only folders, and the
+composition table (medadapt.adapters)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+import medadapt
+from medadapt.errors import ConfigError, ModelLoadError
+
+pytestmark = pytest.mark.usefixtures("_single_thread")
+
+TEXTS = ["symptoms of gout", "asthma treatment with an inhaler", "what causes anemia"]
+
+
+def _st(path):
+    from sentence_transformers import SentenceTransformer
+
+    return SentenceTransformer(str(path), device="cpu")
+
+
+def _moe(dim, **kw):
+    from medadapt.moe import MoEConfig
+
+    return MoEConfig.paper(dim=dim, expansion=2, **kw)
+
+
+def _enc(model, role="query"):
+    fn = model.encode_query if role == "query" else model.encode_document
+    return np.asarray(fn(TEXTS))
+
+
+def test_add_adapter_set_enable_disable_like_peft(tiny_bert_dir):
+    from medadapt.moe import MoEConfig, MoEHead
+
+    model = _st(tiny_bert_dir)
+    dim = model.get_embedding_dimension()
+    plain = _enc(model)
+    head = model.add_adapter(_moe(dim), adapter_name="med")
+    assert isinstance(head, MoEHead) and model.active_adapters() == ["med"]
+    np.testing.assert_array_equal(_enc(model), plain)  # zero-initialised residual head: the backbone exactly
+    with torch.no_grad():
+        for p in head.parameters():
+            p.add_(0.05 * torch.randn_like(p))
+    med = _enc(model)
+    assert np.abs(med - plain).max() > 1e-3
+    model.add_adapter(MoEConfig.single_expert(dim, zero_init_output=False), adapter_name="single")
+    assert model.active_adapters() == ["single"]  # as in PEFT, a new adapter becomes the active one
+    single = _enc(model)
+    model.set_adapter(["med", "single"])  # both, in this order
+    assert model.active_adapters() == ["med", "single"]
+    both = _enc(model)
+    assert np.abs(both - med).max() > 1e-4 and np.abs(both - single).max() > 1e-4
+    model.set_adapter("med")
+    np.testing.assert_allclose(_enc(model), med, atol=1e-6)
+    model.disable_adapters()
+    np.testing.assert_array_equal(_enc(model), plain)
+    model.enable_adapters()
+    np.testing.assert_allclose(_enc(model), med, atol=1e-6)
+    state = model.get_adapter_state_dict("med")
+    assert set(state) == set(head.state_dict()) and torch.equal(state["alpha"], head.alpha.detach())
+    model.delete_adapter("single")
+    assert medadapt.adapters.adapter_names(model) == ["med"]
+    with pytest.raises(ConfigError, match="no adapter named 'nope'"):
+        model.set_adapter("nope")
+    with pytest.raises(ConfigError, match="already exists"):
+        model.add_adapter(_moe(dim), adapter_name="med")
+
+
+def test_peft_lora_still_goes_to_peft_beside_a_medadapt_head(tiny_bert_dir):
+    from peft import LoraConfig
+
+    model = _st(tiny_bert_dir)
+    model.add_adapter(_moe(model.get_embedding_dimension()), adapter_name="med")
+    model.add_adapter(LoraConfig(r=2, lora_alpha=4, target_modules=["query", "value"]), adapter_name="lora")
+    assert any("lora_A" in n for n, _ in model.named_parameters())
+    assert set(model.active_adapters()) == {"med", "lora"}
+
+
+def test_head_config_of_the_wrong_width_is_one_clear_error(tiny_bert_dir):
+    model = _st(tiny_bert_dir)
+    before = [type(m).__name__ for m in model]
+    with pytest.raises(ConfigError, match=r"dim=7 but the backbone's embedding is \d+-d"):
+        model.add_adapter(_moe(7))
+    assert medadapt.adapters.adapter_names(model) == []
+    assert [type(m).__name__ for m in model if type(m).__name__ != "AdapterStack"] == before
+
+
+def test_adapter_only_folder_round_trips_and_is_small(tiny_bert_dir, tmp_path):
+    model = medadapt.load(str(tiny_bert_dir), device="cpu")
+    head = model.add_adapter(_moe(model.get_embedding_dimension()), adapter_name="med")
+    with torch.no_grad():
+        for p in head.parameters():
+            p.add_(0.05 * torch.randn_like(p))
+    expected = _enc(model)
+    out = medadapt.adapters.save_adapter(model, tmp_path / "adapter")
+    files = sorted(p.name for p in out.iterdir())
+    assert files == ["README.md", "adapter_model.safetensors", "medadapt_adapter.json"]
+    weights = (out / "adapter_model.safetensors").stat().st_size
+    assert weights < 4 * sum(p.numel() for p in head.parameters()) + 20_000  # the head, not the backbone
+    config = json.loads((out / "medadapt_adapter.json").read_text())
+    assert not any(str(v).startswith("/") for v in config["base_model"].values())  # no absolute paths
+    assert (out / config["base_model"]["relative_path"]).resolve() == Path(tiny_bert_dir).resolve()
+    card = (out / "README.md").read_text()
+    assert "Med-MoE-Embed head" in card and "model.load_adapter" in card
+    loaded = medadapt.load(str(out), device="cpu")  # the recorded base, then the heads
+    np.testing.assert_array_equal(_enc(loaded), expected)
+    fresh = _st(tiny_bert_dir)
+    assert fresh.load_adapter(str(out)) == ["med"]
+    np.testing.assert_array_equal(_enc(fresh), expected)
+    renamed = _st(tiny_bert_dir)
+    renamed.load_adapter(str(out), adapter_name="mine")
+    assert renamed.active_adapters() == ["mine"]
+
+
+def test_adapter_refuses_another_or_altered_backbone_and_damaged_files(tiny_bert_dir, tmp_path):
+    from conftest import build_tiny_bert
+
+    model = _st(tiny_bert_dir)
+    model.add_adapter(_moe(model.get_embedding_dimension()), adapter_name="med")
+    out = medadapt.adapters.save_adapter(model, tmp_path / "adapter", base=str(tiny_bert_dir))
+    other = _st(build_tiny_bert(tmp_path / "other", seed=1))
+    with pytest.raises(ModelLoadError, match="backbone differs"):
+        other.load_adapter(str(out))
+    assert medadapt.adapters.adapter_names(other) == []  # left untouched
+    altered = _st(tiny_bert_dir)
+    with torch.no_grad():
+        next(altered[0].parameters()).add_(1e-2)
+    with pytest.raises(ModelLoadError, match="backbone differs"):
+        altered.load_adapter(str(out))
+    same_in_bf16 = _st(tiny_bert_dir).to(torch.bfloat16)  # same weights in another dtype: accepted
+    same_in_bf16.load_adapter(str(out))
+    weights = out / "adapter_model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:-10])
+    with pytest.raises(ModelLoadError, match="checksum mismatch"):
+        _st(tiny_bert_dir).load_adapter(str(out))
+    weights.unlink()
+    with pytest.raises(ModelLoadError, match="weights file adapter_model.safetensors is missing"):
+        medadapt.load(str(out))
+
+
+def test_unknown_head_type_in_a_folder_is_one_clear_error(tiny_bert_dir, tmp_path):
+    model = _st(tiny_bert_dir)
+    model.add_adapter(_moe(model.get_embedding_dimension()), adapter_name="med")
+    out = medadapt.adapters.save_adapter(model, tmp_path / "adapter", base=str(tiny_bert_dir))
+    config = json.loads((out / "medadapt_adapter.json").read_text())
+    config["adapters"]["med"]["type"] = "hypernet"
+    (out / "medadapt_adapter.json").write_text(json.dumps(config))
+    with pytest.raises(ConfigError, match="unknown adapter type 'hypernet' \\(valid: moe"):
+        _st(tiny_bert_dir).load_adapter(str(out))
+
+
+def test_full_model_save_keeps_the_heads_and_their_state(tiny_bert_dir, tmp_path):
+    model = _st(tiny_bert_dir)
+    model.add_adapter(_moe(model.get_embedding_dimension(), zero_init_output=False), adapter_name="a")
+    model.add_adapter(_moe(model.get_embedding_dimension(), zero_init_output=False), adapter_name="b")
+    model.set_adapter(["b", "a"])
+    expected = _enc(model)
+    model.save(str(tmp_path / "full"))
+    loaded = medadapt.load(str(tmp_path / "full"), device="cpu")
+    assert loaded.active_adapters() == ["b", "a"]
+    np.testing.assert_allclose(_enc(loaded), expected, atol=1e-6)
+
+
+# ---------------------------------------------------------------------------- composition
+def _asymmetric(tmp_path, tiny_bert_dir):
+    from conftest import build_tiny_bert
+
+    from medadapt.asym import build_asymmetric_model
+
+    return build_asymmetric_model(_st(build_tiny_bert(tmp_path / "q", seed=3)), _st(tiny_bert_dir), device="cpu")
+
+
+def test_head_on_the_query_route_leaves_documents_untouched(tiny_bert_dir, tmp_path):
+    model = _asymmetric(tmp_path, tiny_bert_dir)
+    docs, queries = _enc(model, "document"), _enc(model, "query")
+    head = model.add_adapter(_moe(model.get_embedding_dimension(), zero_init_output=False),
+                             adapter_name="q", route="query")
+    assert head is medadapt.adapters.get_adapter(model, "q")
+    np.testing.assert_array_equal(_enc(model, "document"), docs)
+    assert np.abs(_enc(model, "query") - queries).max() > 1e-3
+    expected = _enc(model, "query")
+    model.save(str(tmp_path / "base"))  # a composed asymmetric model, as one folder
+    loaded = medadapt.load(str(tmp_path / "base"), device="cpu")
+    np.testing.assert_allclose(_enc(loaded, "query"), expected, atol=1e-6)
+    np.testing.assert_allclose(_enc(loaded, "document"), docs, atol=1e-6)
+
+
+def test_composition_table_refuses_with_a_reason():
+    from medadapt.adapters.compose import ALLOWED, check_composition
+
+    for (base, component, where) in ALLOWED:
+        check_composition(base, [(component, where)])
+    with pytest.raises(ConfigError, match="needs an asymmetric"):
+        check_composition("dense", [("moe", "query")])
+    with pytest.raises(ConfigError, match="two different towers"):
+        check_composition("asymmetric", [("hyrec_lexical", "branch")])
+    with pytest.raises(ConfigError, match="not a supported combination"):
+        check_composition("dense", [("prompt_tuning", "all")])
+
+
+def test_route_on_a_one_tower_model_is_refused(tiny_bert_dir):
+    with pytest.raises(ConfigError, match="needs an asymmetric model"):
+        _st(tiny_bert_dir).add_adapter(_moe(8), route="query")
