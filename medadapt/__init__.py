@@ -1,6 +1,6 @@
 """medadapt: make any frozen Sentence-Transformers embedder good at medical retrieval.
 
-Top-level API (imported lazily so ``import medadapt`` stays cheap and has no side effects)::
+Top-level API (imported lazily so ``import medadapt`` stays cheap)::
 
     import medadapt
     model = medadapt.load("minilm")            # alias, local path, or hub id
@@ -9,9 +9,13 @@ Top-level API (imported lazily so ``import medadapt`` stays cheap and has no sid
 
 from __future__ import annotations
 
+import sys
 from typing import TYPE_CHECKING, Any
 
 from medadapt._version import __version__
+
+if "sentence_transformers" in sys.modules:  # already paid for: let SentenceTransformer.add_adapter take
+    import medadapt.adapters  # noqa: F401,E402  medadapt head configs right away (else on first use of one)
 
 __all__ = [
     "__version__",
@@ -20,6 +24,8 @@ __all__ = [
     "evaluate_retrieval",
     "EmbeddingCache",
     "MedAdaptError",
+    "MoEConfig",
+    "save_adapter",
 ]
 
 _LAZY = {
@@ -28,6 +34,8 @@ _LAZY = {
     "evaluate_retrieval": ("medadapt.eval", "evaluate_retrieval"),
     "EmbeddingCache": ("medadapt.cache", "EmbeddingCache"),
     "MedAdaptError": ("medadapt.errors", "MedAdaptError"),
+    "MoEConfig": ("medadapt.moe", "MoEConfig"),
+    "save_adapter": ("medadapt.adapters", "save_adapter"),
 }
 
 if TYPE_CHECKING:  # pragma: no cover

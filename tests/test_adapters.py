@@ -12,6 +12,7 @@ import torch
 
 import medadapt
 from medadapt.errors import ConfigError, ModelLoadError
+from medadapt.moe import MoEConfig  # importing a medadapt head config extends SentenceTransformer.add_adapter
 
 pytestmark = pytest.mark.usefixtures("_single_thread")
 
@@ -25,8 +26,6 @@ def _st(path):
 
 
 def _moe(dim, **kw):
-    from medadapt.moe import MoEConfig
-
     return MoEConfig.paper(dim=dim, expansion=2, **kw)
 
 
@@ -36,7 +35,7 @@ def _enc(model, role="query"):
 
 
 def test_add_adapter_set_enable_disable_like_peft(tiny_bert_dir):
-    from medadapt.moe import MoEConfig, MoEHead
+    from medadapt.moe import MoEHead
 
     model = _st(tiny_bert_dir)
     dim = model.get_embedding_dimension()
@@ -207,3 +206,42 @@ def test_composition_table_refuses_with_a_reason():
 def test_route_on_a_one_tower_model_is_refused(tiny_bert_dir):
     with pytest.raises(ConfigError, match="needs an asymmetric model"):
         _st(tiny_bert_dir).add_adapter(_moe(8), route="query")
+
+
+def test_cli_bad_adapter_inputs_give_one_clear_line_and_write_nothing(tiny_bert_dir, tiny_beir_dir, tmp_path):
+    """A disallowed composition, an unknown head type and an adapter on the wrong backbone: one line on
+    stderr, exit 1, no traceback, no output folder."""
+    import os
+    import subprocess
+    import sys
+
+    from conftest import build_tiny_bert
+
+    recipes = Path(__file__).resolve().parents[1] / "recipes"
+    model = _st(tiny_bert_dir)
+    model.add_adapter(_moe(model.get_embedding_dimension()), adapter_name="med")
+    adapter = medadapt.adapters.save_adapter(model, tmp_path / "adapter", base=str(tiny_bert_dir))
+    other = build_tiny_bert(tmp_path / "other", seed=2)
+    base = [f"model.backbone={tiny_bert_dir}", f"data.path={tiny_beir_dir}", "data.hard_negatives.window=[2, 6]"]
+    cases = [
+        (["train", str(recipes / "med-moe-embed-tiny.yaml"), "--output", str(tmp_path / "r1"),
+          *[a for o in [*base, "head.route=query"] for a in ("--set", o)]], "needs an asymmetric", "r1"),
+        (["train", str(recipes / "med-moe-embed-tiny.yaml"), "--output", str(tmp_path / "r2"),
+          *[a for o in [*base, "head.kind=hypernet"] for a in ("--set", o)]], "head", "r2"),
+        (["eval", "--model", str(adapter), "--data", str(tiny_beir_dir), "--split", "test"], None, None),
+    ]
+    env = {**os.environ, "MEDADAPT_CACHE": str(tmp_path / "cache"), "HF_HUB_OFFLINE": "1"}
+    for args, message, out in cases:
+        if message is None:  # the adapter folder onto another base
+            config = json.loads((adapter / "medadapt_adapter.json").read_text())
+            config["base_model"]["relative_path"] = os.path.relpath(other, adapter)
+            (adapter / "medadapt_adapter.json").write_text(json.dumps(config))
+            message = "backbone differs"
+        proc = subprocess.run([sys.executable, "-m", "medadapt", *args, "-q"], capture_output=True, text=True,
+                              env=env, timeout=300)
+        assert proc.returncode == 1, (args, proc.stdout[-2000:], proc.stderr[-2000:])
+        assert "Traceback" not in proc.stderr + proc.stdout
+        err_lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
+        assert len(err_lines) == 1 and message in err_lines[0], (args, proc.stderr)
+        if out is not None:
+            assert not (tmp_path / out).exists()

@@ -7,6 +7,9 @@
 * the saved folder is one of a medadapt run (recipe.yaml, train_log.json) with checkpoints beside it;
 * 2 CPU processes under ``accelerate launch`` train like one process (same loss curve, same model).
 
+The composed models (medadapt.adapters.compose: a MoE head plus HyReC's lexical branch, a MoE head on the
+query route of an asymmetric model) go through the save/load battery, the hybrid one through resume too.
+
 "Beats the untrained model" is per system, with settings that make each system learn on tiny data
 (tests/test_train_recipe.py, test_asym_recipe.py, test_hyrec_recipe.py, test_bmretriever.py), and so are
 the systems' own distributed details (routing counters, resuming a 2-process checkpoint in one process:
@@ -37,7 +40,29 @@ def qwen_dir(tmp_path_factory) -> Path:
     return build_tiny_qwen2(tmp_path_factory.mktemp("qwen"))
 
 
+def _asymmetric_base(bert: Path) -> Path:
+    """A saved asymmetric (Router) model of two tiny BERT towers: the base of a head on the query route."""
+    folder = bert.parent / "asymmetric"
+    if not (folder / "modules.json").is_file():
+        from conftest import build_tiny_bert
+        from sentence_transformers import SentenceTransformer
+
+        from medadapt.asym import build_asymmetric_model
+
+        query = SentenceTransformer(str(build_tiny_bert(bert.parent / "query-tower", seed=5)), device="cpu")
+        build_asymmetric_model(query, SentenceTransformer(str(bert), device="cpu"), device="cpu").save(str(folder))
+    return folder
+
+
 def _setup(kind: str, bert: Path, qwen: Path, beir: Path) -> tuple[Path, list[str]]:
+    if kind == "moe-hybrid":  # composition: MoE dense head + HyReC learned-lexical branch, one folder
+        return RECIPES / "med-moe-embed-hybrid-tiny.yaml", [
+            f"model.backbone={bert}", f"data.path={beir}", "data.hard_negatives.window=[2, 6]",
+            "training.batch_size=4", "branches.0.negatives.window=[2, 6]", "branches.0.training.batch_size=4",
+            "eval.split=test"]
+    if kind == "moe-care-query":  # composition: MoE head on the query route of an asymmetric model
+        recipe, overrides = _setup("moe", bert, qwen, beir)
+        return recipe, [*overrides, f"model.backbone={_asymmetric_base(bert)}", "head.route=query"]
     if kind == "moe":
         return RECIPES / "med-moe-embed-tiny.yaml", [
             f"model.backbone={bert}", f"data.path={beir}", "data.hard_negatives.window=[2, 6]",
@@ -70,7 +95,7 @@ def _run(kind, bert, qwen, beir, out, extra=(), **kw):
     return run_recipe(recipe, out, [*overrides, *extra], show_progress=False, log=lambda _m: None, **kw)
 
 
-@pytest.mark.parametrize("kind", ["moe", "hyrec", "care", "bmretriever"])
+@pytest.mark.parametrize("kind", ["moe", "hyrec", "care", "bmretriever", "moe-hybrid", "moe-care-query"])
 def test_train_save_load_gives_identical_encodings(kind, tiny_bert_dir, qwen_dir, tiny_beir_dir, tmp_path):
     from medadapt.retrieval.encoders import as_encoder, open_encoder
 
@@ -86,7 +111,7 @@ def test_train_save_load_gives_identical_encodings(kind, tiny_bert_dir, qwen_dir
         assert before[key].tolist() == after[key].tolist(), f"{kind}: {key} changed on reload"
 
 
-@pytest.mark.parametrize("kind", ["moe", "hyrec", "care"])
+@pytest.mark.parametrize("kind", ["moe", "hyrec", "care", "moe-hybrid"])
 def test_killed_run_resumes_to_the_uninterrupted_model(kind, tiny_bert_dir, qwen_dir, tiny_beir_dir, tmp_path,
                                                        monkeypatch):
     import medadapt.training.loop as loop

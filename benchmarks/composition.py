@@ -1,0 +1,116 @@
+"""Adapters and composition on MedQuAD (issue #14): the MoE head added through ``add_adapter`` and the
+composed MoE + HyReC learned-lexical model, against the frozen backbone, in one run.
+
+    python benchmarks/composition.py --moe-run runs/med-moe-embed --hybrid-run runs/med-moe-embed-hybrid \
+        --output benchmarks/results/composition.json
+
+The two run folders come from ``medadapt train recipes/med-moe-embed.yaml`` and
+``medadapt train recipes/med-moe-embed-hybrid.yaml`` (pass ``--train`` to run them here). The script
+evaluates the frozen backbone, the MoE adapter (dense) and the composed model (lexical, dense, hybrid) on
+the test split through the embedding cache, reads training times and folder sizes from the runs, and times
+query encoding (``--timing-queries`` test queries, best of ``--repeats``) for each model. Prints a table,
+writes JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import time
+from pathlib import Path
+
+
+def folder_mb(path: Path) -> float:
+    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file()) / 1e6
+
+
+def best_time(fn, repeats: int) -> float:
+    best = float("inf")
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - t0)
+    return best
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--data", default="../shared/data/medquad")
+    ap.add_argument("--split", default="test")
+    ap.add_argument("--moe-run", type=Path, default=Path("runs/med-moe-embed"))
+    ap.add_argument("--hybrid-run", type=Path, default=Path("runs/med-moe-embed-hybrid"))
+    ap.add_argument("--train", action="store_true", help="train both recipes into the run folders first")
+    ap.add_argument("--timing-queries", type=int, default=1000)
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--output", type=Path, default=Path("benchmarks/results/composition.json"))
+    args = ap.parse_args()
+
+    import torch
+
+    import medadapt
+    from medadapt.cache import EmbeddingCache
+    from medadapt.data import load_beir
+    from medadapt.eval import evaluate_retrieval
+    from medadapt.hyrec.model import HyReCModel
+    from medadapt.hyrec.recipe import HyReCEvalSection, evaluate_modes
+
+    root = Path(__file__).resolve().parents[1]
+    if args.train:
+        from medadapt.recipes import run_recipe
+
+        for recipe, out in (("med-moe-embed.yaml", args.moe_run), ("med-moe-embed-hybrid.yaml", args.hybrid_run)):
+            run_recipe(root / "recipes" / recipe, out, overwrite=True)
+    cache = EmbeddingCache()
+    data = load_beir(args.data, [args.split])
+    metrics = ["ndcg@10", "recall@100", "mrr@10"]
+    rows: list[dict] = []
+
+    frozen = medadapt.load("minilm", device="cpu")
+    moe = medadapt.load(str(args.moe_run), device="cpu")
+    hybrid = HyReCModel.load(args.hybrid_run, device="cpu")
+    for name, model in (("frozen all-MiniLM-L6-v2", frozen), ("MoE head via add_adapter", moe)):
+        res = evaluate_retrieval(model, data, args.split, metrics, cache=cache, show_progress=False)
+        rows.append({"method": name, **{k: res[k] for k in metrics}})
+    ev = HyReCEvalSection(split=args.split, metrics=metrics, dense_source="cache")
+    modes = evaluate_modes(hybrid, data, ev, cache=cache, show_progress=False)
+    for mode in ("lexical", "dense", "hybrid"):
+        rows.append({"method": f"composed MoE + learned lexical: {mode}", **{k: modes[mode][k] for k in metrics}})
+
+    for row, run in ((rows[1], args.moe_run), (rows[-1], args.hybrid_run)):
+        log = json.loads((run / "train_log.json").read_text())
+        row["train_seconds"] = log["train_seconds"]
+        row["encode_seconds"] = log["encode_seconds"]
+        row["folder_mb"] = round(folder_mb(run), 1)
+
+    queries = [data.queries[q] for q in sorted(data.qrels[args.split])][: args.timing_queries]
+    timings = {
+        "frozen all-MiniLM-L6-v2": best_time(lambda: frozen.encode_query(queries, batch_size=64), args.repeats),
+        "MoE head via add_adapter": best_time(lambda: moe.encode_query(queries, batch_size=64), args.repeats),
+        "composed MoE + learned lexical: hybrid": best_time(
+            lambda: hybrid.encode(queries, "query", lexical=True, dense=True, batch_size=64), args.repeats),
+    }
+    base = timings["frozen all-MiniLM-L6-v2"]
+    for row in rows:
+        if row["method"] in timings:  # frozen, MoE, and the composed model's hybrid row (dense + lexical)
+            row["query_ms"] = round(1000 * timings[row["method"]] / len(queries), 3)
+            row["query_time_vs_frozen"] = round(timings[row["method"]] / base, 3)
+
+    print(f"\nMedQuAD {args.split} ({len(data.qrels[args.split])} queries), {platform.node()}, "
+          f"{torch.get_num_threads()} threads")
+    header = ["method", *metrics, "train s", "folder MB", "ms/query", "x frozen"]
+    print(" | ".join(header))
+    for r in rows:
+        print(" | ".join([r["method"], *[f"{r[m]:.4f}" for m in metrics], str(r.get("train_seconds", "")),
+                          str(r.get("folder_mb", "")), str(r.get("query_ms", "")),
+                          str(r.get("query_time_vs_frozen", ""))]))
+    out = {"data": args.data, "split": args.split, "machine": f"{platform.node()} {platform.processor()}",
+           "threads": torch.get_num_threads(), "timing_queries": len(queries), "rows": rows,
+           "runs": {"moe": str(args.moe_run), "hybrid": str(args.hybrid_run)}}
+    args.output.parent.mkdir(parents=True, exist_ok=True)
+    args.output.write_text(json.dumps(out, indent=2) + "\n")
+    print(f"wrote {args.output}")
+
+
+if __name__ == "__main__":
+    main()
