@@ -245,3 +245,32 @@ def test_cli_bad_adapter_inputs_give_one_clear_line_and_write_nothing(tiny_bert_
         assert len(err_lines) == 1 and message in err_lines[0], (args, proc.stderr)
         if out is not None:
             assert not (tmp_path / out).exists()
+
+
+def test_composed_hybrid_run_is_one_folder_for_hybrid_eval(tiny_bert_dir, tiny_beir_dir, tmp_path,
+                                                                      monkeypatch):
+    """The MoE + learned-lexical run: an adapter-only folder that ``medadapt eval --mode hybrid`` opens as one
+    hybrid model (the retrieval encoder registry's HyReC detection, also used by the Retriever),
+    reproducing the run's own evaluation."""
+    from typer.testing import CliRunner
+
+    from medadapt.cli import app
+    from medadapt.recipes import run_recipe
+
+    monkeypatch.setenv("MEDADAPT_CACHE", str(tmp_path / "cache"))
+    recipe = Path(__file__).resolve().parents[1] / "recipes" / "med-moe-embed-hybrid-tiny.yaml"
+    res = run_recipe(recipe, tmp_path / "run", [
+        f"model.backbone={tiny_bert_dir}", f"data.path={tiny_beir_dir}", "data.hard_negatives.window=[2, 6]",
+        "training.batch_size=4", "branches.0.negatives.window=[2, 6]", "branches.0.training.batch_size=4",
+        "eval.split=test"], show_progress=False, log=lambda _m: None)
+    run = tmp_path / "run"
+    assert (run / "medadapt_adapter.json").is_file() and (run / "hyrec" / "config.json").is_file()
+    assert not any(p.name == "model.safetensors" for p in run.rglob("*"))  # no backbone copy
+    assert json.loads((run / "baseline_metrics.json").read_text())["ndcg@10"] > 0
+    out = tmp_path / "eval.json"
+    result = CliRunner().invoke(app, ["eval", "--model", str(run), "--data", str(tiny_beir_dir), "--split",
+                                      "test", "--mode", "hybrid", "-q", "--output", str(out)])
+    assert result.exit_code == 0, result.output
+    reported = json.loads(out.read_text())
+    flat = reported.get("metrics", reported)
+    assert flat["ndcg@10"] == pytest.approx(res.metrics["hybrid/ndcg@10"], abs=1e-6)
