@@ -27,7 +27,7 @@ def _metrics_table(metrics: dict[str, float], baseline: dict[str, float] | None)
         return ["Not evaluated in this run (`medadapt eval --model <this folder> --data ...`)."]
     rows = ["| metric | this model | frozen base model |", "|---|---|---|"]
     for key, value in metrics.items():
-        base = (baseline or {}).get(key, (baseline or {}).get(key.rsplit("/", 1)[-1]))
+        base = (baseline or {}).get(key)
         rows.append(f"| {key} | {value:.4f} | {'' if base is None else f'{base:.4f}'} |")
     return rows
 

@@ -67,7 +67,7 @@ def train_cmd(
         for metric, value in result.metrics.items():
             row = [metric, f"{value:.4f}"]
             if result.baseline:
-                base = result.baseline.get(metric, result.baseline.get(metric.rsplit("/", 1)[-1]))
+                base = result.baseline.get(metric)
                 row.append("" if base is None else f"{base:.4f}")
             if result.expected:
                 target = result.expected.get(metric)

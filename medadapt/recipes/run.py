@@ -265,6 +265,9 @@ def run_recipe(
         result.record_metrics(system.evaluate(recipe, model, ctx), recipe.eval, output_dir)
         if recipe.eval.baseline:
             result.baseline = _baseline_metrics(recipe, model, system, ctx)
+            if result.metrics and all("/" in k for k in result.metrics) \
+                    and not any("/" in k for k in result.baseline):  # per-mode metrics: the base is dense
+                result.baseline = {f"dense/{k}": v for k, v in result.baseline.items()}
             if result.baseline:
                 atomic_write_json(output_dir / "baseline_metrics.json",
                                   {k: round(v, 6) for k, v in result.baseline.items()})
