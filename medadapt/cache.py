@@ -10,18 +10,6 @@ Layout (all files safetensors / JSON, never pickle)::
 
 * The **namespace** is a hash of the backbone identity (:func:`medadapt.models.modules_fingerprint`), max
   sequence length, role (query / document / plain), effective prompt and storage dtype.
-* An **asymmetric** model (first module a sentence-transformers ``Router``) is cached **per route**: for
-  role ``"query"`` / ``"document"`` the cache uses a *route view* (:func:`route_view`: the route's modules
-  followed by the modules after the Router, shared, not copied), so the namespace is the one of the
-  standalone tower: a document tower that is an unchanged, already cached model costs no re-encoding, and a
-  head at the end of one route is applied on read like any other head. Role ``"plain"`` keys the whole model.
-* The backbone fingerprint is **memoised per model object** only while it is provably valid: the memo holds
-  a weak reference to the model (a later object reusing its ``id`` never inherits it) and a cheap signature
-  of the backbone (module and tensor identities, each tensor's ``_version`` / ``data_ptr`` / shape / dtype,
-  module configs). Optimizer steps, ``load_state_dict``, ``copy_`` or any in-place update bump torch's
-  version counter, so a backbone trained in place after an encode gets a fresh fingerprint (and namespace);
-  a head-only change keeps it. Edits through ``tensor.data`` bypass the version counter: call
-  :meth:`EmbeddingCache.forget` after those.
 * What is stored is the output of the model's **backbone**: every module before the trailing run of
   embedding-level modules (``Normalize`` and medadapt heads, see :func:`split_backbone`). Those are applied
   on read, in torch, in eval mode. So one encode of a corpus serves the plain backbone, the backbone with
@@ -37,11 +25,9 @@ Layout (all files safetensors / JSON, never pickle)::
 from __future__ import annotations
 
 import hashlib
-import itertools
 import json
 import os
 import uuid
-import weakref
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Literal
@@ -130,119 +116,6 @@ def backbone_view(model):
     return view
 
 
-def backbone_signature(modules) -> tuple[list, tuple] | None:
-    """A cheap signature of everything :func:`medadapt.models.modules_fingerprint` reads from ``modules``,
-    without touching weight values: ``(objects, state)`` where ``objects`` are the modules and their
-    parameters and buffers (to be checked by identity, through weak references) and ``state`` holds, per
-    module, its id, type and config, and per tensor ``(id, _version, data_ptr, shape, dtype, device)``.
-    torch bumps ``_version`` on every in-place update (optimizer steps, ``copy_``, ``add_`` under
-    ``no_grad``), so an unchanged signature means unchanged weights, except for edits made through
-    ``tensor.data``. ``None`` when a tensor has no version counter (inference tensors) or no data pointer:
-    then nothing proves the weights unchanged."""
-    objects: list = []
-    state: list = []
-    for m in modules:
-        objects.append(m)
-        cfg = None
-        get_cfg = getattr(m, "get_config_dict", None)
-        if callable(get_cfg):
-            try:
-                cfg = json.dumps(get_cfg(), sort_keys=True, default=str)
-            except Exception:  # noqa: BLE001 - mirrors modules_fingerprint, which skips such configs
-                cfg = None
-        state.append((id(m), type(m), cfg))
-        for t in itertools.chain(m.parameters(), m.buffers()):
-            try:
-                entry = (id(t), t._version, t.data_ptr(), tuple(t.shape), t.dtype, str(t.device))
-            except (RuntimeError, NotImplementedError):
-                return None
-            objects.append(t)
-            state.append(entry)
-    return objects, tuple(state)
-
-
-class _IdentityMemo:
-    """``{object: value}`` by object identity that never mistakes one object for another: an entry holds a
-    weak reference to its object, a lookup checks ``ref() is obj``, and the entry goes away when the object
-    is garbage-collected, so a later object that reuses the ``id`` finds nothing. Objects that cannot be
-    weakly referenced are not memoised."""
-
-    def __init__(self):
-        self._entries: dict[int, tuple[weakref.ref, object]] = {}
-
-    def get(self, obj, default=None):
-        entry = self._entries.get(id(obj))
-        if entry is not None and entry[0]() is obj:
-            return entry[1]
-        return default
-
-    def set(self, obj, value) -> None:
-        key, entries = id(obj), self._entries
-
-        def drop(ref, key=key, entries=entries):
-            current = entries.get(key)
-            if current is not None and current[0] is ref:
-                del entries[key]
-
-        try:
-            ref = weakref.ref(obj, drop)
-        except TypeError:
-            return
-        entries[key] = (ref, value)
-
-    def pop(self, obj) -> None:
-        if self.get(obj) is not None:
-            del self._entries[id(obj)]
-
-    def clear(self) -> None:
-        self._entries.clear()
-
-    def __len__(self) -> int:
-        return len(self._entries)
-
-
-def router_route(model, role: Role) -> str | None:
-    """The route of ``model``'s leading ``Router`` that ``encode_query`` (``role="query"``) or
-    ``encode_document`` (``role="document"``) runs for text, or ``None`` (other roles, no leading Router, no
-    such route, a route without a backbone module)."""
-    if role not in ("query", "document"):
-        return None
-    from sentence_transformers.base.modules import Router
-
-    router = next(iter(model._modules.values()), None)
-    if not isinstance(router, Router):
-        return None
-    try:  # honours the Router's route_mappings, as its forward does
-        route = router._resolve_route(task=role, modality="text")
-    except Exception:  # noqa: BLE001 - private API or unresolvable: fall back to the plain route name
-        route = role
-    if route not in router.sub_modules or all(is_embedding_module(m) for m in router.sub_modules[route]):
-        return None  # an empty or embedding-level-only route: the whole model stays the cache's unit
-    return route
-
-
-def _route_view_modules(model, route: str) -> list:
-    modules = list(model._modules.values())
-    return list(modules[0].sub_modules[route]) + modules[1:]
-
-
-def route_view(model, role: Role):
-    """For a model whose first module is a ``Router`` with a route for ``role``: a ``SentenceTransformer``
-    made of that route's modules followed by the modules after the Router (shared, not copied), with the
-    same prompts (so :func:`effective_prompt` gives the same string for ``role``). Its ``encode_query`` /
-    ``encode_document`` returns what ``model``'s does, and its backbone is the route's own, so it has the
-    cache namespace of the standalone tower. ``None`` when ``model`` has no such route."""
-    route = router_route(model, role)
-    if route is None:
-        return None
-    from sentence_transformers import SentenceTransformer
-
-    view = SentenceTransformer(modules=_route_view_modules(model, route), device=str(model.device),
-                               prompts=dict(model.prompts or {}))
-    view.default_prompt_name = model.default_prompt_name
-    return view
-
-
 @torch_no_grad_lazy
 def apply_embedding_modules(modules: list, emb: np.ndarray, batch_size: int = 8192) -> np.ndarray:
     """Run embedding-level modules (heads, ``Normalize``) in eval mode over cached embeddings."""
@@ -290,78 +163,20 @@ class EmbeddingCache:
         self.root = Path(root).expanduser() if root is not None else default_cache_dir()
         self.chunk_size = chunk_size
         self.dtype = dtype
-        self._fingerprints = _IdentityMemo()  # model -> (signature refs, signature state, fingerprint)
-        self._views = _IdentityMemo()  # Router model -> {role: route view}
+        self._fingerprints: dict[int, str] = {}
 
     # ------------------------------------------------------------------ keys
     def fingerprint(self, model) -> str:
-        """Fingerprint of the model's *backbone* modules (see :func:`split_backbone`): a backbone with or
-        without heads shares one cache namespace.
-
-        Memoised per model object only while provably valid: the memo is found through a weak reference to
-        the very same live object, and is reused only if the backbone's :func:`backbone_signature` (module /
-        tensor identities, tensor version counters, data pointers, shapes, dtypes, module configs) is
-        unchanged. A backbone updated in place (training, ``load_state_dict``, ``add_`` under ``no_grad``)
-        is fingerprinted again; checking the signature reads no weight values."""
+        """Fingerprint of the model's *backbone* modules (see :func:`split_backbone`), memoised per model
+        object: a backbone with or without heads shares one cache namespace."""
         from medadapt.models import modules_fingerprint
 
-        backbone = split_backbone(model)[0]
-        signature = backbone_signature(backbone)
-        memo = self._fingerprints.get(model)
-        if signature is not None and memo is not None:
-            refs, state, fp = memo
-            objects, current = signature
-            if state == current and all(r() is o for r, o in zip(refs, objects)):
-                return fp
-        fp = modules_fingerprint(backbone)
-        if signature is not None:
-            objects, current = signature
-            self._fingerprints.set(model, (tuple(weakref.ref(o) for o in objects), current, fp))
-        else:
-            self._fingerprints.pop(model)
-        return fp
-
-    def forget(self, model=None) -> None:
-        """Drop the memoised fingerprints and route views of ``model`` (all models if ``None``). Needed only
-        after editing backbone weights through ``tensor.data``, which torch's version counter does not see."""
-        if model is None:
-            self._fingerprints.clear()
-            self._views.clear()
-            return
-        for view in (self._views.get(model) or {}).values():
-            self._fingerprints.pop(view)
-        self._views.pop(model)
-        self._fingerprints.pop(model)
-
-    def encoder_for(self, model, role: Role):
-        """The model the cache encodes and keys ``role`` with: ``model`` itself, or for an asymmetric
-        (``Router``) model and role ``"query"`` / ``"document"`` its :func:`route_view` (repeated while the
-        route itself starts with a Router). Views are built once per (model, role), memoised through a weak
-        reference to ``model``, and rebuilt when the route's or the trailing modules change."""
-        for _ in range(16):
-            route = router_route(model, role)
-            if route is None:
-                return model
-            views = self._views.get(model)
-            if views is None:
-                views = {}
-                self._views.set(model, views)
-            expected = _route_view_modules(model, route)
-            view = views.get(role)
-            current = list(view._modules.values()) if view is not None else []
-            if len(current) != len(expected) or any(a is not b for a, b in zip(current, expected)):
-                view = route_view(model, role)
-                views[role] = view
-            else:  # prompts may have been edited on the model since the view was built
-                view.prompts = dict(model.prompts or {})
-                view.default_prompt_name = model.default_prompt_name
-            model = view
-        raise ValueError("Router routes nested more than 16 deep")
+        key = id(model)
+        if key not in self._fingerprints:
+            self._fingerprints[key] = modules_fingerprint(split_backbone(model)[0])
+        return self._fingerprints[key]
 
     def namespace(self, model, role: Role, prompt: str) -> tuple[str, dict]:
-        """``(folder name, meta)`` of the namespace for ``model`` (its :meth:`encoder_for` ``role``), role and
-        effective prompt."""
-        model = self.encoder_for(model, role)
         meta = {
             "format": CACHE_FORMAT,
             "model": self.fingerprint(model),
@@ -422,8 +237,7 @@ class EmbeddingCache:
         """Return float32 embeddings (``len(texts) × dim``) for ``texts``, encoding only cache misses.
 
         Args:
-            model: a ``SentenceTransformer``; for an asymmetric (``Router``) model and role ``"query"`` /
-                ``"document"`` the route's tower is cached under its own namespace (see :meth:`encoder_for`).
+            model: a ``SentenceTransformer``.
             texts: the texts, in the order wanted back.
             role: ``"query"`` uses ``encode_query``, ``"document"`` ``encode_document``, ``"plain"`` ``encode``.
             prompt / prompt_name: as in sentence-transformers; part of the cache key.
@@ -436,7 +250,6 @@ class EmbeddingCache:
         if not texts:
             return np.zeros((0, model.get_sentence_embedding_dimension() or 0), dtype=np.float32)
         eff_prompt = effective_prompt(model, role, prompt, prompt_name)
-        model = self.encoder_for(model, role)  # a Router model's route view: cached per route
         ns, meta = self.namespace(model, role, eff_prompt)
         ns_dir = self.root / ns
         ns_dir.mkdir(parents=True, exist_ok=True)
@@ -463,9 +276,8 @@ class EmbeddingCache:
 
     def count_missing(self, model, texts: Sequence[str], role: Role = "plain", *, prompt: str | None = None,
                       prompt_name: str | None = None) -> int:
-        """How many distinct ``texts`` are not cached yet for this model and role (nothing is encoded; a
-        ``Router`` model's query / document roles are looked up per route, as :meth:`encode` does)."""
-        ns, _ = self.namespace(model, role, effective_prompt(model, role, prompt, prompt_name))  # per route
+        """How many distinct ``texts`` are not cached yet for this model and role (nothing is encoded)."""
+        ns, _ = self.namespace(model, role, effective_prompt(model, role, prompt, prompt_name))
         ns_dir = self.root / ns
         index = self._index(ns_dir)[0] if ns_dir.is_dir() else {}
         return len({h for h in map(text_hash, texts) if h not in index})
