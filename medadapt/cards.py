@@ -86,10 +86,10 @@ def _usage(folder: str, adapter: dict[str, Any] | None, base_label: str) -> list
              + (" and its base model" if adapter else ""),
              'embeddings = model.encode_query(["what are the symptoms of anemia?"])', "```"]
     if adapter:
-        lines += ["", "Onto your own copy of the base model (it must be the same weights):", "", "```python",
-                  "import medadapt.adapters  # adds medadapt heads to SentenceTransformer.load_adapter",
-                  "from sentence_transformers import SentenceTransformer", "",
-                  f'model = SentenceTransformer("{base_label}")',
+        lines += ["", "Onto your own copy of the base model (it must be the same weights; a plain "
+                  "`SentenceTransformer` of it works too once `medadapt.adapters` is imported):", "",
+                  "```python", "import medadapt", "",
+                  f'model = medadapt.load("{base_label}")  # the base model',
                   f'model.load_adapter("{folder}")', "```"]
     else:
         lines += ["", "With sentence-transformers directly (the medadapt modules are classes outside its "

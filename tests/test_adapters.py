@@ -88,6 +88,7 @@ def test_head_config_of_the_wrong_width_is_one_clear_error(tiny_bert_dir):
         model.add_adapter(_moe(7))
     assert medadapt.adapters.adapter_names(model) == []
     assert [type(m).__name__ for m in model if type(m).__name__ != "AdapterStack"] == before
+    assert [type(m).__name__ for m in model] == before  # nothing half-added
 
 
 def test_adapter_only_folder_round_trips_and_is_small(tiny_bert_dir, tmp_path):

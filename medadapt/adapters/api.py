@@ -72,6 +72,24 @@ def adapter_locations(model) -> Iterator[tuple[str, AdapterStack]]:
                     yield route, module
 
 
+def _location_dim(model, location: str) -> int:
+    """The embedding width a head at ``location`` (``"all"`` or a route name) reads and writes."""
+    if location == ALL_ROUTES:
+        dim = model.get_embedding_dimension()
+        if dim is None:
+            raise ConfigError("cannot add a head: the model does not report its embedding dimension")
+        return int(dim)
+    router = _router(model)
+    if router is None or location not in router.sub_modules:
+        routes = [] if router is None else list(router.sub_modules)
+        hint = routes or "none; the model has no Router, add the head without route="
+        raise ConfigError(f"route {location!r} does not exist in this model (routes: {hint})")
+    dim = _route_dim(router.sub_modules[location])
+    if dim is None:
+        raise ConfigError(f"cannot determine the embedding dimension of route {location!r}")
+    return dim
+
+
 def stack_for(model, route: str | None = None, create: bool = False) -> AdapterStack | None:
     """The stack at ``route`` (``None`` / ``"all"``: the top level), created on demand."""
     location = route or ALL_ROUTES
@@ -80,26 +98,13 @@ def stack_for(model, route: str | None = None, create: bool = False) -> AdapterS
             return stack
     if not create:
         return None
+    stack = AdapterStack(_location_dim(model, location))
     if location == ALL_ROUTES:
-        dim = model.get_embedding_dimension()
-        if dim is None:
-            raise ConfigError("cannot add a head: the model does not report its embedding dimension")
         from medadapt.heads.attach import attach
 
-        stack = AdapterStack(dim)
         attach(model, stack, name=STACK_NAME)
-        return stack
-    router = _router(model)
-    if router is None or location not in router.sub_modules:
-        routes = [] if router is None else list(router.sub_modules)
-        hint = routes or "none; the model has no Router, add the head without route="
-        raise ConfigError(f"route {location!r} does not exist in this model (routes: {hint})")
-    seq = router.sub_modules[location]
-    dim = _route_dim(seq)
-    if dim is None:
-        raise ConfigError(f"cannot determine the embedding dimension of route {location!r}")
-    stack = AdapterStack(dim).to(model.device)
-    seq.append(stack)
+    else:
+        _router(model).sub_modules[location].append(stack.to(model.device))
     return stack
 
 
@@ -148,10 +153,10 @@ def add_adapter(model, adapter_config: Any, adapter_name: str | None = None, *, 
     if route not in (None, ALL_ROUTES) and _router(model) is None:
         raise ConfigError(f"route={route!r} needs an asymmetric model (a Router with that route); this model "
                           "has no Router")
-    stack = stack_for(model, route, create=True)
-    head = kind.build(adapter_config, stack.dim)
-    head.to(model.device)
-    stack.add(name, head, kind.name)
+    existing = stack_for(model, route)
+    head = kind.build(adapter_config, existing.dim if existing else _location_dim(model, route or ALL_ROUTES))
+    head.to(model.device)  # built and checked before the model changes: a bad config leaves it as it was
+    stack_for(model, route, create=True).add(name, head, kind.name)
     set_active(model, [name])
     return head
 

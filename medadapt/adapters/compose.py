@@ -92,7 +92,6 @@ class BranchKind:
 
 
 _BRANCHES: dict[str, BranchKind] = {}
-_loaded = False
 ENTRY_POINT_GROUP = "medadapt.branches"
 
 
@@ -102,17 +101,9 @@ def register_branch(kind: BranchKind) -> BranchKind:
 
 
 def branch_kinds() -> list[str]:
-    global _loaded
-    if not _loaded:
-        _loaded = True
-        from importlib.metadata import entry_points
+    from medadapt.plugins import load_group
 
-        for ep in entry_points(group=ENTRY_POINT_GROUP):
-            if ep.name not in _BRANCHES:
-                try:
-                    ep.load()
-                except ImportError:
-                    pass
+    load_group(ENTRY_POINT_GROUP, _BRANCHES)
     return sorted(_BRANCHES)
 
 

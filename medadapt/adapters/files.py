@@ -213,8 +213,6 @@ def load_adapter(model, folder: str | Path, adapter_name: str | None = None, *, 
     left as it was. ``adapter_name`` renames a single-head adapter. The saved active heads become the
     active ones. Returns the names of the loaded heads.
     """
-    import torch
-
     folder = Path(folder)
     config = read_adapter_config(folder)
     base = config["base_model"]
@@ -248,14 +246,16 @@ def load_adapter(model, folder: str | Path, adapter_name: str | None = None, *, 
             raise ModelLoadError(f"{folder}: weights of adapter {old!r} do not match its config ({exc})") \
                 from None
         built[old] = (head, kind.name, spec.get("location", "all"))
+    from medadapt.adapters.api import _location_dim
+
+    for old, (head, _, location) in built.items():  # every width checked before the model changes
+        width = _location_dim(model, location)
+        if getattr(head, "get_embedding_dimension", None) and head.get_embedding_dimension() != width:
+            raise ModelLoadError(f"adapter {old!r} is {head.get_embedding_dimension()}-d but the model's "
+                                 f"{location} embedding is {width}-d")
     for old, (head, type_name, location) in built.items():
         stack = stack_for(model, None if location == "all" else location, create=True)
-        if getattr(head, "get_embedding_dimension", None) and head.get_embedding_dimension() != stack.dim:
-            raise ModelLoadError(f"adapter {old!r} is {head.get_embedding_dimension()}-d but the model's "
-                                 f"{location} embedding is {stack.dim}-d")
-        with torch.no_grad():
-            head.to(model.device)
-        stack.add(rename[old], head, type_name)
+        stack.add(rename[old], head.to(model.device), type_name)
     active = [rename[n] for n in config.get("active", []) if n in rename] or list(rename.values())
     set_active(model, active)
     return list(rename.values())

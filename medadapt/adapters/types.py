@@ -45,7 +45,6 @@ class AdapterType:
 
 
 _TYPES: dict[str, AdapterType] = {}
-_loaded_entry_points = False
 
 
 def register_adapter_type(kind: AdapterType) -> AdapterType:
@@ -55,18 +54,9 @@ def register_adapter_type(kind: AdapterType) -> AdapterType:
 
 
 def _load_entry_points() -> None:
-    global _loaded_entry_points
-    if _loaded_entry_points:
-        return
-    _loaded_entry_points = True
-    from importlib.metadata import entry_points
+    from medadapt.plugins import load_group
 
-    for ep in entry_points(group=ENTRY_POINT_GROUP):
-        if ep.name not in _TYPES:
-            try:
-                ep.load()
-            except ImportError:  # optional dependencies missing: the type stays unknown
-                pass
+    load_group(ENTRY_POINT_GROUP, _TYPES)  # a type whose optional dependencies are missing stays unknown
 
 
 def adapter_types() -> list[str]:

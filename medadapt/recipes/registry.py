@@ -46,7 +46,6 @@ class RecipeKind:
 
 _KINDS: dict[str, RecipeKind] = {}
 _BROKEN: dict[str, str] = {}  # kind -> why its module could not be imported (a missing optional dependency)
-_loaded_entry_points = False
 
 
 def register_kind(kind: RecipeKind) -> RecipeKind:
@@ -55,21 +54,15 @@ def register_kind(kind: RecipeKind) -> RecipeKind:
     return kind
 
 
+def _broken(name: str, exc: ImportError) -> None:  # a system whose optional dependencies are missing
+    _KINDS.setdefault(name, None)  # type: ignore[arg-type]
+    _BROKEN[name] = str(exc)
+
+
 def _load_entry_points() -> None:
-    global _loaded_entry_points
-    if _loaded_entry_points:
-        return
-    _loaded_entry_points = True
-    from importlib.metadata import entry_points
+    from medadapt.plugins import load_group
 
-    for ep in entry_points(group=ENTRY_POINT_GROUP):
-        if ep.name not in _KINDS:
-            try:
-                ep.load()
-            except ImportError as exc:  # a system whose optional dependencies are missing
-                _KINDS.setdefault(ep.name, None)  # type: ignore[arg-type]
-                _BROKEN[ep.name] = str(exc)
-
+    load_group(ENTRY_POINT_GROUP, _KINDS, _broken)
 
 
 def kinds() -> list[str]:

@@ -1,0 +1,32 @@
+"""Entry-point discovery shared by medadapt's registries (recipe kinds, adapter types, branches).
+
+Each registry keeps its own table; a plugin module registers itself when imported. :func:`load_group`
+imports, once per group, every module of an entry-point group whose name is not registered yet.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Container
+
+__all__ = ["load_group"]
+
+_loaded: set[str] = set()
+
+
+def load_group(group: str, registered: Container[str],
+               on_error: Callable[[str, ImportError], None] | None = None) -> None:
+    """Import the modules of entry-point ``group`` not yet in ``registered`` (once per group); an
+    ``ImportError`` (a plugin whose optional dependencies are missing) goes to ``on_error(name, error)``,
+    or is ignored."""
+    if group in _loaded:
+        return
+    _loaded.add(group)
+    from importlib.metadata import entry_points
+
+    for ep in entry_points(group=group):
+        if ep.name not in registered:
+            try:
+                ep.load()
+            except ImportError as exc:
+                if on_error is not None:
+                    on_error(ep.name, exc)
