@@ -10,6 +10,15 @@ Layout (all files safetensors / JSON, never pickle)::
 
 * The **namespace** is a hash of the backbone identity (:func:`medadapt.models.modules_fingerprint`), max
   sequence length, role (query / document / plain), effective prompt and storage dtype.
+* An **asymmetric** model (first module a sentence-transformers ``Router``) is cached **per route**: for
+  role ``"query"`` / ``"document"`` the cache uses a *route view* (:func:`route_view`: the route's modules
+  followed by the modules after the Router, shared, not copied), so the namespace is the one of the
+  standalone tower: a document tower that is an unchanged, already cached model costs no re-encoding, and a
+  head at the end of one route is applied on read like any other head. Role ``"plain"`` keys the whole model.
+* The backbone fingerprint is computed from the weights on **every** call (no memo by object identity or
+  by tensor version counters: PEFT's LoRA merge and other edits through ``tensor.data`` change weights
+  without bumping torch's version counter, and a freed model's ``id`` is reused). It costs ~0.1 s for
+  MiniLM (22M parameters); backbones over 300M parameters hash a strided sample of each tensor.
 * What is stored is the output of the model's **backbone**: every module before the trailing run of
   embedding-level modules (``Normalize`` and medadapt heads, see :func:`split_backbone`). Those are applied
   on read, in torch, in eval mode. So one encode of a corpus serves the plain backbone, the backbone with
@@ -116,6 +125,48 @@ def backbone_view(model):
     return view
 
 
+def router_route(model, role: Role) -> str | None:
+    """The route of ``model``'s leading ``Router`` that ``encode_query`` (``role="query"``) or
+    ``encode_document`` (``role="document"``) runs for text, or ``None`` (other roles, no leading Router, no
+    such route, a route without a backbone module)."""
+    if role not in ("query", "document"):
+        return None
+    from sentence_transformers.base.modules import Router
+
+    router = next(iter(model._modules.values()), None)
+    if not isinstance(router, Router):
+        return None
+    try:  # honours the Router's route_mappings, as its forward does
+        route = router._resolve_route(task=role, modality="text")
+    except Exception:  # noqa: BLE001 - private API or unresolvable: fall back to the plain route name
+        route = role
+    if route not in router.sub_modules or all(is_embedding_module(m) for m in router.sub_modules[route]):
+        return None  # an empty or embedding-level-only route: the whole model stays the cache's unit
+    return route
+
+
+def _route_view_modules(model, route: str) -> list:
+    modules = list(model._modules.values())
+    return list(modules[0].sub_modules[route]) + modules[1:]
+
+
+def route_view(model, role: Role):
+    """For a model whose first module is a ``Router`` with a route for ``role``: a ``SentenceTransformer``
+    made of that route's modules followed by the modules after the Router (shared, not copied), with the
+    same prompts (so :func:`effective_prompt` gives the same string for ``role``). Its ``encode_query`` /
+    ``encode_document`` returns what ``model``'s does, and its backbone is the route's own, so it has the
+    cache namespace of the standalone tower. ``None`` when ``model`` has no such route."""
+    route = router_route(model, role)
+    if route is None:
+        return None
+    from sentence_transformers import SentenceTransformer
+
+    view = SentenceTransformer(modules=_route_view_modules(model, route), device=str(model.device),
+                               prompts=dict(model.prompts or {}))
+    view.default_prompt_name = model.default_prompt_name
+    return view
+
+
 @torch_no_grad_lazy
 def apply_embedding_modules(modules: list, emb: np.ndarray, batch_size: int = 8192) -> np.ndarray:
     """Run embedding-level modules (heads, ``Normalize``) in eval mode over cached embeddings."""
@@ -163,20 +214,32 @@ class EmbeddingCache:
         self.root = Path(root).expanduser() if root is not None else default_cache_dir()
         self.chunk_size = chunk_size
         self.dtype = dtype
-        self._fingerprints: dict[int, str] = {}
 
     # ------------------------------------------------------------------ keys
     def fingerprint(self, model) -> str:
-        """Fingerprint of the model's *backbone* modules (see :func:`split_backbone`), memoised per model
-        object: a backbone with or without heads shares one cache namespace."""
+        """Fingerprint of the model's *backbone* modules (see :func:`split_backbone`), computed from the
+        weights now: a backbone with or without heads shares one namespace, and a backbone changed in place
+        (training, a LoRA merge, ``load_state_dict``) gets a new one."""
         from medadapt.models import modules_fingerprint
 
-        key = id(model)
-        if key not in self._fingerprints:
-            self._fingerprints[key] = modules_fingerprint(split_backbone(model)[0])
-        return self._fingerprints[key]
+        return modules_fingerprint(split_backbone(model)[0])
+
+    @staticmethod
+    def encoder_for(model, role: Role):
+        """The model the cache encodes and keys ``role`` with: ``model`` itself, or for an asymmetric
+        (``Router``) model and role ``"query"`` / ``"document"`` its :func:`route_view` (repeated while the
+        route itself starts with a Router). Views share ``model``'s modules and are cheap to build."""
+        for _ in range(16):
+            view = route_view(model, role)
+            if view is None:
+                return model
+            model = view
+        raise ValueError("Router routes nested more than 16 deep")
 
     def namespace(self, model, role: Role, prompt: str) -> tuple[str, dict]:
+        """``(folder name, meta)`` of the namespace for ``model`` (its :meth:`encoder_for` ``role``), role and
+        effective prompt."""
+        model = self.encoder_for(model, role)
         meta = {
             "format": CACHE_FORMAT,
             "model": self.fingerprint(model),
@@ -237,7 +300,8 @@ class EmbeddingCache:
         """Return float32 embeddings (``len(texts) × dim``) for ``texts``, encoding only cache misses.
 
         Args:
-            model: a ``SentenceTransformer``.
+            model: a ``SentenceTransformer``; for an asymmetric (``Router``) model and role ``"query"`` /
+                ``"document"`` the route's tower is cached under its own namespace (see :meth:`encoder_for`).
             texts: the texts, in the order wanted back.
             role: ``"query"`` uses ``encode_query``, ``"document"`` ``encode_document``, ``"plain"`` ``encode``.
             prompt / prompt_name: as in sentence-transformers; part of the cache key.
@@ -250,6 +314,7 @@ class EmbeddingCache:
         if not texts:
             return np.zeros((0, model.get_sentence_embedding_dimension() or 0), dtype=np.float32)
         eff_prompt = effective_prompt(model, role, prompt, prompt_name)
+        model = self.encoder_for(model, role)  # a Router model's route view: cached per route
         ns, meta = self.namespace(model, role, eff_prompt)
         ns_dir = self.root / ns
         ns_dir.mkdir(parents=True, exist_ok=True)
@@ -276,8 +341,9 @@ class EmbeddingCache:
 
     def count_missing(self, model, texts: Sequence[str], role: Role = "plain", *, prompt: str | None = None,
                       prompt_name: str | None = None) -> int:
-        """How many distinct ``texts`` are not cached yet for this model and role (nothing is encoded)."""
-        ns, _ = self.namespace(model, role, effective_prompt(model, role, prompt, prompt_name))
+        """How many distinct ``texts`` are not cached yet for this model and role (nothing is encoded; a
+        ``Router`` model's query / document roles are looked up per route, as :meth:`encode` does)."""
+        ns, _ = self.namespace(model, role, effective_prompt(model, role, prompt, prompt_name))  # per route
         ns_dir = self.root / ns
         index = self._index(ns_dir)[0] if ns_dir.is_dir() else {}
         return len({h for h in map(text_hash, texts) if h not in index})
