@@ -291,3 +291,22 @@ def test_first_python_block_of_docs_adapters_runs_as_written():
     proc = subprocess.run([sys.executable, "-c", check], capture_output=True, text=True, timeout=300,
                           env={**__import__("os").environ, "HF_HUB_OFFLINE": "1"})
     assert proc.returncode == 0, proc.stderr[-3000:]
+
+
+def test_branch_pooling_follows_the_backbone_and_a_mismatch_stops_before_training(tiny_bert_dir, tiny_beir_dir,
+                                                                                  tmp_path):
+    """A learned-lexical branch served in one pass pools the dense side itself: ``auto`` takes the backbone's
+    mode; another mode is refused before the head trains (nothing written)."""
+    from medadapt.hyrec.branch import branch_pooling
+    from medadapt.recipes import run_recipe
+
+    model = _st(tiny_bert_dir)
+    mode = model[1].pooling_mode
+    assert branch_pooling(model, "auto") == mode
+    other = "cls" if mode == "mean" else "mean"
+    recipe = Path(__file__).resolve().parents[1] / "recipes" / "med-moe-embed-hybrid-tiny.yaml"
+    with pytest.raises(ConfigError, match=f"pools by '{mode}'"):
+        run_recipe(recipe, tmp_path / "run", [f"model.backbone={tiny_bert_dir}", f"data.path={tiny_beir_dir}",
+                                              f"branches.0.model.pooling={other}"],
+                   show_progress=False, log=lambda m: None)
+    assert not (tmp_path / "run").exists() and not (tmp_path / "run.checkpoints").exists()

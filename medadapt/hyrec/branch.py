@@ -19,6 +19,7 @@ from pydantic import Field, model_validator
 
 from medadapt.adapters.compose import BranchKind, register_branch
 from medadapt.config import Section
+from medadapt.errors import ConfigError
 from medadapt.hyrec.recipe import (HyReCEvalSection, HyReCLossSection, HyReCModelSection, HyReCTrainingSection,
                                    NegativesSection, evaluate_modes)
 
@@ -33,6 +34,9 @@ class BranchModelSection(HyReCModelSection):
     branch_layers: int = Field(1, ge=1, description="N: the last N layers are the (unchanged) dense encoder")
     lexicon_layers: int | None = Field(1, ge=1, description="lexicon encoder depth (a trainable copy)")
     language: Literal["zh", "en"] = "en"
+    pooling: Literal["auto", "cls", "mean"] = Field(
+        "auto", description="the dense side's pooling when served in one pass; auto: the backbone's own "
+        "Pooling module (mean for MiniLM); anything else must equal it")
 
     @model_validator(mode="after")
     def _unchanged_backbone(self) -> BranchModelSection:
@@ -75,6 +79,22 @@ class HyReCLexicalBranch(Section):
         return self
 
 
+def branch_pooling(model, requested: str) -> str:
+    """The branch's dense pooling: the composed model's own ``Pooling`` mode (its second module). ``auto``
+    takes it; an explicit value must equal it (a branch served in one pass with another pooling would give
+    different dense vectors than the model it was composed with)."""
+    modules = list(model._modules.values())
+    found = getattr(modules[1], "pooling_mode", None) if len(modules) > 1 else None
+    if found not in ("cls", "mean"):
+        raise ConfigError(f"a HyReC branch needs a backbone pooled by cls or mean; this one's second module is "
+                          f"{type(modules[1]).__name__ if len(modules) > 1 else 'missing'} "
+                          f"(pooling {found!r})")
+    if requested not in ("auto", found):
+        raise ConfigError(f"branches.hyrec_lexical.model.pooling is {requested!r} but the backbone pools by "
+                          f"{found!r}; leave it out (auto) or set {found!r}")
+    return found
+
+
 def build_and_train(model, section: HyReCLexicalBranch, recipe, ctx):
     """Wrap the trained SentenceTransformer ``model`` into a :class:`~medadapt.hyrec.model.HyReCModel` and
     train the lexical branch (module docstring). Returns the composed model."""
@@ -91,7 +111,9 @@ def build_and_train(model, section: HyReCLexicalBranch, recipe, ctx):
 
     m, tr, neg = section.model, section.training, section.negatives
     fields = {f.name for f in dataclasses.fields(HyReCConfig)}
-    config = HyReCConfig(**m.model_dump(include=fields), union=section.loss.union_weight > 0)
+    settings = m.model_dump(include=fields)
+    settings["pooling"] = branch_pooling(model, m.pooling)
+    config = HyReCConfig(**settings, union=section.loss.union_weight > 0)
     t0 = time.perf_counter()
     hy = HyReCModel(model, config).to(ctx.device)
     split = recipe.data.train_split
@@ -140,4 +162,9 @@ def evaluate(recipe, model, section: HyReCLexicalBranch, ctx) -> dict[str, float
     return {f"{mode}/{k}": v for mode, vals in modes.items() for k, v in vals.items()}
 
 
-register_branch(BranchKind("hyrec_lexical", HyReCLexicalBranch, build_and_train, evaluate))
+def check(model, section: HyReCLexicalBranch) -> None:
+    """Refuse, before any training, a branch that cannot sit on ``model`` (its pooling)."""
+    branch_pooling(model, section.model.pooling)
+
+
+register_branch(BranchKind("hyrec_lexical", HyReCLexicalBranch, build_and_train, evaluate, check))

@@ -159,6 +159,12 @@ def _check_composition(recipe: MoERecipe, model) -> None:
     parts = [("moe", recipe.head.route)] if isinstance(recipe.head, MoEHeadSection) else []
     parts += [(b.kind, "branch") for b in recipe.branches]
     check_composition(base_kind(model), parts)
+    for section in recipe.branches:  # e.g. the branch's pooling against the backbone's, before any training
+        from medadapt.adapters.compose import branch_kind
+
+        kind = branch_kind(section.kind)
+        if kind.check is not None:
+            kind.check(model, section)
     if isinstance(recipe.head, MoEHeadSection) and recipe.head.route != "all" and not recipe.fast:
         raise ConfigError("a head on one route trains on a frozen base (model.freeze_backbone: true, no peft)")
 
