@@ -63,6 +63,10 @@ def card_text(folder: Path, *, descriptions: dict[str, str] | None = None, adapt
     if not adapter:
         for head, line in (descriptions or {}).items():
             lines.append(f"- Head `{head}`: {line}")
+    branches = [b.get("kind") for b in recipe.get("branches") or [] if isinstance(b, dict)]
+    for kind in branches:
+        lines.append(f"- Branch `{kind}`: composed beside the dense side and saved in this folder with it "
+                     "(one model: per-mode metrics below are `<mode>/<metric>`)")
     if standalone:
         lines.append(f"- Folder: standalone model (base model included), {_size(folder)}")
     lines += ["", "## Training", ""]
@@ -78,6 +82,11 @@ def card_text(folder: Path, *, descriptions: dict[str, str] | None = None, adapt
     where = f" on `{data}`, split `{eval_split}`" if data and eval_split else ""
     lines += ["", f"## Evaluation{where}", "", *_metrics_table(metrics or {}, baseline), "", "## How to load", ""]
     lines += _usage(name, adapter, base_label)
+    if branches:
+        lines += ["", "The composed model as a whole (dense + branch), evaluated or indexed in one pass:", "",
+                  "```bash", f"medadapt eval --model {name} --data DATA_DIR --split test --mode hybrid",
+                  f"medadapt index --model {name} --corpus DATA_DIR --kind hybrid --out {name}-index", "```",
+                  "", "(`medadapt.load` above gives the dense side alone.)"]
     return "\n".join(lines) + "\n"
 
 

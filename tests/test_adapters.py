@@ -275,6 +275,15 @@ def test_composed_hybrid_run_is_one_folder_for_hybrid_eval(tiny_bert_dir, tiny_b
     reported = json.loads(out.read_text())
     flat = reported.get("metrics", reported)
     assert flat["ndcg@10"] == pytest.approx(res.metrics["hybrid/ndcg@10"], abs=1e-6)
+    card = (run / "README.md").read_text()
+    assert "Branch `hyrec_lexical`" in card and "--mode hybrid" in card
+    index_line = next(ln for ln in card.splitlines() if ln.startswith("medadapt index"))
+    args = index_line.split()[1:]
+    args = [str(run) if a == "run" else str(tiny_beir_dir) if a == "DATA_DIR" else
+            str(tmp_path / a) if a.endswith("-index") else a for a in args]
+    result = CliRunner().invoke(app, [*args, "-q"])  # the card's own command serves the folder
+    assert result.exit_code == 0, result.output
+    assert (tmp_path / "run-index").is_dir()
 
 
 def test_first_python_block_of_docs_adapters_runs_as_written():
