@@ -11,21 +11,35 @@ import json
 import os
 import shutil
 import tempfile
+import threading
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import IO, Any
 
 
+_UMASK_LOCK = threading.Lock()
+
+
+def file_mode() -> int:
+    """``0o666`` less the process umask: the mode ``open()`` would give a new file (``mkstemp`` gives 0600)."""
+    with _UMASK_LOCK:  # reading the umask means setting it; no other thread may see the temporary value
+        mask = os.umask(0o022)
+        os.umask(mask)
+    return 0o666 & ~mask
+
+
 @contextlib.contextmanager
 def atomic_open(path: str | os.PathLike, mode: str = "w", encoding: str | None = "utf-8") -> Iterator[IO]:
-    """Open a temporary sibling of ``path`` for writing; rename it onto ``path`` only on success."""
+    """Open a temporary sibling of ``path`` for writing; rename it onto ``path`` only on success. The file
+    gets the mode a plain ``open()`` would (``0o666`` less the umask)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     binary = "b" in mode
     try:
         with os.fdopen(fd, mode, encoding=None if binary else encoding) as f:
+            os.fchmod(f.fileno(), file_mode())  # the user's usual permissions, not mkstemp's owner-only 0600
             yield f
             f.flush()
             os.fsync(f.fileno())
@@ -53,21 +67,98 @@ def atomic_save_npy(path: str | os.PathLike, array) -> None:
         np.save(f, np.ascontiguousarray(array), allow_pickle=False)
 
 
+_RENAME_EXCHANGE = 2  # linux/fs.h
+_AT_FDCWD = -100
+
+
+def _exchange(a: Path, b: Path) -> bool:
+    """Swap two existing paths in one step (Linux ``renameat2(RENAME_EXCHANGE)``); ``False`` where the
+    platform or file system cannot, so the caller falls back to two renames."""
+    import ctypes
+    import sys
+
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        fn = libc.renameat2
+    except (OSError, AttributeError):
+        return False
+    fn.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint]
+    if fn(_AT_FDCWD, os.fsencode(a), _AT_FDCWD, os.fsencode(b), _RENAME_EXCHANGE) == 0:
+        return True
+    err = ctypes.get_errno()
+    import errno
+
+    if err in (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP, errno.EXDEV):
+        return False
+    raise OSError(err, os.strerror(err), str(a))
+
+
+def swap_in(new: Path, target: Path) -> None:
+    """Put folder ``new`` at ``target``, replacing any folder there as a whole, then delete the old one.
+
+    Where the OS can exchange two paths atomically (Linux), a reader at any instant finds the old folder or
+    the new one at ``target``, never no folder and never a mix. Elsewhere the old folder is renamed away
+    first (a brief window with no folder; a crash in it leaves ``.<name>.old-*``, which
+    :func:`clean_leftovers` puts back). Hand-written: no library swaps directories."""
+    new, target = Path(new), Path(target)
+    if not target.exists():
+        os.replace(new, target)
+        return
+    if _exchange(new, target):  # ``new`` now holds the old folder
+        shutil.rmtree(new, ignore_errors=True)
+        return
+    old = target.parent / f".{target.name}.old-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    os.replace(target, old)
+    os.replace(new, target)
+    shutil.rmtree(old, ignore_errors=True)
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _owner_pid(leftover: Path) -> int | None:
+    parts = leftover.name.rsplit("-", 2)
+    return int(parts[1]) if len(parts) == 3 and parts[1].isdigit() else None
+
+
+def clean_leftovers(target: Path) -> None:
+    """Remove what an interrupted :func:`replace_folder` / :func:`swap_in` left beside ``target``
+    (``.<name>.tmp-*``, ``.<name>.old-*``) when the process that made it is gone; an old folder comes back
+    to ``target`` if ``target`` is missing (a crash between the two renames of the fallback path)."""
+    target = Path(target)
+    for kind in ("old", "tmp"):
+        for leftover in sorted(target.parent.glob(f".{target.name}.{kind}-*")):
+            pid = _owner_pid(leftover)
+            if pid is not None and pid != os.getpid() and _pid_alive(pid):
+                continue  # another process is writing right now
+            if kind == "old" and not target.exists():
+                os.replace(leftover, target)
+            else:
+                shutil.rmtree(leftover, ignore_errors=True)
+
+
 @contextlib.contextmanager
 def replace_folder(target: Path) -> Iterator[Path]:
-    """Yield a temporary sibling folder to write into; on success it replaces ``target`` as a whole (old
-    folder renamed away, new one renamed in, old one deleted), so a crash leaves the old or the new
-    folder, never a mix. Hand-written: no library swaps directories."""
+    """Yield a temporary sibling folder to write into; on success it replaces ``target`` as a whole
+    (:func:`swap_in`), so a crash or a reader sees the old or the new folder, never a mix; on failure the
+    temporary folder is deleted and ``target`` is untouched. Leftovers of an earlier crash are cleaned first."""
     target = Path(target)
-    tmp = target.parent / f".{target.name}.tmp-{uuid.uuid4().hex[:8]}"
-    tmp.mkdir(parents=True)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    clean_leftovers(target)
+    tmp = target.parent / f".{target.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    tmp.mkdir()
     try:
         yield tmp
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    old = target.parent / f".{target.name}.old-{uuid.uuid4().hex[:8]}"
-    if target.exists():
-        os.replace(target, old)
-    os.replace(tmp, target)
-    shutil.rmtree(old, ignore_errors=True)
+    swap_in(tmp, target)

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from medadapt.errors import ConfigError
-from medadapt.io import atomic_write_json, atomic_write_text, replace_folder
+from medadapt.io import atomic_write_json, atomic_write_text, clean_leftovers, replace_folder
 from medadapt.recipes.base import RecipeBase
 
 __all__ = ["RunContext", "RunResult", "checkpoint_dir_for", "evaluate_dense", "replace_folder", "run_recipe"]
@@ -170,13 +170,7 @@ def _check_output(output_dir: Path) -> None:
     parent.mkdir(parents=True, exist_ok=True)
     if not os.access(parent, os.W_OK):
         raise ConfigError(f"cannot write into {parent}")
-    for leftover in parent.glob(f".{output_dir.name}.tmp-*"):  # an interrupted save
-        shutil.rmtree(leftover, ignore_errors=True)
-    for leftover in parent.glob(f".{output_dir.name}.old-*"):
-        if not output_dir.exists():  # crashed between the two renames: the old folder is the current one
-            os.replace(leftover, output_dir)
-        else:
-            shutil.rmtree(leftover, ignore_errors=True)
+    clean_leftovers(output_dir)  # an interrupted save
 
 
 def _accelerator(recipe: RecipeBase):

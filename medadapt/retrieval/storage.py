@@ -20,7 +20,7 @@ from typing import Any, Optional
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from medadapt.errors import MedAdaptError
-from medadapt.io import atomic_write_json
+from medadapt.io import atomic_write_json, clean_leftovers, swap_in
 from medadapt.retrieval.errors import IndexCorruptError
 
 MANIFEST = "manifest.json"
@@ -117,17 +117,12 @@ def atomic_dir(target: str | Path) -> Iterator[Path]:
     if target.is_dir() and any(target.iterdir()) and not (target / MANIFEST).is_file():
         raise MedAdaptError(f"{target} exists and is not a medadapt index; refusing to overwrite it")
     target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = target.parent / f".{target.name}.tmp-{uuid.uuid4().hex[:8]}"
+    clean_leftovers(target)
+    tmp = target.parent / f".{target.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
     tmp.mkdir()
     try:
         yield tmp
-        old = None
-        if target.exists():
-            old = target.parent / f".{target.name}.old-{uuid.uuid4().hex[:8]}"
-            os.replace(target, old)
-        os.replace(tmp, target)
-        if old is not None:
-            shutil.rmtree(old, ignore_errors=True)
+        swap_in(tmp, target)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
