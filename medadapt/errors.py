@@ -18,3 +18,15 @@ class ModelLoadError(MedAdaptError):
 
 class ConfigError(MedAdaptError):
     """A recipe or configuration is invalid."""
+
+
+class MedAdaptWarning(UserWarning):
+    """Something was wrong but medadapt recovered (e.g. a corrupt cache shard re-encoded, an unreadable
+    checkpoint skipped); the CLI prints it as one ``warning: ...`` line."""
+
+
+def warn(message: str) -> None:
+    """Issue a :class:`MedAdaptWarning` (shown once per message and place, like any Python warning)."""
+    import warnings
+
+    warnings.warn(message, MedAdaptWarning, stacklevel=3)

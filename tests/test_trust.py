@@ -140,3 +140,139 @@ def test_fallback_crash_between_renames_is_repaired(tmp_path, monkeypatch):
     mio.clean_leftovers(target)
     assert {p.read_text() for p in target.iterdir()} == {"2"}
     assert sorted(p.name for p in tmp_path.iterdir()) == ["index"]
+
+
+# ---------------------------------------------------------------- training: resume, checkpoints, non-finite
+
+
+def _loop_run(tmp_path, optim, **kwargs):
+    from test_loop import _run
+
+    return _run(optim, dropout=0.1, **kwargs)
+
+
+def _killed_at_step_5(tmp_path):
+    """A run killed at step 5 of 12 with checkpoints every 2 steps (kept: step 2 and step 4)."""
+    from medadapt.training.checkpoint import CheckpointConfig
+    from medadapt.training.config import OptimSection
+
+    optim = OptimSection(batch_size=8, lr=1e-2, epochs=3, warmup_ratio=0.1)
+
+    class Stop(Exception):
+        pass
+
+    def kill(stage, step, total, row):
+        if step == 5:
+            raise Stop
+
+    ckpt = CheckpointConfig(tmp_path / "ck", every_steps=2)
+    with pytest.raises(Stop):
+        _loop_run(tmp_path, optim, checkpoint=ckpt, fingerprint="run-a", progress=kill)
+    assert sorted(p.name for p in (tmp_path / "ck").iterdir()) == ["step-00000002", "step-00000004"]
+    return optim, ckpt
+
+
+@pytest.mark.parametrize("damage", ["truncate-head", "flip-optimizer-byte", "garbage-state"])
+def test_an_unreadable_checkpoint_falls_back_to_the_previous_one_and_the_run_stays_the_same(tmp_path, damage):
+    import torch
+
+    from medadapt.errors import MedAdaptWarning
+
+    optim, ckpt = _killed_at_step_5(tmp_path)
+    newest = tmp_path / "ck" / "step-00000004"
+    if damage == "truncate-head":
+        f = newest / "head.safetensors"
+        f.write_bytes(f.read_bytes()[:-10])
+    elif damage == "flip-optimizer-byte":  # same size, one bit: only the checksum can tell
+        f = newest / "optimizer.pt"
+        data = bytearray(f.read_bytes())
+        data[len(data) // 2] ^= 0x01
+        f.write_bytes(bytes(data))
+    else:
+        (newest / "state.json").write_text("{not json")
+    whole, res_whole = _loop_run(tmp_path, optim)
+    with pytest.warns(MedAdaptWarning, match="step-00000004.*resuming from the one before"):
+        resumed, res = _loop_run(tmp_path, optim, checkpoint=ckpt, fingerprint="run-a")
+    for a, b in zip(whole.parameters(), resumed.parameters()):
+        torch.testing.assert_close(a, b, atol=0, rtol=0)
+    assert [r["loss"] for r in res.loss_history] == [r["loss"] for r in res_whole.loss_history]
+
+
+def test_no_readable_checkpoint_is_one_clear_error(tmp_path):
+    from medadapt.training.loop import TrainingError
+
+    optim, ckpt = _killed_at_step_5(tmp_path)
+    for step in ("step-00000002", "step-00000004"):
+        f = tmp_path / "ck" / step / "head.safetensors"
+        f.write_bytes(b"\0" * 16)
+    with pytest.warns(Warning), pytest.raises(TrainingError, match="no checkpoint .* can be read.*--overwrite"):
+        _loop_run(tmp_path, optim, checkpoint=ckpt, fingerprint="run-a")
+
+
+def test_parameters_that_become_non_finite_stop_training_and_save_nothing(tmp_path):
+    """A finite loss with a NaN gradient (|w| at w = 0): the step's loss passes the loss check, the weights
+    after it are NaN; training stops and nothing reaches a checkpoint."""
+    import torch
+    from torch import nn
+
+    from medadapt.training.checkpoint import CheckpointConfig
+    from medadapt.training.config import OptimSection
+    from medadapt.training.loop import Stage, TrainingError, train
+
+    class NormStep:
+        def forward(self, model, batch):
+            return {"norm": torch.sqrt((model.weight ** 2).sum()).reshape(1)}
+
+        def loss(self, out, batch):
+            return {"norm": out["norm"].sum()}
+
+    model = nn.Linear(4, 4)
+    with torch.no_grad():
+        model.weight.zero_()
+    optim = OptimSection(batch_size=8, lr=1e-2, epochs=1, warmup_ratio=0.0, max_grad_norm=None)
+    with pytest.raises(TrainingError, match="non-finite"):
+        train(model, [Stage("main", 8, NormStep(), [model.weight], optim)],
+              checkpoint=CheckpointConfig(tmp_path / "ck"))
+    assert not any((tmp_path / "ck").glob("step-*"))
+
+
+def test_absurd_learning_rates_are_refused():
+    from pydantic import ValidationError
+
+    from medadapt.training.config import OptimSection
+
+    for lr in (1e39, 1e308, 100.0):
+        with pytest.raises(ValidationError, match="lr"):
+            OptimSection(lr=lr)
+
+
+def test_moe_config_refuses_non_finite_numbers():
+    from medadapt.errors import ConfigError
+    from medadapt.heads import MoEConfig
+
+    for field in ("alpha_init", "residual_scale"):
+        with pytest.raises(ConfigError, match=f"{field} must be a finite number"):
+            MoEConfig.single_expert(32, "mlp_gelu", **{field: float("nan")})
+
+
+def test_resume_refuses_a_base_model_folder_replaced_by_other_weights(tiny_beir_dir, tmp_path, monkeypatch):
+    """Same recipe, same path, other weights at that path: the old head must not be kept."""
+    from conftest import build_tiny_bert
+
+    from medadapt.recipes import load_recipe, run_recipe
+    from medadapt.training import TrainingError
+
+    monkeypatch.setenv("MEDADAPT_CACHE", str(tmp_path / "cache"))
+    recipe_file = Path(__file__).resolve().parents[1] / "recipes" / "med-moe-embed-tiny.yaml"
+    bert = build_tiny_bert(tmp_path / "bert", seed=0)
+    root = tmp_path / "bert"
+    sets = [f"model.backbone={bert}", f"data.path={tiny_beir_dir}", "data.hard_negatives.window=[2, 6]",
+            "training.epochs=1", "training.checkpoint_every_steps=2"]
+    out = tmp_path / "run"
+    run_recipe(load_recipe(recipe_file, sets), out, show_progress=False, evaluate=False, log=lambda m: None)
+    import shutil
+
+    shutil.rmtree(root)
+    assert build_tiny_bert(root, seed=1) == bert  # rebuilt in place: same name, other weights
+    with pytest.raises(TrainingError, match="another run"):
+        run_recipe(load_recipe(recipe_file, sets), out, show_progress=False, evaluate=False, log=lambda m: None)

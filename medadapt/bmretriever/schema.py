@@ -78,7 +78,7 @@ class BmStageSection(OptimSection):
     enabled: bool = True
     epochs: float = Field(1.0, gt=0)  # type: ignore[assignment]
     batch_size: int = Field(256, ge=2)
-    lr: float = Field(5e-5, gt=0)
+    lr: float = Field(5e-5, gt=0, le=10.0)
     warmup_ratio: float = Field(0.0, ge=0, lt=1)
     warmup_steps: int | None = Field(100, ge=0, description="linear warm-up steps (paper: 100); null: use "
                                      "warmup_ratio")

@@ -40,8 +40,22 @@ def version_cmd() -> None:
     console.print(__version__)
 
 
+def _show_warning(message, category, filename, lineno, file=None, line=None, _default=None):
+    """medadapt's own warnings as one ``warning: ...`` line; others as Python shows them."""
+    from medadapt.errors import MedAdaptWarning
+
+    if issubclass(category, MedAdaptWarning):
+        err_console.print(f"[yellow]warning:[/] {message}", highlight=False, soft_wrap=True)
+    else:
+        _default(message, category, filename, lineno, file, line)
+
+
 def main() -> None:
     """Entry point of the ``medadapt`` console script."""
+    import functools
+    import warnings
+
+    warnings.showwarning = functools.partial(_show_warning, _default=warnings.showwarning)
     try:
         app()
     except MedAdaptError as exc:  # pragma: no cover - raised outside a command body

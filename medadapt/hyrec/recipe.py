@@ -95,9 +95,9 @@ class HyReCTrainingSection(OptimSection, RunSection):
     settings (``RunSection``) and what trains. ``lr`` is the encoders' learning rate, ``head_lr`` the three
     projectors' (default ``lr``); ``batch_size`` is the global number of examples per forward pass."""
 
-    lr: float = Field(5e-5, gt=0)
+    lr: float = Field(5e-5, gt=0, le=10.0)
     scheduler: SchedulerKind = "linear"
-    head_lr: float | None = Field(None, gt=0, description="projectors' learning rate (default: lr)")
+    head_lr: float | None = Field(None, gt=0, le=10.0, description="projectors' learning rate (default: lr)")
     train_dense_encoder: bool = True
     train_lexicon_encoder: bool = Field(True, description="false (frozen variant + state cache): only the "
                                         "projectors train, on cached lexicon-encoder states")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 from dataclasses import dataclass, field
 from typing import Any, get_args
 
@@ -69,6 +70,10 @@ class MoEConfig:
     def __post_init__(self) -> None:
         self.shared_experts = list(self.shared_experts)
         self.routed_experts = list(self.routed_experts)
+        for f in dataclasses.fields(self):  # NaN / inf would train to a NaN head (recipes check the same)
+            value = getattr(self, f.name)
+            if isinstance(value, float) and not math.isfinite(value):
+                raise ConfigError(f"{f.name} must be a finite number, got {value}")
         if not 0.0 <= self.residual_scale <= 1.0:
             raise ConfigError(f"residual_scale must be in [0, 1], got {self.residual_scale}")
         if self.residual_scale != 1.0 and not self.residual:

@@ -102,7 +102,7 @@ class MoETrainingSection(RunSection, OptimSection):
     shared_epochs: int = Field(0, ge=0, description="epochs training only the shared experts (routing off)")
     random_routing_epochs: int = Field(0, ge=0, description="epochs of random-routing warm-up")
     batch_size: int = Field(64, ge=1)
-    lr: float = Field(2e-5, gt=0)
+    lr: float = Field(2e-5, gt=0, le=10.0)
     warmup_ratio: float = Field(0.0, ge=0, lt=1)
 
     def optim(self, epochs: int) -> OptimSection:

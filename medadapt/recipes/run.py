@@ -132,26 +132,49 @@ def checkpoint_dir_for(output_dir: Path) -> Path:
 
 
 def _data_signature(recipe: RecipeBase) -> list:
-    """Sizes and modification times of the data files the recipe names (cheap, and changes when the data
-    is rebuilt)."""
+    """Names, sizes and modification times of the local files and folders the recipe names: data (``path``
+    keys) and any other value that is an existing local path (a backbone or tower folder, a base retriever).
+    Cheap, and it changes when the data is rebuilt or a model folder is replaced by other weights, so such a
+    run never resumes another's checkpoint."""
     out = []
-    for value in _paths(recipe.model_dump(mode="json", exclude={"eval"})):
-        path = recipe.resolve(value)
-        files = sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else [path]
-        out += [(str(p.name), p.stat().st_size, p.stat().st_mtime_ns) for p in files[:64] if p.is_file()]
+    seen: set[Path] = set()
+    for value in _paths(recipe.model_dump(mode="json", exclude={"eval", "name", "description"})):
+        try:
+            path = recipe.resolve(value)
+            if path in seen or not path.exists():
+                continue
+        except (OSError, ValueError):
+            continue
+        seen.add(path)
+        files = _first_files(path) if path.is_dir() else [path]
+        out += [(str(p.relative_to(path)) if path.is_dir() else p.name, p.stat().st_size, p.stat().st_mtime_ns)
+                for p in files]
     return out
 
 
-def _paths(obj) -> Iterator[str]:
+def _first_files(folder: Path, limit: int = 256) -> list[Path]:
+    """The first ``limit`` files under ``folder`` in sorted walk order (bounded: a recipe value that names a
+    huge folder costs no full listing)."""
+    found: list[Path] = []
+    for root, dirs, files in os.walk(folder):
+        dirs.sort()
+        found += [Path(root) / f for f in sorted(files)]
+        if len(found) >= limit:
+            break
+    return found[:limit]
+
+
+def _paths(obj, key: str | None = None) -> Iterator[str]:
+    """Every string of a recipe dump that may name a local file or folder (``path`` keys, and any other
+    non-trivial string: a value that does not exist on disk is skipped by the caller)."""
     if isinstance(obj, dict):
         for k, v in obj.items():
-            if k == "path" and isinstance(v, str):
-                yield v
-            else:
-                yield from _paths(v)
+            yield from _paths(v, k)
     elif isinstance(obj, list):
         for v in obj:
-            yield from _paths(v)
+            yield from _paths(v, key)
+    elif isinstance(obj, str) and obj.strip() not in ("", ".", "..") and len(obj) < 4096 and "\n" not in obj:
+        yield obj
 
 
 def fingerprint(recipe: RecipeBase) -> str:

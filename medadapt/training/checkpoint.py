@@ -4,12 +4,18 @@ Each checkpoint is a directory ``step-XXXXXXXX`` written under a temporary name 
 a killed run leaves only complete checkpoints; :func:`latest_checkpoint` ignores temporaries. Weights go to
 ``head.safetensors``; optimizer / scheduler states go to ``optimizer.pt`` (``torch.save`` of tensors and
 plain containers, read back with ``torch.load(weights_only=True)``, which refuses arbitrary objects);
-counters and loss history go to ``state.json``. Hand-written because Accelerate's ``save_state`` writes
-in place (non-atomically) and expects one optimizer per run, while the Med-MoE schedule has two.
+counters and loss history go to ``state.json``, with the SHA-256 of the two other files. Hand-written
+because Accelerate's ``save_state`` writes in place (non-atomically) and expects one optimizer per run, while
+the Med-MoE schedule has two.
+
+A checkpoint that cannot be read back (truncated, bit-flipped, edited) is reported by
+:func:`load_checkpoint` as :class:`CheckpointCorruptError`; :func:`readable_checkpoints` lets the loop fall
+back to the previous one.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
@@ -21,6 +27,18 @@ from typing import Any
 import torch
 
 PREFIX = "step-"
+
+
+class CheckpointCorruptError(Exception):
+    """A checkpoint folder whose files are missing, unreadable or differ from their recorded checksums."""
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
 
 
 @dataclass
@@ -47,12 +65,18 @@ class CheckpointConfig:
             raise ValueError("keep must be >= 1")
 
 
-def latest_checkpoint(directory: str | Path) -> Path | None:
+def all_checkpoints(directory: str | Path) -> list[Path]:
+    """Complete-looking checkpoint folders of ``directory``, newest first (temporaries ignored)."""
     directory = Path(directory)
     if not directory.is_dir():
-        return None
-    done = sorted(p for p in directory.glob(f"{PREFIX}*") if p.is_dir() and (p / "state.json").is_file())
-    return done[-1] if done else None
+        return []
+    return sorted((p for p in directory.glob(f"{PREFIX}*") if p.is_dir() and (p / "state.json").is_file()),
+                  reverse=True)
+
+
+def latest_checkpoint(directory: str | Path) -> Path | None:
+    found = all_checkpoints(directory)
+    return found[0] if found else None
 
 
 def save_checkpoint(config: CheckpointConfig, step: int, head_state: dict[str, torch.Tensor],
@@ -67,7 +91,8 @@ def save_checkpoint(config: CheckpointConfig, step: int, head_state: dict[str, t
     try:
         save_file({k: v.detach().cpu().contiguous() for k, v in head_state.items()}, str(tmp / "head.safetensors"))
         torch.save(optimizer_state, tmp / "optimizer.pt")
-        (tmp / "state.json").write_text(json.dumps(state), encoding="utf-8")
+        checksums = {name: _sha256(tmp / name) for name in ("head.safetensors", "optimizer.pt")}
+        (tmp / "state.json").write_text(json.dumps({**state, "checksums": checksums}), encoding="utf-8")
         if final.exists():
             shutil.rmtree(final)
         os.replace(tmp, final)
@@ -81,11 +106,25 @@ def save_checkpoint(config: CheckpointConfig, step: int, head_state: dict[str, t
 
 
 def load_checkpoint(path: str | Path) -> tuple[dict[str, torch.Tensor], dict[str, Any], dict[str, Any]]:
-    """Return ``(head_state, optimizer_state, state)`` of a checkpoint directory."""
+    """Return ``(head_state, optimizer_state, state)`` of a checkpoint directory.
+
+    Raises:
+        CheckpointCorruptError: a file is missing or unreadable, or differs from the checksum recorded in
+            ``state.json`` (checkpoints written before checksums were recorded are read without them).
+    """
     from safetensors.torch import load_file
 
     path = Path(path)
-    head_state = load_file(str(path / "head.safetensors"))
-    optimizer_state = torch.load(path / "optimizer.pt", weights_only=True)
-    state = json.loads((path / "state.json").read_text(encoding="utf-8"))
+    try:
+        state = json.loads((path / "state.json").read_text(encoding="utf-8"))
+        if not isinstance(state, dict) or "step" not in state:
+            raise ValueError("state.json has no step")
+        for name, digest in (state.pop("checksums", None) or {}).items():
+            if _sha256(path / name) != digest:
+                raise ValueError(f"{name} differs from its recorded checksum")
+        head_state = load_file(str(path / "head.safetensors"))
+        optimizer_state = torch.load(path / "optimizer.pt", weights_only=True)
+    except Exception as exc:  # noqa: BLE001 - safetensors, torch and json each raise their own types
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        raise CheckpointCorruptError(f"{path.name}: {first}") from None
     return head_state, optimizer_state, state

@@ -28,7 +28,7 @@ class OptimSection(Section):
             ``batch_size * gradient_accumulation_steps`` items at once (cached embeddings, GradCache), so
             in-batch negatives span the whole effective batch: ``k`` steps at batch ``b`` train exactly as
             one step at batch ``k * b``, with the memory of batch ``b``.
-        lr: peak learning rate.
+        lr: peak learning rate (at most 10: larger values overflow float32 optimiser steps).
         weight_decay: AdamW weight decay on matrices (biases, norms and scalars get none).
         warmup_ratio: fraction of the stage's steps in linear warm-up.
         scheduler: decay after warm-up (``transformers.get_scheduler``): cosine / linear to 0, or constant.
@@ -39,7 +39,7 @@ class OptimSection(Section):
     max_steps: int | None = Field(None, ge=1)
     batch_size: int = Field(32, ge=1)
     gradient_accumulation_steps: int = Field(1, ge=1)
-    lr: float = Field(1e-4, gt=0)
+    lr: float = Field(1e-4, gt=0, le=10.0)
     weight_decay: float = Field(0.0, ge=0)
     warmup_ratio: float = Field(0.05, ge=0, lt=1)
     scheduler: SchedulerKind = "cosine"

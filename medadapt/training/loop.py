@@ -33,14 +33,16 @@ import contextlib
 import math
 import time
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import torch
 from torch import Tensor, nn
 
-from medadapt.errors import ConfigError, MedAdaptError
-from medadapt.training.checkpoint import CheckpointConfig, latest_checkpoint, load_checkpoint, save_checkpoint
+from medadapt.errors import ConfigError, MedAdaptError, warn
+from medadapt.training.checkpoint import (CheckpointConfig, CheckpointCorruptError, all_checkpoints, latest_checkpoint,
+                                         load_checkpoint, save_checkpoint)
 from medadapt.training.config import OptimSection
 from medadapt.training.distributed import average_gradients, broadcast_parameters, gather_with_grad, shard_bounds
 
@@ -213,6 +215,27 @@ def _check_finite(parts: dict[str, Tensor], loss: Tensor, stage: str, step: int)
                             "nothing was saved for this step: lower the learning rate or check the data")
 
 
+def _readable_checkpoint(directory: Path):
+    """``(path, head_state, optimizer_state, state)`` of the newest checkpoint that reads back intact; an
+    unreadable one (truncated, altered) is skipped with a warning and the one before it is used."""
+    problems = []
+    for path in all_checkpoints(directory):
+        try:
+            return (path, *load_checkpoint(path))
+        except CheckpointCorruptError as exc:
+            problems.append(str(exc))
+            warn(f"checkpoint {exc} is unreadable; resuming from the one before it")
+    raise TrainingError(f"no checkpoint in {directory} can be read ({'; '.join(problems[:3])}); pass "
+                        "--overwrite to start the run afresh")
+
+
+def _check_finite_params(trained: dict[str, Tensor], step: int) -> None:
+    bad = [n for n, p in trained.items() if not bool(torch.isfinite(p.detach()).all())]
+    if bad:
+        raise TrainingError(f"step {step}: parameters became non-finite ({', '.join(bad[:3])}); nothing was "
+                            "saved: lower the learning rate")
+
+
 def train(
     model: nn.Module,
     stages: Sequence[Stage],
@@ -257,8 +280,7 @@ def train(
     if accelerator is not None and world > 1:
         accelerator.wait_for_everyone()  # every process decides on the same checkpoint
     if checkpoint is not None and checkpoint.resume and had_checkpoint:
-        found = latest_checkpoint(checkpoint.directory)
-        tensors, opt_state, state = load_checkpoint(found)
+        found, tensors, opt_state, state = _readable_checkpoint(checkpoint.directory)
         if state.get("fingerprint") != fingerprint or state.get("total_steps") != total:
             raise TrainingError(
                 f"checkpoint {found} belongs to another run (recipe, data or base model differ); "
@@ -281,6 +303,7 @@ def train(
         if checkpoint is None or last_saved[0] == step:
             return
         last_saved[0] = step
+        _check_finite_params(trained, step)  # a finite loss can still leave inf weights (lr 1e308)
         if rank == 0:
             save_checkpoint(checkpoint, step, {k: p.detach() for k, p in trained.items()},
                             {key: sch.state_dict() for key, sch in schedules.items()},
@@ -334,6 +357,7 @@ def train(
                             save(step)
                     epoch += 1
                 result.stage_steps[stage.name] = n_steps
+                _check_finite_params(trained, step)  # nothing non-finite reaches a checkpoint or the model
                 if stage.on_end is not None:
                     stage.on_end()
                 save(step)
