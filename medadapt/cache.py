@@ -29,24 +29,58 @@ Layout (all files safetensors / JSON, never pickle)::
   written as its own shard with temp-file + ``os.replace``. A killed run loses at most the chunk in
   flight, never corrupts the cache, and the next run resumes where it stopped. Token tensors exist only
   for one encode batch at a time, so a 1M-document corpus never needs them all in memory.
+* **Integrity**: every shard stores the SHA-256 of its ``hashes`` and of its ``embeddings`` bytes in the
+  safetensors metadata (``sha256_hashes`` / ``sha256_embeddings``); :meth:`EmbeddingCache._index` verifies
+  the hashes and :meth:`EmbeddingCache._gather` the embeddings of every shard it reads rows from. Non-finite
+  encoder output is refused before anything is written. A shard that safetensors cannot open, or with a bad
+  checksum, non-finite values or a wrong dtype / shape is *corrupt*: it is renamed ``corrupt-<name>`` in the
+  same folder (no longer read, kept for inspection) with one :class:`CacheCorruptionWarning`, and its texts
+  are re-encoded in the same call. Shards written before checksums existed (no metadata) are checked for
+  finiteness, dtype and shape only.
+* **Concurrent writers**: encoding missing texts holds an exclusive advisory lock on ``<namespace>/.lock``
+  (``fcntl.flock``; no lock where ``fcntl`` does not exist) and re-indexes under it, so a second process
+  filling the same namespace waits and then encodes only what is still missing. Readers never lock: they
+  read the snapshot of shard files :meth:`EmbeddingCache._index` listed.
+* **Long texts**: a text is clipped to ``max_seq_length * CLIP_CHARS_PER_TOKEN`` characters before it is
+  handed to the model (the fast tokenizer would otherwise tokenize a 10 MB document whole before
+  truncating it, ~1.8 GB). The budget is widened while the clipped text yields fewer than twice
+  ``max_seq_length`` tokens (whitespace- or ``[UNK]``-heavy text), so the tokens the model keeps are the
+  same as without clipping. The cache key stays the hash of the full text.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
 import uuid
-from collections.abc import Sequence
+import warnings
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Literal
 
 import numpy as np
 
+from medadapt.errors import MedAdaptError, MedAdaptWarning
 from medadapt.io import atomic_open, atomic_write_json
 
 Role = Literal["query", "document", "plain"]
 CACHE_FORMAT = 1
+#: Characters of a text handed to the model per token of ``max_seq_length``. English runs ~4-5 characters
+#: per token and even code or URLs stay under ~10, so 32 never cuts text the tokenizer would have kept;
+#: :func:`clip_text` widens the budget anyway when the clipped text yields too few tokens.
+CLIP_CHARS_PER_TOKEN = 32
+_CLIP_MAX_GROWTH = 64  # the widened budget stops at 64x (2,048 characters per token), then clips regardless
+_MAX_ROUNDS = 32  # encode rounds (corrupt shard found -> re-index, re-encode) before giving up
+
+
+class CacheCorruptionWarning(MedAdaptWarning):
+    """A cache shard was unreadable or failed its checks; it was moved aside and its texts re-encoded."""
+
+
+class _CorruptShard(Exception):
+    """Internal: why a shard cannot be used."""
 
 
 def default_cache_dir() -> Path:
@@ -167,6 +201,127 @@ def route_view(model, role: Role):
     return view
 
 
+def clip_text(encoder, text: str) -> str:
+    """``text`` cut to ``encoder.max_seq_length * CLIP_CHARS_PER_TOKEN`` characters, so the tokenizer never
+    sees a whole multi-megabyte document only to truncate it. The cut never changes which tokens the model
+    keeps for a realistic text: when the clipped text yields fewer than ``2 * max_seq_length`` tokens
+    (mostly whitespace, words the tokenizer maps to one ``[UNK]``), the budget grows 4x at a time up to
+    ``_CLIP_MAX_GROWTH``x. Texts within the budget, and models without ``max_seq_length``, are unchanged."""
+    try:
+        max_len = encoder.max_seq_length
+    except Exception:  # noqa: BLE001 - e.g. a first module without one: no clip
+        return text
+    if not isinstance(max_len, int) or max_len <= 0:
+        return text
+    budget = max_len * CLIP_CHARS_PER_TOKEN
+    if len(text) <= budget:
+        return text
+    try:
+        tokenizer = encoder.tokenizer
+    except Exception:  # noqa: BLE001 - a first module without a tokenizer: plain clip
+        tokenizer = None
+    limit = budget * _CLIP_MAX_GROWTH
+    while True:
+        clipped = text[:budget]
+        if tokenizer is None or budget >= limit:
+            return clipped
+        try:  # truncation on: counting stops at 2 * max_len tokens and HF logs no length warning
+            ids = tokenizer(clipped, add_special_tokens=False, truncation=True, max_length=2 * max_len)
+            ids = ids["input_ids"]
+        except Exception:  # noqa: BLE001 - not a HF tokenizer: plain clip
+            return clipped
+        if len(ids) >= 2 * max_len:
+            return clipped
+        budget *= 4
+        if budget >= len(text):
+            return text
+
+
+@contextlib.contextmanager
+def namespace_lock(ns_dir: Path) -> Iterator[None]:
+    """Exclusive advisory lock on ``<ns_dir>/.lock`` (``fcntl.flock``): writers of one namespace take turns.
+    A no-op where ``fcntl`` does not exist or the file system refuses ``flock``. Released when the block
+    ends or the process dies."""
+    try:
+        import fcntl
+    except ImportError:  # Windows
+        yield
+        return
+    try:
+        fd = os.open(ns_dir / ".lock", os.O_RDWR | os.O_CREAT, 0o666)  # umask applies
+    except OSError:  # read-only folder: the shard write will report the real problem
+        yield
+        return
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            locked = True
+        except OSError:  # e.g. ENOLCK on some network file systems: go on unlocked
+            locked = False
+        try:
+            yield
+        finally:
+            if locked:
+                fcntl.flock(fd, fcntl.LOCK_UN)
+    finally:
+        os.close(fd)
+
+
+def _sha256(array: np.ndarray) -> str:
+    return hashlib.sha256(memoryview(np.ascontiguousarray(array)).cast("B")).hexdigest()
+
+
+def _read_tensor(path: Path, name: str) -> tuple[np.ndarray, dict, tuple]:
+    """``(tensor, metadata, shape of "hashes")`` of one shard; :class:`_CorruptShard` when safetensors cannot
+    read it (truncated, garbled header) or the tensor is missing. ``FileNotFoundError`` passes through."""
+    from safetensors import safe_open
+
+    try:
+        with safe_open(str(path), framework="numpy") as f:
+            meta = f.metadata() or {}
+            keys = set(f.keys())
+            if "hashes" not in keys or "embeddings" not in keys:
+                raise _CorruptShard(f"tensors {sorted(keys)}, expected 'hashes' and 'embeddings'")
+            hash_shape = tuple(f.get_slice("hashes").get_shape())
+            tensor = f.get_tensor(name)
+    except (_CorruptShard, FileNotFoundError, MemoryError):
+        raise
+    except Exception as e:  # noqa: BLE001 - SafetensorError, OSError, bad dtype: unreadable
+        raise _CorruptShard(f"unreadable: {type(e).__name__}: {e}") from e
+    return tensor, meta, hash_shape
+
+
+def _check_digest(meta: dict, key: str, array: np.ndarray) -> None:
+    if not meta:
+        return  # written before checksums: finiteness, dtype and shape are all that can be checked
+    want = meta.get(key)
+    if want is None:
+        raise _CorruptShard(f"metadata without {key!r}")
+    if _sha256(array) != want:
+        raise _CorruptShard(f"{key.split('_', 1)[1]} fail their SHA-256 checksum")
+
+
+def read_hashes(path: Path) -> np.ndarray:
+    """A shard's verified ``hashes`` (uint8[n, 16])."""
+    hashes, meta, _ = _read_tensor(path, "hashes")
+    if hashes.dtype != np.uint8 or hashes.ndim != 2 or hashes.shape[1] != 16:
+        raise _CorruptShard(f"hashes are {hashes.dtype}{list(hashes.shape)}, expected uint8[n, 16]")
+    _check_digest(meta, "sha256_hashes", hashes)
+    return hashes
+
+
+def read_embeddings(path: Path) -> np.ndarray:
+    """A shard's verified ``embeddings`` (float32 or float16 [n, d], all finite)."""
+    emb, meta, hash_shape = _read_tensor(path, "embeddings")
+    if emb.dtype not in (np.float32, np.float16) or emb.ndim != 2 or emb.shape[0] != hash_shape[0]:
+        raise _CorruptShard(f"embeddings are {emb.dtype}{list(emb.shape)} for {hash_shape[0]} hashes, "
+                            f"expected float32 or float16 [{hash_shape[0]}, d]")
+    _check_digest(meta, "sha256_embeddings", emb)
+    if not np.isfinite(emb).all():
+        raise _CorruptShard("embeddings hold NaN or inf")
+    return emb
+
+
 @torch_no_grad_lazy
 def apply_embedding_modules(modules: list, emb: np.ndarray, batch_size: int = 8192) -> np.ndarray:
     """Run embedding-level modules (heads, ``Normalize``) in eval mode over cached embeddings."""
@@ -214,6 +369,7 @@ class EmbeddingCache:
         self.root = Path(root).expanduser() if root is not None else default_cache_dir()
         self.chunk_size = chunk_size
         self.dtype = dtype
+        self._unusable: set[Path] = set()  # corrupt shards that could not be renamed
 
     # ------------------------------------------------------------------ keys
     def fingerprint(self, model) -> str:
@@ -253,32 +409,68 @@ class EmbeddingCache:
         return digest, meta
 
     # ------------------------------------------------------------------ io
-    @staticmethod
-    def _shards(ns_dir: Path) -> list[Path]:
-        return sorted(ns_dir.glob("shard-*.safetensors"))
+    def _shards(self, ns_dir: Path) -> list[Path]:
+        return [p for p in sorted(ns_dir.glob("shard-*.safetensors")) if p not in self._unusable]
+
+    def _set_aside(self, shard: Path, reason: str) -> None:
+        """Move a corrupt shard out of the way (``corrupt-<name>``, same folder) and warn once."""
+        target = shard.with_name(f"corrupt-{shard.name}")
+        try:
+            os.replace(shard, target)
+        except FileNotFoundError:  # another process set it aside first (and warned)
+            return
+        except OSError as e:  # cannot rename (read-only folder): never read it again in this process
+            self._unusable.add(shard)
+            warnings.warn(f"embedding cache shard {shard} is corrupt ({reason}) and could not be moved aside "
+                          f"({e}); its texts are re-encoded", CacheCorruptionWarning, stacklevel=4)
+            return
+        warnings.warn(f"embedding cache shard {shard} is corrupt ({reason}); moved it to {target.name} and "
+                      f"re-encoding its texts", CacheCorruptionWarning, stacklevel=4)
 
     def _index(self, ns_dir: Path) -> tuple[dict[bytes, tuple[int, int]], list[Path]]:
         """``({text hash: (shard number, row)}, shards)``: the shard numbers index the returned snapshot of the
-        shard files, which :meth:`_gather` must be given (a concurrent writer may add shards meanwhile)."""
-        from safetensors import safe_open
-
+        shard files, which :meth:`_gather` must be given (a concurrent writer may add shards meanwhile).
+        Shards whose hashes fail their checks are set aside (:meth:`_set_aside`) and left out."""
         index: dict[bytes, tuple[int, int]] = {}
-        shards = self._shards(ns_dir)
-        for s, shard in enumerate(shards):
-            with safe_open(str(shard), framework="numpy") as f:
-                hashes = f.get_tensor("hashes")
+        shards = []
+        for shard in self._shards(ns_dir):
+            try:
+                hashes = read_hashes(shard)
+            except FileNotFoundError:  # set aside by another process since the listing
+                continue
+            except _CorruptShard as e:
+                self._set_aside(shard, str(e))
+                continue
+            s = len(shards)
+            shards.append(shard)
             for r, h in enumerate(hashes):
                 index.setdefault(h.tobytes(), (s, r))
         return index, shards
 
     def _write_shard(self, ns_dir: Path, hashes: list[bytes], emb: np.ndarray) -> None:
+        """Write one shard atomically, with the SHA-256 of both tensors in its metadata. Non-finite rows
+        (also float16 overflow) raise :class:`~medadapt.errors.MedAdaptError` and nothing is written."""
         from safetensors.numpy import save
 
+        emb = np.asarray(emb)
+        with np.errstate(over="ignore"):  # float16 overflow becomes inf, refused just below
+            stored = np.ascontiguousarray(emb.astype(self.dtype))
+        if stored.ndim != 2 or len(stored) != len(hashes):
+            raise ValueError(f"embeddings {list(stored.shape)} do not match {len(hashes)} hashes")
+        finite = np.isfinite(stored).all(axis=1)
+        if not finite.all():
+            bad = int((~finite).sum())
+            overflow = self.dtype == "float16" and bool(np.isfinite(emb.astype(np.float32)).all())
+            raise MedAdaptError(
+                f"the model produced non-finite embeddings (NaN or inf) for {bad} of {len(hashes)} texts"
+                + (" once stored as float16 (values beyond ±65504); use dtype='float32'" if overflow else "")
+                + "; nothing was cached for them"
+            )
+        hash_array = np.frombuffer(b"".join(hashes), dtype=np.uint8).reshape(len(hashes), 16)
         payload = save(
-            {
-                "hashes": np.frombuffer(b"".join(hashes), dtype=np.uint8).reshape(len(hashes), 16),
-                "embeddings": np.ascontiguousarray(emb.astype(self.dtype)),
-            }
+            {"hashes": hash_array, "embeddings": stored},
+            metadata={"format": str(CACHE_FORMAT), "sha256_hashes": _sha256(hash_array),
+                      "sha256_embeddings": _sha256(stored)},
         )
         with atomic_open(ns_dir / f"shard-{uuid.uuid4().hex}.safetensors", "wb") as f:
             f.write(payload)
@@ -322,15 +514,22 @@ class EmbeddingCache:
             atomic_write_json(ns_dir / "meta.json", meta)
 
         hashes = [text_hash(t) for t in texts]
-        index, shards = self._index(ns_dir)
-        missing: dict[bytes, str] = {}
-        for h, t in zip(hashes, texts):
-            if h not in index and h not in missing:
-                missing[h] = t
-        if missing:
-            self._encode_missing(model, ns_dir, missing, role, eff_prompt, batch_size, show_progress, desc)
+        for _ in range(_MAX_ROUNDS):  # a round ends early when a shard is corrupt (set aside, re-encoded)
             index, shards = self._index(ns_dir)
-        out = self._gather(shards, index, hashes)
+            missing: dict[bytes, str] = {}
+            for h, t in zip(hashes, texts):
+                if h not in index and h not in missing:
+                    missing[h] = t
+            if missing:
+                self._encode_missing(model, ns_dir, missing, role, eff_prompt, batch_size, show_progress,
+                                     desc)
+                index, shards = self._index(ns_dir)
+            out = self._gather(shards, index, hashes)
+            if out is not None:
+                break
+        else:
+            raise MedAdaptError(f"the embedding cache folder {ns_dir} keeps yielding corrupt or vanishing "
+                                f"shards ({_MAX_ROUNDS} attempts); check the disk, or delete the folder")
         _, tail = split_backbone(model)
         if not normalize:
             from sentence_transformers.base.modules import Normalize
@@ -349,6 +548,16 @@ class EmbeddingCache:
         return len({h for h in map(text_hash, texts) if h not in index})
 
     def _encode_missing(self, model, ns_dir, missing, role, prompt, batch_size, show_progress, desc) -> None:
+        """Encode ``missing`` ({hash: text}) under the namespace lock: texts another process wrote while this
+        one waited are skipped. The lock is held only here, never across a caller's barrier
+        (``accelerator.main_process_first``): a rank blocks at most while another one encodes."""
+        with namespace_lock(ns_dir):  # one writer per namespace; released before encode() reads
+            index, _ = self._index(ns_dir)  # another process may have written some meanwhile
+            missing = {h: t for h, t in missing.items() if h not in index}
+            if missing:
+                self._encode_locked(model, ns_dir, missing, role, prompt, batch_size, show_progress, desc)
+
+    def _encode_locked(self, model, ns_dir, missing, role, prompt, batch_size, show_progress, desc) -> None:
         from tqdm.auto import tqdm
 
         _, tail = split_backbone(model)
@@ -360,7 +569,7 @@ class EmbeddingCache:
             for start in range(0, len(items), self.chunk_size):
                 chunk = items[start : start + self.chunk_size]
                 emb = fn(
-                    [t for _, t in chunk],
+                    [clip_text(encoder, t) for _, t in chunk],  # the key stays the full text's hash
                     prompt=prompt,
                     batch_size=batch_size,
                     show_progress_bar=False,
@@ -371,22 +580,36 @@ class EmbeddingCache:
         finally:
             bar.close()
 
-    @staticmethod
-    def _gather(shards: list[Path], index: dict[bytes, tuple[int, int]], hashes: list[bytes]) -> np.ndarray:
+    def _gather(self, shards: list[Path], index: dict[bytes, tuple[int, int]],
+                hashes: list[bytes]) -> np.ndarray | None:
         """Rows of ``hashes`` read from ``shards``, the very list ``index`` was built from (listing the folder
-        again could number the shards differently once another process has added one)."""
-        from safetensors import safe_open
-
+        again could number the shards differently once another process has added one). ``None`` when a
+        hash is not indexed, or a shard is gone or corrupt (then set aside): the caller indexes again and
+        re-encodes what is missing."""
+        if any(h not in index for h in hashes):
+            return None
         locs = np.array([index[h] for h in hashes], dtype=np.int64)
         out = None
+        ok = True
         for s in np.unique(locs[:, 0]):
-            with safe_open(str(shards[s]), framework="numpy") as f:
-                emb = f.get_tensor("embeddings")
+            try:
+                emb = read_embeddings(shards[s])
+            except FileNotFoundError:  # set aside by another process since the index was built
+                ok = False
+                continue
+            except _CorruptShard as e:
+                self._set_aside(shards[s], str(e))
+                ok = False
+                continue  # check the other shards too: every corrupt one is set aside in this round
             if out is None:
                 out = np.empty((len(hashes), emb.shape[1]), dtype=np.float32)
+            elif emb.shape[1] != out.shape[1]:
+                self._set_aside(shards[s], f"{emb.shape[1]}-d rows in a {out.shape[1]}-d namespace")
+                ok = False
+                continue
             sel = np.nonzero(locs[:, 0] == s)[0]
             out[sel] = emb[locs[sel, 1]]
-        return out
+        return out if ok else None
 
     def clear(self) -> None:
         """Delete every cached embedding under ``root``."""
