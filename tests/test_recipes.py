@@ -53,7 +53,9 @@ def test_python_api_and_yaml_give_the_same_recipe(tmp_path):
     [
         (["model.colour=red"], "model.colour: Extra inputs are not permitted"),
         (["training.lr=fast"], "training.lr: Input should be a valid number"),
-        (["training.lr=.inf"], "lr must be a finite number"),
+        (["training.lr=.inf"], "training.lr: Input should be less than or equal to 10"),
+        (["training.lr=1e300"], "training.lr: Input should be less than or equal to 10"),
+        (["head.alpha_init=.nan"], "alpha_init must be a finite number"),
         (["head.kind=banana"], "does not match any of the expected tags"),
         (["eval.metrics=[ndcg]"], "not of the form NAME@K"),
         (["training.mixed_precision=fp8"], "training.mixed_precision"),

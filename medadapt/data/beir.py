@@ -1,16 +1,19 @@
 """BEIR-layout retrieval data: ``corpus.jsonl``, ``queries.jsonl`` and ``qrels/<split>.tsv``.
 
-Qrels are graded (integer scores); scores <= 0 are kept for nDCG but count as non-relevant.
+Qrels are graded (integer scores); scores <= 0 are kept for nDCG but count as non-relevant (TREC's -2 for
+junk is accepted; :func:`medadapt.eval.metrics.evaluate_run` treats every negative grade as 0). Document and
+query ids may not hold whitespace or control characters (they would split or forge TREC run lines).
 """
 
 from __future__ import annotations
 
 import csv
+import math
 from dataclasses import dataclass, field as dc_field
 from pathlib import Path
 
 from medadapt.data.builtin import resolve_data_dir
-from medadapt.data.jsonl import field, iter_jsonl, require_file
+from medadapt.data.jsonl import check_id, field, iter_jsonl, iter_lines, require_file
 from medadapt.errors import DataError
 
 Qrels = dict[str, dict[str, int]]
@@ -61,7 +64,7 @@ def load_corpus(path: str | Path) -> dict[str, dict[str, str]]:
     path = Path(path)
     corpus: dict[str, dict[str, str]] = {}
     for lineno, obj in iter_jsonl(path, "corpus file"):
-        doc_id = str(field(obj, "_id", (str, int), path, lineno))
+        doc_id = check_id(str(field(obj, "_id", (str, int), path, lineno)), "document id", path, lineno)
         text = field(obj, "text", str, path, lineno)
         title = field(obj, "title", str, path, lineno, required=False) or ""
         if doc_id in corpus:
@@ -76,34 +79,59 @@ def load_queries(path: str | Path) -> dict[str, str]:
     path = Path(path)
     queries: dict[str, str] = {}
     for lineno, obj in iter_jsonl(path, "queries file"):
-        qid = str(field(obj, "_id", (str, int), path, lineno))
-        queries[qid] = field(obj, "text", str, path, lineno)
+        qid = check_id(str(field(obj, "_id", (str, int), path, lineno)), "query id", path, lineno)
+        text = field(obj, "text", str, path, lineno)
+        if qid in queries:
+            raise DataError(f"{path}:{lineno}: duplicate query id {qid!r}")
+        queries[qid] = text
     if not queries:
         raise DataError(f"{path}: no queries")
     return queries
 
 
 def load_qrels(path: str | Path) -> Qrels:
-    """Read a BEIR qrels TSV (``query-id  corpus-id  score``, header optional)."""
+    """Read a BEIR qrels TSV (``query-id  corpus-id  score``, header optional).
+
+    Scores must be integer grades (``1``, ``2.0``, ``-2``) no larger than
+    :data:`~medadapt.eval.metrics.MAX_GRADE`; ids may not hold whitespace or control characters."""
+    from medadapt.eval.metrics import MAX_GRADE
+
     path = require_file(path, "qrels file")
     qrels: Qrels = {}
-    with open(path, encoding="utf-8", newline="") as f:
-        for lineno, row in enumerate(csv.reader(f, delimiter="\t"), start=1):
-            if not row or not "".join(row).strip():
-                continue
-            if lineno == 1 and row[0].strip().lower() in ("query-id", "query_id", "qid"):
-                continue
-            if len(row) < 3:
-                raise DataError(f"{path}:{lineno}: expected 3 tab-separated columns, got {len(row)}")
-            qid, did, score = row[0].strip(), row[1].strip(), row[2].strip()
-            try:
-                grade = int(float(score))
-            except ValueError:
-                raise DataError(f"{path}:{lineno}: relevance score {score!r} is not a number") from None
-            qrels.setdefault(qid, {})[did] = grade
+    for lineno, line in iter_lines(path, "qrels file"):
+        row = next(csv.reader([line], delimiter="\t"), [])
+        if not row or not "".join(row).strip():
+            continue
+        if lineno == 1 and row[0].strip().lower() in ("query-id", "query_id", "qid"):
+            continue
+        if len(row) < 3:
+            raise DataError(f"{path}:{lineno}: expected 3 tab-separated columns, got {len(row)}")
+        qid, did, score = row[0].strip(), row[1].strip(), row[2].strip()
+        check_id(qid, "query id", path, lineno)
+        check_id(did, "document id", path, lineno)
+        grade = _grade(score, path, lineno)
+        if grade > MAX_GRADE:
+            raise DataError(f"{path}:{lineno}: relevance grade {grade} is above {MAX_GRADE}")
+        qrels.setdefault(qid, {})[did] = grade
     if not qrels:
         raise DataError(f"{path}: qrels file has no judgements")
     return qrels
+
+
+def _grade(score: str, path: Path, lineno: int) -> int:
+    """``"2"`` / ``"2.0"`` -> 2; anything else (``"1.5"``, ``"inf"``, ``"nan"``, ``"x"``) is a
+    :class:`DataError`."""
+    try:
+        return int(score)
+    except ValueError:
+        pass
+    try:
+        value = float(score)
+    except ValueError:
+        raise DataError(f"{path}:{lineno}: relevance score {score!r} is not a number") from None
+    if not math.isfinite(value) or not value.is_integer():
+        raise DataError(f"{path}:{lineno}: relevance score {score!r} is not an integer grade")
+    return int(value)
 
 
 def load_beir(root: str | Path, splits: list[str] | str | None = None) -> BeirDataset:

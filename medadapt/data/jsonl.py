@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import re
+import unicodedata
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -17,20 +19,57 @@ def require_file(path: str | Path, what: str) -> Path:
     return path
 
 
-def iter_jsonl(path: str | Path, what: str = "JSONL file") -> Iterator[tuple[int, dict[str, Any]]]:
-    """Yield ``(line_number, object)`` for each non-blank line; raise :class:`DataError` on bad JSON."""
+def iter_lines(path: str | Path, what: str = "file") -> Iterator[tuple[int, str]]:
+    """Yield ``(line_number, line)`` of a UTF-8 text file (universal newlines; a leading BOM is dropped).
+
+    Bytes that are not UTF-8 raise :class:`DataError` naming the file and the line, not a bare
+    ``UnicodeDecodeError`` from somewhere in the file."""
     path = require_file(path, what)
-    with open(path, encoding="utf-8") as f:
+    with open(path, encoding="utf-8-sig", errors="surrogateescape") as f:
         for lineno, line in enumerate(f, start=1):
-            if not line.strip():
-                continue
-            try:
-                obj = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise DataError(f"{path}:{lineno}: invalid JSON ({exc.msg} at column {exc.colno})") from None
-            if not isinstance(obj, dict):
-                raise DataError(f"{path}:{lineno}: expected a JSON object, got {type(obj).__name__}")
-            yield lineno, obj
+            if not line.isascii():
+                check_utf8(line, path, lineno)
+            yield lineno, line
+
+
+_UNDECODED = re.compile("[\udc80-\udcff]")  # what errors="surrogateescape" turns invalid bytes into
+
+
+def check_utf8(line: str, path: Path | str, lineno: int) -> None:
+    """Raise :class:`DataError` if ``line`` (read with ``errors="surrogateescape"``) held bytes that are
+    not UTF-8."""
+    bad = _UNDECODED.search(line)
+    if bad is not None:
+        col = len(line[: bad.start()].encode("utf-8", "surrogateescape")) + 1
+        byte = line[bad.start()].encode("utf-8", "surrogateescape")
+        raise DataError(f"{path}:{lineno}: not valid UTF-8 (byte {col} of the line is {byte!r}); "
+                        "save the file as UTF-8")
+
+
+def check_id(value: str, what: str, path: Path | str, lineno: int) -> str:
+    """Refuse an empty id or one holding whitespace or control characters: ids are written into
+    whitespace-separated TREC run and qrels files, where such an id would split or forge lines."""
+    if not value:
+        raise DataError(f"{path}:{lineno}: empty {what}")
+    if any(c.isspace() or unicodedata.category(c) == "Cc" for c in value):
+        raise DataError(f"{path}:{lineno}: {what} {value!r} contains whitespace or control characters")
+    return value
+
+
+def iter_jsonl(path: str | Path, what: str = "JSONL file") -> Iterator[tuple[int, dict[str, Any]]]:
+    """Yield ``(line_number, object)`` for each non-blank line; raise :class:`DataError` on bad JSON or
+    bytes that are not UTF-8."""
+    path = require_file(path, what)
+    for lineno, line in iter_lines(path, what):
+        if not line.strip():
+            continue
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise DataError(f"{path}:{lineno}: invalid JSON ({exc.msg} at column {exc.colno})") from None
+        if not isinstance(obj, dict):
+            raise DataError(f"{path}:{lineno}: expected a JSON object, got {type(obj).__name__}")
+        yield lineno, obj
 
 
 def field(obj: dict, key: str, kind: type | tuple[type, ...], path: Path | str, lineno: int, required: bool = True):

@@ -5,6 +5,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -20,6 +21,8 @@ class RerankItem:
 
 
 def load_rerank(path: str | Path) -> list[RerankItem]:
+    from medadapt.eval.metrics import MAX_GRADE
+
     path = Path(path)
     items = []
     for n, obj in iter_jsonl(path, "rerank file"):
@@ -34,6 +37,8 @@ def load_rerank(path: str | Path) -> list[RerankItem]:
             g = c.get("grade", 0)
             if isinstance(g, bool) or not isinstance(g, (int, float)):
                 raise DataError(f"{path}:{n}: candidate {j} has a non-numeric 'grade'")
+            if isinstance(g, float) and not (math.isfinite(g) and g.is_integer()) or g > MAX_GRADE:
+                raise DataError(f"{path}:{n}: candidate {j} 'grade' {g!r} is not an integer <= {MAX_GRADE}")
             texts.append(c["text"])
             grades.append(int(g))
         items.append(RerankItem(query, texts, grades))

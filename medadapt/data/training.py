@@ -6,6 +6,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass, field as dc_field
 from pathlib import Path
 
@@ -39,6 +40,8 @@ def _score_list(obj: dict, key: str, n: int, path: Path, lineno: int) -> list[fl
         return None
     if len(value) != n or any(isinstance(v, bool) or not isinstance(v, (int, float)) for v in value):
         raise DataError(f"{path}:{lineno}: field {key!r} must be {n} numbers (one per passage)")
+    if any(not math.isfinite(v) if isinstance(v, float) else abs(v) >= 2**1000 for v in value):
+        raise DataError(f"{path}:{lineno}: field {key!r} must hold finite numbers")
     return [float(v) for v in value]
 
 

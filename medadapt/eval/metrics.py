@@ -4,6 +4,11 @@ Metric names are ``<name>@<k>``: ``ndcg``, ``recall``, ``mrr``, ``map``, ``preci
 ``accuracy`` (the Med-MoE-Embed paper's "Accuracy": share of queries with a relevant document in the top
 k, trec_eval's ``success``). ``f1@k`` is the per-query harmonic mean of ``precision@k`` and ``recall@k``,
 averaged over queries. Graded qrels feed nDCG with trec_eval's linear gain (gain = grade); binary measures count grade >= 1 as relevant.
+
+Negative grades (TREC's -2 for junk) are given to pytrec_eval as 0: trec_eval treats every grade <= 0 as
+non-relevant, so no metric changes, but grades <= -2 collide with trec_eval's internal markers and can crash
+the process (a segfault). Grades above :data:`MAX_GRADE` are refused: trec_eval allocates memory per
+grade level and silently scores 0 (or crashes) on huge ones.
 """
 
 from __future__ import annotations
@@ -17,6 +22,10 @@ Qrels = dict[str, dict[str, int]]
 _TREC = {"ndcg": "ndcg_cut", "recall": "recall", "map": "map_cut", "precision": "P", "accuracy": "success"}
 ALL_METRICS = ("ndcg", "recall", "mrr", "map", "precision", "f1", "accuracy")
 DEFAULT_METRICS = ("ndcg@10", "recall@100", "mrr@10", "map@10", "recall@10", "ndcg@100")
+#: largest K in ``NAME@K`` (pytrec_eval misreads cutoffs that overflow a C long)
+MAX_K = 1_000_000
+#: largest relevance grade accepted in qrels
+MAX_GRADE = 1000
 
 
 def parse_metric(name: str) -> tuple[str, int]:
@@ -27,6 +36,8 @@ def parse_metric(name: str) -> tuple[str, int]:
         raise ValueError(f"metric {name!r} is not of the form NAME@K, e.g. ndcg@10") from None
     if base not in ALL_METRICS or k < 1:
         raise ValueError(f"unknown metric {name!r}; choose from {', '.join(ALL_METRICS)} with @K, K >= 1")
+    if k > MAX_K:
+        raise ValueError(f"metric {name!r}: K must be at most {MAX_K:,}")
     return base, k
 
 
@@ -38,10 +49,31 @@ def truncate_run(run: Run, k: int) -> Run:
     return out
 
 
+def _safe_qrels(qrels: Qrels) -> Qrels:
+    """``qrels`` with integer grades, negative ones clamped to 0, for pytrec_eval."""
+    from medadapt.errors import DataError
+
+    out: Qrels = {}
+    for qid, docs in qrels.items():
+        row = out[qid] = {}
+        for did, grade in docs.items():
+            g = int(grade)
+            if g > MAX_GRADE:
+                raise DataError(f"qrels grade {g} (query {qid!r}, document {did!r}) is above {MAX_GRADE}")
+            row[did] = max(g, 0)
+    return out
+
+
 def evaluate_run(qrels: Qrels, run: Run, metrics: Iterable[str] = DEFAULT_METRICS) -> dict[str, float]:
-    """Mean of each metric over the queries in ``qrels`` (a query missing from ``run`` scores 0)."""
+    """Mean of each metric over the queries in ``qrels`` (a query missing from ``run`` scores 0).
+
+    Negative grades are passed to pytrec_eval as 0 (the same metrics: trec_eval counts grades <= 0 as
+    non-relevant; grades <= -2 could otherwise crash it). A grade above :data:`MAX_GRADE` raises
+    :class:`~medadapt.errors.DataError`.
+    """
     import pytrec_eval
 
+    qrels = _safe_qrels(qrels)
     metrics = list(dict.fromkeys(m.lower() for m in metrics))
     parsed = [parse_metric(m) for m in metrics]
     run = {q: {d: float(s) for d, s in run.get(q, {}).items()} for q in qrels}

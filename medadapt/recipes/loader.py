@@ -74,13 +74,20 @@ def format_validation_error(source: str, exc: ValidationError) -> str:
 
 
 def read_recipe_yaml(path: str | Path) -> dict:
-    """The YAML mapping of a recipe file; a missing file, invalid YAML (with its line) or a non-mapping
-    raises :class:`~medadapt.errors.ConfigError`. Shared by every recipe kind."""
+    """The YAML mapping of a recipe file; a missing file, bytes that are not UTF-8, invalid YAML (with its
+    line) or a non-mapping raises :class:`~medadapt.errors.ConfigError`. Shared by every recipe kind."""
     path = Path(path)
     if not path.is_file():
         raise ConfigError(f"recipe not found: {path}")
+    raw = path.read_bytes()
     try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = raw.count(b"\n", 0, exc.start) + 1
+        raise ConfigError(f"{path}:{line}: not valid UTF-8 (byte offset {exc.start}); "
+                          "save the recipe as UTF-8") from None
+    try:
+        data = yaml.safe_load(text)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f":{mark.line + 1}" if mark is not None else ""
