@@ -32,10 +32,22 @@ def file_mode() -> int:
 @contextlib.contextmanager
 def atomic_open(path: str | os.PathLike, mode: str = "w", encoding: str | None = "utf-8") -> Iterator[IO]:
     """Open a temporary sibling of ``path`` for writing; rename it onto ``path`` only on success. The file
-    gets the mode a plain ``open()`` would (``0o666`` less the umask)."""
+    gets the mode a plain ``open()`` would (``0o666`` less the umask).
+
+    Raises:
+        MedAdaptError: ``path`` is an existing folder, or its folder cannot be created / written
+            (``cannot write PATH: <reason>``), or the final rename fails.
+    """
+    from medadapt.errors import MedAdaptError
+
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    if path.is_dir():
+        raise MedAdaptError(f"cannot write {path}: it is an existing folder (give a file path)")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    except OSError as exc:
+        raise MedAdaptError(f"cannot write {path}: {exc.strerror or exc}") from None
     binary = "b" in mode
     try:
         with os.fdopen(fd, mode, encoding=None if binary else encoding) as f:
@@ -43,7 +55,10 @@ def atomic_open(path: str | os.PathLike, mode: str = "w", encoding: str | None =
             yield f
             f.flush()
             os.fsync(f.fileno())
-        os.replace(tmp, path)
+        try:
+            os.replace(tmp, path)
+        except OSError as exc:  # e.g. ``path`` became a folder meanwhile
+            raise MedAdaptError(f"cannot write {path}: {exc.strerror or exc}") from None
     except BaseException:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
@@ -56,7 +71,19 @@ def atomic_write_text(path: str | os.PathLike, text: str) -> None:
 
 
 def atomic_write_json(path: str | os.PathLike, obj: Any, indent: int = 2) -> None:
-    atomic_write_text(path, json.dumps(obj, indent=indent, ensure_ascii=False, sort_keys=False) + "\n")
+    """Write ``obj`` as standard JSON (``NaN`` / ``Infinity`` are refused: they are not JSON) atomically.
+
+    Raises:
+        MedAdaptError: a non-finite float (naming the file), or see :func:`atomic_open`.
+    """
+    from medadapt.errors import MedAdaptError
+
+    try:
+        text = json.dumps(obj, indent=indent, ensure_ascii=False, sort_keys=False, allow_nan=False)
+    except ValueError as exc:  # NaN / inf (allow_nan=False), circular references
+        raise MedAdaptError(f"cannot write {path}: {exc} (JSON has no NaN or infinity)"
+                            if "float" in str(exc) else f"cannot write {path}: {exc}") from None
+    atomic_write_text(path, text + "\n")
 
 
 def atomic_save_npy(path: str | os.PathLike, array) -> None:

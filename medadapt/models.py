@@ -1,18 +1,26 @@
 """Resolve model names (aliases, local folders, hub ids) and load them as ``SentenceTransformer``.
 
-``medadapt.load(path)`` is ``SentenceTransformer(path)`` plus alias resolution, clear errors and a
-``trust_remote_code`` policy. sentence-transformers refuses module classes outside its own package (such as
-medadapt heads) unless ``trust_remote_code=True``, and that flag also lets Hugging Face run Python code a
-model ships (``auto_map`` in a ``config.json``, module classes from the model's own files). So:
+``medadapt.load(path)`` is ``SentenceTransformer(path)`` plus alias resolution, clear errors, a device check
+and a code policy: **medadapt never runs Python code shipped in a model folder** unless the caller passes
+``trust_remote_code=True``.
 
-* a **local folder** (or a packaged alias) whose ``modules.json`` (and any ``Router``'s
-  ``router_config.json``) names only ``sentence_transformers.*`` and ``medadapt.*`` classes, and no
-  ``config.json`` with an ``auto_map``, loads with ``trust_remote_code`` set exactly when it holds a
-  medadapt class;
-* a local folder naming any other module class, or shipping custom Hugging Face code, is refused with a
-  :class:`~medadapt.errors.ModelLoadError` unless the caller passes ``trust_remote_code=True``;
-* a **hub id** never gets ``trust_remote_code`` implicitly (pass ``trust_remote_code=True`` for models
+* A **local folder** (or a packaged alias) whose ``modules.json`` (and any ``Router``'s
+  ``router_config.json``) names only ``sentence_transformers.*`` and ``medadapt.*`` classes loads with
+  ``trust_remote_code=False``: the medadapt classes are imported from the installed medadapt package and
+  handed to sentence-transformers directly (``SentenceTransformer._load_with_module_classes``), so Hugging
+  Face never gets the flag and never imports anything from the folder. (With a sentence-transformers
+  version without that hook, ``trust_remote_code=True`` is set for such folders, after the checks below and
+  a check that every ``Dense`` activation is a ``torch.*`` class.)
+* A local folder naming any other module class, or with an ``auto_map`` in **any** of its ``*.json`` files
+  (``config.json``, ``tokenizer_config.json``, ``processor_config.json``, ``preprocessor_config.json``, those
+  of ``0_Transformer/`` and other module folders: Hugging Face would import the folder's own ``*.py``), is
+  refused with a :class:`~medadapt.errors.ModelLoadError` before anything is constructed, unless the caller
+  passes ``trust_remote_code=True``.
+* A **hub id** never gets ``trust_remote_code`` implicitly (pass ``trust_remote_code=True`` for models
   that need it).
+
+After construction every medadapt ``AdapterStack`` is checked against the width of the embedding it reads
+(a 32-d head on a 48-d backbone is refused at load, not at the first ``encode``).
 """
 
 from __future__ import annotations
@@ -109,21 +117,176 @@ def module_classes(folder: str | Path) -> list[str]:
     return found
 
 
+def _has_auto_map(data) -> bool:
+    """``auto_map`` at the top level of a Hugging Face config, or in one of its nested ``*_config`` dicts."""
+    if not isinstance(data, dict):
+        return False
+    if data.get("auto_map"):
+        return True
+    return any(isinstance(v, dict) and v.get("auto_map") for k, v in data.items() if str(k).endswith("_config"))
+
+
+def shipped_code(folder: str | Path) -> str | None:
+    """The first ``*.json`` file of ``folder`` (any depth) with an ``auto_map``, i.e. one that makes Hugging
+    Face import Python code from the folder (``config.json``, ``tokenizer_config.json``,
+    ``processor_config.json``, ``preprocessor_config.json`` ...), described for an error message; or ``None``."""
+    folder = Path(folder)
+    for path in sorted(folder.rglob("*.json")):
+        try:
+            raw = path.read_bytes()
+        except OSError as exc:
+            raise ModelLoadError(f"{path}: cannot read ({exc.strerror or exc})") from None
+        if b'"auto_map"' not in raw:
+            continue
+        try:
+            data = json.loads(raw.decode("utf-8"))
+        except ValueError:  # unreadable here: refuse, Hugging Face might read it differently
+            return f"custom model code (an 'auto_map' in {path.relative_to(folder).as_posix()})"
+        if _has_auto_map(data):
+            return f"custom model code (auto_map in {path.relative_to(folder).as_posix()})"
+    return None
+
+
 def remote_code_needs(folder: str | Path) -> tuple[bool, str | None]:
-    """``(needs_trust_remote_code, foreign)`` for a local model folder: whether loading it needs
-    ``trust_remote_code=True`` at all (it names a medadapt class), and the first thing that makes the flag
-    unsafe to set implicitly (a module class outside :data:`TRUSTED_MODULE_PREFIXES`, or a ``config.json``
-    with an ``auto_map``, i.e. Python code shipped with the model), or ``None``."""
+    """``(names_medadapt_classes, foreign)`` for a local model folder: whether it names a medadapt module
+    class (sentence-transformers imports only its own classes without help), and the first thing that makes
+    loading it run code medadapt does not vouch for (a module class outside
+    :data:`TRUSTED_MODULE_PREFIXES`, or an ``auto_map`` in any ``*.json``, i.e. Python code shipped with the
+    model), or ``None``."""
     folder = Path(folder)
     classes = module_classes(folder)
     foreign = next((c for c in classes if not c.startswith(TRUSTED_MODULE_PREFIXES)), None)
     if foreign is not None:
         return True, f"module class {foreign or '(none)'!r}"
-    for config in sorted(folder.rglob("config.json")):
-        data = _read_json(config)
-        if isinstance(data, dict) and data.get("auto_map"):
-            return True, f"custom model code (auto_map in {config.relative_to(folder)})"
+    code = shipped_code(folder)
+    if code is not None:
+        return True, code
     return any(c.startswith("medadapt.") for c in classes), None
+
+
+def _medadapt_classes(folder: Path, name: str) -> dict[str, type]:
+    """Every ``medadapt.*`` module class ``folder`` names, imported from the installed medadapt package
+    (never from the folder), mapped from the name ``modules.json`` uses. Each must be a ``torch.nn.Module``
+    class defined in medadapt."""
+    import importlib
+    import inspect
+
+    from torch import nn
+
+    found: dict[str, type] = {}
+    for ref in module_classes(folder):
+        if not ref.startswith("medadapt.") or ref in found:
+            continue
+        module_path, _, attr = ref.rpartition(".")
+        obj = None
+        if not any(part.startswith("__") for part in ref.split(".")):  # e.g. medadapt.__main__ runs the CLI
+            try:
+                obj = getattr(importlib.import_module(module_path), attr, None)
+            except ImportError:
+                pass
+        if not (inspect.isclass(obj) and issubclass(obj, nn.Module)
+                and str(getattr(obj, "__module__", "")).startswith("medadapt")):
+            raise ModelLoadError(f"model folder {name!r} names module class {ref!r}, which is not a module "
+                                 "class of the installed medadapt")
+        found[ref] = obj
+    return found
+
+
+def _implicit_trust_hazard(folder: Path) -> str | None:
+    """What ``trust_remote_code=True`` would also let a folder run besides its medadapt classes (fallback
+    for sentence-transformers without ``_load_with_module_classes``): a class reference Hugging Face reads
+    as ``file.Class`` from the folder, or a ``Dense`` activation that is not a ``torch.*`` class."""
+    for ref in module_classes(folder):
+        if "--" in ref or ref.count(".") < 2 or any(part.startswith("__") for part in ref.split(".")):
+            return f"module class {ref!r}"
+    for path in sorted(folder.rglob("config.json")):
+        data = _read_json(path)
+        act = data.get("activation_function") if isinstance(data, dict) else None
+        if act is not None and not (isinstance(act, str) and act.startswith("torch.")):
+            return f"activation function {act!r} (in {path.relative_to(folder).as_posix()})"
+    return None
+
+
+def check_device(device) -> None:
+    """Refuse a device this machine does not have, with one clear :class:`ModelLoadError` (not torch's
+    ``AssertionError: Torch not compiled with CUDA enabled`` at the first tensor move). ``None``: auto."""
+    if device is None:
+        return
+    import torch
+
+    text = str(device).strip()
+    try:
+        dev = torch.device(text)
+    except (RuntimeError, ValueError, TypeError):
+        raise ModelLoadError(f"unknown device {text!r} (expected cpu, cuda, cuda:N or mps)") from None
+    if dev.type == "cpu":
+        return
+    if dev.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ModelLoadError(f"device {text!r}: CUDA is not available on this machine (use --device cpu)")
+        if dev.index is not None and dev.index >= torch.cuda.device_count():
+            raise ModelLoadError(f"device {text!r}: this machine has {torch.cuda.device_count()} CUDA device(s)")
+        return
+    if dev.type == "mps":
+        mps = getattr(torch.backends, "mps", None)
+        if mps is None or not mps.is_available():
+            raise ModelLoadError(f"device {text!r}: MPS (Apple GPU) is not available on this machine "
+                                 "(use --device cpu)")
+        return
+    backend = getattr(torch, dev.type, None) if dev.type in ("xpu", "npu", "hpu") else None
+    available = getattr(backend, "is_available", None)
+    if callable(available):
+        if not available():
+            raise ModelLoadError(f"device {text!r}: {dev.type.upper()} is not available on this machine")
+        return
+    raise ModelLoadError(f"unsupported device {text!r} (expected cpu, cuda, cuda:N or mps)")
+
+
+def _width_before(modules: list) -> int | None:
+    """The width of the embedding the modules produce, from what each reports; a ``Pooling`` whose config
+    records another token width than the module before it gives (a backbone swapped under it) scales with
+    the real token width, as its output does."""
+    from medadapt.adapters.api import _route_dim
+
+    width = None
+    for module in modules:
+        token_dim = getattr(module, "embedding_dimension", None)
+        pooled = getattr(module, "pooling_output_dimension", None)
+        if (width is not None and isinstance(token_dim, int) and isinstance(pooled, int) and token_dim > 0
+                and token_dim != width and pooled % token_dim == 0):
+            width = pooled // token_dim * width  # a Pooling: one token-width block per pooling mode
+            continue
+        reported = _route_dim([module])
+        if reported is not None:
+            width = reported
+    return width
+
+
+def check_head_widths(model, name: str) -> None:
+    """Every medadapt ``AdapterStack`` of ``model`` must be as wide as the embedding of the modules before
+    it (top level or inside a ``Router`` route); else :class:`ModelLoadError` naming the head and both widths
+    (instead of a reshape error at the first ``encode``)."""
+    from medadapt.adapters.stack import AdapterStack
+
+    def visit(modules: list, where: str) -> None:
+        for i, module in enumerate(modules):
+            if not isinstance(module, AdapterStack):
+                continue
+            width = _width_before(modules[:i])
+            if width is not None and int(width) != int(module.dim):
+                heads = ", ".join(module.names()) or "(no heads)"
+                raise ModelLoadError(
+                    f"model {name!r}: the adapter stack{where} (heads: {heads}) is {module.dim}-d but the embedding "
+                    f"before it is {width}-d; the heads were trained on another backbone"
+                )
+
+    top = list(getattr(model, "_modules", {}).values())
+    visit(top, "")
+    for module in top:
+        routes = getattr(module, "sub_modules", None)  # a Router: an nn.ModuleDict of routes
+        if routes is not None and callable(getattr(routes, "items", None)):
+            for route, seq in routes.items():
+                visit(list(seq), f" of route {route!r}")
 
 
 def load(name_or_path: str, device: str | None = None, *, trust_remote_code: bool | None = None,
@@ -136,16 +299,20 @@ def load(name_or_path: str, device: str | None = None, *, trust_remote_code: boo
             it), or a hub id such as ``"BAAI/bge-small-en-v1.5"`` (needs network access the first time).
         base: for an adapter-only folder, the base model to load instead of the one it records (it must
             have the same weights).
-        device: ``"cpu"``, ``"cuda"``, ... (default: sentence-transformers' choice).
-        trust_remote_code: ``None`` (default) applies the module policy (see the module docstring): set
-            for local folders naming medadapt classes, refused for folders naming other code, never for
-            hub ids. ``True`` / ``False`` are passed on as given (``True``: you trust the model's code).
+        device: ``"cpu"``, ``"cuda"``, ``"cuda:1"``, ``"mps"`` (default: sentence-transformers' choice);
+            a device this machine lacks is refused (:func:`check_device`).
+        trust_remote_code: ``None`` (default) applies the code policy (see the module docstring): medadapt
+            classes come from the installed package, code shipped in a folder is refused, hub ids never get
+            the flag. ``False``: the same checks, and the flag is never set. ``True``: passed on as given (you
+            trust the model's code, ``auto_map`` and foreign module classes included).
         **kwargs: passed to ``SentenceTransformer``.
 
     Raises:
-        ModelLoadError: unknown name, unreadable folder, or a folder naming foreign code without
-            ``trust_remote_code=True``.
+        ModelLoadError: unknown name, unreadable folder, unavailable device, a folder naming foreign code
+            or shipping code without ``trust_remote_code=True``, or a head whose width differs from the
+            embedding it reads.
     """
+    check_device(device)
     resolved = resolve_model_path(name_or_path)
     local = Path(resolved).is_dir()
     import medadapt.adapters  # noqa: F401  (SentenceTransformer.add_adapter / load_adapter know medadapt heads)
@@ -156,25 +323,41 @@ def load(name_or_path: str, device: str | None = None, *, trust_remote_code: boo
                                   trust_remote_code=trust_remote_code, **kwargs)
     if base is not None:
         raise ModelLoadError(f"base= applies to adapter-only folders; {name_or_path!r} is not one")
-    if trust_remote_code is None:
+    from sentence_transformers import SentenceTransformer
+
+    classes: dict[str, type] = {}
+    if trust_remote_code is not True:  # None (the policy) or an explicit False: no code from the folder
+        implicit = trust_remote_code is None
         trust_remote_code = False
         if local:
             needed, foreign = remote_code_needs(resolved)
             if foreign is not None:
                 raise ModelLoadError(
                     f"model folder {name_or_path!r} names {foreign}, code outside sentence_transformers and "
-                    "medadapt; loading it runs that code: pass trust_remote_code=True if you trust it"
+                    "medadapt; medadapt does not run code from model folders: pass trust_remote_code=True "
+                    "if you trust it"
                 )
-            trust_remote_code = needed
-    from sentence_transformers import SentenceTransformer
+            if needed and hasattr(SentenceTransformer, "_load_with_module_classes"):
+                classes = _medadapt_classes(Path(resolved), str(name_or_path))  # flag stays False
+            elif needed and implicit:  # older sentence-transformers: only the flag makes it import medadapt
+                hazard = _implicit_trust_hazard(Path(resolved))
+                if hazard is not None:
+                    raise ModelLoadError(
+                        f"model folder {name_or_path!r} names {hazard}; medadapt does not run code from model "
+                        "folders: pass trust_remote_code=True if you trust it"
+                    )
+                trust_remote_code = True
 
     try:
-        model = SentenceTransformer(resolved, device=device, trust_remote_code=trust_remote_code, **kwargs)
+        if classes:
+            model = SentenceTransformer._load_with_module_classes(
+                resolved, classes, device=device, trust_remote_code=trust_remote_code, **kwargs)
+        else:
+            model = SentenceTransformer(resolved, device=device, trust_remote_code=trust_remote_code, **kwargs)
         model._medadapt_base_name = str(name_or_path)  # recorded (never as an absolute path) by save_adapter
-        return model
     except ModelLoadError:
         raise
-    except (OSError, ValueError, RuntimeError, KeyError, ImportError) as exc:
+    except (OSError, ValueError, RuntimeError, KeyError, ImportError, AssertionError) as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         hint = ("; pass trust_remote_code=True if you trust this model's code"
                 if "trust_remote_code" in str(exc) and not trust_remote_code else "")
@@ -184,6 +367,8 @@ def load(name_or_path: str, device: str | None = None, *, trust_remote_code: boo
                 f"({', '.join(sorted(ALIASES))}), and the hub lookup failed ({first}){hint}"
             ) from exc
         raise ModelLoadError(f"cannot load model {name_or_path!r}: {first}{hint}") from exc
+    check_head_widths(model, str(name_or_path))
+    return model
 
 
 def model_fingerprint(model, full_hash_max_params: int = 300_000_000) -> str:

@@ -155,7 +155,8 @@ def test_index_folder_of_format_1_loads_with_the_same_ranking(hyrec_dir, tiny_be
     r.save(tmp_path / "index")
     path = tmp_path / "index" / "manifest.json"
     manifest = json.loads(path.read_text())
-    assert manifest["format"] == 2
+    assert manifest["format"] == 3
+    (tmp_path / "index" / "manifest.sha256").unlink()  # format 1 predates the manifest checksum
     manifest["format"] = 1
     manifest["config"]["fusion"]["dense_weight"] = share  # what the earlier version wrote
     path.write_text(json.dumps(manifest))
@@ -165,7 +166,7 @@ def test_index_folder_of_format_1_loads_with_the_same_ranking(hyrec_dir, tiny_be
     assert [x.ids for x in got] == [x.ids for x in want]
     np.testing.assert_allclose([x.scores for x in got], [x.scores for x in want], rtol=1e-5)
     old.save(tmp_path / "again")  # saved again in the current format
-    assert json.loads((tmp_path / "again" / "manifest.json").read_text())["format"] == 2
+    assert json.loads((tmp_path / "again" / "manifest.json").read_text())["format"] == 3
     manifest["config"]["fusion"]["dense_weight"] = 1.0  # the dense side alone: not expressible any more
     path.write_text(json.dumps(manifest))
     with pytest.raises(Exception, match="dense side alone"):

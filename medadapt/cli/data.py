@@ -155,14 +155,15 @@ def _import_object(spec: str, what: str):
     return obj
 
 
-def _openai_backend(spec: str, api_key_env: str):
+def _openai_backend(spec: str, api_key_env: str, allow_insecure_http: bool = False):
     from medadapt.curation import OpenAIChat
 
     rest = spec[len("openai:"):]
     model, _, base_url = rest.partition("@")
     if not model:
         raise ConfigError(f"{spec!r}: expected openai:MODEL or openai:MODEL@BASE_URL")
-    return OpenAIChat(model, base_url or "https://api.openai.com/v1", api_key_env=api_key_env)
+    return OpenAIChat(model, base_url or "https://api.openai.com/v1", api_key_env=api_key_env,
+                      allow_insecure_http=allow_insecure_http)
 
 
 def _texts_from_jsonl(path: Path, field: str, join_title: bool) -> tuple[list[dict], list[str]]:
@@ -380,6 +381,8 @@ def label_cmd(
                                                                 "(FlagEmbedding).")] = LabelFormat.pairs,
     api_key_env: Annotated[str, typer.Option(help="Environment variable holding the API key of openai: "
                                                   "judges.")] = "OPENAI_API_KEY",
+    allow_insecure_http: Annotated[bool, typer.Option("--allow-insecure-http", help="Send the API key over plain "
+                                                      "http:// to a host other than this machine.")] = False,
     report: Annotated[Optional[Path], typer.Option(help="Write counts and Fleiss' kappa (JSON).")] = None,
     quiet: QuietOpt = False,
 ) -> None:
@@ -399,7 +402,7 @@ def label_cmd(
         judges = []
         for spec in judge:
             if spec.startswith("openai:"):
-                judges.append(PromptJudge(_openai_backend(spec, api_key_env), rub))
+                judges.append(PromptJudge(_openai_backend(spec, api_key_env, allow_insecure_http), rub))
             else:
                 obj = _import_object(spec, "judge")
                 if not callable(obj):
@@ -450,6 +453,8 @@ def sts_cmd(
     seed: Annotated[int, typer.Option(help="Sentence sampling seed.")] = 42,
     api_key_env: Annotated[str, typer.Option(help="Environment variable with the API key (openai:).")] =
     "OPENAI_API_KEY",
+    allow_insecure_http: Annotated[bool, typer.Option("--allow-insecure-http", help="Send the API key over plain "
+                                                      "http:// to a host other than this machine.")] = False,
     quiet: QuietOpt = False,
 ) -> None:
     """Synonym STS data (CMedTEB): positive / hard-negative / easy-negative sentences per synonym pair."""
@@ -468,7 +473,7 @@ def sts_cmd(
         syn = load_synonyms(synonyms)
         sents = _load_sentences(sentences)
         if generator.startswith("openai:"):
-            gen = PromptGenerator(_openai_backend(generator, api_key_env))
+            gen = PromptGenerator(_openai_backend(generator, api_key_env, allow_insecure_http))
         else:
             gen = _import_object(generator, "generator")
             if not callable(gen):

@@ -44,6 +44,25 @@ def _pool_defaults(task: Task) -> tuple[str, ...]:
     return QA_METRICS if task is Task.qa else ENTITY_LINKING_METRICS
 
 
+def check_output_file(path: Path | None, option: str = "--output") -> None:
+    """Refuse, before any work, an output path that is a folder or that cannot be created (the write itself
+    is atomic and refuses these too, but only after the evaluation)."""
+    import os
+
+    if path is None:
+        return
+    path = Path(path)
+    if path.is_dir():
+        raise MedAdaptError(f"{option} {path} is an existing folder; give a file path")
+    parent = path.parent
+    while not parent.exists() and parent != parent.parent:
+        parent = parent.parent
+    if not parent.is_dir():
+        raise MedAdaptError(f"cannot write {path}: {parent} is not a folder")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise MedAdaptError(f"cannot write {path}: no write permission in {parent}")
+
+
 def _task_file(data: str, task: Task, split: str) -> Path:
     """Locate the JSONL for rerank / STS: the path itself, or ``<dir>/<task>.jsonl``, or
     ``<dir>/<task>/<split>.jsonl``."""
@@ -89,6 +108,11 @@ def eval_cmd(
     quiet_libraries()
     try:
         from medadapt.eval import DEFAULT_METRICS, RERANK_METRICS, parse_metric, results_table, write_json
+        from medadapt.models import check_device
+
+        check_device(device)  # before reading data or loading a model
+        check_output_file(output)
+        check_output_file(plot, "--plot")
 
         metric_list = [m.strip() for m in metrics.split(",") if m.strip()] if metrics else None
         if metric_list:
@@ -174,6 +198,8 @@ def eval_cmd(
         _report(results, model, data, split, task, output, plot, time.perf_counter() - t0)
     except MedAdaptError as exc:
         fail(str(exc))
+    except OSError as exc:  # a file system error the steps above did not turn into a MedAdaptError
+        fail(f"{exc.filename + ': ' if exc.filename else ''}{exc.strerror or exc}")
     except KeyboardInterrupt:
         fail("interrupted")
 

@@ -51,8 +51,11 @@ def index_cmd(
     try:
         from pydantic import ValidationError
 
+        from medadapt.models import check_device
         from medadapt.retrieval.config import RetrieverConfig
         from medadapt.retrieval.corpus import load_documents
+
+        check_device(device)  # before reading the corpus or loading a model
 
         try:
             config = RetrieverConfig(
@@ -81,6 +84,8 @@ def index_cmd(
                       f"{', ' + factory if config.uses_dense else ''}) in {time.perf_counter() - t0:.1f} s -> {out}")
     except MedAdaptError as exc:
         fail(str(exc))
+    except OSError as exc:  # a file system error (e.g. --out unwritable) not turned into a MedAdaptError
+        fail(f"{exc.filename + ': ' if exc.filename else ''}{exc.strerror or exc}")
     except KeyboardInterrupt:
         fail("interrupted")
 
@@ -93,14 +98,19 @@ def read_queries(path: Path) -> dict[str, str]:
         from medadapt.data import load_queries
 
         return load_queries(path)
+    from medadapt.data.jsonl import check_id, iter_lines
+
     queries: dict[str, str] = {}
-    for lineno, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
+    for lineno, line in iter_lines(path, "queries file"):
         if not line.strip():
             continue
-        parts = line.split("\t", 1)
+        parts = line.rstrip("\r\n").split("\t", 1)
         if len(parts) != 2 or not parts[1].strip():
             raise DataError(f"{path}:{lineno}: expected 'qid<TAB>query text'")
-        queries[parts[0].strip()] = parts[1].strip()
+        qid = check_id(parts[0].strip(), "query id", path, lineno)
+        if qid in queries:
+            raise DataError(f"{path}:{lineno}: duplicate query id {qid!r}")
+        queries[qid] = parts[1].strip()
     if not queries:
         raise DataError(f"{path}: no queries")
     return queries
@@ -123,6 +133,11 @@ def search_cmd(
     try:
         if (query is None) == (queries is None):
             raise MedAdaptError("give either one QUERY or --queries FILE")
+        from medadapt.cli.eval import check_output_file
+        from medadapt.models import check_device
+
+        check_device(device)
+        check_output_file(output)  # before loading the index and the model
         batch = read_queries(queries) if queries is not None else None
         from medadapt.retrieval.retriever import Retriever
 
@@ -148,6 +163,8 @@ def search_cmd(
                 console.print(f"searched {len(qids)} queries in {time.perf_counter() - t0:.1f} s -> {output}")
     except MedAdaptError as exc:
         fail(str(exc))
+    except OSError as exc:  # a file system error not turned into a MedAdaptError
+        fail(f"{exc.filename + ': ' if exc.filename else ''}{exc.strerror or exc}")
     except KeyboardInterrupt:
         fail("interrupted")
 

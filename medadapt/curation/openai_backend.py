@@ -1,6 +1,12 @@
 """Optional completion backend for any OpenAI-compatible chat-completions server (OpenAI, vLLM, SGLang,
 llama.cpp server, DeepSeek ...). Uses ``httpx`` when installed, else the standard library ``urllib``.
 No request is made at import or construction time; medadapt's tests never call a network.
+
+The API key goes only to the configured base URL: it is refused over plain ``http://`` to a host other than
+this machine (``localhost``, ``127.0.0.0/8``, ``::1``) unless ``allow_insecure_http=True``, and redirects
+are never followed (``httpx`` does not follow them unless asked; the ``urllib`` fallback uses an opener
+without a redirect handler, because ``urllib`` would otherwise re-send the ``Authorization`` header to
+whatever host a redirect names). A redirect is an error naming its target.
 """
 
 from __future__ import annotations
@@ -8,13 +14,30 @@ from __future__ import annotations
 import json
 import os
 import time
+import urllib.error
+import urllib.request
 from collections.abc import Callable
+from urllib.parse import urlsplit
 
-from medadapt.errors import MedAdaptError
+from medadapt.errors import ConfigError, MedAdaptError
 
 
 class BackendError(MedAdaptError):
     """The completion server could not be reached or answered with an error."""
+
+
+def _redirect_error(url: str, code: int, location: str | None) -> "BackendError":
+    return BackendError(f"{url} answered HTTP {code}, a redirect to {location or '(no location)'}; medadapt does "
+                        "not follow redirects (the API key would go there too): set the base URL to the final "
+                        "address")
+
+
+class _NoRedirect(urllib.request.HTTPRedirectHandler):
+    """``urllib`` handler refusing every redirect (the default handler re-sends the request headers,
+    ``Authorization`` included, to the redirect's host, even over plain http)."""
+
+    def redirect_request(self, req, fp, code, msg, headers, newurl):
+        raise _redirect_error(req.full_url, code, newurl)
 
 
 def _post_json(url: str, payload: dict, headers: dict, timeout: float) -> dict:
@@ -25,23 +48,61 @@ def _post_json(url: str, payload: dict, headers: dict, timeout: float) -> dict:
         httpx = None
     if httpx is not None:
         try:
-            resp = httpx.post(url, content=body, headers=headers, timeout=timeout)
+            resp = httpx.post(url, content=body, headers=headers, timeout=timeout, follow_redirects=False)
         except httpx.HTTPError as exc:
             raise BackendError(f"request to {url} failed: {exc}") from None
+        if 300 <= resp.status_code < 400:
+            raise _redirect_error(url, resp.status_code, resp.headers.get("location"))
         if resp.status_code >= 400:
             raise BackendError(f"{url} answered HTTP {resp.status_code}: {resp.text[:200]}")
-        return resp.json()
-    import urllib.error
-    import urllib.request
-
+        try:
+            return resp.json()
+        except ValueError:
+            raise BackendError(f"{url} answered with something that is not JSON: {resp.text[:200]!r}") from None
+    opener = urllib.request.build_opener(_NoRedirect())
     req = urllib.request.Request(url, data=body, headers=headers, method="POST")
     try:
-        with urllib.request.urlopen(req, timeout=timeout) as resp:  # noqa: S310 - user-given URL
+        with opener.open(req, timeout=timeout) as resp:  # noqa: S310 - user-given URL
             return json.loads(resp.read().decode("utf-8"))
     except urllib.error.HTTPError as exc:
         raise BackendError(f"{url} answered HTTP {exc.code}: {exc.read()[:200]!r}") from None
     except (urllib.error.URLError, TimeoutError) as exc:
         raise BackendError(f"request to {url} failed: {exc}") from None
+    except ValueError:
+        raise BackendError(f"{url} answered with something that is not JSON") from None
+
+
+def is_loopback_host(host: str | None) -> bool:
+    """``localhost`` or a loopback IP address (``127.0.0.0/8``, ``::1``): a server on this machine."""
+    import ipaddress
+
+    if not host:
+        return False
+    host = host.strip("[]").lower().rstrip(".")
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def check_base_url(base_url: str, sends_key: bool, allow_insecure_http: bool = False) -> None:
+    """Refuse a base URL that is not ``http(s)://host...``, and plain ``http://`` to another machine when an
+    API key would be sent with it (unless ``allow_insecure_http``).
+
+    Raises:
+        ConfigError: with the reason and the way out.
+    """
+    parts = urlsplit(base_url)
+    scheme = parts.scheme.lower()
+    if scheme not in ("http", "https") or not parts.hostname:
+        raise ConfigError(f"base URL {base_url!r} is not an http:// or https:// URL with a host")
+    if scheme == "http" and sends_key and not allow_insecure_http and not is_loopback_host(parts.hostname):
+        raise ConfigError(
+            f"refusing to send the API key over plain http to {parts.hostname} ({base_url}): use https://, or "
+            "allow it explicitly (allow_insecure_http=True, CLI --allow-insecure-http)"
+        )
 
 
 class OpenAIChat:
@@ -54,15 +115,21 @@ class OpenAIChat:
         temperature / max_tokens / timeout: request settings.
         max_retries: retries (exponential back-off) on transport errors.
         post: the transport ``post(url, payload, headers, timeout) -> dict`` (tests inject a fake).
+        allow_insecure_http: send the API key over plain ``http://`` to a host other than this machine
+            (refused by default: anyone on the path can read it).
+
+    Raises:
+        ConfigError: a base URL that is not http(s), or plain http to another host with an API key.
     """
 
     def __init__(self, model: str, base_url: str = "https://api.openai.com/v1", api_key: str | None = None,
                  api_key_env: str = "OPENAI_API_KEY", temperature: float = 0.0, max_tokens: int = 512,
                  timeout: float = 60.0, max_retries: int = 2,
-                 post: Callable[[str, dict, dict, float], dict] | None = None):
+                 post: Callable[[str, dict, dict, float], dict] | None = None, allow_insecure_http: bool = False):
         self.model = model
         self.base_url = base_url.rstrip("/")
         self.api_key = api_key if api_key is not None else os.environ.get(api_key_env)
+        check_base_url(self.base_url, bool(self.api_key), allow_insecure_http)
         self.temperature = temperature
         self.max_tokens = max_tokens
         self.timeout = timeout
@@ -85,8 +152,8 @@ class OpenAIChat:
             try:
                 reply = self.post(url, payload, headers, self.timeout)
                 break
-            except BackendError:
-                if attempt == self.max_retries:
+            except BackendError as exc:
+                if attempt == self.max_retries or " a redirect to " in str(exc):
                     raise
                 time.sleep(2**attempt)
         try:

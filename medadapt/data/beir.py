@@ -93,8 +93,8 @@ def load_qrels(path: str | Path) -> Qrels:
     """Read a BEIR qrels TSV (``query-id  corpus-id  score``, header optional).
 
     Scores must be integer grades (``1``, ``2.0``, ``-2``) no larger than
-    :data:`~medadapt.eval.metrics.MAX_GRADE`; ids may not hold whitespace or control characters."""
-    from medadapt.eval.metrics import MAX_GRADE
+    :data:`~medadapt.data.jsonl.MAX_GRADE`; ids may not hold whitespace or control characters."""
+    from medadapt.data.jsonl import MAX_GRADE
 
     path = require_file(path, "qrels file")
     qrels: Qrels = {}

@@ -12,6 +12,11 @@ from typing import Any
 from medadapt.errors import DataError
 
 
+#: largest relevance grade accepted in qrels / rerank files (trec_eval allocates memory per grade level and
+#: silently scores 0, or crashes, on huge grades); :mod:`medadapt.eval.metrics` enforces it too
+MAX_GRADE = 1000
+
+
 def require_file(path: str | Path, what: str) -> Path:
     path = Path(path)
     if not path.is_file():

@@ -21,7 +21,7 @@ class RerankItem:
 
 
 def load_rerank(path: str | Path) -> list[RerankItem]:
-    from medadapt.eval.metrics import MAX_GRADE
+    from medadapt.data.jsonl import MAX_GRADE
 
     path = Path(path)
     items = []

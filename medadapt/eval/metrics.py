@@ -15,6 +15,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+from medadapt.data.jsonl import MAX_GRADE  # data flows into eval, never back
+
 Run = dict[str, dict[str, float]]
 Qrels = dict[str, dict[str, int]]
 
@@ -24,8 +26,6 @@ ALL_METRICS = ("ndcg", "recall", "mrr", "map", "precision", "f1", "accuracy")
 DEFAULT_METRICS = ("ndcg@10", "recall@100", "mrr@10", "map@10", "recall@10", "ndcg@100")
 #: largest K in ``NAME@K`` (pytrec_eval misreads cutoffs that overflow a C long)
 MAX_K = 1_000_000
-#: largest relevance grade accepted in qrels
-MAX_GRADE = 1000
 
 
 def parse_metric(name: str) -> tuple[str, int]:

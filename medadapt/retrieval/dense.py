@@ -47,11 +47,47 @@ def new_index(dim: int, factory: str):
     try:
         return faiss.index_factory(int(dim), factory, faiss.METRIC_INNER_PRODUCT)
     except RuntimeError as exc:
-        first = str(exc).strip().rsplit(": ", 1)[-1] if str(exc).strip() else ""
         raise MedAdaptError(
             f"invalid FAISS factory string {factory!r} for dimension {dim} "
-            f"({first}; examples: 'Flat', 'HNSW32', 'IVF1024,Flat', 'IVF4096,PQ64')"
+            f"({_faiss_message(exc)}; examples: 'Flat', 'HNSW32', 'IVF1024,Flat', 'IVF4096,PQ64')"
         ) from None
+
+
+def _faiss_message(exc: BaseException) -> str:
+    """The useful part of the first line of a FAISS error (``Error in ... at file:line: Error: 'x' failed:
+    <message>`` -> ``<message>``)."""
+    import re
+
+    text = str(exc).strip()
+    first = text.splitlines()[0] if text else type(exc).__name__
+    match = re.match(r"Error in .*? at \S+:\d+: (.*)$", first)
+    rest = match.group(1) if match else first
+    for marker in ("failed: ", "Error: "):
+        if marker in rest:
+            rest = rest.rsplit(marker, 1)[-1]
+            break
+    return rest.strip() or first
+
+
+def ivf_lists(index) -> int:
+    """The number of IVF lists (``nlist``) of ``index``, 0 for non-IVF indexes."""
+    import faiss
+
+    ivf = faiss.try_extract_index_ivf(index)
+    return int(ivf.nlist) if ivf is not None else 0
+
+
+def check_trainable(index, factory: str, n_train: int, n_docs: int) -> None:
+    """Refuse, before any encoding, an IVF index with more lists than training vectors (FAISS's k-means
+    needs at least ``nlist`` points and warns below ``39 * nlist``)."""
+    nlist = ivf_lists(index)
+    if nlist and n_train < nlist:
+        fit = max(1, n_docs // 39)
+        raise MedAdaptError(
+            f"FAISS factory {factory!r} has nlist={nlist} IVF lists but the corpus has only {n_docs} documents "
+            f"({n_train} training vectors; IVF needs at least nlist, ideally 39 * nlist): use a smaller nlist "
+            f"such as 'IVF{fit},Flat', or 'Flat' / 'HNSW32' for a corpus this small"
+        )
 
 
 def default_train_size(index) -> int:
@@ -110,9 +146,19 @@ class DenseIndex:
         return normalize(x) if self.normalized else x
 
     def train(self, sample: np.ndarray) -> None:
-        """Train IVF / PQ components (no-op for indexes that need no training)."""
+        """Train IVF / PQ components (no-op for indexes that need no training).
+
+        Raises:
+            MedAdaptError: too few vectors for the IVF lists, or FAISS refused to train (its message).
+        """
         if not self._cpu.is_trained:
-            self._search_index.train(self._prep(sample))
+            check_trainable(self._cpu, self.config.factory, len(sample), len(sample))
+            try:
+                self._search_index.train(self._prep(sample))
+            except RuntimeError as exc:
+                raise MedAdaptError(f"FAISS cannot train {self.config.factory!r} on {len(sample)} vectors "
+                                    f"({_faiss_message(exc)}); try a smaller nlist / fewer PQ bits, or 'Flat'"
+                                    ) from None
 
     def add(self, vectors: np.ndarray) -> None:
         if not self._search_index.is_trained:
@@ -128,6 +174,7 @@ class DenseIndex:
         index = cls.empty(vectors.shape[1], config, normalized)
         if not index.is_trained:
             n = config.train_size or default_train_size(index._cpu)
+            check_trainable(index._cpu, config.factory, min(n, len(vectors)), len(vectors))
             rng = np.random.default_rng(seed)
             sample = vectors if len(vectors) <= n else vectors[np.sort(rng.choice(len(vectors), n, replace=False))]
             index.train(sample)
@@ -158,6 +205,7 @@ class DenseIndex:
         index = cls.empty(dim, config, normalized)
         if not index.is_trained:
             n = min(n_docs, config.train_size or default_train_size(index._cpu))
+            check_trainable(index._cpu, config.factory, n, n_docs)  # before encoding the sample
             rng = np.random.default_rng(seed)
             index.train(embed(np.sort(rng.choice(n_docs, n, replace=False))))
         bar = tqdm(total=n_docs, desc=f"indexing ({config.factory})", unit="doc", disable=not show_progress)

@@ -54,9 +54,13 @@ from medadapt.retrieval.storage import (
     ModelInfo,
     atomic_dir,
     file_infos,
-    read_manifest,
+    load_manifest,
+    manifest_digest,
     write_manifest,
 )
+
+#: How often :meth:`Retriever.load` reads an index that is replaced while it reads it.
+LOAD_ATTEMPTS = 3
 
 
 @dataclass
@@ -85,7 +89,22 @@ class SearchResult:
             yield Hit(i, s, t, ti, r)
 
 
-def describe_model(model, name: str) -> ModelInfo:
+def model_reference(name: str | Path) -> tuple[str, str]:
+    """``(name, source)`` as an index manifest records a model name: an existing local folder as its
+    absolute path (``"local"``: reloaded from that folder from any working directory, never looked up on
+    the hub), a packaged alias as given (``"alias"``), anything else as a hub id (``"hub"``)."""
+    from medadapt.models import ALIASES
+
+    key = str(name).strip()
+    if key.lower() in ALIASES:
+        return key, "alias"
+    path = Path(key).expanduser()
+    if path.is_dir():
+        return str(path.resolve()), "local"
+    return key, "hub"
+
+
+def describe_model(model, name: str, source: str | None = None) -> ModelInfo:
     """What the manifest records about ``model`` (any encoder, or a SentenceTransformer): its
     :meth:`~medadapt.retrieval.encoders.Encoder.encoder_identity` under ``name``."""
     encoder = as_encoder(model)
@@ -99,6 +118,7 @@ def describe_model(model, name: str) -> ModelInfo:
         max_seq_length=ident.get("max_seq_length"),
         query_prompt=ident.get("query_prompt") or "",
         document_prompt=ident.get("document_prompt") or "",
+        source=source,
     )
 
 
@@ -162,7 +182,8 @@ class Retriever:
             cache: an :class:`~medadapt.cache.EmbeddingCache` for a SentenceTransformer's document embeddings
                 (default cache dir).
             model_name: recorded in the manifest so :meth:`load` can reload the model (default: ``model``
-                when it is a string).
+                when it is a string). A local folder is recorded as its absolute path (see
+                :func:`model_reference`), so the index finds it from any working directory.
         """
         config = (config or RetrieverConfig()).model_copy()
         if kind is not None:
@@ -171,6 +192,9 @@ class Retriever:
             raise MedAdaptError("cannot index an empty corpus")
         encoder, name = _build_encoder(model, config, cache)
         model_name = model_name or name
+        model_source = None
+        if model_name:
+            model_name, model_source = model_reference(model_name)
         sparse = config.uses_lexical and isinstance(encoder, SparseEncoder)
         if config.uses_dense and not isinstance(encoder, DenseEncoder):
             raise MedAdaptError(f"a {config.kind} index needs a dense model (e.g. model='minilm')")
@@ -198,7 +222,7 @@ class Retriever:
 
         manifest = Manifest(
             medadapt_version=__version__, kind=config.kind, encoder=used.encoder_tag if used else ST_TAG,
-            model=describe_model(used, model_name or "") if used else None,
+            model=describe_model(used, model_name or "", model_source) if used else None,
             embedding_dim=dense.dim if dense else None, normalized=dense.normalized if dense else None,
             corpus_hash=docs.content_hash(), n_docs=len(docs), config=config.model_dump(mode="json"),
         )
@@ -357,13 +381,36 @@ class Retriever:
             mmap: memory-map the FAISS file instead of reading it (large indexes).
 
         Raises:
-            IndexMismatchError: ``model`` is not the model the index was built with.
-            IndexCorruptError: a file is missing, truncated, modified or unreadable.
+            IndexMismatchError: ``model`` is not the model the index was built with, or the local model
+                folder the index records is gone.
+            IndexCorruptError: a file (the manifest included: ``manifest.sha256``) is missing, truncated,
+                modified or unreadable, or the index kept changing while being read.
+
+        The files are read by path after the manifest; if the folder is replaced meanwhile (a concurrent
+        ``save``), the manifest's bytes differ afterwards and the whole index is read again (up to
+        :data:`LOAD_ATTEMPTS` times), so the result never pairs one version's manifest with another's files.
         """
+        folder = Path(folder)
+        encoders: dict = {}  # a model loaded once serves every attempt
+        for _ in range(LOAD_ATTEMPTS):
+            manifest, digest = load_manifest(folder, verify=verify)
+            try:
+                retriever = cls._load_version(folder, manifest, model, device, mmap, encoders)
+            except (MedAdaptError, OSError):
+                if manifest_digest(folder) != digest:
+                    continue  # replaced while reading: the error belongs to the mix, not to either version
+                raise
+            if manifest_digest(folder) == digest:
+                return retriever
+        raise IndexCorruptError(f"{folder}: the index changed while being read ({LOAD_ATTEMPTS} attempts); "
+                                "try again when it is no longer being rewritten")
+
+    @classmethod
+    def _load_version(cls, folder: Path, manifest: Manifest, model, device, mmap: bool,
+                      encoders: dict) -> Retriever:
+        """The index files read by path, checked against ``manifest`` (see :meth:`load`)."""
         import json
 
-        folder = Path(folder)
-        manifest = read_manifest(folder, verify=verify)
         try:
             config = RetrieverConfig.model_validate(_current_config(manifest, folder))
         except ValueError as exc:
@@ -385,7 +432,7 @@ class Retriever:
                                         f"manifest says {manifest.n_docs}")
         encoder = None  # a learned sparse index encodes its lexical queries with the model too
         if config.uses_dense or (lexical is not None and lexical.weighting is None):
-            encoder = _check_model(folder, manifest, model, device, config.uses_dense)
+            encoder = _check_model(folder, manifest, model, device, config.uses_dense, encoders)
         if config.uses_dense:
             dense = DenseIndex.load(folder, config.dense, bool(manifest.normalized), mmap=mmap)
             if dense.ntotal != manifest.n_docs or dense.dim != manifest.embedding_dim:
@@ -444,10 +491,11 @@ def _keyed(scores: dict[int, float]) -> dict[str, float]:
     return {f"{p:012d}": s for p, s in scores.items()}
 
 
-def _check_model(folder: Path, manifest: Manifest, model, device, dense: bool):
+def _check_model(folder: Path, manifest: Manifest, model, device, dense: bool, encoders: dict | None = None):
     """The index's encoder: reloaded from the name its manifest records (by the encoder kind of its tag), or
     the given model, checked against the manifest (tag and fingerprint; for a dense index also dimension,
-    similarity and prompts)."""
+    similarity and prompts). A name recorded as a local folder is loaded from that folder only, never
+    looked up as a hub id. ``encoders`` keeps models loaded by name across :meth:`Retriever.load`'s attempts."""
     tag = manifest.encoder
     info = manifest.model
     if info is None:
@@ -457,8 +505,16 @@ def _check_model(folder: Path, manifest: Manifest, model, device, dense: bool):
         if not info.name:
             raise MedAdaptError(f"{folder} was built from an in-memory model with no name; pass model=... to load it")
         model = info.name
+        if info.source == "local" and not Path(info.name).is_dir():
+            raise IndexMismatchError(f"{folder} was built with the model folder {info.name}, which is gone; "
+                                     "pass the same model with --model / model=..., or rebuild the index")
     if isinstance(model, (str, Path)):
-        encoder = get_encoder_kind(tag).load(str(model), device=device)
+        key = (tag, str(model), device)
+        encoder = encoders.get(key) if encoders is not None else None
+        if encoder is None:
+            encoder = get_encoder_kind(tag).load(str(model), device=device)
+            if encoders is not None:
+                encoders[key] = encoder
     else:
         encoder = as_encoder(model)
     if encoder.encoder_tag != tag:

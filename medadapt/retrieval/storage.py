@@ -3,6 +3,13 @@
 A folder is written next to its target under a temporary name and swapped in with ``os.replace``; a
 killed ``save`` leaves the previous index (or nothing), never a mix. The manifest lists every file with
 its size and SHA-256, so a truncated or edited file is refused on load with one clear error.
+
+The manifest itself is covered by ``manifest.sha256`` (``sha256sum`` format: ``<hex>  manifest.json``),
+written in the same folder swap, and checked by :func:`read_manifest` before the manifest is used (a
+changed byte is refused before any model is loaded). Indexes of format 1 and 2 (written before it existed)
+have no ``manifest.sha256`` and are still read; from format 3 on a missing ``manifest.sha256`` is an error.
+The checksum catches corruption and accidental edits; it is no signature (whoever can write the folder can
+rewrite both files).
 """
 
 from __future__ import annotations
@@ -20,14 +27,20 @@ from typing import Any, Optional
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from medadapt.errors import MedAdaptError
-from medadapt.io import atomic_write_json, clean_leftovers, swap_in
+from medadapt.io import atomic_open, clean_leftovers, swap_in
 from medadapt.retrieval.errors import IndexCorruptError
 
 MANIFEST = "manifest.json"
-#: Written by this version. 2: ``config.fusion.dense_weight`` means ``lexical + dense_weight * dense``;
-#: 1 (still read): it was the convex share ``w * dense + (1 - w) * lexical`` (converted on load).
-FORMAT = 2
-READABLE_FORMATS = (1, 2)
+#: SHA-256 of ``manifest.json``'s bytes (format 3 on).
+MANIFEST_SUM = "manifest.sha256"
+#: Written by this version. 3: ``manifest.sha256`` covers the manifest, and ``model.source`` says whether
+#: ``model.name`` is a local folder (stored as an absolute path), an alias or a hub id. 2 (still read):
+#: ``config.fusion.dense_weight`` means ``lexical + dense_weight * dense``; no manifest checksum. 1 (still
+#: read): ``dense_weight`` was the convex share ``w * dense + (1 - w) * lexical`` (converted on load).
+FORMAT = 3
+READABLE_FORMATS = (1, 2, 3)
+#: The first format whose folders must have ``manifest.sha256``.
+CHECKSUM_FORMAT = 3
 
 
 class ModelInfo(BaseModel):
@@ -40,6 +53,9 @@ class ModelInfo(BaseModel):
     max_seq_length: Optional[int] = None
     query_prompt: str = ""
     document_prompt: str = ""
+    #: ``"local"``: ``name`` is an absolute model folder path, never looked up on the hub; ``"alias"``: a
+    #: packaged alias (``minilm``); ``"hub"``: a hub id; ``None``: not recorded (format 1-2, in-memory models).
+    source: Optional[str] = None
 
 
 class FileInfo(BaseModel):
@@ -78,11 +94,45 @@ def file_infos(folder: Path, names: list[str]) -> dict[str, FileInfo]:
 
 
 def write_manifest(folder: Path, manifest: Manifest) -> None:
-    atomic_write_json(folder / MANIFEST, manifest.model_dump(mode="json"))
+    """Write ``manifest.json`` and its checksum ``manifest.sha256`` (both atomically; an index folder is
+    written as a whole by :func:`atomic_dir`, so readers see both files of one version)."""
+    from medadapt.io import atomic_write_text
+
+    text = json.dumps(manifest.model_dump(mode="json"), indent=2, ensure_ascii=False, allow_nan=False) + "\n"
+    raw = text.encode("utf-8")
+    atomic_write_text(folder / MANIFEST_SUM, f"{hashlib.sha256(raw).hexdigest()}  {MANIFEST}\n")
+    with atomic_open(folder / MANIFEST, "wb") as f:
+        f.write(raw)
+
+
+def manifest_digest(folder: str | Path) -> str | None:
+    """SHA-256 of ``folder/manifest.json``'s bytes now (``None`` when it cannot be read)."""
+    try:
+        return hashlib.sha256((Path(folder) / MANIFEST).read_bytes()).hexdigest()
+    except OSError:
+        return None
+
+
+def _recorded_digest(path: Path) -> str:
+    try:
+        text = path.read_text(encoding="ascii")
+    except (OSError, ValueError) as exc:
+        raise IndexCorruptError(f"{path}: cannot read the manifest checksum ({exc})") from None
+    parts = text.split()
+    digest = parts[0].lower() if parts else ""
+    if len(digest) != 64 or any(c not in "0123456789abcdef" for c in digest):
+        raise IndexCorruptError(f"{path}: not a SHA-256 checksum; the index is corrupted")
+    return digest
 
 
 def read_manifest(folder: str | Path, verify: bool = True) -> Manifest:
     """Read and check ``manifest.json``; with ``verify`` also each file's size and SHA-256."""
+    return load_manifest(folder, verify)[0]
+
+
+def load_manifest(folder: str | Path, verify: bool = True) -> tuple[Manifest, str]:
+    """:func:`read_manifest` and the SHA-256 of the manifest bytes it read. The bytes are checked against
+    ``manifest.sha256`` before they are parsed or used."""
     folder = Path(folder)
     if not folder.is_dir():
         raise MedAdaptError(f"index folder not found: {folder}")
@@ -90,14 +140,29 @@ def read_manifest(folder: str | Path, verify: bool = True) -> Manifest:
     if not path.is_file():
         raise IndexCorruptError(f"{folder}: not a medadapt index (no {MANIFEST})")
     try:
-        manifest = Manifest.model_validate(json.loads(path.read_text(encoding="utf-8")))
+        raw = path.read_bytes()
+    except OSError as exc:
+        raise IndexCorruptError(f"{path}: cannot read ({exc.strerror or exc})") from None
+    digest = hashlib.sha256(raw).hexdigest()
+    sum_path = folder / MANIFEST_SUM
+    has_sum = sum_path.is_file()
+    if has_sum and _recorded_digest(sum_path) != digest:
+        raise IndexCorruptError(f"{path}: checksum differs from {MANIFEST_SUM}; the manifest was modified or "
+                                "is corrupted: rebuild the index")
+    try:
+        manifest = Manifest.model_validate(json.loads(raw.decode("utf-8")))
     except (ValueError, ValidationError) as exc:
         first = str(exc).strip().splitlines()[0]
         raise IndexCorruptError(f"{path}: invalid manifest ({first})") from None
     if manifest.format not in READABLE_FORMATS:
         raise IndexCorruptError(f"{path}: index format {manifest.format} is not supported (this medadapt reads "
                                 f"{', '.join(map(str, READABLE_FORMATS))})")
+    if not has_sum and manifest.format >= CHECKSUM_FORMAT:
+        raise IndexCorruptError(f"{folder}: {MANIFEST_SUM} is missing (index format {manifest.format} has one); "
+                                "the index is corrupted: rebuild it")
     for name, info in manifest.files.items():
+        if Path(name).is_absolute() or ".." in Path(name).parts:
+            raise IndexCorruptError(f"{path}: file name {name!r} points outside the index folder")
         f = folder / name
         if not f.is_file():
             raise IndexCorruptError(f"{folder}: file {name} is missing; rebuild the index")
@@ -105,7 +170,7 @@ def read_manifest(folder: str | Path, verify: bool = True) -> Manifest:
             raise IndexCorruptError(f"{f}: size {f.stat().st_size} != {info.bytes} recorded; the index is corrupted")
         if verify and sha256_file(f) != info.sha256:
             raise IndexCorruptError(f"{f}: checksum differs from the manifest; the index is corrupted")
-    return manifest
+    return manifest, digest
 
 
 @contextlib.contextmanager
