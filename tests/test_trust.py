@@ -276,3 +276,51 @@ def test_resume_refuses_a_base_model_folder_replaced_by_other_weights(tiny_beir_
     assert build_tiny_bert(root, seed=1) == bert  # rebuilt in place: same name, other weights
     with pytest.raises(TrainingError, match="another run"):
         run_recipe(load_recipe(recipe_file, sets), out, show_progress=False, evaluate=False, log=lambda m: None)
+
+
+# ---------------------------------------------------------------- through the command line
+
+
+def _cli(args, env_extra, tmp_path):
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false", **env_extra}
+    return subprocess.run([sys.executable, "-m", "medadapt", *args], capture_output=True, text=True, env=env,
+                          timeout=300, cwd=tmp_path)
+
+
+def test_cli_shows_a_recovery_as_one_warning_line_and_gives_the_same_numbers(tiny_bert_dir, tiny_beir_dir,
+                                                                            tmp_path):
+    """A truncated cache shard: the eval still succeeds with the same numbers, and says what it repaired
+    (the CLI silences third-party warnings, never medadapt's own)."""
+    import json
+
+    cache = tmp_path / "cache"
+    args = ["eval", "--model", str(tiny_bert_dir), "--data", str(tiny_beir_dir), "--split", "test", "-q"]
+    first = _cli([*args, "--output", str(tmp_path / "a.json")], {"MEDADAPT_CACHE": str(cache)}, tmp_path)
+    assert first.returncode == 0, first.stderr
+    assert "warning:" not in first.stderr
+    shard = sorted(cache.rglob("shard-*.safetensors"))[0]
+    shard.write_bytes(shard.read_bytes()[:-7])
+    second = _cli([*args, "--output", str(tmp_path / "b.json")], {"MEDADAPT_CACHE": str(cache)}, tmp_path)
+    assert second.returncode == 0, second.stderr
+    warnings = [ln for ln in second.stderr.splitlines() if ln.startswith("warning:")]
+    assert len(warnings) == 1 and "corrupt" in warnings[0] and "Traceback" not in second.stderr
+    a, b = (json.loads((tmp_path / n).read_text()) for n in ("a.json", "b.json"))
+    assert a.get("metrics", a) == b.get("metrics", b)
+
+
+def test_ids_that_would_forge_trec_lines_never_reach_a_run_file(tmp_path):
+    """Loaders refuse such ids (tests/test_trust_data.py); the Python API's Documents does too, and
+    ``medadapt search`` refuses a tag that would split a line."""
+    from medadapt.errors import DataError
+    from medadapt.retrieval import Documents, Retriever
+
+    with pytest.raises(DataError, match="document id 'bad id' contains whitespace"):
+        Documents(["ok", "bad id"], ["a text", "another text"])
+    docs = Documents(["d1", "d2"], ["gout is arthritis", "asthma needs an inhaler"])
+    Retriever.build(docs, kind="lexical").save(tmp_path / "index")
+    (tmp_path / "q.tsv").write_text("q1\tgout\n")
+    proc = _cli(["search", "--index", str(tmp_path / "index"), "--queries", str(tmp_path / "q.tsv"), "--tag",
+                 "my run", "--output", str(tmp_path / "run.txt")], {"MEDADAPT_CACHE": str(tmp_path / "c")},
+                tmp_path)
+    assert proc.returncode == 1 and "--tag 'my run' contains whitespace" in proc.stderr
+    assert "Traceback" not in proc.stderr and not (tmp_path / "run.txt").exists()

@@ -16,7 +16,10 @@ def quiet_libraries() -> None:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     import warnings
 
+    from medadapt.errors import MedAdaptWarning
+
     warnings.filterwarnings("ignore")
+    warnings.filterwarnings("default", category=MedAdaptWarning)  # medadapt's own recoveries stay visible
     try:
         from transformers.utils import logging as hf_logging
 

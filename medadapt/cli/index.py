@@ -150,6 +150,14 @@ def search_cmd(
         t0 = time.perf_counter()
         qids = list(batch)
         results = retriever.batch_search([batch[q] for q in qids], k)
+        from medadapt.data.jsonl import has_bad_id_chars
+
+        if has_bad_id_chars(tag):
+            fail(f"--tag {tag!r} contains whitespace or control characters (it is one TREC column)")
+        bad = next((hit.id for res in results for hit in res if has_bad_id_chars(hit.id)), None)
+        if bad is not None:  # an index built from ids medadapt's loaders refuse (Python API, older versions)
+            fail(f"document id {bad!r} in {index} contains whitespace or control characters and would split "
+                 "the TREC run line; rebuild the index with ids without them")
         lines = [
             f"{qid} Q0 {hit.id} {hit.rank} {hit.score:.6f} {tag}\n"
             for qid, res in zip(qids, results) for hit in res

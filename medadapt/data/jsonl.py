@@ -51,6 +51,14 @@ def check_utf8(line: str, path: Path | str, lineno: int) -> None:
                         "save the file as UTF-8")
 
 
+_BAD_ID_CHAR = re.compile(r"[\s\x00-\x1f\x7f-\x9f]")  # whitespace (Unicode) and control characters (Cc)
+
+
+def has_bad_id_chars(value: str) -> bool:
+    """True for an empty id or one holding whitespace or control characters (see :func:`check_id`)."""
+    return not value or _BAD_ID_CHAR.search(value) is not None
+
+
 def check_id(value: str, what: str, path: Path | str, lineno: int) -> str:
     """Refuse an empty id or one holding whitespace or control characters: ids are written into
     whitespace-separated TREC run and qrels files, where such an id would split or forge lines."""

@@ -37,6 +37,11 @@ class Documents:
             raise ValueError("ids, texts and titles must have the same length")
         if len(set(self.ids)) != len(self.ids):
             raise ValueError("document ids must be unique")
+        from medadapt.data.jsonl import check_id, has_bad_id_chars
+
+        for n, did in enumerate(self.ids, start=1):
+            if has_bad_id_chars(did):  # they would split TREC run lines written from this index
+                check_id(did, "document id", "documents", n)
 
     def __len__(self) -> int:
         return len(self.ids)

@@ -224,7 +224,7 @@ def _readable_checkpoint(directory: Path):
             return (path, *load_checkpoint(path))
         except CheckpointCorruptError as exc:
             problems.append(str(exc))
-            warn(f"checkpoint {exc} is unreadable; resuming from the one before it")
+            warn(f"checkpoint {exc}: unreadable, resuming from the one before it")
     raise TrainingError(f"no checkpoint in {directory} can be read ({'; '.join(problems[:3])}); pass "
                         "--overwrite to start the run afresh")
 
