@@ -8,6 +8,7 @@ import pytest
 from medadapt.data import load_beir
 from medadapt.data.rerank import RerankItem
 from medadapt.data.sts import StsPair
+from medadapt.errors import MedAdaptError
 from medadapt.eval import (
     evaluate_rerank,
     evaluate_retrieval,
@@ -126,3 +127,55 @@ def test_plot_and_json(tmp_path):
     assert json.loads((tmp_path / "r.json").read_text()) == {"ndcg@10": 0.5}
     png = plot_results({"a": {"ndcg@10": 0.5, "recall@100": 0.9}, "b": {"ndcg@10": 0.6}}, tmp_path / "p.png")
     assert png.read_bytes()[:4] == b"\x89PNG"
+
+
+STS_PAIRS = [StsPair("diabetes", "diabetes thirst", 5.0), StsPair("diabetes", "asthma inhaler wheezing", 0.0),
+             StsPair("gout toe", "gout uric acid toe", 4.0), StsPair("insomnia", "eczema rash", 0.5),
+             StsPair("asthma", "asthma wheezing inhaler", 4.5), StsPair("gout", "blood sugar", 1.0)]
+
+
+def _pearson(a, b):
+    from scipy.stats import pearsonr
+
+    return pearsonr(a, b)[0]
+
+
+def test_sts_is_cosine_even_for_a_dot_product_model(tiny_bert_dir):
+    """BMRetriever-style models declare the dot product for retrieval; STS is scored by cosine (the papers),
+    the model's own similarity only on request."""
+    from sentence_transformers import SentenceTransformer
+
+    full = SentenceTransformer(str(tiny_bert_dir), device="cpu")
+    dot_model = SentenceTransformer(modules=list(full._modules.values())[:2], device="cpu",
+                                    similarity_fn_name="dot")  # no Normalize: norms differ per text
+    a = dot_model.encode([p.sentence1 for p in STS_PAIRS])
+    b = dot_model.encode([p.sentence2 for p in STS_PAIRS])
+    gold = [p.score for p in STS_PAIRS]
+    cos = (a * b).sum(1) / (np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1))
+    dot = (a * b).sum(1)
+    assert abs(_pearson(cos, gold) - _pearson(dot, gold)) > 1e-3  # the choice matters on this data
+    assert evaluate_sts(dot_model, STS_PAIRS)["pearson"] == pytest.approx(_pearson(cos, gold), abs=1e-5)
+    assert evaluate_sts(dot_model, STS_PAIRS, similarity="model")["pearson"] == pytest.approx(
+        _pearson(dot, gold), abs=1e-5)
+    assert evaluate_sts(dot_model, STS_PAIRS, similarity="dot")["pearson"] == pytest.approx(
+        _pearson(dot, gold), abs=1e-5)
+
+
+def test_sts_on_an_asymmetric_model_uses_one_named_route(tmp_path):
+    """Both sentences through the query tower by default (not the Router's silent default route), or through
+    the document tower when asked."""
+    from conftest import build_tiny_bert
+    from sentence_transformers import SentenceTransformer
+    from sentence_transformers.base.modules import Normalize, Router
+
+    q_st = SentenceTransformer(str(build_tiny_bert(tmp_path / "q", seed=1)), device="cpu")
+    d_st = SentenceTransformer(str(build_tiny_bert(tmp_path / "d", seed=2)), device="cpu")
+    router = Router.for_query_document(query_modules=list(q_st._modules.values())[:-1],
+                                       document_modules=list(d_st._modules.values())[:-1])
+    asym = SentenceTransformer(modules=[router, Normalize()], device="cpu")
+    by_query, by_doc = evaluate_sts(q_st, STS_PAIRS), evaluate_sts(d_st, STS_PAIRS)
+    assert abs(by_query["pearson"] - by_doc["pearson"]) > 1e-3
+    assert evaluate_sts(asym, STS_PAIRS)["pearson"] == pytest.approx(by_query["pearson"], abs=1e-5)
+    assert evaluate_sts(asym, STS_PAIRS, route="document")["pearson"] == pytest.approx(by_doc["pearson"], abs=1e-5)
+    with pytest.raises(MedAdaptError, match="route must be query or document"):
+        evaluate_sts(asym, STS_PAIRS, route="both")

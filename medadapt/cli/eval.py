@@ -28,6 +28,17 @@ def _hyrec_dir(model: str) -> Path | None:
     return path if (path / "hyrec" / "config.json").is_file() else None
 
 
+class StsSimilarity(str, enum.Enum):
+    cosine = "cosine"
+    dot = "dot"
+    model = "model"
+
+
+class Route(str, enum.Enum):
+    query = "query"
+    document = "document"
+
+
 class Task(str, enum.Enum):
     retrieval = "retrieval"
     rerank = "rerank"
@@ -102,12 +113,19 @@ def eval_cmd(
         Optional[str], typer.Option(help="Instruction prepended to queries (sets the model's 'query' prompt), "
                                          "e.g. 'Given a question, retrieve ...\\nQuery: '.")
     ] = None,
+    similarity: Annotated[
+        StsSimilarity, typer.Option(help="STS: cosine (as the papers score STS), dot, or the model's own.")
+    ] = StsSimilarity.cosine,
+    route: Annotated[
+        Optional[Route], typer.Option(help="STS on an asymmetric (CARE) model: the tower that encodes both "
+                                           "sentences (default query).")
+    ] = None,
 ) -> None:
     """Evaluate a model on retrieval (nDCG/Recall/MRR/MAP@k), rerank (MAP@10), STS (Pearson/Spearman), QA
     (Recall@5/20, nDCG@20), entity linking (Recall@1/5, MRR@5) or paper recommendation (MAP, nDCG)."""
     quiet_libraries()
     try:
-        from medadapt.eval import DEFAULT_METRICS, RERANK_METRICS, parse_metric, results_table, write_json
+        from medadapt.eval import DEFAULT_METRICS, RERANK_METRICS, parse_metric
         from medadapt.models import check_device
 
         check_device(device)  # before reading data or loading a model
@@ -192,7 +210,8 @@ def eval_cmd(
             if metric_list:
                 raise MedAdaptError("--metrics does not apply to STS (it reports pearson and spearman)")
             try:
-                results = evaluate_sts(st_model, items, batch_size, not quiet)
+                results = evaluate_sts(st_model, items, batch_size, not quiet, similarity=similarity.value,
+                                       route=route.value if route else None)
             except ValueError as exc:
                 raise MedAdaptError(str(exc)) from None
         _report(results, model, data, split, task, output, plot, time.perf_counter() - t0)
