@@ -52,7 +52,7 @@ def evaluate_sts(model, pairs: list[StsPair], batch_size: int = 64, show_progres
         raise MedAdaptError(f"STS route must be query or document, got {route!r}")
     if route is None and _is_asymmetric(model):
         route = "query"
-    encode = {None: model.encode, "query": model.encode_query, "document": model.encode_document}[route]
+    encode = getattr(model, {None: "encode", "query": "encode_query", "document": "encode_document"}[route])
     a = encode([p.sentence1 for p in pairs], batch_size=batch_size, convert_to_tensor=True,
                show_progress_bar=show_progress)
     b = encode([p.sentence2 for p in pairs], batch_size=batch_size, convert_to_tensor=True,
