@@ -319,3 +319,35 @@ def test_branch_pooling_follows_the_backbone_and_a_mismatch_stops_before_trainin
                                               f"branches.0.model.pooling={other}"],
                    show_progress=False, log=lambda m: None)
     assert not (tmp_path / "run").exists() and not (tmp_path / "run.checkpoints").exists()
+
+
+def test_composed_hybrid_chooses_its_fusion_weight_on_a_held_out_split(tiny_bert_dir, tiny_beir_dir, tmp_path,
+                                                                        monkeypatch):
+    """``branches.0.eval.tune_dense_weight``: each weight's hybrid score equals a plain evaluation with that
+    weight, the best one is kept in the saved folder, and tuning on the reported split is refused."""
+    from medadapt.errors import ConfigError
+    from medadapt.hyrec.evaluate import evaluate_hyrec
+    from medadapt.hyrec.model import HyReCModel
+    from medadapt.recipes import run_recipe
+
+    monkeypatch.setenv("MEDADAPT_CACHE", str(tmp_path / "cache"))
+    recipe = Path(__file__).resolve().parents[1] / "recipes" / "med-moe-embed-hybrid-tiny.yaml"
+    sets = [f"model.backbone={tiny_bert_dir}", f"data.path={tiny_beir_dir}", "data.hard_negatives.window=[2, 6]",
+            "training.batch_size=4", "branches.0.negatives.window=[2, 6]", "branches.0.training.batch_size=4",
+            "eval.split=test", "branches.0.eval.tune_dense_weight=[0.0, 0.5, 1.0, 4.0]",
+            "branches.0.eval.tune_split=train"]
+    with pytest.raises(ConfigError, match="held-out split"):  # refused before anything trains
+        run_recipe(recipe, tmp_path / "bad", [*sets, "branches.0.eval.tune_split=test"], show_progress=False,
+                   log=lambda _m: None)
+    assert not (tmp_path / "bad").exists() and not (tmp_path / "bad.checkpoints").exists()
+    res = run_recipe(recipe, tmp_path / "run", sets, show_progress=False, log=lambda _m: None)
+    tuning = res.details["dense_weight_tuning"]
+    scores = {float(w): v for w, v in tuning["ndcg@10"].items()}
+    assert tuning["chosen"] == max(scores, key=lambda w: (scores[w], -list(scores).index(w)))
+    loaded = HyReCModel.load(tmp_path / "run", device="cpu")
+    assert loaded.config.dense_weight == tuning["chosen"]
+    for w in (0.0, 4.0):  # the sweep's numbers are what a plain evaluation at that weight gives
+        loaded.config.dense_weight = w
+        plain = evaluate_hyrec(loaded, tiny_beir_dir, "train", "hybrid", ["ndcg@10"], dense_source="cache",
+                               show_progress=False)
+        assert plain["ndcg@10"] == pytest.approx(scores[w], abs=1e-6)

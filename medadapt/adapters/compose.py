@@ -83,7 +83,7 @@ class BranchKind:
             model (a SentenceTransformer, possibly with heads) and trains it; the result has ``save`` /
             ``save_adapter`` and is what the run evaluates and saves.
         evaluate: ``fn(recipe, model, section, ctx) -> {metric: value}`` for the composed model.
-        check: optional ``fn(model, section)`` run on the loaded base model before any training; raises
+        check: optional ``fn(model, section, recipe)`` run on the loaded base model before any training; raises
             :class:`~medadapt.errors.ConfigError` for a branch that cannot sit on it.
     """
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 import time
 from typing import Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from medadapt.adapters.compose import BranchKind, register_branch
 from medadapt.config import Section
@@ -57,6 +57,22 @@ class BranchNegativesSection(NegativesSection):
     miner: str = Field("model", description="model: the composed dense model; else a model name")
 
 
+class BranchEvalSection(HyReCEvalSection):
+    """HyReC's evaluation section, plus choosing the fusion weight on a held-out split."""
+
+    tune_dense_weight: list[float] | None = Field(
+        None, description="dense_weight values to try after training; the best hybrid nDCG@10 on tune_split "
+        "is kept in the saved model (None: keep model.dense_weight)")
+    tune_split: str = Field("dev", description="held-out split the weight is chosen on (never the test split)")
+
+    @field_validator("tune_dense_weight")
+    @classmethod
+    def _weights(cls, v):
+        if v is not None and (not v or any(w < 0 for w in v)):
+            raise ValueError("tune_dense_weight must list weights >= 0")
+        return v
+
+
 class HyReCLexicalBranch(Section):
     """A ``branches:`` entry: HyReC's learned-lexical branch beside the composed dense model."""
 
@@ -65,7 +81,7 @@ class HyReCLexicalBranch(Section):
     negatives: BranchNegativesSection = Field(default_factory=BranchNegativesSection)
     loss: HyReCLossSection = Field(default_factory=lambda: HyReCLossSection(dense_weight=0.0))
     training: HyReCTrainingSection = Field(default_factory=_branch_training)
-    eval: HyReCEvalSection = Field(default_factory=lambda: HyReCEvalSection(dense_source="cache"))
+    eval: BranchEvalSection = Field(default_factory=lambda: BranchEvalSection(dense_source="cache"))
 
     @model_validator(mode="after")
     def _branch_only(self) -> HyReCLexicalBranch:
@@ -144,6 +160,22 @@ def build_and_train(model, section: HyReCLexicalBranch, recipe, ctx):
     ctx.result.details["branch_steps"] = res.steps
     ctx.result.details["branch_examples"] = len(examples)
     hy.eval()
+    ev = section.eval
+    if ev.tune_dense_weight:
+        from medadapt.hyrec.evaluate import tune_dense_weight
+
+        t0 = time.perf_counter()
+        tune_data = load_beir(ctx.resolve(recipe.eval.data or recipe.data.path), [ev.tune_split])
+        best, scores = tune_dense_weight(hy, tune_data, ev.tune_split, ev.tune_dense_weight, cache=cache,
+                                         state_cache=state_cache, dense_source=ev.dense_source,
+                                         batch_size=ev.batch_size, show_progress=ctx.show_progress,
+                                         cached_lexicon=True)
+        hy.config.dense_weight = best
+        ctx.result.details["dense_weight_tuning"] = {"split": ev.tune_split, "chosen": best,
+                                                     "ndcg@10": {f"{w:g}": v for w, v in scores.items()},
+                                                     "seconds": round(time.perf_counter() - t0, 1)}
+        ctx.log(f"HyReC lexical branch: dense_weight {best:g} chosen on {ev.tune_split} "
+                f"(nDCG@10 {scores[best]:.4f}; weight 1: {scores.get(1.0, float('nan')):.4f})")
     _STATE_CACHES[hy] = state_cache
     return hy
 
@@ -162,9 +194,13 @@ def evaluate(recipe, model, section: HyReCLexicalBranch, ctx) -> dict[str, float
     return {f"{mode}/{k}": v for mode, vals in modes.items() for k, v in vals.items()}
 
 
-def check(model, section: HyReCLexicalBranch) -> None:
-    """Refuse, before any training, a branch that cannot sit on ``model`` (its pooling)."""
+def check(model, section: HyReCLexicalBranch, recipe) -> None:
+    """Refuse, before any training, a branch that cannot sit on ``model`` (its pooling) or that would choose
+    its fusion weight on the split the run reports."""
     branch_pooling(model, section.model.pooling)
+    if section.eval.tune_dense_weight and section.eval.tune_split == recipe.eval.split:
+        raise ConfigError(f"branches.hyrec_lexical.eval.tune_split {section.eval.tune_split!r} is the split the "
+                          "run reports; choose the fusion weight on a held-out split")
 
 
 register_branch(BranchKind("hyrec_lexical", HyReCLexicalBranch, build_and_train, evaluate, check))

@@ -27,7 +27,7 @@ import numpy as np
 
 from medadapt.errors import ConfigError
 
-__all__ = ["evaluate_hyrec", "MODES"]
+__all__ = ["evaluate_hyrec", "tune_dense_weight", "MODES"]
 
 MODES = ("lexical", "dense", "hybrid")
 
@@ -58,7 +58,7 @@ def evaluate_hyrec(model_or_dir, dataset, split: str = "test",
                    state_cache=None, dense_source: Literal["model", "cache", "states"] = "model",
                    fusion: Literal["nm", "minmax"] = "nm", depth: int = 100, batch_size: int = 32,
                    show_progress: bool = True, return_runs: bool = False,
-                   cached_lexicon: bool = False):
+                   cached_lexicon: bool = False, dense_weights: Iterable[float] | None = None):
     """Metrics of ``mode`` on ``split`` (plus ``q_terms`` / ``d_terms`` when the lexical side is used).
 
     Args:
@@ -67,6 +67,8 @@ def evaluate_hyrec(model_or_dir, dataset, split: str = "test",
         state_cache: a :class:`~medadapt.hyrec.data.SharedStateCache` (frozen variant) to reuse token states.
         return_runs: also return ``{mode: run}`` for every mode computed.
         cached_lexicon: take the lexicon encoder's states from ``state_cache`` (frozen lexicon encoder only).
+        dense_weights: hybrid (``nm``) only: also fuse with each of these ``dense_weight`` values, from the
+            same encoding pass, as runs ``hybrid@<w>`` (see :func:`tune_dense_weight`).
     """
     from medadapt.eval.metrics import evaluate_run, parse_metric
     from medadapt.eval.search import exact_search
@@ -132,18 +134,48 @@ def evaluate_hyrec(model_or_dir, dataset, split: str = "test",
 
             pos = {d: k for k, d in enumerate(doc_ids)}
             dm = to_csr(d_lex, model.n_terms).tocsr()
-            hybrid = {}
+            scored = []  # per query: candidate rows and both exact scores, computed once for every weight
             for r, q in enumerate(qids):
                 cand = sorted(set(runs["lexical"][q]) | set(runs["dense"][q]))
-                if not cand:
-                    hybrid[q] = {}
-                    continue
                 rows = np.fromiter((pos[d] for d in cand), dtype=np.int64, count=len(cand))
-                lex = np.asarray((dm[rows] @ qm[r].T).todense()).ravel()
-                den = d_dense[rows] @ q_dense[r]
-                top, total = hybrid_topk(rows, lex, den, model.config.dense_weight, depth)
-                hybrid[q] = {doc_ids[t]: float(v) for t, v in zip(top, total)}
-            runs["hybrid"] = hybrid
+                lex = np.asarray((dm[rows] @ qm[r].T).todense()).ravel() if cand else np.zeros(0)
+                den = d_dense[rows] @ q_dense[r] if cand else np.zeros(0)
+                scored.append((q, rows, lex, den))
+
+            def fused(weight: float) -> dict[str, dict[str, float]]:
+                hybrid = {}
+                for q, rows, lex, den in scored:
+                    if not len(rows):
+                        hybrid[q] = {}
+                        continue
+                    top, total = hybrid_topk(rows, lex, den, weight, depth)
+                    hybrid[q] = {doc_ids[t]: float(v) for t, v in zip(top, total)}
+                return hybrid
+
+            runs["hybrid"] = fused(model.config.dense_weight)
+            for w in dense_weights or ():
+                runs[f"hybrid@{float(w):g}"] = fused(float(w))
     result = evaluate_run(data.qrels[split], runs[mode], metrics)
     result.update(extra)
     return (result, runs) if return_runs else result
+
+
+def tune_dense_weight(model_or_dir, dataset, split: str, weights: Iterable[float], metric: str = "ndcg@10",
+                      **kwargs) -> tuple[float, dict[float, float]]:
+    """The ``dense_weight`` of ``weights`` with the best hybrid ``metric`` on ``split`` (a held-out split,
+    never the test split you report), from one encoding pass; ties go to the weight listed first.
+    Returns ``(best, {weight: metric})``. ``kwargs`` go to :func:`evaluate_hyrec`."""
+    from medadapt.eval.metrics import evaluate_run
+
+    if kwargs.get("fusion", "nm") != "nm":
+        raise ConfigError("dense_weight applies to the nm fusion only")
+    weights = [float(w) for w in weights]
+    if not weights or any(not np.isfinite(w) or w < 0 for w in weights):
+        raise ConfigError(f"dense weights to try must be finite and >= 0, got {weights}")
+    data = _data(dataset, split)
+    _, runs = evaluate_hyrec(model_or_dir, data, split, "hybrid", [metric], return_runs=True,
+                             dense_weights=weights, **kwargs)
+    scores = {w: evaluate_run(data.qrels[split], runs[f"hybrid@{w:g}"], [metric])[metric] for w in weights}
+    best = max(weights, key=lambda w: (scores[w], -weights.index(w)))
+    return best, scores
+

@@ -164,7 +164,7 @@ def _check_composition(recipe: MoERecipe, model) -> None:
 
         kind = branch_kind(section.kind)
         if kind.check is not None:
-            kind.check(model, section)
+            kind.check(model, section, recipe)
     if isinstance(recipe.head, MoEHeadSection) and recipe.head.route != "all" and not recipe.fast:
         raise ConfigError("a head on one route trains on a frozen base (model.freeze_backbone: true, no peft)")
 
