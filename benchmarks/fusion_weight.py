@@ -54,7 +54,7 @@ def main() -> None:
     table = {name: evaluate_run(test.qrels[args.split], run, metrics) for name, run in rows.items()}
     eval_s = time.perf_counter() - t0
 
-    print(f"dev nDCG@10 by dense weight: " + ", ".join(f"{w:g}: {v:.4f}" for w, v in dev_scores.items()))
+    print("dev nDCG@10 by dense weight: " + ", ".join(f"{w:g}: {v:.4f}" for w, v in dev_scores.items()))
     print(f"| {args.split} | " + " | ".join(metrics) + " |")
     print("|---|" + "---|" * len(metrics))
     for name, vals in table.items():
