@@ -91,3 +91,11 @@ def test_help_lists_working_commands():
     assert res.exit_code == 0 and "eval" in text
     proc = _run_cli("version")
     assert proc.returncode == 0 and proc.stdout.strip()
+
+
+def test_version_flag_and_command_print_the_package_version():
+    import medadapt
+
+    for args in (["--version"], ["version"]):
+        result = runner.invoke(app, args)
+        assert result.exit_code == 0 and result.output.strip() == medadapt.__version__

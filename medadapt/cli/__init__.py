@@ -32,6 +32,22 @@ app.command("search")(search_cmd)
 app.add_typer(data_app, name="data")
 
 
+def _print_version(value: bool) -> None:
+    if value:
+        from medadapt import __version__
+
+        console.print(__version__)
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(
+    version: bool = typer.Option(False, "--version", callback=_print_version, is_eager=True,
+                                 help="Print the medadapt version and exit."),
+) -> None:
+    """Medical retrieval adapters for Sentence-Transformers."""
+
+
 @app.command("version")
 def version_cmd() -> None:
     """Print the medadapt version."""
