@@ -81,6 +81,18 @@ def test_peft_lora_still_goes_to_peft_beside_a_medadapt_head(tiny_bert_dir):
     assert set(model.active_adapters()) == {"med", "lora"}
 
 
+def test_adapter_only_save_of_a_model_with_peft_lora_is_refused(tiny_bert_dir, tmp_path):
+    """The folder would drop the LoRA and record a fingerprint of the LoRA-wrapped base."""
+    from peft import LoraConfig
+
+    model = _st(tiny_bert_dir)
+    model.add_adapter(_moe(model.get_embedding_dimension()), adapter_name="med")
+    model.add_adapter(LoraConfig(r=2, lora_alpha=4, target_modules=["query", "value"]), adapter_name="lora")
+    with pytest.raises(ConfigError, match="carries a PEFT adapter"):
+        medadapt.adapters.save_adapter(model, tmp_path / "adapter", base=str(tiny_bert_dir))
+    assert not (tmp_path / "adapter").exists()
+
+
 def test_head_config_of_the_wrong_width_is_one_clear_error(tiny_bert_dir):
     model = _st(tiny_bert_dir)
     before = [type(m).__name__ for m in model]

@@ -125,6 +125,19 @@ def save_adapter(model, folder: str | Path, adapter_name: str | list[str] | None
     return folder
 
 
+def _refuse_peft(model) -> None:
+    """An adapter-only folder holds medadapt heads on an *unchanged* base: a model that also carries a PEFT
+    adapter (LoRA) would lose it and record a fingerprint no plain copy of the base matches."""
+    try:
+        from peft.tuners.tuners_utils import BaseTunerLayer
+    except ImportError:  # pragma: no cover - peft is a dependency
+        return
+    if any(isinstance(m, BaseTunerLayer) for m in model.modules()):
+        raise ConfigError("the model carries a PEFT adapter (LoRA) besides its medadapt heads: an adapter-only "
+                          "folder would not hold it; save the full model (model.save) or merge the LoRA into "
+                          "the base first (medadapt.training.lora.merge_lora) and save that base")
+
+
 def write_adapter(model, folder: str | Path, adapter_name: str | list[str] | None = None, *,
                   base: str | None = None, name: str | None = None, card: dict[str, Any] | None = None,
                   allow_empty: bool = False) -> dict[str, Any]:
@@ -135,6 +148,7 @@ def write_adapter(model, folder: str | Path, adapter_name: str | list[str] | Non
     from safetensors.torch import save_file
 
     folder = Path(folder)
+    _refuse_peft(model)
     wanted = None if adapter_name is None else (
         [adapter_name] if isinstance(adapter_name, str) else list(adapter_name))
     heads, tensors = {}, {}
