@@ -7,7 +7,6 @@ prints its table, writes the same figures as JSON, and exits non-zero on failure
 from __future__ import annotations
 
 import argparse
-import json
 import platform
 import sys
 import time

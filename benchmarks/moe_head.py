@@ -95,7 +95,6 @@ def main() -> int:
     p.add_argument("--latency-queries", type=int, default=1000)
     args = p.parse_args()
 
-    import numpy as np
     import torch
 
     from medadapt.cache import EmbeddingCache

@@ -61,7 +61,7 @@ def dense_rows(args) -> list[dict]:
                 index.apply_search_params()
             with Timer() as t:
                 _, ids = index.search(queries, 10)
-            p50, p99 = latency(lambda q: index.search(q, 10), queries)
+            p50, p99 = latency(lambda q, index=index: index.search(q, 10), queries)
             if ref is None:
                 ref = ids
             recall = float(np.mean([len(set(a) & set(b)) / 10 for a, b in zip(ids, ref)]))

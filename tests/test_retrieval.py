@@ -25,7 +25,6 @@ from medadapt.retrieval import (
     LexicalIndex,
     Retriever,
     RetrieverConfig,
-    load_documents,
     minmax_fusion,
     rrf_fusion,
     zscore_fusion,

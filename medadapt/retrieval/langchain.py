@@ -26,7 +26,7 @@ except ImportError as exc:  # pragma: no cover - exercised only without the extr
 
     raise MedAdaptError("the LangChain adapters need langchain-core: pip install 'medadapt[langchain]'") from exc
 
-from pydantic import ConfigDict, Field, PrivateAttr
+from pydantic import ConfigDict, Field
 
 
 class MedAdaptRetriever(BaseRetriever):
