@@ -9,14 +9,25 @@
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
+import shutil
+import tempfile
 from pathlib import Path
 
 import pytest
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+# Tests write only to temporary folders: the sentence-transformers trainer builds `datasets` datasets, whose
+# cache would otherwise land in ~/.cache/huggingface/datasets (set before `datasets` is imported; the
+# subprocesses the tests start inherit it). The embedding cache is per test (tmp_path) or $MEDADAPT_CACHE.
+_TEST_TMP = tempfile.mkdtemp(prefix="medadapt-tests-")
+os.environ["HF_DATASETS_CACHE"] = os.path.join(_TEST_TMP, "hf-datasets")
+os.environ.setdefault("MEDADAPT_CACHE", os.path.join(_TEST_TMP, "embeddings"))
+atexit.register(shutil.rmtree, _TEST_TMP, ignore_errors=True)
 
 TOPICS = [
     ("diabetes", "blood sugar insulin thirst urination glucose"),
