@@ -165,3 +165,24 @@ def test_bf16_runs_the_forward_pass_in_bf16(tiny_bert_dir):
     assert dtypes == {torch.bfloat16}
     assert model.weight_proj.linear.weight.dtype == torch.float32  # master weights stay fp32
     assert res.loss_history[0]["loss"] > 0
+
+
+def test_cached_dense_inputs_serve_training_rows_from_memory(tiny_bert, tmp_path, monkeypatch):
+    """A training step looks its pooled dense inputs up in memory; only texts outside the declared ones go to
+    the embedding cache (which fingerprints the backbone and lists its shards on every call)."""
+    import numpy as np
+
+    from medadapt.cache import EmbeddingCache, backbone_view
+    from medadapt.hyrec.data import CachedDenseInputs
+
+    cache, view = EmbeddingCache(tmp_path), backbone_view(tiny_bert)
+    dense = CachedDenseInputs(cache, view, ["gout toe", "asthma"], ["gout is arthritis", "inhalers help"]).fill()
+    real, calls = cache.encode, []
+    monkeypatch.setattr(cache, "encode", lambda *a, **k: calls.append(a) or real(*a, **k))
+    got = dense(["asthma", "gout toe", "asthma"], "query")
+    assert not calls
+    np.testing.assert_array_equal(got.numpy(), real(view, ["asthma", "gout toe", "asthma"], role="query",
+                                                    show_progress=False))
+    np.testing.assert_array_equal(dense(["unseen text"], "document").numpy(),
+                                  real(view, ["unseen text"], role="document", show_progress=False))
+    assert len(calls) == 1

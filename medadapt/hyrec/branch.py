@@ -116,11 +116,9 @@ def build_and_train(model, section: HyReCLexicalBranch, recipe, ctx):
     train the lexical branch (module docstring). Returns the composed model."""
     import dataclasses
 
-    import torch
-
     from medadapt.cache import backbone_view
     from medadapt.data import load_beir
-    from medadapt.hyrec.data import SharedStateCache, build_examples
+    from medadapt.hyrec.data import CachedDenseInputs, SharedStateCache, build_examples
     from medadapt.hyrec.model import HyReCConfig, HyReCModel
     from medadapt.hyrec.recipe import _STATE_CACHES
     from medadapt.hyrec.train import hyrec_stage
@@ -138,8 +136,6 @@ def build_and_train(model, section: HyReCLexicalBranch, recipe, ctx):
     view = backbone_view(hy.st)
     cache = ctx.cache
 
-    def dense_inputs(texts, role):  # unused with loss.dense_weight 0; the stage's cached path asks for it
-        return torch.from_numpy(cache.encode(view, list(texts), role=role, show_progress=False))
 
     with ctx.accelerator.main_process_first():
         examples = build_examples(data, split, negatives=neg.source if neg.num else "none", window=neg.window,
@@ -155,7 +151,8 @@ def build_and_train(model, section: HyReCLexicalBranch, recipe, ctx):
     ctx.log(f"HyReC lexical branch: {hy._n_shared} shared + {len(hy.lexicon)} lexicon layers on the composed "
             f"model, {len(examples)} examples")
     stage = hyrec_stage(hy, examples, tr, section.loss, negatives=neg.num, state_cache=state_cache,
-                        dense_inputs=dense_inputs, name="hyrec_lexical", train_dense_head=False)
+                        dense_inputs=CachedDenseInputs(cache, view, [e.query for e in examples], docs),
+                        name="hyrec_lexical", train_dense_head=False)  # read lazily: dense_weight 0 never asks
     res = ctx.train(hy, [stage], name="hyrec_lexical")
     ctx.result.details["branch_steps"] = res.steps
     ctx.result.details["branch_examples"] = len(examples)

@@ -85,6 +85,38 @@ def _hash(text: str) -> str:
     return hashlib.blake2b(text.encode("utf-8"), digest_size=16).hexdigest()
 
 
+class CachedDenseInputs:
+    """The frozen dense encoder's pooled inputs for the training texts, read from the
+    :class:`~medadapt.cache.EmbeddingCache` once per role and then served from memory: a training step
+    looks its rows up instead of asking the cache (which fingerprints the backbone and lists its shards on
+    every call). ``fill()`` reads both roles now (e.g. inside ``main_process_first``); otherwise a role is
+    read on first use. Texts outside the declared ones go to the cache."""
+
+    def __init__(self, cache, view, queries: Sequence[str], documents: Sequence[str]):
+        self.cache, self.view = cache, view
+        self._texts = {"query": list(dict.fromkeys(queries)), "document": list(dict.fromkeys(documents))}
+        self._tables: dict[str, tuple[dict[str, int], Tensor]] = {}
+
+    def fill(self, show_progress: bool = False) -> CachedDenseInputs:
+        for role in self._texts:
+            self._table(role, show_progress)
+        return self
+
+    def _table(self, role: str, show_progress: bool = False) -> tuple[dict[str, int], Tensor]:
+        if role not in self._tables:
+            texts = self._texts[role]
+            emb = self.cache.encode(self.view, texts, role=role, show_progress=show_progress)
+            self._tables[role] = ({t: i for i, t in enumerate(texts)}, torch.from_numpy(emb))
+        return self._tables[role]
+
+    def __call__(self, texts: Sequence[str], role: str) -> Tensor:
+        index, emb = self._table(role)
+        texts = list(texts)
+        if all(t in index for t in texts):
+            return emb[[index[t] for t in texts]]
+        return torch.from_numpy(self.cache.encode(self.view, texts, role=role, show_progress=False))
+
+
 class SharedStateCache:
     """Per-text token states of a frozen sharing backbone.
 

@@ -178,11 +178,9 @@ def train(recipe: HyReCRecipe, ctx):
     """Build the model and the examples (hard negatives and caches: the main process first, the others read
     what it wrote), train through ``ctx.train``, return the model; ``ctx.result.details`` gets
     ``train_examples``, ``n_terms`` and ``steps``."""
-    import torch
-
     from medadapt.cache import backbone_view
     from medadapt.data import load_beir
-    from medadapt.hyrec.data import SharedStateCache, build_examples
+    from medadapt.hyrec.data import CachedDenseInputs, SharedStateCache, build_examples
     from medadapt.hyrec.model import HyReCModel
     from medadapt.hyrec.train import hyrec_stage
 
@@ -200,10 +198,11 @@ def train(recipe: HyReCRecipe, ctx):
     if tr.state_cache != "off":
         state_cache = SharedStateCache(SharedStateCache.default_root() if tr.state_cache == "disk" else None)
     view = backbone_view(model.st) if tr.dense_inputs == "cache" else None
+    cached_dense = None
 
     def dense_inputs(texts, role):  # the frozen dense encoder's pooled inputs (dense_inputs: cache / states)
-        if view is not None:
-            return torch.from_numpy(cache.encode(view, list(texts), role=role, show_progress=False))
+        if cached_dense is not None:
+            return cached_dense(texts, role)
         return state_cache.pooled(model, list(texts), role)
 
     with ctx.accelerator.main_process_first():  # mining and cache fills: the others then read the caches
@@ -217,9 +216,8 @@ def train(recipe: HyReCRecipe, ctx):
             state_cache.warm(model, [e.query for e in examples], "query", lexicon=lex, pooled=pooled,
                              show_progress=ctx.show_progress)
             state_cache.warm(model, docs, "document", lexicon=lex, pooled=pooled, show_progress=ctx.show_progress)
-        if view is not None:
-            cache.encode(view, [e.query for e in examples], role="query", show_progress=ctx.show_progress)
-            cache.encode(view, docs, role="document", show_progress=ctx.show_progress)
+        if view is not None:  # read once here; training steps look their rows up in memory
+            cached_dense = CachedDenseInputs(cache, view, [e.query for e in examples], docs).fill(ctx.show_progress)
     ctx.result.encode_seconds += time.perf_counter() - t0
     ctx.result.details.update(train_examples=len(examples), n_terms=model.n_terms)
     ctx.log(f"training on {len(examples)} examples")
