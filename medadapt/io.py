@@ -185,7 +185,7 @@ def replace_folder(target: Path) -> Iterator[Path]:
     tmp.mkdir()
     try:
         yield tmp
+        swap_in(tmp, target)
     except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
+        shutil.rmtree(tmp, ignore_errors=True)  # the new folder, or after an exchange the old one
         raise
-    swap_in(tmp, target)

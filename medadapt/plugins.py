@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Container
 
-__all__ = ["load_group"]
+__all__ = ["load_group", "lookup"]
 
 _loaded: set[str] = set()
 
@@ -30,3 +30,16 @@ def load_group(group: str, registered: Container[str],
             except ImportError as exc:
                 if on_error is not None:
                     on_error(ep.name, exc)
+
+
+def lookup(group: str, registry: dict, name: str, what: str):
+    """``registry[name]``, loading the entry points of ``group`` first if ``name`` is unknown; an unknown name
+    is a :class:`~medadapt.errors.ConfigError` listing the valid ones."""
+    if name not in registry:
+        load_group(group, registry)
+    if name not in registry:
+        from medadapt.errors import ConfigError
+
+        raise ConfigError(f"unknown {what} {name!r} (valid: {', '.join(sorted(registry)) or 'none'})")
+    return registry[name]
+

@@ -111,8 +111,6 @@ def branch_kinds() -> list[str]:
 
 
 def branch_kind(name: str) -> BranchKind:
-    if name not in _BRANCHES:
-        branch_kinds()
-    if name not in _BRANCHES:
-        raise ConfigError(f"unknown branch kind {name!r} (valid: {', '.join(branch_kinds()) or 'none'})")
-    return _BRANCHES[name]
+    from medadapt.plugins import lookup
+
+    return lookup(ENTRY_POINT_GROUP, _BRANCHES, name, "branch kind")

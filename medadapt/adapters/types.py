@@ -14,7 +14,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from medadapt.errors import ConfigError
 
 __all__ = ["AdapterType", "adapter_type", "adapter_type_of", "adapter_types", "register_adapter_type"]
 
@@ -67,11 +66,9 @@ def adapter_types() -> list[str]:
 
 def adapter_type(name: str) -> AdapterType:
     """The registered type ``name``; an unknown name lists the valid ones."""
-    if name not in _TYPES:
-        _load_entry_points()
-    if name not in _TYPES:
-        raise ConfigError(f"unknown adapter type {name!r} (valid: {', '.join(adapter_types()) or 'none'})")
-    return _TYPES[name]
+    from medadapt.plugins import lookup
+
+    return lookup(ENTRY_POINT_GROUP, _TYPES, name, "adapter type")
 
 
 def adapter_type_of(config: Any) -> AdapterType | None:

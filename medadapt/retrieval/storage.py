@@ -1,7 +1,7 @@
 """Index folders: atomic directory writes, file checksums and the manifest.
 
-A folder is written next to its target under a temporary name and swapped in with ``os.replace``; a
-killed ``save`` leaves the previous index (or nothing), never a mix. The manifest lists every file with
+A folder is written next to its target under a temporary name and swapped in as a whole
+(:func:`medadapt.io.replace_folder`); a killed ``save`` leaves the previous index (or nothing), never a mix. The manifest lists every file with
 its size and SHA-256, so a truncated or edited file is refused on load with one clear error.
 
 The manifest itself is covered by ``manifest.sha256`` (``sha256sum`` format: ``<hex>  manifest.json``),
@@ -17,9 +17,6 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
-import os
-import shutil
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Optional
@@ -27,7 +24,7 @@ from typing import Any, Optional
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from medadapt.errors import MedAdaptError
-from medadapt.io import atomic_open, clean_leftovers, swap_in
+from medadapt.io import atomic_open, replace_folder
 from medadapt.retrieval.errors import IndexCorruptError
 
 MANIFEST = "manifest.json"
@@ -181,13 +178,5 @@ def atomic_dir(target: str | Path) -> Iterator[Path]:
         raise MedAdaptError(f"{target} exists and is not a folder")
     if target.is_dir() and any(target.iterdir()) and not (target / MANIFEST).is_file():
         raise MedAdaptError(f"{target} exists and is not a medadapt index; refusing to overwrite it")
-    target.parent.mkdir(parents=True, exist_ok=True)
-    clean_leftovers(target)
-    tmp = target.parent / f".{target.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
-    tmp.mkdir()
-    try:
+    with replace_folder(target) as tmp:
         yield tmp
-        swap_in(tmp, target)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
