@@ -380,6 +380,10 @@ class EmbeddingCache:
 
         return modules_fingerprint(split_backbone(model)[0])
 
+    def role_fingerprint(self, model, role: Role) -> str:
+        """The fingerprint :meth:`encode` keys ``role`` with (a ``Router`` model's route, else the backbone)."""
+        return self.fingerprint(self.encoder_for(model, role))
+
     @staticmethod
     def encoder_for(model, role: Role):
         """The model the cache encodes and keys ``role`` with: ``model`` itself, or for an asymmetric
@@ -392,13 +396,13 @@ class EmbeddingCache:
             model = view
         raise ValueError("Router routes nested more than 16 deep")
 
-    def namespace(self, model, role: Role, prompt: str) -> tuple[str, dict]:
+    def namespace(self, model, role: Role, prompt: str, fingerprint: str | None = None) -> tuple[str, dict]:
         """``(folder name, meta)`` of the namespace for ``model`` (its :meth:`encoder_for` ``role``), role and
-        effective prompt."""
+        effective prompt; ``fingerprint``: see :meth:`encode`."""
         model = self.encoder_for(model, role)
         meta = {
             "format": CACHE_FORMAT,
-            "model": self.fingerprint(model),
+            "model": fingerprint or self.fingerprint(model),
             "max_seq_length": getattr(model, "max_seq_length", None),
             "role": role,
             "prompt": prompt,
@@ -488,6 +492,7 @@ class EmbeddingCache:
         batch_size: int = 64,
         show_progress: bool = True,
         desc: str | None = None,
+        fingerprint: str | None = None,
     ) -> np.ndarray:
         """Return float32 embeddings (``len(texts) × dim``) for ``texts``, encoding only cache misses.
 
@@ -499,6 +504,9 @@ class EmbeddingCache:
             prompt / prompt_name: as in sentence-transformers; part of the cache key.
             normalize: ``True`` returns what the model's ``encode`` returns; ``False`` returns the embedding
                 *before* the model's trailing ``Normalize`` module (the input of medadapt heads).
+            fingerprint: the backbone fingerprint for this role (:meth:`role_fingerprint`), from a caller that
+                encodes many batches with a model it keeps unchanged, so the weights are not hashed on every
+                call; ``None`` (default) hashes them now.
         """
         if role not in ("query", "document", "plain"):
             raise ValueError(f"role must be 'query', 'document' or 'plain', got {role!r}")
@@ -507,7 +515,7 @@ class EmbeddingCache:
             return np.zeros((0, model.get_sentence_embedding_dimension() or 0), dtype=np.float32)
         eff_prompt = effective_prompt(model, role, prompt, prompt_name)
         model = self.encoder_for(model, role)  # a Router model's route view: cached per route
-        ns, meta = self.namespace(model, role, eff_prompt)
+        ns, meta = self.namespace(model, role, eff_prompt, fingerprint)
         ns_dir = self.root / ns
         ns_dir.mkdir(parents=True, exist_ok=True)
         if not (ns_dir / "meta.json").exists():

@@ -222,3 +222,28 @@ def test_dense_searcher_uses_the_cache(tiny_bert, tiny_beir_dir, tmp_path):
     groups = mine_hard_negatives(data, "train", s, MiningConfig(window=(1, 6), num_negatives=2),
                                  show_progress=False)
     assert len(groups) == 12 and all(len(g.neg) == 2 for g in groups)
+
+
+def test_dense_searcher_hashes_the_backbone_once_for_many_query_batches(tiny_bert, tmp_path, monkeypatch):
+    """Mining calls the searcher per batch of queries; the weights are fingerprinted once, and the results
+    equal a fresh searcher's."""
+    import medadapt.models
+    from medadapt.cache import EmbeddingCache
+    from medadapt.curation.dense import DenseSearcher
+    from medadapt.curation.search import batched_search
+
+    docs = ["gout is arthritis of the toe", "asthma needs an inhaler", "anemia means low iron", "eczema itches"]
+    queries = ["toe pain", "wheezing", "tired and pale", "itchy skin", "gout", "inhaler"]
+    searcher = DenseSearcher(tiny_bert, [f"d{i}" for i in range(4)], docs, cache=EmbeddingCache(tmp_path),
+                             show_progress=False)
+    searcher.doc_embeddings  # noqa: B018 - the corpus first
+    calls = []
+    real = medadapt.models.modules_fingerprint
+    monkeypatch.setattr(medadapt.models, "modules_fingerprint", lambda *a, **k: calls.append(1) or real(*a, **k))
+    hits = batched_search(searcher, queries, 2, batch_size=2, show_progress=False)
+    assert len(calls) == 1
+    fresh = DenseSearcher(tiny_bert, [f"d{i}" for i in range(4)], docs, cache=EmbeddingCache(tmp_path / "other"),
+                          show_progress=False)
+    again = batched_search(fresh, queries, 2, batch_size=6, show_progress=False)
+    assert [[d for d, _ in row] for row in hits] == [[d for d, _ in row] for row in again]
+    assert [[s for _, s in row] for row in hits] == pytest.approx([[s for _, s in row] for row in again], abs=1e-5)

@@ -20,7 +20,9 @@ class DenseSearcher:
         cache: embedding cache (default: :class:`~medadapt.cache.EmbeddingCache` at its default root).
         batch_size / show_progress: passed to the cache's encoder.
 
-    Document embeddings are computed on the first call (``doc_embeddings``), then kept in memory.
+    Document embeddings are computed on the first call (``doc_embeddings``), then kept in memory; the model
+    must stay unchanged while the searcher is used (its cache fingerprint is taken once, on the first query
+    batch, not at every batch).
     """
 
     def __init__(self, model, corpus_ids: Sequence[str], corpus_texts: Sequence[str], cache=None,
@@ -36,6 +38,7 @@ class DenseSearcher:
         self.show_progress = show_progress
         self._pos = {d: i for i, d in enumerate(corpus_ids)}
         self._docs: np.ndarray | None = None
+        self._query_fp: str | None = None
 
     def _prepare(self, emb: np.ndarray) -> np.ndarray:
         from medadapt.eval.search import prepare_for_similarity
@@ -53,8 +56,10 @@ class DenseSearcher:
         return self._docs
 
     def encode_queries(self, query_texts: Sequence[str]) -> np.ndarray:
+        if self._query_fp is None:
+            self._query_fp = self.cache.role_fingerprint(self.model, "query")
         emb = self.cache.encode(self.model, list(query_texts), role="query", batch_size=self.batch_size,
-                                show_progress=False)
+                                show_progress=False, fingerprint=self._query_fp)
         return self._prepare(emb)
 
     def __call__(self, query_texts: list[str], k: int) -> list[list[Hit]]:
