@@ -246,4 +246,4 @@ def test_dense_searcher_hashes_the_backbone_once_for_many_query_batches(tiny_ber
                           show_progress=False)
     again = batched_search(fresh, queries, 2, batch_size=6, show_progress=False)
     assert [[d for d, _ in row] for row in hits] == [[d for d, _ in row] for row in again]
-    assert [[s for _, s in row] for row in hits] == pytest.approx([[s for _, s in row] for row in again], abs=1e-5)
+    assert [s for row in hits for _, s in row] == pytest.approx([s for row in again for _, s in row], abs=1e-5)
