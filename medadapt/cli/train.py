@@ -51,31 +51,46 @@ def train_cmd(
 
     if not PartialState().is_main_process:  # under `accelerate launch`, one summary from the main process
         return
-    from rich.table import Table
-
     if result.loss_history:
         console.print(f"loss {result.loss_history[0]['loss']:.4f} -> {result.loss_history[-1]['loss']:.4f} "
                       f"in {result.train_seconds:.1f} s (encoding {result.encode_seconds:.1f} s)")
     if result.metrics:
-        table = Table(title=f"{spec.name}: {spec.eval.data or spec.data.path} / {spec.eval.split}")
-        table.add_column("metric")
-        table.add_column("value", justify="right")
-        if result.baseline:
-            table.add_column("frozen base", justify="right")
-        if result.expected:  # only a recipe with eval.expected gets the column
-            table.add_column("expected", justify="right")
-        for metric, value in result.metrics.items():
-            row = [metric, f"{value:.4f}"]
-            if result.baseline:
-                base = result.baseline.get(metric)
-                row.append("" if base is None else f"{base:.4f}")
-            if result.expected:
-                target = result.expected.get(metric)
-                row.append("" if target is None else
-                           f"{target[0]:.4f} " + ("ok" if target[1] else f"off by {target[0] - value:.4f}"))
-            table.add_row(*row)
-        console.print(table)
+        console.print(result_table(result, f"{spec.name}: {spec.eval.data or spec.data.path} / {spec.eval.split}"))
     what = "adapter (heads only)" if (result.output_dir / "medadapt_adapter.json").is_file() else "model"
     console.print(f"saved {what} to {result.output_dir}  (load with medadapt.load('{result.output_dir}'))")
     if check and any(not ok for _, ok in result.expected.values()):
         raise typer.Exit(code=2)
+
+
+def result_table(result, title: str):
+    """The run's metrics as a rich table: ``metric | frozen base | trained | change`` when the run evaluated
+    the frozen base model (``eval.baseline``), else ``metric | trained``; plus an ``expected`` column
+    (``ok`` / ``off by X``) only when the recipe sets ``eval.expected``. No column is ever left empty."""
+    from rich.table import Table
+
+    table = Table(title=title)
+    table.add_column("metric")
+    base = {m: result.baseline[m] for m in result.metrics if m in result.baseline}
+    if base:
+        table.add_column("frozen base", justify="right")
+    table.add_column("trained", justify="right")
+    if base:
+        table.add_column("change", justify="right")
+    if result.expected:
+        table.add_column("expected", justify="right")
+    for metric, value in result.metrics.items():
+        row = [metric]
+        if base:
+            row.append(f"{base[metric]:.4f}" if metric in base else "-")
+        row.append(f"{value:.4f}")
+        if base:
+            change = value - base[metric] if metric in base else None
+            row.append("-" if change is None else
+                       f"[green]{change:+.4f}[/]" if change > 5e-5 else
+                       f"[red]{change:+.4f}[/]" if change < -5e-5 else f"{change:+.4f}")
+        if result.expected:
+            target = result.expected.get(metric)
+            row.append("-" if target is None else "ok" if target[1] else f"off by {target[0] - value:.4f}")
+        table.add_row(*row)
+    return table
+

@@ -1,5 +1,12 @@
-"""Datasets that ship inside the package (written by the medadapt team, CC0), usable with no data of
-the user's: pass their name wherever a data folder is expected."""
+"""Datasets that ship inside the package, usable with no data of the user's: pass their name wherever a
+data folder is expected.
+
+* ``medmini``: 200 short passages written by the medadapt team (CC0), a smoke-test set (the frozen
+  MiniLM already scores 0.92 nDCG@10 on it).
+* ``medquad-mini``: 1,446 NIH answers and 1,450 consumer-health questions selected from MedQuAD
+  (Ben Abacha & Demner-Fushman 2019, CC BY 4.0) in whole topic clusters, split by source document as the
+  full set is; built by ``benchmarks/make_medquad_mini.py``. The first run's demonstration set.
+"""
 
 from __future__ import annotations
 
@@ -7,8 +14,11 @@ from pathlib import Path
 
 BUILTIN_ROOT = Path(__file__).resolve().parent / "builtin"
 
-#: name -> folder in BEIR layout (plus ``sts.jsonl``)
-BUILTIN_DATASETS: dict[str, Path] = {"medmini": BUILTIN_ROOT / "medmini"}
+#: name -> folder in BEIR layout (medmini also has ``sts.jsonl``)
+BUILTIN_DATASETS: dict[str, Path] = {
+    "medmini": BUILTIN_ROOT / "medmini",
+    "medquad-mini": BUILTIN_ROOT / "medquad-mini",
+}
 
 
 def resolve_data_dir(name_or_path: str | Path) -> Path:
