@@ -46,6 +46,12 @@ Layout (all files safetensors / JSON, never pickle)::
   truncating it, ~1.8 GB). The budget is widened while the clipped text yields fewer than twice
   ``max_seq_length`` tokens (whitespace- or ``[UNK]``-heavy text), so the tokens the model keeps are the
   same as without clipping. The cache key stays the hash of the full text.
+* **Out of core**: :meth:`EmbeddingCache.view` / :meth:`EmbeddingCache.iter_embeddings` read rows from
+  memory-mapped shards (:class:`~medadapt.cache_shards.CachedEmbeddings`, indexed by a sorted-array
+  :class:`~medadapt.cache_shards.ShardIndex`) without loading the matrix; each shard is verified once per
+  process (:func:`~medadapt.cache_shards.verified_layout`). Reading and verifying shard files lives in
+  :mod:`medadapt.cache_shards`. Storage may be
+  float16 (its own namespace). :mod:`medadapt.encode` fills a namespace on several processes.
 """
 
 from __future__ import annotations
@@ -62,6 +68,21 @@ from typing import Literal
 
 import numpy as np
 
+from medadapt.cache_shards import (  # noqa: F401 - re-exported: the shard format is part of the cache's API
+    CachedEmbeddings,
+    ShardIndex,
+    ShardLayout,
+    _CorruptShard,
+    _remember_verified,
+    _sha256,
+    apply_embedding_modules,
+    hash_keys,
+    read_embeddings,
+    read_hashes,
+    read_layout,
+    torch_no_grad_lazy,
+    verified_layout,
+)
 from medadapt.errors import MedAdaptError, MedAdaptWarning
 from medadapt.io import atomic_open, atomic_write_json
 
@@ -77,10 +98,6 @@ _MAX_ROUNDS = 32  # encode rounds (corrupt shard found -> re-index, re-encode) b
 
 class CacheCorruptionWarning(MedAdaptWarning):
     """A cache shard was unreadable or failed its checks; it was moved aside and its texts re-encoded."""
-
-
-class _CorruptShard(Exception):
-    """Internal: why a shard cannot be used."""
 
 
 def default_cache_dir() -> Path:
@@ -111,20 +128,6 @@ def effective_prompt(model, role: Role, prompt: str | None = None, prompt_name: 
     if role == "plain" and default:
         return prompts.get(default, "")
     return ""
-
-
-def torch_no_grad_lazy(fn):
-    """``torch.no_grad`` without importing torch at module import time."""
-    import functools
-
-    @functools.wraps(fn)
-    def wrapper(*args, **kwargs):
-        import torch
-
-        with torch.no_grad():
-            return fn(*args, **kwargs)
-
-    return wrapper
 
 
 def is_embedding_module(module) -> bool:
@@ -238,10 +241,12 @@ def clip_text(encoder, text: str) -> str:
 
 
 @contextlib.contextmanager
-def namespace_lock(ns_dir: Path) -> Iterator[None]:
+def namespace_lock(ns_dir: Path, shared: bool = False) -> Iterator[None]:
     """Exclusive advisory lock on ``<ns_dir>/.lock`` (``fcntl.flock``): writers of one namespace take turns.
-    A no-op where ``fcntl`` does not exist or the file system refuses ``flock``. Released when the block
-    ends or the process dies."""
+    ``shared=True`` takes a shared lock instead: the processes of one distributed encode
+    (:func:`medadapt.encode.encode_corpus`), which write disjoint texts, hold it together, and a plain writer
+    (exclusive) waits for all of them. A no-op where ``fcntl`` does not exist or the file system refuses
+    ``flock``. Released when the block ends or the process dies."""
     try:
         import fcntl
     except ImportError:  # Windows
@@ -254,7 +259,7 @@ def namespace_lock(ns_dir: Path) -> Iterator[None]:
         return
     try:
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX)
+            fcntl.flock(fd, fcntl.LOCK_SH if shared else fcntl.LOCK_EX)
             locked = True
         except OSError:  # e.g. ENOLCK on some network file systems: go on unlocked
             locked = False
@@ -265,85 +270,6 @@ def namespace_lock(ns_dir: Path) -> Iterator[None]:
                 fcntl.flock(fd, fcntl.LOCK_UN)
     finally:
         os.close(fd)
-
-
-def _sha256(array: np.ndarray) -> str:
-    return hashlib.sha256(memoryview(np.ascontiguousarray(array)).cast("B")).hexdigest()
-
-
-def _read_tensor(path: Path, name: str) -> tuple[np.ndarray, dict, tuple]:
-    """``(tensor, metadata, shape of "hashes")`` of one shard; :class:`_CorruptShard` when safetensors cannot
-    read it (truncated, garbled header) or the tensor is missing. ``FileNotFoundError`` passes through."""
-    from safetensors import safe_open
-
-    try:
-        with safe_open(str(path), framework="numpy") as f:
-            meta = f.metadata() or {}
-            keys = set(f.keys())
-            if "hashes" not in keys or "embeddings" not in keys:
-                raise _CorruptShard(f"tensors {sorted(keys)}, expected 'hashes' and 'embeddings'")
-            hash_shape = tuple(f.get_slice("hashes").get_shape())
-            tensor = f.get_tensor(name)
-    except (_CorruptShard, FileNotFoundError, MemoryError):
-        raise
-    except Exception as e:  # noqa: BLE001 - SafetensorError, OSError, bad dtype: unreadable
-        raise _CorruptShard(f"unreadable: {type(e).__name__}: {e}") from e
-    return tensor, meta, hash_shape
-
-
-def _check_digest(meta: dict, key: str, array: np.ndarray) -> None:
-    if not meta:
-        return  # written before checksums: finiteness, dtype and shape are all that can be checked
-    want = meta.get(key)
-    if want is None:
-        raise _CorruptShard(f"metadata without {key!r}")
-    if _sha256(array) != want:
-        raise _CorruptShard(f"{key.split('_', 1)[1]} fail their SHA-256 checksum")
-
-
-def read_hashes(path: Path) -> np.ndarray:
-    """A shard's verified ``hashes`` (uint8[n, 16])."""
-    hashes, meta, _ = _read_tensor(path, "hashes")
-    if hashes.dtype != np.uint8 or hashes.ndim != 2 or hashes.shape[1] != 16:
-        raise _CorruptShard(f"hashes are {hashes.dtype}{list(hashes.shape)}, expected uint8[n, 16]")
-    _check_digest(meta, "sha256_hashes", hashes)
-    return hashes
-
-
-def read_embeddings(path: Path) -> np.ndarray:
-    """A shard's verified ``embeddings`` (float32 or float16 [n, d], all finite)."""
-    emb, meta, hash_shape = _read_tensor(path, "embeddings")
-    if emb.dtype not in (np.float32, np.float16) or emb.ndim != 2 or emb.shape[0] != hash_shape[0]:
-        raise _CorruptShard(f"embeddings are {emb.dtype}{list(emb.shape)} for {hash_shape[0]} hashes, "
-                            f"expected float32 or float16 [{hash_shape[0]}, d]")
-    _check_digest(meta, "sha256_embeddings", emb)
-    if not np.isfinite(emb).all():
-        raise _CorruptShard("embeddings hold NaN or inf")
-    return emb
-
-
-@torch_no_grad_lazy
-def apply_embedding_modules(modules: list, emb: np.ndarray, batch_size: int = 8192) -> np.ndarray:
-    """Run embedding-level modules (heads, ``Normalize``) in eval mode over cached embeddings."""
-    import torch
-
-    if not modules or len(emb) == 0:
-        return emb
-    device = next((p.device for m in modules for p in m.parameters()), torch.device("cpu"))
-    states = [m.training for m in modules]
-    for m in modules:
-        m.eval()
-    try:
-        out = []
-        for start in range(0, len(emb), batch_size):
-            features = {"sentence_embedding": torch.from_numpy(emb[start : start + batch_size]).to(device)}
-            for m in modules:
-                features = m(features)
-            out.append(features["sentence_embedding"].float().cpu().numpy())
-        return np.concatenate(out).astype(np.float32, copy=False)
-    finally:
-        for m, state in zip(modules, states):
-            m.train(state)
 
 
 class EmbeddingCache:
@@ -375,7 +301,9 @@ class EmbeddingCache:
     def fingerprint(self, model) -> str:
         """Fingerprint of the model's *backbone* modules (see :func:`split_backbone`), computed from the
         weights now: a backbone with or without heads shares one namespace, and a backbone changed in place
-        (training, a LoRA merge, ``load_state_dict``) gets a new one."""
+        (training, a LoRA merge, ``load_state_dict``) gets a new one. A transformer running on another
+        backend (:mod:`medadapt.backends`: ONNX, int8, OpenVINO) has its own fingerprint, so caches of two
+        backends never mix."""
         from medadapt.models import modules_fingerprint
 
         return modules_fingerprint(split_backbone(model)[0])
@@ -476,8 +404,10 @@ class EmbeddingCache:
             metadata={"format": str(CACHE_FORMAT), "sha256_hashes": _sha256(hash_array),
                       "sha256_embeddings": _sha256(stored)},
         )
-        with atomic_open(ns_dir / f"shard-{uuid.uuid4().hex}.safetensors", "wb") as f:
+        target = ns_dir / f"shard-{uuid.uuid4().hex}.safetensors"
+        with atomic_open(target, "wb") as f:
             f.write(payload)
+        _remember_verified(target)  # written from checked arrays: memory-mapped reads need not hash it again
 
     # ------------------------------------------------------------------ api
     def encode(
@@ -618,6 +548,84 @@ class EmbeddingCache:
             sel = np.nonzero(locs[:, 0] == s)[0]
             out[sel] = emb[locs[sel, 1]]
         return out if ok else None
+
+    # ------------------------------------------------------------------ out-of-core api
+    def shard_index(self, model, role: Role = "plain", *, prompt: str | None = None,
+                    prompt_name: str | None = None, fingerprint: str | None = None) -> ShardIndex:
+        """The :class:`ShardIndex` of this model's namespace for ``role`` (every shard verified once per
+        process, corrupt ones set aside)."""
+        ns, _ = self.namespace(model, role, effective_prompt(model, role, prompt, prompt_name), fingerprint)
+        return ShardIndex.build(self, self.root / ns)
+
+    def view(
+        self,
+        model,
+        texts: Sequence[str],
+        role: Role = "plain",
+        *,
+        prompt: str | None = None,
+        prompt_name: str | None = None,
+        normalize: bool = True,
+        fingerprint: str | None = None,
+        encode_missing: bool = False,
+        batch_size: int = 64,
+        show_progress: bool = True,
+        desc: str | None = None,
+    ) -> CachedEmbeddings:
+        """A lazy, memory-mapped :class:`CachedEmbeddings` over the cached rows of ``texts`` (same arguments
+        and same rows as :meth:`encode`), without loading the matrix: rows are read from the shard files
+        when asked for. Every shard is verified once per process (:func:`verified_layout`).
+
+        Args:
+            encode_missing: encode texts that are not cached yet (as :meth:`encode` does, chunk by chunk
+                into new shards) instead of refusing them.
+
+        Raises:
+            MedAdaptError: some texts are not cached and ``encode_missing`` is false.
+        """
+        if role not in ("query", "document", "plain"):
+            raise ValueError(f"role must be 'query', 'document' or 'plain', got {role!r}")
+        texts = texts if isinstance(texts, list) else list(texts)
+        eff_prompt = effective_prompt(model, role, prompt, prompt_name)
+        model = self.encoder_for(model, role)
+        ns, meta = self.namespace(model, role, eff_prompt, fingerprint)
+        ns_dir = self.root / ns
+        hashes = [text_hash(t) for t in texts]
+        keys = hash_keys(hashes)
+        for _ in range(_MAX_ROUNDS):
+            index = ShardIndex.build(self, ns_dir)
+            shard, row = index.lookup(keys)
+            missing = np.flatnonzero(shard < 0)
+            if not len(missing):
+                break
+            if not encode_missing:
+                raise MedAdaptError(
+                    f"{len(missing)} of {len(texts)} texts are not in the embedding cache {ns_dir} "
+                    f"({self.dtype}, role {role}); encode them first (`medadapt encode`, EmbeddingCache.encode) "
+                    "or pass encode_missing=True")
+            ns_dir.mkdir(parents=True, exist_ok=True)
+            if not (ns_dir / "meta.json").exists():
+                atomic_write_json(ns_dir / "meta.json", meta)
+            todo = {hashes[i]: texts[i] for i in missing}
+            self._encode_missing(model, ns_dir, todo, role, eff_prompt, batch_size, show_progress, desc)
+        else:
+            raise MedAdaptError(f"the embedding cache folder {ns_dir} keeps yielding corrupt or vanishing "
+                                f"shards ({_MAX_ROUNDS} attempts); check the disk, or delete the folder")
+        _, tail = split_backbone(model)
+        if not normalize:
+            from sentence_transformers.base.modules import Normalize
+
+            while tail and isinstance(tail[-1], Normalize):
+                tail = tail[:-1]
+        dim = index.dim or model.get_sentence_embedding_dimension() or 0
+        return CachedEmbeddings(index.shards, index.layouts, shard, row, tail, dim)
+
+    def iter_embeddings(self, model, texts: Sequence[str], role: Role = "plain", *, batch_size: int = 8192,
+                        **view_kwargs) -> Iterator[np.ndarray]:
+        """Stream the cached embeddings of ``texts`` in order, ``batch_size`` rows (float32) at a time, from
+        memory-mapped shards: memory stays at one batch whatever the corpus size. ``view_kwargs`` are those
+        of :meth:`view` (``normalize``, ``prompt``, ``encode_missing``, ...)."""
+        yield from self.view(model, texts, role, **view_kwargs).iter_batches(batch_size)
 
     def clear(self) -> None:
         """Delete every cached embedding under ``root``."""

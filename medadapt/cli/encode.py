@@ -1,0 +1,89 @@
+"""``medadapt encode``: fill the embedding cache with a corpus, on one process or split across the processes
+of ``accelerate launch`` (:func:`medadapt.encode.encode_corpus`); a killed run resumes where it stopped.
+
+    medadapt encode --model minilm --corpus path/to/beir [--dtype float16]
+    accelerate launch --num_processes 4 -m medadapt encode --model minilm --corpus path/to/beir
+"""
+
+from __future__ import annotations
+
+import enum
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from medadapt.cli._common import console, fail, quiet_libraries
+from medadapt.errors import MedAdaptError
+
+
+class StorageDtype(str, enum.Enum):
+    float32 = "float32"
+    float16 = "float16"
+
+
+def _state(device: str | None):
+    """Accelerate's process state: CPU processes (gloo) for ``--device cpu`` or without CUDA, else one GPU
+    per process."""
+    import torch
+    from accelerate import PartialState
+
+    return PartialState(cpu=device == "cpu" or not torch.cuda.is_available())
+
+
+def encode_cmd(
+    corpus: Annotated[str, typer.Option(help="BEIR folder (corpus.jsonl, queries.jsonl) or builtin dataset.")],
+    model: Annotated[str, typer.Option(help="Model alias (minilm), saved model folder, or hub id.")] = "minilm",
+    dtype: Annotated[StorageDtype, typer.Option(help="Storage dtype of the cached embeddings.")] = (
+        StorageDtype.float32),
+    queries: Annotated[bool, typer.Option("--queries", help="Also encode the queries (role query).")] = False,
+    batch_size: Annotated[int, typer.Option(min=1, help="Encoding batch size per process.")] = 64,
+    chunk_size: Annotated[int, typer.Option(min=1, help="Texts per cache shard (the most a kill can lose "
+                                                        "per process).")] = 1024,
+    device: Annotated[str | None, typer.Option(help="cpu, cuda ... (default: one GPU per process if "
+                                                       "CUDA is available, else CPU).")] = None,
+    cache_dir: Annotated[
+        Path | None, typer.Option(help="Embedding cache folder (default $MEDADAPT_CACHE or ~/.cache/medadapt).")
+    ] = None,
+    report: Annotated[Path | None, typer.Option(help="Write what was done as JSON here.")] = None,
+    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress bars.")] = False,
+) -> None:
+    """Encode a corpus into the embedding cache (resumable; split across `accelerate launch` processes)."""
+    quiet_libraries()
+    try:
+        from medadapt.cache import EmbeddingCache
+        from medadapt.cli.eval import check_output_file
+        from medadapt.data.beir import load_beir
+        from medadapt.encode import encode_corpus
+        from medadapt.models import check_device, load
+
+        check_device(device)  # before reading data or loading a model
+        check_output_file(report, "--report")
+        state = _state(device)
+        data = load_beir(corpus, splits=[])
+        run_device = str(state.device) if device in (None, "cuda") and state.device.type != "cpu" else device
+        st = load(model, device=run_device or "cpu")
+        cache = EmbeddingCache(cache_dir, chunk_size=chunk_size, dtype=dtype.value)
+        jobs = [("document", data.doc_texts())]
+        if queries:
+            jobs.append(("query", list(data.queries.values())))
+        done = [encode_corpus(st, texts, cache=cache, role=role, batch_size=batch_size,
+                              show_progress=not quiet, state=state) for role, texts in jobs]
+    except MedAdaptError as exc:
+        fail(str(exc))
+        return
+    except KeyboardInterrupt:
+        fail("interrupted; run the same command again to resume (finished shards are kept)")
+        return
+    if not state.is_main_process:  # one summary, from the main process
+        return
+    for (role, _), r in zip(jobs, done):
+        split = ", ".join(f"process {i}: {n}" for i, n in enumerate(r.per_process)) if r.processes > 1 else ""
+        rate = f", {r.encoded / r.seconds:.1f} texts/s" if r.encoded and r.seconds else ""
+        console.print(f"{'queries' if role == 'query' else 'documents'}: {r.unique} distinct texts cached ({r.dtype}) in {r.folder}; encoded "
+                      f"{r.encoded}{f' ({split})' if split else ''}, {r.cached_before} already cached; "
+                      f"{r.seconds:.1f} s{rate}", highlight=False, soft_wrap=True)
+    if report is not None:
+        from medadapt.io import atomic_write_json
+
+        atomic_write_json(report, {role: r.to_dict() for (role, _), r in zip(jobs, done)})
