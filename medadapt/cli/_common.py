@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from typing import Annotated
 
 import typer
 from rich.console import Console
@@ -31,5 +32,29 @@ def quiet_libraries() -> None:
 
 def fail(message: str) -> None:
     """Print ``error: message`` on one stderr line and exit with code 1 (no traceback)."""
-    err_console.print(f"[bold red]error:[/] {message}", highlight=False, soft_wrap=True)
+    from rich.markup import escape
+
+    err_console.print(f"[bold red]error:[/] {escape(message)}", highlight=False, soft_wrap=True)  # "[onnx]" stays
     raise typer.Exit(code=1)
+
+
+#: ``--backend`` of ``medadapt eval`` / ``index`` / ``search`` (checked by :func:`check_backend_option`).
+BackendOption = Annotated[str, typer.Option(
+    "--backend", help="Encoder runtime: torch, onnx, onnx-int8 (int8 weights) or openvino; the non-torch ones "
+                      "run on the CPU, are exported once per model and cached apart (extras: "
+                      "medadapt\\[onnx], medadapt\\[openvino]).")]
+
+
+def check_backend_option(backend: str, **unsupported: bool) -> None:
+    """Check ``--backend`` before any data or model is read: an unknown name or a missing package raises one
+    :class:`~medadapt.errors.MedAdaptError`; so does a non-torch backend together with an option that does
+    not support it (``check_backend_option(b, **{"--suite": suite is not None})``)."""
+    from medadapt.backends import check_backend, require_backend
+    from medadapt.errors import MedAdaptError
+
+    if check_backend(backend) == "torch":
+        return
+    require_backend(backend)
+    for flag, used in unsupported.items():
+        if used:
+            raise MedAdaptError(f"--backend {backend} does not apply to {flag} (use --backend torch)")

@@ -9,7 +9,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from medadapt.cli._common import console, fail, quiet_libraries
+from medadapt.cli._common import BackendOption, check_backend_option, console, fail, quiet_libraries
 from medadapt.errors import DataError, MedAdaptError
 
 
@@ -45,6 +45,7 @@ def index_cmd(
     device: Annotated[Optional[str], typer.Option(help="cpu, cuda, mps ... (default: auto).")] = None,
     cache_dir: Annotated[Optional[Path], typer.Option(help="Embedding cache folder.")] = None,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress bars.")] = False,
+    backend: BackendOption = "torch",
 ) -> None:
     """Build a dense, lexical or hybrid index over a corpus and save it as a checked folder."""
     quiet_libraries()
@@ -56,6 +57,9 @@ def index_cmd(
         from medadapt.retrieval.corpus import load_documents
 
         check_device(device)  # before reading the corpus or loading a model
+        from medadapt.retrieval.encoders import detect_encoder_kind
+
+        check_backend_option(backend, **{"a HyReC model": detect_encoder_kind(model) is not None})
 
         try:
             config = RetrieverConfig(
@@ -76,7 +80,10 @@ def index_cmd(
 
         encoder = None
         if detect_encoder_kind(model) is not None or config.uses_dense:  # e.g. a HyReC folder: learned lexical too
-            encoder = open_encoder(model, device=device, cache=EmbeddingCache(cache_dir))
+            from medadapt.models import load
+
+            source = model if backend == "torch" else load(model, device=device, backend=backend)
+            encoder = open_encoder(source, device=device, cache=EmbeddingCache(cache_dir))
         retriever = Retriever.build(docs, encoder, config=config, model_name=model if encoder is not None else None,
                                     show_progress=not quiet)
         retriever.save(out)
@@ -127,6 +134,7 @@ def search_cmd(
                                                       "refused if it differs).")] = None,
     device: Annotated[Optional[str], typer.Option(help="cpu, cuda, mps ... (default: auto).")] = None,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress messages.")] = False,
+    backend: BackendOption = "torch",
 ) -> None:
     """Search an index: one query as a table, or --queries as a TREC run (qid Q0 docid rank score tag)."""
     quiet_libraries()
@@ -137,10 +145,17 @@ def search_cmd(
         from medadapt.models import check_device
 
         check_device(device)
+        check_backend_option(backend)
         check_output_file(output)  # before loading the index and the model
         batch = read_queries(queries) if queries is not None else None
         from medadapt.retrieval.retriever import Retriever
 
+        if backend != "torch":  # the index's model (or --model) on that runtime; its fingerprint must match
+            from medadapt.models import load
+            from medadapt.retrieval.storage import load_manifest
+
+            recorded = load_manifest(index, verify=False)[0].model
+            model = load(model or (recorded.name if recorded is not None else ""), device=device, backend=backend)
         retriever = Retriever.load(index, model=model, device=device)
         if batch is None:
             _print_hits(retriever.search(query, k), query)

@@ -1,0 +1,398 @@
+"""CPU inference backends for the transformer of a loaded model: ``torch`` (default), ``onnx`` (ONNX
+Runtime), ``onnx-int8`` (ONNX Runtime, weights quantised to int8 dynamically) and ``openvino``.
+
+``medadapt.load(name, backend="onnx")`` (CLI: ``--backend onnx``) loads the model as usual (same code
+policy, adapter-only folders, head checks), then swaps the weights inside every sentence-transformers
+``Transformer`` module for an ONNX graph of the same network. The tokenizer, ``Pooling``, ``Normalize``
+and every medadapt head stay the torch modules they were, so heads keep working on top of an ONNX
+backbone and ``encode`` returns what it did (within float rounding; int8 within quantisation error).
+
+Exports are made once per source weights: ``<cache>/exports/<fingerprint>/model.onnx`` (and
+``model.int8.onnx``), where ``<cache>`` is :func:`medadapt.cache.default_cache_dir` and ``<fingerprint>``
+is :func:`medadapt.models.modules_fingerprint` of the torch ``Transformer`` module (config and weights).
+Each file is written beside its final name and renamed into place, under the folder's lock, after the
+exported graph has been checked against the torch module on a test batch; ``meta.json`` records each
+file's SHA-256, checked on every load (a file that fails it is exported again). A second load therefore
+only hashes the file, never exports again.
+
+Each backend has its own model fingerprint (:func:`backend_key`, folded into
+:func:`medadapt.models.modules_fingerprint`), so the embedding cache, index manifests and model identities
+keep backends apart: an ONNX or int8 model never reads embeddings cached by the torch model or by another
+backend. Torch fingerprints (and so existing caches) are unchanged.
+
+int8 note: ONNX Runtime's dynamic quantisation scales activations per tensor, i.e. per encode batch, so an
+int8 embedding depends slightly on the texts batched with it (float backends do not); cached int8 rows are
+those of the batch that first encoded them.
+
+Why partly hand-written: sentence-transformers' own ``backend="onnx"`` / ``"openvino"`` load through
+``optimum-onnx`` / ``optimum-intel``, whose releases pin ``transformers<4.58`` / ``<5.6`` while medadapt
+runs on the transformers 5 line that sentence-transformers 6 uses. So the export is
+``torch.onnx.export`` of the Hugging Face model, the int8 model is ONNX Runtime's own
+``quantize_dynamic`` (what optimum's ``AutoQuantizationConfig`` dynamic configs call), OpenVINO compiles
+the same ``.onnx`` file, and a small module (:class:`BackendModel`) stands in for the Hugging Face model
+inside sentence-transformers' ``Transformer`` module, which keeps tokenising and pooling as before.
+
+Limits: CPU only; text ``feature-extraction`` transformers (encoder models such as BERT, MiniLM,
+BGE); graphs under 2 GB (a single ``.onnx`` file); a model on a non-torch backend is for inference:
+``save`` refuses it (load it with ``backend="torch"`` to train or save).
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import importlib
+import json
+import os
+import shutil
+import tempfile
+import warnings
+from pathlib import Path
+from typing import Any
+
+from medadapt.errors import MedAdaptError, ModelLoadError
+
+#: Valid backend names; extra and import names of what each needs beyond medadapt's own dependencies.
+BACKENDS: dict[str, dict[str, Any]] = {
+    "torch": {"extra": None, "modules": ()},
+    "onnx": {"extra": "onnx", "modules": ("onnx", "onnxruntime")},
+    "onnx-int8": {"extra": "onnx", "modules": ("onnx", "onnxruntime", "onnxruntime.quantization")},
+    "openvino": {"extra": "openvino", "modules": ("onnx", "openvino")},
+}
+_FILES = {"onnx": "model.onnx", "onnx-int8": "model.int8.onnx", "openvino": "model.onnx"}
+_EXPORT_TOLERANCE = 1e-3  # max |onnx - torch| on the check batch's real tokens (float export: ~1e-6)
+_CHECK_TEXTS = ("a", "Diabetes mellitus is a group of metabolic disorders characterised by high blood sugar.",
+                "What are the symptoms of glaucoma?")
+
+
+def check_backend(name: str) -> str:
+    """``name`` if it is a backend medadapt knows, else one :class:`MedAdaptError` listing the valid ones."""
+    if not isinstance(name, str) or name not in BACKENDS:
+        raise MedAdaptError(f"unknown backend {name!r} (valid: {', '.join(BACKENDS)})")
+    return name
+
+
+def require_backend(name: str) -> None:
+    """Import what backend ``name`` needs; a missing package raises one :class:`MedAdaptError` saying what to
+    ``pip install``."""
+    spec = BACKENDS[check_backend(name)]
+    for module in spec["modules"]:
+        try:
+            importlib.import_module(module)
+        except ImportError:
+            root = module.split(".")[0]
+            raise MedAdaptError(
+                f"backend {name!r} needs the {root!r} package, which is not installed: "
+                f"pip install 'medadapt[{spec['extra']}]'"
+            ) from None
+
+
+def export_root() -> Path:
+    """Where exported graphs are kept: ``<embedding cache dir>/exports`` (see the module docstring)."""
+    from medadapt.cache import default_cache_dir
+
+    return default_cache_dir() / "exports"
+
+
+def _sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 22), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+class BackendModel:
+    """Marker base of the module that stands in for the Hugging Face model inside a sentence-transformers
+    ``Transformer`` module (built by :func:`_make_backend_model`, a ``torch.nn.Module`` without parameters,
+    so torch need not be imported here): ``forward(input_ids, attention_mask, token_type_ids)`` runs the
+    exported graph and returns ``{"last_hidden_state": tensor}``; ``medadapt_backend_key`` is its cache key."""
+
+
+def _make_backend_model(backend: str, path: Path, config, input_names: list[str], key: str,
+                        threads: int | None):
+    import numpy as np
+    import torch
+
+    if backend == "openvino":
+        import openvino as ov
+
+        core = ov.Core()
+        ov_config = {"INFERENCE_NUM_THREADS": int(threads)} if threads else {}
+        compiled = core.compile_model(str(path), "CPU", ov_config)
+        output = compiled.output(0)
+
+        def run(feeds):
+            return compiled(feeds)[output]
+    else:
+        import onnxruntime as ort
+
+        options = ort.SessionOptions()
+        if threads:
+            options.intra_op_num_threads = int(threads)
+            options.inter_op_num_threads = 1
+        session = ort.InferenceSession(str(path), sess_options=options, providers=["CPUExecutionProvider"])
+
+        def run(feeds):
+            return session.run(None, feeds)[0]
+
+    class BackendGraph(torch.nn.Module, BackendModel):
+        def __init__(self):
+            super().__init__()
+            self.config = config
+            self.backend = backend
+            self.model_path = str(path)
+            self.medadapt_backend_key = key
+
+        @property
+        def device(self):
+            return torch.device("cpu")
+
+        def forward(self, input_ids, attention_mask=None, token_type_ids=None):
+            given = {"input_ids": input_ids, "attention_mask": attention_mask, "token_type_ids": token_type_ids}
+            feeds = {}
+            for name in input_names:
+                value = given.get(name)
+                if value is None:  # e.g. no token_type_ids from this tokenizer: zeros, as BERT defaults
+                    value = torch.zeros_like(input_ids)
+                feeds[name] = np.ascontiguousarray(value.detach().cpu().numpy().astype(np.int64))
+            return {"last_hidden_state": torch.from_numpy(np.asarray(run(feeds), dtype=np.float32))}
+
+        def save_pretrained(self, *args, **kwargs):
+            raise MedAdaptError(f"a model running on the {backend!r} backend cannot be saved; load it with "
+                                "backend='torch' to save or train it")
+
+        def extra_repr(self) -> str:
+            return f"backend={backend!r}, file={self.model_path!r}"
+
+    return BackendGraph()
+
+
+def _transformers(model) -> list:
+    """Every sentence-transformers ``Transformer`` module of ``model`` (top level, in ``Router`` routes)."""
+    from sentence_transformers.base.modules import Transformer
+
+    return [m for m in model.modules() if isinstance(m, Transformer)]
+
+
+def _input_names(transformer, features: dict) -> list[str]:
+    import inspect
+
+    params = set(inspect.signature(transformer.model.forward).parameters)
+    return [n for n in ("input_ids", "attention_mask", "token_type_ids") if n in features and n in params]
+
+
+def _export_onnx(transformer, target: Path) -> list[str]:
+    """Export ``transformer``'s Hugging Face model to ``target`` (a temporary path) and check it against
+    torch on a batch of other shapes; returns the graph's input names."""
+    import numpy as np
+    import torch
+
+    hf = copy.deepcopy(transformer.model).to("cpu").eval()
+    try:  # eager attention traces to plain ops on every transformers version
+        hf.set_attn_implementation("eager")
+    except Exception:  # noqa: BLE001 - older transformers / models without the switch: export as is
+        pass
+    trace = transformer.preprocess(["a short text", "a longer text, so that the batch needs padding here"])
+    names = _input_names(transformer, trace)
+    if "input_ids" not in names:
+        raise ModelLoadError("the onnx backend needs a text model that takes input_ids")
+
+    class _Graph(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.hf = hf
+
+        def forward(self, *args):
+            return self.hf(**dict(zip(names, args)), return_dict=True)["last_hidden_state"]
+
+    axes = {n: {0: "batch", 1: "sequence"} for n in [*names, "last_hidden_state"]}
+    with warnings.catch_warnings(), torch.no_grad():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(_Graph(), tuple(trace[n] for n in names), str(target), input_names=names,
+                          output_names=["last_hidden_state"], dynamic_axes=axes, opset_version=17,
+                          dynamo=False)
+    extra = [p.name for p in target.parent.iterdir() if p != target]
+    if extra:
+        raise ModelLoadError("the onnx backend supports models whose graph fits one .onnx file (under 2 GB)")
+    check = transformer.preprocess(list(_CHECK_TEXTS))
+    got = _run_check(target, names, check)
+    with torch.no_grad():
+        want = transformer.model(**{n: check[n] for n in names}, return_dict=True)["last_hidden_state"].numpy()
+    mask = check["attention_mask"].numpy().astype(bool)
+    err = float(np.abs(got - want)[mask].max())
+    if not err <= _EXPORT_TOLERANCE:
+        raise ModelLoadError(f"the ONNX export does not reproduce the torch model (max difference {err:.2e}); "
+                             "use backend='torch' for this model")
+    return names
+
+
+def _run_check(path: Path, names: list[str], features: dict):
+    import onnxruntime as ort
+
+    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    return session.run(None, {n: features[n].numpy() for n in names})[0]
+
+
+def _quantize(source: Path, target: Path) -> None:
+    """int8 dynamic quantisation (weights int8 per channel, activations quantised at run time) with ONNX
+    Runtime's ``quantize_dynamic``."""
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    import logging
+
+    logging.disable(logging.WARNING)  # onnxruntime logs a pre-processing hint on the root logger
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            quantize_dynamic(str(source), str(target), weight_type=QuantType.QInt8, per_channel=True,
+                             op_types_to_quantize=["MatMul", "Gemm"])
+    finally:
+        logging.disable(logging.NOTSET)
+
+
+def _install(tmp: Path, folder: Path, name: str, meta: dict) -> None:
+    """Rename ``tmp`` to ``folder/name`` (same file system), then record its hash in ``meta.json``."""
+    from medadapt.io import atomic_write_json, file_mode
+
+    os.chmod(tmp, file_mode())
+    os.replace(tmp, folder / name)
+    meta.setdefault("files", {})[name] = _sha256_file(folder / name)
+    atomic_write_json(folder / "meta.json", meta)
+
+
+def _read_meta(folder: Path) -> dict:
+    try:
+        data = json.loads((folder / "meta.json").read_text(encoding="utf-8"))
+        return data if isinstance(data, dict) else {}
+    except (OSError, ValueError):
+        return {}
+
+
+def _valid(folder: Path, name: str, meta: dict) -> bool:
+    path = folder / name
+    want = (meta.get("files") or {}).get(name)
+    return path.is_file() and want is not None and _sha256_file(path) == want
+
+
+def ensure_export(transformer, backend: str, fingerprint, root: Path | None = None) -> tuple[Path, list[str], str]:
+    """``(graph file, input names, source fingerprint)`` for ``transformer`` on ``backend``, exporting (and
+    quantising) once per source weights under the export folder's lock. ``fingerprint``: a function of a
+    list of modules (:func:`medadapt.models.modules_fingerprint`) naming the export folder."""
+    from medadapt.cache import namespace_lock
+    from medadapt.errors import warn
+
+    source = fingerprint([transformer])
+    folder = (root or export_root()) / source
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise MedAdaptError(f"cannot write the export folder {folder}: {exc.strerror or exc}") from None
+    name = _FILES[backend]
+    with namespace_lock(folder):
+        meta = _read_meta(folder)
+        if not _valid(folder, name, meta) and (folder / name).exists():
+            warn(f"exported model {folder / name} fails its checksum; exporting it again")
+        if not _valid(folder, "model.onnx", meta):
+            meta = {"source_fingerprint": source, "format": 1, "files": {}}
+            work = Path(tempfile.mkdtemp(prefix=".export-", dir=folder))
+            try:
+                names = _export_onnx(transformer, work / "model.onnx")
+                meta["inputs"] = names
+                _install(work / "model.onnx", folder, "model.onnx", meta)
+            finally:
+                shutil.rmtree(work, ignore_errors=True)
+        if name != "model.onnx" and not _valid(folder, name, meta):
+            work = Path(tempfile.mkdtemp(prefix=".export-", dir=folder))
+            try:
+                _quantize(folder / "model.onnx", work / name)
+                _install(work / name, folder, name, meta)
+            finally:
+                shutil.rmtree(work, ignore_errors=True)
+        names = list(meta.get("inputs") or ["input_ids", "attention_mask"])
+    return folder / name, names, source
+
+
+def backend_key(modules) -> str:
+    """What the embedding cache adds to a backbone's fingerprint for its backend: ``""`` when every
+    transformer runs on torch (torch namespaces unchanged), else ``"<backend>:<source>:<file sha256>"`` per
+    swapped transformer. A sentence-transformers ONNX / OpenVINO model not loaded through medadapt is keyed
+    by the hash of its graph file; one whose file cannot be found is refused (its weights cannot be told
+    apart from another model's: the graph holds no torch parameters to hash)."""
+    from sentence_transformers.base.modules import Transformer
+
+    keys = []
+    for top in modules:
+        for module in top.modules():
+            if not isinstance(module, Transformer):
+                continue
+            inner = module.model
+            if isinstance(inner, BackendModel):
+                keys.append(inner.medadapt_backend_key)
+                continue
+            if getattr(module, "backend", "torch") == "torch":
+                continue
+            path = getattr(inner, "model_path", None) or getattr(inner, "model_save_dir", None)
+            path = Path(str(path)) if path else None
+            if path is not None and path.is_dir():
+                files = sorted([*path.glob("*.onnx"), *path.glob("*.xml")])
+                path = files[0] if files else None
+            if path is None or not path.is_file():
+                raise MedAdaptError(f"cannot identify the weights of this {module.backend} model for the "
+                                    "embedding cache; load it with medadapt.load(..., backend=...)")
+            keys.append(f"{module.backend}:{_sha256_file(path)}")
+    return "|".join(keys)
+
+
+def apply_backend(model, backend: str, *, fingerprint, threads: int | None = None, root: Path | None = None):
+    """Run every ``Transformer`` module of ``model`` (loaded with torch) on ``backend``, in place; returns
+    ``model`` (:func:`medadapt.load` calls it; ``fingerprint`` is :func:`medadapt.models.modules_fingerprint`,
+    passed in so that this module does not import :mod:`medadapt.models`, which imports it).
+    ``threads``: intra-op threads of the runtime (default ``torch.get_num_threads()``, so
+    ``torch.set_num_threads`` / ``OMP_NUM_THREADS`` govern every backend alike).
+    ``root``: export folder (default :func:`export_root`)."""
+    check_backend(backend)
+    if backend == "torch":
+        return model
+    require_backend(backend)
+    dev = str(getattr(model, "device", "cpu"))
+    if not dev.startswith("cpu"):
+        raise MedAdaptError(f"backend {backend!r} runs on the CPU; the model is on {dev} (use --device cpu or "
+                            "--backend torch)")
+    transformers = _transformers(model)
+    if not transformers:
+        raise MedAdaptError(f"backend {backend!r}: the model has no sentence-transformers Transformer module")
+    import inspect
+
+    import torch
+
+    threads = threads or torch.get_num_threads()
+    for transformer in transformers:
+        if getattr(transformer, "backend", "torch") != "torch" or isinstance(transformer.model, BackendModel):
+            raise MedAdaptError(f"backend {backend!r}: the model already runs on {transformer.backend!r}")
+        text = (getattr(transformer, "modality_config", None) or {}).get("text") or {}
+        if (getattr(transformer, "transformer_task", "feature-extraction") != "feature-extraction"
+                or text.get("method", "forward") != "forward"
+                or text.get("method_output_name", "last_hidden_state") not in ("last_hidden_state",
+                                                                               ["last_hidden_state"])):
+            raise MedAdaptError(f"backend {backend!r} supports text feature-extraction transformers that "
+                                f"output last_hidden_state (this one: {transformer.transformer_task!r}, {text})")
+        path, names, source = ensure_export(transformer, backend, fingerprint, root)
+        key = f"{backend}:{source}:{_sha256_file(path)}"
+        runner = _make_backend_model(backend, path, transformer.model.config, names, key, threads)
+        transformer.model = runner  # the torch weights are released
+        transformer.backend = "openvino" if backend == "openvino" else "onnx"
+        signature = inspect.signature(runner.forward)
+        transformer._declared_forward_params = set(signature.parameters)
+        transformer.model_forward_params = set(signature.parameters)
+        transformer._method_signature_cache.clear()
+    model.backend = "openvino" if backend == "openvino" else "onnx"
+    model._medadapt_backend = backend
+    old = getattr(model, "medadapt_revision", None)
+    if old is not None:  # the identity set by medadapt.models.set_identity names the backend too
+        model.medadapt_revision = fingerprint(list(model._modules.values()))  # = model_fingerprint(model)
+        card = getattr(model, "model_card_data", None)
+        if card is not None and getattr(card, "base_model_revision", None) == old:
+            card.base_model_revision = model.medadapt_revision
+    return model
+
