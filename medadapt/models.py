@@ -290,7 +290,7 @@ def check_head_widths(model, name: str) -> None:
 
 
 def load(name_or_path: str, device: str | None = None, *, trust_remote_code: bool | None = None,
-         base: str | None = None, **kwargs) -> "SentenceTransformer":
+         base: str | None = None, backend: str = "torch", **kwargs) -> "SentenceTransformer":
     """Load a SentenceTransformer (with any medadapt heads) from an alias, a folder or a hub id.
 
     Args:
@@ -305,6 +305,9 @@ def load(name_or_path: str, device: str | None = None, *, trust_remote_code: boo
             classes come from the installed package, code shipped in a folder is refused, hub ids never get
             the flag. ``False``: the same checks, and the flag is never set. ``True``: passed on as given (you
             trust the model's code, ``auto_map`` and foreign module classes included).
+        backend: ``"torch"`` (default), ``"onnx"``, ``"onnx-int8"`` or ``"openvino"``: the model is loaded
+            with torch, then its transformer runs on that CPU runtime (:mod:`medadapt.backends`; exported
+            once per weights, heads unchanged, keyed separately in the embedding cache).
         **kwargs: passed to ``SentenceTransformer``.
 
     Raises:
@@ -313,14 +316,22 @@ def load(name_or_path: str, device: str | None = None, *, trust_remote_code: boo
             embedding it reads.
     """
     check_device(device)
+    from medadapt.backends import apply_backend, check_backend, require_backend
+
+    if check_backend(backend) != "torch":
+        require_backend(backend)  # before loading anything: a missing package is one clear error
+        if device is not None and not str(device).strip().startswith("cpu"):
+            raise ModelLoadError(f"backend {backend!r} runs on the CPU; use device 'cpu' or backend 'torch'")
     resolved = resolve_model_path(name_or_path)
     local = Path(resolved).is_dir()
     import medadapt.adapters  # noqa: F401  (SentenceTransformer.add_adapter / load_adapter know medadapt heads)
     from medadapt.adapters.files import is_adapter_folder, load_adapter_model
 
     if local and is_adapter_folder(resolved):
-        return load_adapter_model(resolved, load, base=base, device=device,
-                                  trust_remote_code=trust_remote_code, **kwargs)
+        model = load_adapter_model(resolved, load, base=base, device=device,
+                                   trust_remote_code=trust_remote_code, **kwargs)
+        set_identity(model, name_or_path, resolved, replace=True)  # the base's identity was set on its load
+        return apply_backend(model, backend, fingerprint=modules_fingerprint)
     if base is not None:
         raise ModelLoadError(f"base= applies to adapter-only folders; {name_or_path!r} is not one")
     from sentence_transformers import SentenceTransformer
@@ -368,7 +379,55 @@ def load(name_or_path: str, device: str | None = None, *, trust_remote_code: boo
             ) from exc
         raise ModelLoadError(f"cannot load model {name_or_path!r}: {first}{hint}") from exc
     check_head_widths(model, str(name_or_path))
-    return model
+    set_identity(model, name_or_path, resolved)
+    return apply_backend(model, backend, fingerprint=modules_fingerprint)
+
+
+#: The public name of the model behind each alias (its Hugging Face id).
+ALIAS_NAMES: dict[str, str] = {"minilm": "sentence-transformers/all-MiniLM-L6-v2",
+                               "all-minilm-l6-v2": "sentence-transformers/all-MiniLM-L6-v2"}
+
+
+def model_name_for(name_or_path: str, resolved: str) -> str:
+    """The name :func:`load` gives a model (``model_card_data.model_name``): an alias's public name
+    (:data:`ALIAS_NAMES`), ``medadapt/<folder name>`` for a folder medadapt saved (an adapter folder, a run
+    folder with ``recipe.yaml``, or one naming medadapt module classes), ``local/<folder name>`` for another
+    local folder, the hub id itself for a hub model. Always ``org/name`` (MTEB's model-name format)."""
+    key = str(name_or_path).strip()
+    if key.lower() in ALIAS_NAMES:
+        return ALIAS_NAMES[key.lower()]
+    path = Path(resolved)
+    if not path.is_dir():
+        return key if "/" in key else f"hub/{key}"
+    from medadapt.adapters.files import is_adapter_folder
+
+    try:
+        ours = (is_adapter_folder(path) or (path / "recipe.yaml").is_file()
+                or any(c.startswith("medadapt.") for c in module_classes(path)))
+    except ModelLoadError:
+        ours = False
+    return f"{'medadapt' if ours else 'local'}/{path.resolve().name or 'model'}"
+
+
+def set_identity(model, name_or_path: str, resolved: str, replace: bool = False) -> None:
+    """Give a loaded model a name and a revision, so that clients that file results by model (MTEB's result
+    cache) keep two models apart: ``model_card_data.model_name`` (:func:`model_name_for`, unless the model
+    already has one) and, unless sentence-transformers recorded a hub revision, the weights fingerprint
+    (:func:`model_fingerprint`) as ``model_card_data.base_model_revision``, the field MTEB reads as the
+    model's revision. Both are also kept as ``model.medadapt_name`` / ``model.medadapt_revision``. The
+    revision is that of the weights as loaded; :func:`medadapt.eval.mteb.model_identity` recomputes it.
+    ``replace``: overwrite both (an adapter folder loaded onto its base model, which got the base's)."""
+    card = getattr(model, "model_card_data", None)
+    revision = model_fingerprint(model)
+    name = model_name_for(name_or_path, resolved)
+    if card is not None:
+        if replace or not getattr(card, "model_name", None):
+            card.model_name = name
+        if replace or not getattr(card, "base_model_revision", None):
+            card.base_model_revision = revision
+        name = card.model_name
+    model.medadapt_name = name
+    model.medadapt_revision = revision
 
 
 def model_fingerprint(model, full_hash_max_params: int = 300_000_000) -> str:
@@ -407,4 +466,9 @@ def modules_fingerprint(modules, full_hash_max_params: int = 300_000_000) -> str
             step = max(1, flat.numel() // 4096)
             flat = flat[::step]
         h.update(flat.to("cpu", torch.float32).contiguous().numpy().tobytes())
+    from medadapt.backends import backend_key
+
+    key = backend_key(modules)  # an ONNX / OpenVINO transformer holds no torch weights: its graph's identity
+    if key:  # "" on torch: fingerprints of torch models are unchanged
+        h.update(f"backend:{key}".encode())
     return h.hexdigest()[:24]

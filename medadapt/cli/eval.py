@@ -10,7 +10,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from medadapt.cli._common import console, fail, quiet_libraries
+from medadapt.cli._common import BackendOption, check_backend_option, console, fail, quiet_libraries
 from medadapt.errors import DataError, MedAdaptError
 
 
@@ -120,6 +120,34 @@ def eval_cmd(
         Optional[Route], typer.Option(help="STS on an asymmetric (CARE) model: the tower that encodes both "
                                            "sentences (default query).")
     ] = None,
+    suite: Annotated[
+        Optional[str], typer.Option(help="Run a benchmark suite: cmedteb, cure, bmretriever or medmoe (reads "
+                                         "--data-dir; layouts in docs/evaluation.md).")
+    ] = None,
+    data_dir: Annotated[
+        Optional[Path], typer.Option(help="The suite's data folder (one sub-folder or file per task).")
+    ] = None,
+    suite_tasks: Annotated[
+        Optional[str], typer.Option(help="Comma-separated subset of the suite's tasks (default: all).")
+    ] = None,
+    no_instructions: Annotated[
+        bool, typer.Option("--no-instructions", help="Suites: keep the model's own prompts instead of the "
+                                                     "papers' task instructions.")
+    ] = False,
+    mteb_output: Annotated[
+        Optional[Path], typer.Option(help="Also evaluate with the mteb package itself (same embeddings, through "
+                                          "the cache) and write its result files under this folder.")
+    ] = None,
+    mteb_task: Annotated[
+        Optional[str], typer.Option(help="Run this registered MTEB task (e.g. NFCorpus) on local data: --data "
+                                         "is a BEIR folder or a local copy of the task's dataset repository.")
+    ] = None,
+    compare: Annotated[
+        Optional[tuple[str, str]], typer.Option(help="Paired comparison of two runs (TREC run / JSON run files "
+                                                     "or models) on --data/--split: per-query nDCG@10 (or the first "
+                                                     "--metrics), bootstrap CI, paired t-test.")
+    ] = None,
+    backend: BackendOption = "torch",
 ) -> None:
     """Evaluate a model on retrieval (nDCG/Recall/MRR/MAP@k), rerank (MAP@10), STS (Pearson/Spearman), QA
     (Recall@5/20, nDCG@20), entity linking (Recall@1/5, MRR@5) or paper recommendation (MAP, nDCG)."""
@@ -129,8 +157,34 @@ def eval_cmd(
         from medadapt.models import check_device
 
         check_device(device)  # before reading data or loading a model
+        check_backend_option(backend, **{"--compare": compare is not None, "--mteb-task": mteb_task is not None,
+                                         "--suite": suite is not None or data_dir is not None,
+                                         "a HyReC model": _hyrec_dir(model) is not None})
         check_output_file(output)
         check_output_file(plot, "--plot")
+        if mteb_output is not None and mteb_output.exists() and not mteb_output.is_dir():
+            raise MedAdaptError(f"--mteb-output {mteb_output} is a file; give a folder")
+        if compare is not None or mteb_task is not None:
+            if compare is not None:
+                from medadapt.eval.compare import cli_compare
+
+                cli_compare(compare, data, split, metrics, output, device=device, cache_dir=cache_dir,
+                            no_cache=no_cache, batch_size=batch_size, quiet=quiet, console=console)
+            else:
+                from medadapt.eval.mteb import cli_mteb_task
+
+                cli_mteb_task(mteb_task, model, data, split, output, mteb_output, device=device,
+                              cache_dir=cache_dir, no_cache=no_cache, batch_size=batch_size, quiet=quiet,
+                              console=console)
+            return
+        if mteb_output is not None and task is not Task.retrieval:
+            raise MedAdaptError("--mteb-output applies to --task retrieval (or --mteb-task NAME)")
+        if suite is not None or data_dir is not None:
+            if task is not Task.retrieval or mteb_output is not None:
+                raise MedAdaptError("--task and --mteb-output do not apply to --suite (each suite fixes its tasks)")
+            _run_suite(suite, data_dir, suite_tasks, model, split, output, plot, metrics, mode, query_prompt,
+                       batch_size, device, cache_dir, no_cache, quiet, not no_instructions)
+            return
 
         metric_list = [m.strip() for m in metrics.split(",") if m.strip()] if metrics else None
         if metric_list:
@@ -165,13 +219,25 @@ def eval_cmd(
                                 f"(with hyrec/config.json); {model} is not one")
         t0 = time.perf_counter()
         if hyrec_dir is not None and task is Task.retrieval:
+            if mteb_output is not None and (mode or Mode.hybrid) is not Mode.dense:
+                raise MedAdaptError("--mteb-output evaluates the dense side of a HyReC model: add --mode dense")
             results = _eval_hyrec(hyrec_dir, dataset, split, mode or Mode.hybrid, metric_list or DEFAULT_METRICS,
                                   cache_dir, no_cache, batch_size, quiet)
             _report(results, model, data, split, task, output, plot, time.perf_counter() - t0)
+            if mteb_output is not None:
+                import tempfile
+
+                from medadapt.cache import EmbeddingCache
+                from medadapt.eval.mteb import cli_write_mteb
+                from medadapt.models import load
+
+                with tempfile.TemporaryDirectory() as tmp:
+                    cli_write_mteb(load(str(hyrec_dir), device=device), dataset, split, results, mteb_output,
+                                   EmbeddingCache(tmp if no_cache else cache_dir), batch_size, quiet, console)
             return
         from medadapt.models import load
 
-        st_model = load(model, device=device)
+        st_model = load(model, device=device, backend=backend)
         if query_prompt is not None:
             st_model.prompts = {**(st_model.prompts or {}), "query": query_prompt.replace("\\n", "\n")}
             if task is Task.sts:  # symmetric task: both sentences get the instruction (BIOSSES, Table 10)
@@ -189,6 +255,12 @@ def eval_cmd(
                     st_model, dataset, split, metric_list or DEFAULT_METRICS, cache=cache,
                     batch_size=batch_size, show_progress=not quiet,
                 )
+                if mteb_output is not None:
+                    from medadapt.eval.mteb import cli_write_mteb
+
+                    _report(results, model, data, split, task, output, plot, time.perf_counter() - t0)
+                    cli_write_mteb(st_model, dataset, split, results, mteb_output, cache, batch_size, quiet, console)
+                    return
             finally:
                 if tmp:
                     tmp.cleanup()
@@ -221,6 +293,48 @@ def eval_cmd(
         fail(f"{exc.filename + ': ' if exc.filename else ''}{exc.strerror or exc}")
     except KeyboardInterrupt:
         fail("interrupted")
+
+
+def _run_suite(suite: str | None, data_dir: Path | None, suite_tasks: str | None, model: str, split: str,
+               output: Path | None, plot: Path | None, metrics: str | None, mode, query_prompt: str | None,
+               batch_size: int, device: str | None, cache_dir: Path | None, no_cache: bool, quiet: bool,
+               instructions: bool) -> None:
+    """``--suite NAME --data-dir DIR``: every task of the suite (files checked before the model loads), the
+    per-task table and the paper's averages (:mod:`medadapt.eval.suites`)."""
+    import tempfile
+
+    from medadapt.eval.suites import get_suite, load_suite, plot_suite, run_suite, suite_table, write_suite_json
+
+    if suite is None or data_dir is None:
+        raise MedAdaptError("--suite and --data-dir go together (e.g. --suite cure --data-dir data/cure)")
+    for flag, value in (("--metrics", metrics), ("--mode", mode), ("--query-prompt", query_prompt)):
+        if value is not None:
+            raise MedAdaptError(f"{flag} does not apply to --suite (each task uses its paper's metrics and "
+                                "instruction; --no-instructions keeps the model's own prompts)")
+    spec = get_suite(suite)
+    tasks = [t.strip() for t in suite_tasks.split(",") if t.strip()] if suite_tasks else None
+    loaded = load_suite(spec, data_dir, split, tasks)
+    from medadapt.cache import EmbeddingCache
+    from medadapt.models import load
+
+    st_model = load(model, device=device)
+    t0 = time.perf_counter()
+    tmp = tempfile.TemporaryDirectory() if no_cache else None
+    try:
+        result = run_suite(spec, st_model, loaded, split, cache=EmbeddingCache(tmp.name if tmp else cache_dir),
+                           batch_size=batch_size, show_progress=not quiet, instructions=instructions,
+                           model_name=Path(model).name or model)
+    finally:
+        if tmp:
+            tmp.cleanup()
+    console.print(suite_table(result, title=f"{result.title}: {result.model} on {data_dir}/{split} "
+                                            f"({time.perf_counter() - t0:.1f} s)"))
+    if output:
+        write_suite_json(output, result)
+        console.print(f"wrote {output}")
+    if plot:
+        plot_suite(result, plot)
+        console.print(f"wrote {plot}")
 
 
 def _eval_hyrec(folder: Path, dataset, split: str, mode: Mode, metrics: list[str], cache_dir: Path | None,

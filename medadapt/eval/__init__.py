@@ -52,3 +52,7 @@ __all__ += [
     "load_pool_task",
     "load_recommendation",
 ]
+
+from medadapt.eval.suites import evaluate_suite  # noqa: E402  (suites: cmedteb, cure, bmretriever, medmoe)
+
+__all__ += ["evaluate_suite"]

@@ -1,0 +1,434 @@
+"""What a suite is: tasks (with the paper's instructions and languages), the paper's averages, loading every
+task's files before a model is loaded, and running each task through medadapt's existing evaluators.
+
+A suite is data (:class:`SuiteSpec`): a list of :class:`TaskSpec` and of :class:`AverageSpec`. The task
+*kinds* map onto the evaluators that already exist, so a suite adds no metric code of its own:
+
+=================  ====================================================  =====================================
+kind               files under ``DIR/<task>/``                           evaluator
+=================  ====================================================  =====================================
+``retrieval``      BEIR: ``corpus.jsonl``, ``queries.jsonl`` (one query   :func:`medadapt.eval.evaluate_retrieval`
+                   language) or ``queries-<lang>.jsonl`` (several, as
+                   CURE), ``qrels/<split>.tsv``
+``rerank``         ``<split>.jsonl`` in MTEB's reranking layout           :func:`medadapt.eval.evaluate_rerank`
+                   (:func:`medadapt.eval.suites.layouts.load_mteb_rerank`)
+``sts``            ``<split>.jsonl`` in MTEB's STS layout                 :func:`medadapt.eval.evaluate_sts`
+                   (``sentence1``, ``sentence2``, ``score``)              (cosine)
+``pool``           ``<split>.jsonl`` (BMRetriever QA / entity linking)   :func:`medadapt.eval.evaluate_pool`
+``recommendation`` ``<split>.jsonl`` (RELISH)                             :func:`medadapt.eval.evaluate_recommendation`
+=================  ====================================================  =====================================
+
+Instructions become sentence-transformers prompts for the duration of one task (``query`` and, where the
+paper gives one, ``document``), through the suite's ``query_template``; the model's own prompts come back
+afterwards. Languages: each task names its query language(s) and its corpus language; a query language the
+model was not declared for (``model.model_card_data.language``) gives a :func:`medadapt.errors.warn`.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from medadapt.errors import DataError, MedAdaptError, warn
+
+Kind = Literal["retrieval", "rerank", "sts", "pool", "recommendation"]
+KINDS: tuple[str, ...] = ("retrieval", "rerank", "sts", "pool", "recommendation")
+
+
+@dataclass(frozen=True)
+class TaskSpec:
+    """One task of a suite.
+
+    Attributes:
+        name: the task's name in the paper (and its folder name under the suite's data folder).
+        kind: see the module table.
+        metrics: what is computed (pytrec_eval names, or ``pearson`` / ``spearman`` for STS,
+            ``map`` / ``ndcg`` for recommendation).
+        main_metric: the one the paper reports for the task (and averages).
+        query_instruction: the paper's instruction text for queries (``None``: no instruction).
+        document_prompt: the full prompt prepended to documents, where the paper gives one (``None``: none).
+        query_languages: ISO 639-1 codes of the query side; more than one reads ``queries-<lang>.jsonl``.
+        corpus_language: ISO 639-1 code of the documents.
+        family: a grouping label (BMRetriever's task families, CURE's domain).
+    """
+
+    name: str
+    kind: Kind
+    metrics: tuple[str, ...]
+    main_metric: str
+    query_instruction: str | None = None
+    document_prompt: str | None = None
+    query_languages: tuple[str, ...] = ("en",)
+    corpus_language: str = "en"
+    family: str = ""
+    optional: bool = False
+
+    def __post_init__(self):
+        if self.kind not in KINDS:
+            raise ValueError(f"task kind must be one of {', '.join(KINDS)}, got {self.kind!r}")
+        if self.main_metric not in self.metrics:
+            raise ValueError(f"{self.name}: main metric {self.main_metric!r} is not in {self.metrics}")
+
+
+@dataclass(frozen=True)
+class AverageSpec:
+    """An average the paper reports: the unweighted mean of ``(task, query language, metric)`` cells.
+
+    ``language=None`` in a cell means the task's only (first) query language."""
+
+    name: str
+    cells: tuple[tuple[str, str | None, str], ...]
+    description: str = ""
+
+
+@dataclass(frozen=True)
+class SuiteSpec:
+    """A benchmark suite: its tasks, the averages its paper reports, and how instructions become prompts."""
+
+    name: str
+    title: str
+    tasks: tuple[TaskSpec, ...]
+    averages: tuple[AverageSpec, ...] = ()
+    #: how an instruction becomes the query prompt (``{instruction}`` is replaced)
+    query_template: str = "Instruct: {instruction}\nQuery: "
+    #: STS (symmetric): whether both sentences get the query instruction (MTEB and the papers do)
+    sts_instruction_both_sides: bool = True
+    reference: str = ""
+
+    def task(self, name: str) -> TaskSpec:
+        for t in self.tasks:
+            if t.name == name:
+                return t
+        raise MedAdaptError(f"suite {self.name} has no task {name!r}; its tasks: "
+                            f"{', '.join(t.name for t in self.tasks)}")
+
+    def query_prompt(self, task: TaskSpec) -> str | None:
+        if not task.query_instruction:
+            return None
+        return self.query_template.replace("{instruction}", task.query_instruction)
+
+
+# ----------------------------------------------------------------------------------------------- loading
+
+
+@dataclass
+class LoadedTask:
+    """A task whose files were read and checked: ``data`` is what its evaluator takes."""
+
+    spec: TaskSpec
+    paths: list[Path]
+    data: Any  # retrieval: {lang: BeirDataset}; rerank: [RerankItem]; sts: [StsPair]; pool / recommendation: items
+
+
+def _task_jsonl(folder: Path, task: TaskSpec, split: str) -> Path:
+    path = folder / task.name / f"{split}.jsonl"
+    if path.is_file():
+        return path
+    if (folder / task.name).is_dir():
+        have = sorted(p.name for p in (folder / task.name).glob("*.jsonl"))
+        raise DataError(f"{task.name}: no file for split {split!r}: {path} not found "
+                        f"(found: {', '.join(have) or 'no .jsonl files'})")
+    raise DataError(f"task {task.name} is missing from {folder}: expected {path}")
+
+
+def _load_retrieval(folder: Path, task: TaskSpec, split: str):
+    from medadapt.data.beir import BeirDataset, available_splits, load_corpus, load_qrels, load_queries
+    from medadapt.data.jsonl import require_file
+
+    root = folder / task.name
+    if not root.is_dir():
+        raise DataError(f"task {task.name} is missing from {folder}: expected the BEIR folder {root} "
+                        f"(corpus.jsonl, queries.jsonl, qrels/{split}.tsv)")
+    corpus_path = require_file(root / "corpus.jsonl", f"{task.name} corpus file")
+    qpath = root / "qrels" / f"{split}.tsv"
+    if not qpath.is_file():
+        have = ", ".join(available_splits(root)) or "none"
+        raise DataError(f"{task.name}: no qrels for split {split!r}: {qpath} not found (qrels splits there: {have})")
+    corpus = load_corpus(corpus_path)
+    qrels = load_qrels(qpath)
+    missing_d = sorted({d for rel in qrels.values() for d in rel if d not in corpus})
+    if missing_d:
+        raise DataError(f"{qpath}: {len(missing_d)} document id(s) not in {corpus_path}, e.g. {missing_d[:3]}")
+    multi = len(task.query_languages) > 1
+    per_lang, paths = {}, [corpus_path, qpath]
+    for lang in task.query_languages:
+        name = f"queries-{lang}.jsonl" if multi else "queries.jsonl"
+        qfile = require_file(root / name, f"{task.name} queries file ({lang})")
+        queries = load_queries(qfile)
+        missing_q = [q for q in qrels if q not in queries]
+        if missing_q:
+            raise DataError(f"{qpath}: {len(missing_q)} query id(s) not in {qfile}, e.g. {missing_q[:3]}")
+        per_lang[lang] = BeirDataset(corpus=corpus, queries=queries, qrels={split: qrels}, root=root)
+        paths.append(qfile)
+    return per_lang, paths
+
+
+def load_task(folder: Path, task: TaskSpec, split: str) -> LoadedTask:
+    """Read and check one task's files (see the module table); a missing folder or file, a split without
+    qrels, or a file in the wrong layout is a :class:`~medadapt.errors.DataError` naming the file."""
+    if task.kind == "retrieval":
+        data, paths = _load_retrieval(folder, task, split)
+        return LoadedTask(task, paths, data)
+    path = _task_jsonl(folder, task, split)
+    if task.kind == "rerank":
+        from medadapt.eval.suites.layouts import load_mteb_rerank
+
+        return LoadedTask(task, [path], load_mteb_rerank(path))
+    if task.kind == "sts":
+        from medadapt.data.sts import load_sts
+
+        return LoadedTask(task, [path], load_sts(path))
+    if task.kind == "pool":
+        from medadapt.eval.pool import load_pool_task
+
+        return LoadedTask(task, [path], load_pool_task(path))
+    from medadapt.eval.recommendation import load_recommendation
+
+    return LoadedTask(task, [path], load_recommendation(path))
+
+
+def load_suite(spec: SuiteSpec, data_dir: str | Path, split: str = "test",
+               tasks: Sequence[str] | None = None) -> list[LoadedTask]:
+    """Read every task of ``spec`` (or the named ``tasks``) from ``data_dir`` before any model is loaded.
+
+    A task marked ``optional`` (CURE's pooled ``all`` split) is read when its folder exists.
+
+    Raises:
+        DataError: the folder is missing, a task is missing, a split has no qrels, a file is malformed.
+    """
+    folder = Path(data_dir).expanduser()
+    if not folder.is_dir():
+        raise DataError(f"suite data folder not found: {folder}")
+    if tasks:
+        chosen = [spec.task(t) for t in dict.fromkeys(tasks)]
+    else:
+        chosen = [t for t in spec.tasks if not t.optional or (folder / t.name).exists()]
+    return [load_task(folder, t, split) for t in chosen]
+
+
+# ----------------------------------------------------------------------------------------------- languages
+
+#: ISO 639-2/3 codes and English names of the languages the suites use, mapped to ISO 639-1
+_LANG_ALIASES = {"eng": "en", "english": "en", "fra": "fr", "fre": "fr", "french": "fr", "spa": "es",
+                 "spanish": "es", "zho": "zh", "chi": "zh", "cmn": "zh", "chinese": "zh", "deu": "de",
+                 "ger": "de", "german": "de", "multilingual": "*"}
+
+
+def normalize_language(code: str) -> str:
+    """``"en-US"`` / ``"eng"`` / ``"English"`` -> ``"en"``; ``"zh-Hans"`` -> ``"zh"``; ``multilingual`` -> ``*``."""
+    base = str(code).strip().lower().replace("_", "-").split("-")[0]
+    return _LANG_ALIASES.get(base, base)
+
+
+def declared_languages(model) -> set[str] | None:
+    """The languages a model is declared for: ``model.model_card_data.language`` (a code or a list of codes,
+    as in a model card's ``language:`` field), normalised to ISO 639-1; ``None`` when it declares none.
+
+    This is where sentence-transformers keeps a model's languages (saved into and read back from the model
+    card), so a model declares its languages with ``model.model_card_data.language = ["en", "fr"]``
+    before ``model.save``; ``multilingual`` accepts every language."""
+    card = getattr(model, "model_card_data", None)
+    value = getattr(card, "language", None)
+    if not value:
+        return None
+    values = [value] if isinstance(value, str) else list(value)
+    langs = {normalize_language(v) for v in values if str(v).strip()}
+    return langs or None
+
+
+def check_languages(model, query_languages: Sequence[str], where: str) -> list[str]:
+    """Warn (:func:`medadapt.errors.warn`) about query languages the model was not declared for; returns
+    the warning texts (also kept in the suite's JSON)."""
+    declared = declared_languages(model)
+    wanted = list(dict.fromkeys(normalize_language(lang) for lang in query_languages))
+    messages = []
+    if declared is None:
+        messages.append(f"{where}: the model declares no language (model_card_data.language is empty), so "
+                        f"nothing says it reads queries in {', '.join(wanted)}; set "
+                        "model.model_card_data.language to silence this")
+    elif "*" not in declared:
+        for lang in wanted:
+            if lang not in declared:
+                messages.append(f"{where}: queries in {lang!r}, but the model is declared for "
+                                f"{', '.join(sorted(declared))} only (model_card_data.language); its scores "
+                                "on these queries may be meaningless")
+    for m in messages:
+        warn(m)
+    return messages
+
+
+# ----------------------------------------------------------------------------------------------- prompts
+
+
+@contextmanager
+def task_prompts(model, query_prompt: str | None, document_prompt: str | None) -> Iterator[None]:
+    """Set the ``query`` (and ``document``) prompt of ``model`` for one task and put the model's own prompts
+    back afterwards. A side the task gives no prompt for keeps the model's own prompt."""
+    old_prompts = dict(getattr(model, "prompts", None) or {})
+    old_default = getattr(model, "default_prompt_name", None)
+    new = dict(old_prompts)
+    if query_prompt:
+        new["query"] = query_prompt
+    if document_prompt:
+        for name in ("passage", "corpus"):  # encode_document would prefer "document" anyway; no ambiguity
+            new.pop(name, None)
+        new["document"] = document_prompt
+    model.prompts = new
+    try:
+        yield
+    finally:
+        model.prompts = old_prompts
+        model.default_prompt_name = old_default
+
+
+# ----------------------------------------------------------------------------------------------- results
+
+
+@dataclass
+class TaskRow:
+    """The result of one task for one query language."""
+
+    task: str
+    family: str
+    query_language: str
+    corpus_language: str
+    main_metric: str
+    metrics: dict[str, float]
+    query_prompt: str | None = None
+    document_prompt: str | None = None
+
+    @property
+    def main_score(self) -> float:
+        return self.metrics[self.main_metric]
+
+    @property
+    def label(self) -> str:
+        if self.query_language != self.corpus_language:
+            return f"{self.task} ({self.query_language}->{self.corpus_language})"
+        return self.task
+
+
+@dataclass
+class SuiteResult:
+    """Per-task rows and the paper's averages (``None`` where a task the average needs was not run)."""
+
+    suite: str
+    title: str
+    split: str
+    rows: list[TaskRow]
+    averages: dict[str, float | None] = field(default_factory=dict)
+    average_definitions: dict[str, str] = field(default_factory=dict)
+    warnings: list[str] = field(default_factory=list)
+    model: str = ""
+
+    def row(self, task: str, language: str | None = None) -> TaskRow:
+        for r in self.rows:
+            if r.task == task and (language is None or r.query_language == language):
+                return r
+        raise KeyError(f"no result for task {task!r}" + (f" in {language!r}" if language else ""))
+
+    def to_dict(self) -> dict:
+        """The JSON form (``--output``): ``suite``, ``split``, ``model``, ``tasks`` (one object per task and
+        query language), ``averages`` and how each is computed, ``warnings``."""
+        return {
+            "suite": self.suite,
+            "title": self.title,
+            "split": self.split,
+            "model": self.model,
+            "tasks": [{
+                "task": r.task, "family": r.family, "query_language": r.query_language,
+                "corpus_language": r.corpus_language, "main_metric": r.main_metric,
+                "main_score": round(float(r.main_score), 6),
+                "metrics": {k: round(float(v), 6) for k, v in r.metrics.items()},
+                "query_prompt": r.query_prompt, "document_prompt": r.document_prompt,
+            } for r in self.rows],
+            "averages": {k: (None if v is None else round(float(v), 6)) for k, v in self.averages.items()},
+            "average_definitions": dict(self.average_definitions),
+            "warnings": list(self.warnings),
+        }
+
+
+def compute_averages(spec: SuiteSpec, rows: Sequence[TaskRow]) -> dict[str, float | None]:
+    """Each :class:`AverageSpec` of ``spec`` as the unweighted mean of its cells (``None`` when a cell has
+    no result, e.g. a task left out with ``tasks=``)."""
+    out: dict[str, float | None] = {}
+    for avg in spec.averages:
+        values = []
+        for task, lang, metric in avg.cells:
+            match = [r for r in rows if r.task == task and (lang is None or r.query_language == lang)]
+            if not match or metric not in match[0].metrics:
+                values = None
+                break
+            values.append(match[0].metrics[metric])
+        out[avg.name] = None if not values else math.fsum(values) / len(values)
+    return out
+
+
+# ----------------------------------------------------------------------------------------------- running
+
+
+def evaluate_task(model, spec: SuiteSpec, loaded: LoadedTask, split: str, *, cache=None, batch_size: int = 64,
+                  show_progress: bool = False, instructions: bool = True) -> list[TaskRow]:
+    """Run one loaded task with the existing evaluators; one :class:`TaskRow` per query language."""
+    task = loaded.spec
+    q_prompt = spec.query_prompt(task) if instructions else None
+    d_prompt = task.document_prompt if instructions else None
+    rows = []
+
+    def row(lang: str, metrics: dict[str, float]) -> TaskRow:
+        return TaskRow(task.name, task.family, lang, task.corpus_language, task.main_metric,
+                       {k: float(v) for k, v in metrics.items()}, q_prompt, d_prompt)
+
+    if task.kind == "retrieval":
+        from medadapt.eval.retrieval import evaluate_retrieval
+
+        with task_prompts(model, q_prompt, d_prompt):
+            for lang, data in loaded.data.items():
+                rows.append(row(lang, evaluate_retrieval(model, data, split, task.metrics, cache=cache,
+                                                         batch_size=batch_size, show_progress=show_progress)))
+        return rows
+    lang = task.query_languages[0]
+    if task.kind == "sts":
+        from medadapt.eval.sts import evaluate_sts
+
+        both = spec.sts_instruction_both_sides and q_prompt
+        with task_prompts(model, q_prompt, None):
+            try:
+                metrics = evaluate_sts(model, loaded.data, batch_size, show_progress, similarity="cosine",
+                                       route="query" if both else None)
+            except ValueError as exc:
+                raise MedAdaptError(f"{task.name} ({loaded.paths[0]}): {exc}") from None
+        return [row(lang, {m: metrics[m] for m in task.metrics})]
+    with task_prompts(model, q_prompt, d_prompt):
+        if task.kind == "rerank":
+            from medadapt.eval.rerank import evaluate_rerank
+
+            metrics = evaluate_rerank(model, loaded.data, task.metrics, batch_size, show_progress)
+        elif task.kind == "pool":
+            from medadapt.eval.pool import evaluate_pool
+
+            metrics = evaluate_pool(model, loaded.data, task.metrics, batch_size, show_progress)
+        else:
+            from medadapt.eval.recommendation import evaluate_recommendation
+
+            metrics = evaluate_recommendation(model, loaded.data, batch_size, show_progress)
+    return [row(lang, {m: metrics[m] for m in task.metrics})]
+
+
+def run_suite(spec: SuiteSpec, model, loaded: Sequence[LoadedTask], split: str = "test", *, cache=None,
+              batch_size: int = 64, show_progress: bool = False, instructions: bool = True,
+              model_name: str = "") -> SuiteResult:
+    """Evaluate ``model`` on loaded tasks (:func:`load_suite`) and compute the paper's averages."""
+    warnings: list[str] = []
+    langs = list(dict.fromkeys(lang for t in loaded for lang in t.spec.query_languages))
+    warnings += check_languages(model, langs, f"suite {spec.name}")
+    rows: list[TaskRow] = []
+    for t in loaded:
+        rows += evaluate_task(model, spec, t, split, cache=cache, batch_size=batch_size,
+                              show_progress=show_progress, instructions=instructions)
+    return SuiteResult(spec.name, spec.title, split, rows, compute_averages(spec, rows),
+                       {a.name: a.description for a in spec.averages}, warnings, model_name)
