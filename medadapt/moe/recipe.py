@@ -199,7 +199,7 @@ def _train_fast(recipe: MoERecipe, model, data, ctx: RunContext) -> None:
     """The head, added with ``model.add_adapter(recipe.head)``, trained on cached embeddings through the
     one loop (:mod:`medadapt.moe.schedule`); the backbone is unchanged, so the run folder holds the head
     alone (``save.adapter_only``)."""
-    from medadapt.moe.schedule import head_stages, head_training, merge_routing_stats
+    from medadapt.moe.schedule import expert_load_log, head_stages, head_training, merge_routing_stats
 
     prepared = _prepare(recipe, model, data, ctx)  # before the head exists: raw backbone embeddings
     head = model.add_adapter(recipe.head, adapter_name=ADAPTER_NAME).to(ctx.accelerator.device)
@@ -208,11 +208,13 @@ def _train_fast(recipe: MoERecipe, model, data, ctx: RunContext) -> None:
     ctx.log(f"training {n_params:,}-parameter head on {len(prepared.pairs):,} pairs "
             f"({'with' if n is not None else 'without'} hard negatives) on {ctx.device}")
     with head_training(head):
-        res = ctx.train(head, head_stages(head, q.float(), p.float(), None if n is None else n.float(),
-                                          recipe.training, recipe.loss, route=recipe.head.route))
+        stages = head_stages(head, q.float(), p.float(), None if n is None else n.float(),
+                             recipe.training, recipe.loss, route=recipe.head.route)
+        res = ctx.train(head, stages)
     merge_routing_stats(head, ctx.accelerator)
     ctx.result.details["stage_steps"] = dict(res.stage_steps)
     ctx.result.details["routing_stats"] = head.routing_stats()
+    ctx.result.details["expert_load"] = expert_load_log(head, stages)  # per step, for `medadapt report`
 
 
 def _train_slow(recipe: MoERecipe, model, data, ctx: RunContext) -> None:
@@ -300,3 +302,43 @@ KIND = register_kind(RecipeKind(
     "moe", MoERecipe, train, evaluate,
     "Med-MoE-Embed head on a frozen backbone (two-step schedule on cached embeddings), or backbone / LoRA "
     "fine-tuning"))
+
+
+def plan_spec(recipe: MoERecipe):
+    """What ``medadapt plan`` needs (:mod:`medadapt.plan`). Fast path: the frozen backbone encodes the
+    corpus into the cache (no gradients) and only the head trains, on cached embeddings (query, positive
+    and the mined negatives per example). Slow path: the backbone (or its LoRA) trains on the texts."""
+    from medadapt.plan import LoraSpec, ModelSpec, PhaseSpec, PlanSpec, Usage, find_config
+
+    m, tr = recipe.model, recipe.training
+    cfg, _ = find_config(m.backbone, recipe._source)
+    seq = m.max_seq_length or min(int(cfg.get("max_position_embeddings") or 512), 512)
+    mining = recipe.data.hard_negatives
+    texts = 2 + (mining.num_negatives if mining is not None else 0)
+    head = 0
+    if recipe.head.kind == "moe":
+        from medadapt.moe.head import MoEHead
+
+        head = sum(p.numel() for p in MoEHead(recipe.head.to_config(int(cfg["hidden_size"]))).parameters())
+    lora = m.peft and LoraSpec(m.peft.r, m.peft.alpha, m.peft.dropout,
+                               tuple(m.peft.target_modules) if m.peft.target_modules else None)
+    models = [ModelSpec("backbone", m.backbone, lora=lora or None)]
+    if recipe.fast:
+        models.append(ModelSpec("head", None, head_params=head))
+        uses = (Usage("backbone", texts, seq, trains=False), Usage("head", texts, 1))
+        notes = ("the head trains on cached backbone embeddings: activations are a few floats per text",)
+    else:
+        models[0] = ModelSpec("backbone", m.backbone, lora=lora or None, head_params=head)
+        uses, notes = (Usage("backbone", texts, seq),), ()
+    epochs = tr.shared_epochs + tr.random_routing_epochs + tr.epochs
+    phases = (PhaseSpec(f"training ({epochs} epochs)", tr.batch_size, tr.gradient_accumulation_steps, uses),)
+    return PlanSpec(recipe.name, tuple(models), phases, tr.mixed_precision, notes)
+
+
+def _register_planner() -> None:
+    from medadapt.plan import register_planner
+
+    register_planner("moe", plan_spec)
+
+
+_register_planner()

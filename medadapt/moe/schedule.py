@@ -42,8 +42,8 @@ from medadapt.moe.sections import InfoNCESection, MoETrainingSection
 from medadapt.training.checkpoint import CheckpointConfig
 from medadapt.training.loop import Batch, LoopResult, Stage, train
 
-__all__ = ["HeadTrainResult", "MoEStep", "encode_with_head", "head_stages", "head_training",
-           "merge_routing_stats", "train_head"]
+__all__ = ["HeadTrainResult", "MoEStep", "encode_with_head", "expert_load_log", "head_stages",
+           "head_training", "merge_routing_stats", "train_head"]
 
 
 class MoEStep:
@@ -61,6 +61,9 @@ class MoEStep:
         self.infonce, self.load_balance = loss.build()
         has_router = isinstance(head, MoEHead) and head.router is not None
         self.routed = has_router and routing in ("learned", "random")
+        #: per optimiser step of this stage: ``{"step": 1-based step, "load": [fraction per routed expert]}``
+        #: over every row the step routed (the gathered step, so the same on every process)
+        self.load_history: list[dict[str, Any]] = []
 
     def forward(self, model: nn.Module, batch: Batch) -> dict[str, Tensor]:
         """Per item of ``batch.indices``: ``q``, ``p`` (d), ``n`` (n, d) embeddings, mapped by the head on
@@ -122,8 +125,12 @@ class MoEStep:
         if isinstance(self.head, MoEHead):
             if "probs" in outputs:
                 n_experts = outputs["probs"].shape[-1]
-                aux = switch_load_balance(outputs["probs"].reshape(-1, n_experts).float(),
-                                          outputs["selected"].reshape(-1, n_experts))
+                selected = outputs["selected"].reshape(-1, n_experts)
+                aux = switch_load_balance(outputs["probs"].reshape(-1, n_experts).float(), selected)
+                counts = selected.detach().sum(0).double()
+                self.load_history.append({"step": batch.step + 1,
+                                          "load": [round(x, 6) for x in
+                                                   (counts / counts.sum().clamp_min(1)).tolist()]})
             else:
                 aux = outputs["q"].new_zeros(())
             parts.update(self.load_balance(aux))
@@ -233,6 +240,18 @@ class HeadTrainResult(LoopResult):
     (``head.routing_stats()``; empty for heads that are not a ``MoEHead``)."""
 
     routing_stats: dict[str, Any] = field(default_factory=dict)
+    expert_load: dict[str, Any] = field(default_factory=dict)
+
+
+def expert_load_log(head: nn.Module, stages: list[Stage]) -> dict[str, Any]:
+    """The per-step expert load of the routed stages of a finished run, for ``train_log.json``:
+    ``{"names": [routed expert names], "rows": [{"stage", "step", "load": [fraction per expert]}]}``
+    (empty for heads without routed experts). Steps before a resume point are not in it (they ran in the
+    earlier process)."""
+    if not isinstance(head, MoEHead) or head.router is None:
+        return {}
+    rows = [{"stage": s.name, **row} for s in stages for row in getattr(s.step, "load_history", [])]
+    return {"names": list(head.config.routed_experts), "rows": rows}
 
 
 def _check_inputs(query: Tensor, positive: Tensor, negatives: Tensor | None) -> None:
@@ -308,7 +327,8 @@ def train_head(head: nn.Module, query_emb: Tensor, pos_emb: Tensor, neg_emb: Ten
                     fingerprint=fingerprint, progress=progress)
     merge_routing_stats(head, accelerator)
     return HeadTrainResult(loss_history=res.loss_history, stage_steps=res.stage_steps, seconds=res.seconds,
-                           routing_stats=head.routing_stats() if isinstance(head, MoEHead) else {})
+                           routing_stats=head.routing_stats() if isinstance(head, MoEHead) else {},
+                           expert_load=expert_load_log(head, stages))
 
 
 @torch.no_grad()

@@ -1,0 +1,237 @@
+"""What the report computes with the models: per-query nDCG@10 of the frozen base and the trained model
+(pytrec_eval), the similarity of queries to their positives and hard negatives, and the expert load of
+routed heads on the evaluation data.
+
+Both models are encoded through :class:`medadapt.cache.EmbeddingCache`: a frozen-backbone run's heads are
+applied to the cached backbone outputs, so after ``medadapt train`` (which cached the evaluation corpus)
+the report costs no transformer pass. The frozen base is the trained model with its medadapt heads
+disabled, or (a full fine-tune) the recipe's ``model.backbone``.
+
+Expert load reaches this neutral package through a small protocol, :class:`RoutingStatsSource` (any module
+with ``routing_stats()`` / ``reset_routing_stats()``, as Med-MoE-Embed's head has), never by importing a
+system.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Protocol, runtime_checkable
+
+import numpy as np
+
+__all__ = ["QueryRow", "RetrievalAnalysis", "RoutingStatsSource", "analyse_retrieval", "per_query_ndcg"]
+
+Log = Callable[[str], None]
+
+
+@runtime_checkable
+class RoutingStatsSource(Protocol):
+    """A module that counts its routing decisions: ``routing_stats()`` returns at least ``names`` (routed
+    experts) and ``running_load`` (share of decisions per expert since the last reset)."""
+
+    def routing_stats(self) -> dict[str, Any]: ...
+
+    def reset_routing_stats(self) -> None: ...
+
+
+@dataclass(frozen=True)
+class QueryRow:
+    qid: str
+    text: str
+    base: float
+    trained: float
+
+    @property
+    def delta(self) -> float:
+        return self.trained - self.base
+
+
+@dataclass
+class RetrievalAnalysis:
+    """Per-query scores and score samples of one evaluation split.
+
+    Attributes:
+        data / split: what was evaluated.
+        metric: the per-query metric (``ndcg@10``).
+        rows: per query (``base`` is NaN without a frozen base model).
+        means: model label -> mean of ``metric``.
+        scores: model label -> ``(positive similarities, hard-negative similarities)``.
+        negatives_from: which model's ranking chose the hard negatives.
+        expert_load: ``{"names", "queries", "documents"}`` when the trained model routes, else ``{}``.
+        notes: what could not be computed, for the page.
+    """
+
+    data: str
+    split: str
+    metric: str = "ndcg@10"
+    rows: list[QueryRow] = field(default_factory=list)
+    means: dict[str, float] = field(default_factory=dict)
+    scores: dict[str, tuple[np.ndarray, np.ndarray]] = field(default_factory=dict)
+    negatives_from: str = ""
+    expert_load: dict[str, Any] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+
+
+def per_query_ndcg(qrels: dict[str, dict[str, int]], run: dict[str, dict[str, float]],
+                   k: int = 10) -> dict[str, float]:
+    """``nDCG@k`` of every query of ``qrels`` with pytrec_eval (a query missing from ``run`` scores 0;
+    negative grades count as 0, as in :func:`medadapt.eval.evaluate_run`)."""
+    import pytrec_eval
+
+    safe = {q: {d: max(int(g), 0) for d, g in docs.items()} for q, docs in qrels.items()}
+    # trec_eval drops a query with an empty ranking; one impossible document makes it count as 0
+    scored = {q: ({d: float(s) for d, s in run.get(q, {}).items()} or {"__medadapt_none__": 0.0})
+              for q in safe}
+    measure = f"ndcg_cut.{k}"
+    out = pytrec_eval.RelevanceEvaluator(safe, {measure}).evaluate(scored)
+    return {q: float(out.get(q, {}).get(f"ndcg_cut_{k}", 0.0)) for q in safe}
+
+
+def _routers(model) -> list[Any]:
+    return [m for m in model.modules() if isinstance(m, RoutingStatsSource) and not isinstance(m, type)]
+
+
+def _load_of(routers: list[Any]) -> tuple[list[str], list[float]] | None:
+    """The summed running load of the routing modules (one head in practice)."""
+    names: list[str] | None = None
+    counts: np.ndarray | None = None
+    for r in routers:
+        stats = r.routing_stats()
+        load, seen = stats.get("running_load"), stats.get("inputs_seen") or 0
+        if not load or not seen:
+            continue
+        if names is None:
+            names, counts = list(map(str, stats.get("names", []))), np.zeros(len(load))
+        if len(load) == len(counts):
+            counts = counts + np.asarray(load, dtype=float) * seen
+    if names is None or counts is None or counts.sum() <= 0 or len(names) != len(counts):
+        return None
+    return names, (counts / counts.sum()).tolist()
+
+
+def _encode(model, data, split, cache, batch_size, show_progress, routers=None):
+    """``(qids, query_emb, doc_emb)``; with ``routers``, also the load on queries and on documents."""
+    queries = data.split_queries(split)
+    qids = list(queries)
+    load = {}
+    for r in routers or []:
+        r.reset_routing_stats()
+    q = cache.encode(model, [queries[i] for i in qids], role="query", batch_size=batch_size,
+                     show_progress=show_progress, desc="encoding queries")
+    if routers:
+        load["queries"] = _load_of(routers)
+        for r in routers:
+            r.reset_routing_stats()
+    d = cache.encode(model, data.doc_texts(), role="document", batch_size=batch_size,
+                     show_progress=show_progress, desc="encoding corpus")
+    if routers:
+        load["documents"] = _load_of(routers)
+    return qids, q, d, load
+
+
+def _frozen_base(model, run, log: Log, notes: list[str]):
+    """A context-free way to get the frozen base: ``("disable", model)`` when the model has medadapt heads,
+    else ``("load", base)`` from the recipe's ``model.backbone``, else ``(None, None)`` with a note."""
+    from medadapt.adapters.api import adapter_names
+
+    if adapter_names(model):
+        return "disable", model
+    section = run.recipe.get("model")
+    backbone = section.get("backbone") if isinstance(section, dict) else None
+    if not isinstance(backbone, str):
+        notes.append("the recipe names no frozen base model (model.backbone): the frozen-base comparison "
+                     "is left out.")
+        return None, None
+    from medadapt.errors import MedAdaptError
+    from medadapt.models import load
+
+    try:
+        log(f"loading the frozen base model {backbone}")
+        return "load", load(backbone)
+    except (MedAdaptError, OSError) as exc:
+        notes.append(f"the frozen base model {backbone!r} could not be loaded ({exc}): the frozen-base "
+                     "comparison is left out.")
+        return None, None
+
+
+def _scores(qids, q, d, doc_index, qrels, neg_ids) -> tuple[np.ndarray, np.ndarray]:
+    pos, neg = [], []
+    for r, qid in enumerate(qids):
+        rel = [doc_index[x] for x, g in qrels.get(qid, {}).items() if g > 0 and x in doc_index]
+        if rel:
+            pos.extend((d[rel] @ q[r]).tolist())
+        if neg_ids.get(qid):
+            neg.extend((d[neg_ids[qid]] @ q[r]).tolist())
+    return np.asarray(pos, dtype=np.float32), np.asarray(neg, dtype=np.float32)
+
+
+def analyse_retrieval(model, run, data, split: str, data_name: str, cache, *, num_negatives: int = 5,
+                      batch_size: int = 64, show_progress: bool = True,
+                      log: Log = lambda _m: None) -> RetrievalAnalysis:
+    """Per-query nDCG@10 of the frozen base and the trained ``model`` on ``data`` / ``split``, the similarity
+    of each query to its relevant documents and to its ``num_negatives`` hard negatives (the highest-ranked
+    non-relevant documents of the frozen base, or of the trained model without one, so that both models are
+    scored on the same pairs), and the routed heads' expert load on the split's queries and the corpus.
+
+    ``run`` is the :class:`~medadapt.report.run_folder.RunFolder` (for the recipe's backbone)."""
+    from medadapt.eval import dense_run
+    from medadapt.eval.search import prepare_for_similarity
+
+    inner = getattr(model, "st", model)  # a composed model's dense side
+    out = RetrievalAnalysis(data=data_name, split=split)
+    qrels = data.qrels[split]
+    sim = getattr(inner, "similarity_fn_name", "cosine")
+    doc_ids = data.doc_ids
+    doc_index = {x: i for i, x in enumerate(doc_ids)}
+    depth = max(100, num_negatives + max((len(v) for v in qrels.values()), default=0))
+
+    routers = _routers(inner)
+    log(f"encoding {len(data.split_queries(split)):,} queries and {len(doc_ids):,} documents with the "
+        "trained model")
+    qids, q_t, d_t, load = _encode(inner, data, split, cache, batch_size, show_progress, routers)
+    if routers and load.get("queries") and load.get("documents"):
+        out.expert_load = {"names": load["queries"][0], "queries": load["queries"][1],
+                           "documents": load["documents"][1]}
+    q_t, d_t = prepare_for_similarity(q_t, sim), prepare_for_similarity(d_t, sim)
+    run_t = dense_run(qids, q_t, doc_ids, d_t, depth, "dot")  # already prepared
+
+    how, base_model = _frozen_base(inner, run, log, out.notes)
+    run_b = q_b = d_b = None
+    if how is not None:
+        log("encoding with the frozen base model")
+        if how == "disable":
+            base_model.disable_adapters()
+        try:
+            _, q_b, d_b, _ = _encode(base_model, data, split, cache, batch_size, show_progress)
+        finally:
+            if how == "disable":
+                base_model.enable_adapters()
+        base_sim = getattr(base_model, "similarity_fn_name", "cosine")
+        q_b, d_b = prepare_for_similarity(q_b, base_sim), prepare_for_similarity(d_b, base_sim)
+        run_b = dense_run(qids, q_b, doc_ids, d_b, depth, "dot")
+
+    log("scoring per query (pytrec_eval)")
+    ndcg_t = per_query_ndcg(qrels, run_t)
+    ndcg_b = per_query_ndcg(qrels, run_b) if run_b is not None else {}
+    queries = data.split_queries(split)
+    out.rows = [QueryRow(qid, queries.get(qid, ""), ndcg_b.get(qid, float("nan")), ndcg_t[qid])
+                for qid in qrels]
+    if ndcg_b:
+        out.means["frozen base"] = float(np.mean(list(ndcg_b.values())))
+    out.means["trained"] = float(np.mean(list(ndcg_t.values())))
+
+    chooser, out.negatives_from = (run_b, "frozen base") if run_b is not None else (run_t, "trained model")
+    neg_ids = {}
+    for qid in qids:
+        relevant = {x for x, g in qrels.get(qid, {}).items() if g > 0}
+        ranked = sorted(chooser.get(qid, {}).items(), key=lambda kv: (-kv[1], kv[0]))
+        neg_ids[qid] = [doc_index[x] for x, _ in ranked if x not in relevant][:num_negatives]
+    if q_b is not None:
+        out.scores["frozen base"] = _scores(qids, q_b, d_b, doc_index, qrels, neg_ids)
+    out.scores["trained"] = _scores(qids, q_t, d_t, doc_index, qrels, neg_ids)
+    if not any(len(p) and len(n) for p, n in out.scores.values()):
+        out.notes.append("no query of this split has both a relevant document and a hard negative: the score "
+                         "distribution is left out.")
+        out.scores = {}
+    return out
