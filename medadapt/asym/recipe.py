@@ -351,3 +351,54 @@ def evaluate(recipe: CareRecipe, model, ctx: RunContext) -> dict[str, float]:
 
 register_kind(RecipeKind("care", CareRecipe, train, evaluate,
                          summary="CARE asymmetric retrieval: small query tower aligned to a large document tower"))
+
+
+def plan_spec(recipe: CareRecipe):
+    """What ``medadapt plan`` needs (:mod:`medadapt.plan`): the two towers and the phases that train them
+    (init per tower, stage I with the document tower frozen, stage II); texts per example as each phase
+    encodes them (query, positive, ``negatives`` hard negatives)."""
+    from medadapt.plan import LoraSpec, ModelSpec, PhaseSpec, PlanSpec, Usage
+
+    doc, q = recipe.document, recipe.query
+    lora = LoraSpec(doc.lora.r, doc.lora.alpha, doc.lora.dropout,
+                    tuple(doc.lora.target_modules) if doc.lora.target_modules else None) if doc.lora else None
+    models = [ModelSpec("document", doc.model, lora=lora, torch_dtype=doc.torch_dtype,
+                        gradient_checkpointing=doc.gradient_checkpointing)]
+    notes = []
+    if q.kind == "sentence_transformer":
+        models.append(ModelSpec("query", q.model))
+    elif q.kind == "pruned":
+        models.append(ModelSpec("query", doc.model, torch_dtype=doc.torch_dtype, num_layers=q.layers,
+                                gradient_checkpointing=doc.gradient_checkpointing))
+    else:
+        notes.append("the static query tower (a token table, no transformer) is not planned")
+    dlen, qlen = doc.max_seq_length or 512, getattr(q, "max_seq_length", None) or 512
+    has_q = q.kind != "static"
+    ini, phases = recipe.init, []
+    n = 2 + ini.negatives
+    if ini.query is not None and has_q:
+        phases.append(PhaseSpec("init query", ini.query.batch_size, ini.query.gradient_accumulation_steps,
+                                (Usage("query", n, ini.max_length or qlen),)))
+    if ini.document is not None:
+        phases.append(PhaseSpec("init document", ini.document.batch_size, ini.document.gradient_accumulation_steps,
+                                (Usage("document", n, ini.max_length or dlen),)))
+    s1, s2 = recipe.stage1, recipe.stage2
+    if s1.enabled and has_q:
+        phases.append(PhaseSpec("stage I", s1.batch_size, s1.gradient_accumulation_steps,
+                                (Usage("query", 1, s1.max_length or qlen), Usage("document", 1, dlen, trains=False))))
+    if s2.enabled:
+        uses = [Usage("document", 1 + s2.negatives, s2.document_max_length or dlen, trains=s2.train_document)]
+        if has_q:
+            uses.append(Usage("query", 1, s2.query_max_length or qlen))
+        phases.append(PhaseSpec("stage II", s2.batch_size, s2.gradient_accumulation_steps, tuple(uses)))
+    notes.append("stage I: the document tower's targets are cached (computed without gradients) before training")
+    return PlanSpec(recipe.name, tuple(models), tuple(phases), recipe.training.mixed_precision, tuple(notes))
+
+
+def _register_planner() -> None:
+    from medadapt.plan import register_planner
+
+    register_planner("care", plan_spec)
+
+
+_register_planner()

@@ -226,3 +226,42 @@ def train(recipe: BmRetrieverRecipe, ctx: RunContext):
 
 register_kind(RecipeKind("bmretriever", BmRetrieverRecipe, train, evaluate_dense,
                          summary="BMRetriever: two-stage contrastive training of (decoder) retrievers"))
+
+
+def plan_spec(recipe: BmRetrieverRecipe):
+    """What ``medadapt plan`` needs (:mod:`medadapt.plan`): the retriever and its two stages (stage I: a
+    query and a passage per pair, in-batch negatives; stage II: query, positive and
+    ``mining.num_negatives`` hard negatives)."""
+    from medadapt.plan import LoraSpec, ModelSpec, PhaseSpec, PlanSpec, Usage
+
+    m, s1, s2 = recipe.model, recipe.stage1, recipe.stage2
+    stages = [s for s in (s1, s2) if s.enabled]
+    lora = None
+    if m.lora is not None and any(s.lora for s in stages):
+        lora = LoraSpec(m.lora.r, m.lora.alpha, m.lora.dropout,
+                        tuple(m.lora.target_modules) if m.lora.target_modules else None)
+    seq = m.max_seq_length or 512
+    spec = ModelSpec("retriever", m.name, lora=lora, torch_dtype=m.torch_dtype,
+                     gradient_checkpointing=m.gradient_checkpointing)
+    phases = []
+    if s1.enabled:
+        phases.append(PhaseSpec("stage I (pre-training)", s1.batch_size, s1.gradient_accumulation_steps,
+                                (Usage("retriever", 2, seq),)))
+    if s2.enabled:
+        negatives = s2.mining.num_negatives if s2.hard_negatives else 0
+        phases.append(PhaseSpec("stage II (fine-tuning)", s2.batch_size, s2.gradient_accumulation_steps,
+                                (Usage("retriever", 2 + negatives, seq),)))
+    notes = [f"stage II mining runs {s2.base_retriever} for inference only before training (not planned)"] \
+        if s2.enabled and s2.hard_negatives else []
+    if len({s.lora for s in stages}) > 1:
+        notes.append("one stage trains through LoRA and the other fully: planned as LoRA throughout")
+    return PlanSpec(recipe.name, (spec,), tuple(phases), recipe.training.mixed_precision, tuple(notes))
+
+
+def _register_planner() -> None:
+    from medadapt.plan import register_planner
+
+    register_planner("bmretriever", plan_spec)
+
+
+_register_planner()

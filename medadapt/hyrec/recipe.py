@@ -268,3 +268,38 @@ def evaluate_modes(model, data, ev: HyReCEvalSection, *, cache=None, state_cache
 
 register_kind(RecipeKind("hyrec", HyReCRecipe, train, evaluate,
                          summary="HyReC: learned lexical + dense retrieval from one model (GLAE, semantic union)"))
+
+
+def plan_spec(recipe: HyReCRecipe):
+    """What ``medadapt plan`` needs (:mod:`medadapt.plan`): the GLAE encoder (the backbone's first
+    ``num_layers`` layers plus the lexicon copy of ``lexicon_layers`` layers) with its projectors, and one
+    fine-tuning phase (a query of ``query_max_length`` tokens, its positive and ``negatives.num``
+    passages of ``passage_max_length``)."""
+    from medadapt.plan import ModelSpec, PhaseSpec, PlanSpec, Usage, find_config
+
+    m, tr = recipe.model, recipe.training
+    cfg, _ = find_config(m.backbone, recipe._source)
+    h = int(cfg.get("hidden_size") or 0)
+    projectors = (h + 1) + (4 * h + 4) + (h * h + h)  # weight (h -> 1), union (h -> 4), dense (h -> h)
+    full = m.variant == "full"
+    models = [ModelSpec("encoder", m.backbone, num_layers=m.num_layers,
+                        extra_layers=m.lexicon_layers or m.branch_layers, head_params=projectors if full else 0)]
+    if not full:
+        models.append(ModelSpec("projectors", None, head_params=projectors))
+    passages = 1 + (recipe.negatives.num if recipe.negatives.source != "none" else 0)
+    uses = (Usage("encoder", 1, m.query_max_length, trains=full),
+            Usage("encoder", passages, m.passage_max_length, trains=full)) + \
+        (() if full else (Usage("projectors", 1 + passages, 1),))
+    phases = (PhaseSpec("fine-tuning", tr.batch_size, tr.gradient_accumulation_steps, uses),)
+    notes = (f"hard negatives are mined with {recipe.negatives.miner} before training (inference only, not planned)",) \
+        if recipe.negatives.source == "dense" else ()
+    return PlanSpec(recipe.name, tuple(models), phases, tr.mixed_precision, notes)
+
+
+def _register_planner() -> None:
+    from medadapt.plan import register_planner
+
+    register_planner("hyrec", plan_spec)
+
+
+_register_planner()

@@ -1,0 +1,92 @@
+"""``medadapt plan RECIPE.yaml``: parameters, memory per device, tokens per step and gradient accumulation
+on the declared hardware, from architecture configs only (see :mod:`medadapt.plan`)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from medadapt.cli._common import console, fail, quiet_libraries
+from medadapt.errors import MedAdaptError
+
+
+def plan_cmd(
+    recipe: Annotated[Path, typer.Argument(help="Recipe YAML (see recipes/).")],
+    accelerate_config: Annotated[Optional[Path], typer.Option(
+        "--accelerate-config", help="Accelerate config YAML: number of processes, DDP / DeepSpeed ZeRO / FSDP "
+        "sharding, mixed precision.")] = None,
+    gpu_memory: Annotated[Optional[float], typer.Option("--gpu-memory", help="Memory per GPU in GB (GiB); "
+                                                        "default 80.")] = None,
+    num_gpus: Annotated[Optional[int], typer.Option("--num-gpus", help="GPUs (default: the accelerate config's "
+                                                    "num_processes, else 1).")] = None,
+    headroom: Annotated[float, typer.Option(help="Fraction of each GPU kept free (CUDA context, "
+                                            "fragmentation, communication buffers).")] = 0.1,
+    output: Annotated[Optional[Path], typer.Option("--output", help="Write the plan as JSON.")] = None,
+    markdown: Annotated[bool, typer.Option("--markdown", help="Print Markdown tables (for docs).")] = False,
+    set_: Annotated[Optional[list[str]], typer.Option("--set", help="Override a recipe field: "
+                                                      "section.field=value (repeatable).")] = None,
+) -> None:
+    """Plan a recipe before any download: parameters (trainable / frozen), memory per device, tokens per
+    optimizer step and the gradient accumulation the paper's global batch needs; exit 1 with the reason
+    when it cannot fit."""
+    quiet_libraries()
+    try:
+        from dataclasses import replace
+
+        from medadapt.io import atomic_write_json
+        from medadapt.plan import Hardware, plan_recipe, read_accelerate_config
+        from medadapt.recipes import load_recipe
+
+        spec = load_recipe(recipe, list(set_ or []))
+        hw = read_accelerate_config(accelerate_config) if accelerate_config else Hardware(gpu_memory_gb=80.0)
+        hw = replace(hw.with_overrides(num_gpus=num_gpus, gpu_memory_gb=gpu_memory), headroom=headroom)
+        plan = plan_recipe(spec, hw, strict=False)
+        if output is not None:
+            atomic_write_json(output, plan.to_dict())
+    except MedAdaptError as exc:
+        fail(str(exc))
+        return
+    if markdown:
+        console.print(plan.to_markdown(), highlight=False, markup=False, soft_wrap=True)
+    else:
+        _print_tables(plan)
+    if not plan.fits:
+        fail(f"{plan.recipe} cannot fit on {plan.hardware}: " + "; ".join(f"{p.name}: {p.reason}"
+                                                                            for p in plan.phases if not p.fits))
+
+
+def _print_tables(plan) -> None:
+    """The models as a table, each phase as a short block (readable in an 80-column terminal)."""
+    from rich.table import Table
+
+    from medadapt.plan.planner import _n
+
+    models = Table(title=f"{plan.recipe}: models")
+    for col in ("model", "architecture", "parameters", "trainable", "frozen", "trains as"):
+        models.add_column(col, justify="right" if col in ("parameters", "trainable", "frozen") else "left")
+    for m in plan.models:
+        models.add_row(m.role, m.model or "-", _n(m.total_params), _n(m.trainable_params), _n(m.frozen_params), m.how)
+    console.print(models)
+    console.print(f"per device on {plan.hardware} (usable {plan.usable_gb:.1f} GB each):", highlight=False)
+    for p in plan.phases:
+        tokens = f"{_n(p.tokens_per_step)} tokens / step" if p.tokens_per_step else "cached inputs"
+        act = (f"{p.activations_per_example_gb:.3f} GB / example with gradient checkpointing, "
+               f"{p.activations_per_example_no_ckpt_gb:.3f} without" if p.checkpointing else
+               f"{p.activations_per_example_no_ckpt_gb:.3f} GB / example (no gradient checkpointing)")
+        lines = [f"[bold]{p.name}[/]: global batch {p.global_batch}, {tokens}",
+                 f"  state: weights {p.weights_gb:.2f} + gradients {p.gradients_gb:.2f} + optimizer "
+                 f"{p.optimizer_gb:.2f} + other {p.extra_gb + p.embeddings_gb:.2f} GB",
+                 f"  activations: {act}"]
+        if p.fits:
+            lines.append(f"  micro-batch {p.micro_batch} per GPU x {p.accumulation} accumulation step(s): "
+                         f"peak {p.peak_gb:.1f} GB  [green]fits[/]")
+            if p.accumulation > p.declared_accumulation:
+                lines.append(f"  the recipe declares {p.declared_accumulation}: set {p.recipe_fix()}")
+        else:
+            lines.append(f"  [red]does not fit[/]: {p.reason}")
+        for line in lines:
+            console.print(line, highlight=False)
+    for note in plan.notes:
+        console.print(f"note: {note}", highlight=False)

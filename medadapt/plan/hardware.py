@@ -1,0 +1,128 @@
+"""The hardware a plan is for: GPU count and memory, and how Accelerate shares state between them.
+
+:func:`read_accelerate_config` reads an ``accelerate`` config YAML (``accelerate config`` writes one;
+``recipes/accelerate/*.yaml``): ``num_processes`` x ``num_machines`` devices, ``distributed_type``
+(``MULTI_GPU`` = DDP replicas, ``DEEPSPEED`` with ``deepspeed_config.zero_stage``, ``FSDP`` with
+``fsdp_config.fsdp_sharding_strategy``) and ``mixed_precision``. What is sharded over ``N`` devices:
+
+============================  =========  =========  ===========  =======================================
+strategy                      weights    gradients  optim. state  notes
+============================  =========  =========  ===========  =======================================
+single / DDP (``MULTI_GPU``)  full       full       full         DDP also keeps gradient buckets (+grads)
+ZeRO-0                        full       full       full         DeepSpeed mixed precision: 2+2+12 bytes
+ZeRO-1                        full       full       / N
+ZeRO-2, FSDP SHARD_GRAD_OP    full       / N        / N
+ZeRO-3, FSDP FULL_SHARD       / N        / N        / N          + the gathered layers in flight
+FSDP HYBRID_SHARD             / GPUs per node (replicated across nodes)
+============================  =========  =========  ===========  =======================================
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Literal
+
+from medadapt.errors import ConfigError
+
+__all__ = ["Hardware", "read_accelerate_config"]
+
+Strategy = Literal["single", "ddp", "deepspeed", "fsdp"]
+
+
+@dataclass(frozen=True)
+class Hardware:
+    """``num_gpus`` devices of ``gpu_memory_gb`` GiB each; ``shard_stage`` 0-3 in ZeRO terms (what is split
+    over ``shard_group`` devices); ``headroom`` is the fraction of each device kept free for the CUDA
+    context, the allocator's fragmentation and communication buffers."""
+
+    num_gpus: int = 1
+    gpu_memory_gb: float = 80.0
+    strategy: Strategy = "single"
+    shard_stage: int = 0
+    shard_group: int | None = None
+    mixed_precision: str | None = None
+    headroom: float = 0.1
+    source: str = "defaults"
+
+    def __post_init__(self):
+        if self.num_gpus < 1:
+            raise ConfigError(f"--num-gpus must be >= 1, got {self.num_gpus}")
+        if self.gpu_memory_gb <= 0:
+            raise ConfigError(f"--gpu-memory must be > 0 GB, got {self.gpu_memory_gb}")
+        if not 0 <= self.headroom < 1:
+            raise ConfigError(f"headroom must be in [0, 1), got {self.headroom}")
+        if self.strategy == "single" and self.num_gpus > 1:  # several plain processes are DDP replicas
+            object.__setattr__(self, "strategy", "ddp")
+
+    @property
+    def usable_bytes(self) -> float:
+        return self.gpu_memory_gb * 2**30 * (1 - self.headroom)
+
+    @property
+    def shards(self) -> int:
+        """Devices the sharded state is split over."""
+        return max(1, min(self.shard_group or self.num_gpus, self.num_gpus))
+
+    def describe(self) -> str:
+        how = {"single": "one process", "ddp": "DDP replicas", "deepspeed": f"DeepSpeed ZeRO-{self.shard_stage}",
+               "fsdp": f"FSDP (ZeRO-{self.shard_stage}-like)"}[self.strategy]
+        return f"{self.num_gpus} x {self.gpu_memory_gb:g} GB, {how}"
+
+    def with_overrides(self, *, num_gpus: int | None = None, gpu_memory_gb: float | None = None) -> Hardware:
+        hw = self
+        if num_gpus is not None:
+            hw = replace(hw, num_gpus=num_gpus)
+        if gpu_memory_gb is not None:
+            hw = replace(hw, gpu_memory_gb=gpu_memory_gb)
+        return hw
+
+
+_FSDP = {"FULL_SHARD": (3, False), "1": (3, False), "SHARD_GRAD_OP": (2, False), "2": (2, False),
+         "NO_SHARD": (0, False), "3": (0, False), "HYBRID_SHARD": (3, True), "4": (3, True),
+         "_HYBRID_SHARD_ZERO2": (2, True), "5": (2, True)}
+
+
+def read_accelerate_config(path: str | Path) -> Hardware:
+    """The :class:`Hardware` an Accelerate config file describes (GPU memory stays at the default 80 GB;
+    pass ``--gpu-memory``). An unknown ``distributed_type`` or sharding strategy is an error."""
+    import yaml
+
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"accelerate config not found: {path}")
+    try:
+        cfg = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{path}: invalid YAML ({exc})") from None
+    if not isinstance(cfg, dict):
+        raise ConfigError(f"{path}: an accelerate config must be a YAML mapping")
+    machines = int(cfg.get("num_machines") or 1)
+    procs = int(cfg.get("num_processes") or 1)
+    dist = str(cfg.get("distributed_type") or "NO").upper()
+    mp = cfg.get("mixed_precision")
+    mp = "no" if mp in (False, None, "no") else str(mp)
+    per_node = max(1, procs // machines) if machines > 1 else procs
+    common = dict(num_gpus=procs, mixed_precision=mp, source=str(path))
+    if dist in {"NO", "MULTI_CPU"} and procs <= 1:
+        return Hardware(**{**common, "num_gpus": 1}, strategy="single")
+    if dist in {"NO", "MULTI_GPU", "MULTI_CPU", "MULTI_XPU", "MULTI_NPU"}:
+        return Hardware(**common, strategy="ddp" if procs > 1 else "single")
+    if dist == "DEEPSPEED":
+        ds = cfg.get("deepspeed_config") or {}
+        stage = int(ds.get("zero_stage", 0) or 0)
+        if stage not in (0, 1, 2, 3):
+            raise ConfigError(f"{path}: deepspeed_config.zero_stage must be 0-3, got {stage}")
+        if ds.get("deepspeed_config_file"):
+            raise ConfigError(f"{path}: a deepspeed_config_file is not read by the planner; put zero_stage in "
+                              "the accelerate config")
+        return Hardware(**common, strategy="deepspeed", shard_stage=stage)
+    if dist == "FSDP":
+        fs = cfg.get("fsdp_config") or {}
+        strategy = str(fs.get("fsdp_sharding_strategy", "FULL_SHARD")).upper()
+        if strategy not in _FSDP:
+            raise ConfigError(f"{path}: unknown fsdp_sharding_strategy {strategy!r} "
+                              f"(valid: FULL_SHARD, SHARD_GRAD_OP, NO_SHARD, HYBRID_SHARD)")
+        stage, hybrid = _FSDP[strategy]
+        return Hardware(**common, strategy="fsdp", shard_stage=stage, shard_group=per_node if hybrid else None)
+    raise ConfigError(f"{path}: distributed_type {dist!r} is not planned (valid: NO, MULTI_GPU, DEEPSPEED, FSDP)")
