@@ -33,6 +33,11 @@ class DenseConfig(_Strict):
         use_gpu: ``"auto"`` moves the index to every visible GPU when faiss-gpu is installed (extra
             ``[gpu]``), ``True`` requires it, ``False`` stays on CPU.
         chunk_size: documents encoded (through the embedding cache) and added per step of a build.
+        k_factor: refine indexes (``...,RFlat`` / ``...,Refine(SQfp16)``): the compressed index returns
+            ``k_factor * k`` candidates that are re-scored with the refine codes (FAISS ``IndexRefine``).
+        gpu_shard: with several GPUs, split the index across them (FAISS ``IndexShards`` through
+            ``GpuMultipleClonerOptions.shard``: each GPU holds ``1/n`` of the vectors) instead of
+            replicating it on each (more queries per second, each GPU holds all vectors).
     """
 
     factory: str = "Flat"
@@ -42,6 +47,8 @@ class DenseConfig(_Strict):
     train_size: Optional[int] = Field(None, ge=1)
     use_gpu: Literal["auto"] | bool = "auto"
     chunk_size: int = Field(16384, ge=1)
+    k_factor: float = Field(1.0, ge=1)
+    gpu_shard: bool = False
 
     @field_validator("factory")
     @classmethod

@@ -114,6 +114,8 @@ class DenseIndex:
         self._lock = threading.Lock()
         self._search_index = index
         self._on_gpu = False
+        #: how the index was built (vectors trained on, seed, ...), recorded in the manifest's ``build``
+        self.build_info: dict = {}
         self.apply_search_params()
         self._maybe_to_gpu()
 
@@ -155,6 +157,7 @@ class DenseIndex:
             check_trainable(self._cpu, self.config.factory, len(sample), len(sample))
             try:
                 self._search_index.train(self._prep(sample))
+                self.build_info["n_train"] = int(len(sample))
             except RuntimeError as exc:
                 raise MedAdaptError(f"FAISS cannot train {self.config.factory!r} on {len(sample)} vectors "
                                     f"({_faiss_message(exc)}); try a smaller nlist / fewer PQ bits, or 'Flat'"
@@ -244,8 +247,14 @@ class DenseIndex:
         hnsw = _hnsw(self._cpu)
         if hnsw is not None:
             hnsw.efSearch = self.config.ef_search
-        if faiss.try_extract_index_ivf(self._cpu) is not None:
+        ivf = faiss.try_extract_index_ivf(self._cpu)
+        if ivf is not None:
             ps.set_index_parameter(self._cpu, "nprobe", self.config.nprobe)
+            quantizer = _hnsw(faiss.downcast_index(ivf.quantizer))  # IVF..._HNSW: the coarse quantizer's graph
+            if quantizer is not None:
+                quantizer.efSearch = max(self.config.ef_search, self.config.nprobe)
+        if hasattr(self._cpu, "k_factor"):  # IndexRefine / IndexRefineFlat (factory ``...,RFlat``)
+            self._cpu.k_factor = float(self.config.k_factor)
 
     def search(self, queries: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
         """Top-``k`` ``(scores, positions)`` per query, padded with ``-inf`` / ``-1``."""
@@ -281,7 +290,9 @@ class DenseIndex:
             import faiss
 
             try:
-                self._search_index = faiss.index_cpu_to_all_gpus(self._cpu)
+                options = faiss.GpuMultipleClonerOptions()
+                options.shard = bool(self.config.gpu_shard)  # IndexShards across the GPUs, else replicas
+                self._search_index = faiss.index_cpu_to_all_gpus(self._cpu, options)
                 self._on_gpu = True
             except RuntimeError:  # index type without a GPU implementation (e.g. HNSW): stay on CPU
                 if use is True:

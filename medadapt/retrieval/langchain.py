@@ -1,6 +1,7 @@
 """LangChain adapters (extra ``[langchain]``: langchain-core only).
 
-* :class:`MedAdaptRetriever` wraps a :class:`~medadapt.retrieval.Retriever` as a LangChain
+* :class:`MedAdaptRetriever` wraps a :class:`~medadapt.retrieval.Retriever` (or a
+  :class:`~medadapt.retrieval.vectordb.QdrantRetriever`) as a LangChain
   ``BaseRetriever``; ``invoke`` / ``ainvoke`` return ``Document`` objects whose ``id`` is the corpus id and
   whose metadata holds ``id``, ``score``, ``rank``, ``title`` and the retriever ``kind``.
 * :class:`MedAdaptEmbeddings` exposes a SentenceTransformer as LangChain ``Embeddings`` using
@@ -41,7 +42,8 @@ class MedAdaptRetriever(BaseRetriever):
 
     model_config = ConfigDict(arbitrary_types_allowed=True)
 
-    retriever: Any = Field(description="a medadapt.retrieval.Retriever")
+    retriever: Any = Field(description="a medadapt.retrieval.Retriever, or any object with search(query, k) -> "
+                                       "SearchResult and kind, such as medadapt.retrieval.vectordb.QdrantRetriever")
     k: int = Field(10, ge=1, description="documents returned per query")
 
     @classmethod

@@ -225,6 +225,7 @@ class Retriever:
             model=describe_model(used, model_name or "", model_source) if used else None,
             embedding_dim=dense.dim if dense else None, normalized=dense.normalized if dense else None,
             corpus_hash=docs.content_hash(), n_docs=len(docs), config=config.model_dump(mode="json"),
+            build=(dense.build_info or None) if dense else None,
         )
         return cls(config, list(docs.ids), docs, used, dense, lexical, manifest)
 

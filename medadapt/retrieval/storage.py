@@ -75,6 +75,9 @@ class Manifest(BaseModel):
     corpus_hash: str
     n_docs: int
     config: dict[str, Any]
+    #: how the dense index was built beyond ``config`` (vectors trained on, sampling seed, source, seconds);
+    #: optional, written by :mod:`medadapt.retrieval.scale` and by builds that train an index
+    build: Optional[dict[str, Any]] = None
     files: dict[str, FileInfo] = {}
 
 
@@ -95,7 +98,10 @@ def write_manifest(folder: Path, manifest: Manifest) -> None:
     written as a whole by :func:`atomic_dir`, so readers see both files of one version)."""
     from medadapt.io import atomic_write_text
 
-    text = json.dumps(manifest.model_dump(mode="json"), indent=2, ensure_ascii=False, allow_nan=False) + "\n"
+    data = manifest.model_dump(mode="json")
+    if data.get("build") is None:  # written only when there is a build record (readers before it refuse the key)
+        data.pop("build", None)
+    text = json.dumps(data, indent=2, ensure_ascii=False, allow_nan=False) + "\n"
     raw = text.encode("utf-8")
     atomic_write_text(folder / MANIFEST_SUM, f"{hashlib.sha256(raw).hexdigest()}  {MANIFEST}\n")
     with atomic_open(folder / MANIFEST, "wb") as f:

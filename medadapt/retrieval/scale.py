@@ -1,0 +1,274 @@
+"""Dense indexes at scale: IVF / HNSW / PQ indexes built from a stream of embedding batches.
+
+A corpus of 10M documents x 384 dims is 15 GB as float32: it is never loaded whole. The build reads a
+*vector source*, the small protocol shared with the out-of-core embedding cache:
+
+* an iterable of ``(ids, vectors)`` batches (``vectors``: float32 or float16 ``n x d`` numpy arrays, e.g.
+  slices of a memory-mapped file; ``ids``: the batch's document ids, or ``None``), that can be iterated
+  again (a list, an object whose ``__iter__`` starts over, or a zero-argument callable returning a fresh
+  iterator), or
+* a 2-D array or ``np.memmap`` (read in ``chunk_size`` slices, ids ``0..n-1``).
+
+:func:`build_dense_index` then
+
+1. trains the index (IVF centroids, PQ codebooks) on a uniform random sample of ``train_size`` vectors
+   drawn in one pass over the source (each row gets a seeded random key and the ``train_size`` smallest
+   keys are kept: memory ``train_size x d``, the same sample for the same seed whatever the batch sizes),
+2. adds the batches one at a time (float16 is widened to float32 one batch at a time),
+3. returns the :class:`~medadapt.retrieval.dense.DenseIndex`, the ids in index order, and a build record
+   (factory, ``nprobe`` / ``efSearch`` / ``k_factor``, vectors trained on, seed, seconds, GPUs) that
+   :func:`retriever_from_vectors` writes into the index manifest's ``build``.
+
+FAISS does all of the indexing (``index_factory`` strings such as ``"IVF4096,PQ48x4fs,RFlat"`` or
+``"HNSW32"``); with faiss-gpu (extra ``[gpu]``) the index is trained and filled on every visible GPU
+(``DenseConfig.gpu_shard=True``: split across them with FAISS's ``IndexShards``). Written by hand here
+are only the sampling pass and the batch plumbing, which FAISS has no API for. The
+:class:`~medadapt.retrieval.Retriever` and the LangChain retriever serve the result unchanged.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any, Union
+
+import numpy as np
+
+from medadapt.errors import MedAdaptError
+from medadapt.retrieval.config import DenseConfig, RetrieverConfig
+from medadapt.retrieval.dense import DenseIndex, check_trainable, default_train_size, gpu_count
+
+__all__ = ["VectorSource", "array_batches", "iter_batches", "sample_vectors", "build_dense_index",
+           "retriever_from_vectors"]
+
+#: ``(ids, vectors)`` batches (re-iterable or a callable giving a fresh iterator), or an array / memmap.
+VectorSource = Union[np.ndarray, Iterable[tuple[Any, np.ndarray]], Callable[[], Iterator[tuple[Any, np.ndarray]]]]
+
+
+def array_batches(x: np.ndarray, chunk_size: int = 16384) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+    """``(positions, x[start:stop])`` slices of an array or memmap (only one slice is read at a time)."""
+    if x.ndim != 2:
+        raise MedAdaptError(f"expected a 2-D array of vectors, got shape {x.shape}")
+    for start in range(0, x.shape[0], chunk_size):
+        stop = min(x.shape[0], start + chunk_size)
+        yield np.arange(start, stop, dtype=np.int64), x[start:stop]
+
+
+def iter_batches(source: VectorSource, chunk_size: int = 16384) -> Iterator[tuple[Any, np.ndarray]]:
+    """A fresh pass over ``source`` (see the module docstring), each batch checked to be 2-D."""
+    if isinstance(source, np.ndarray):
+        it: Iterable = array_batches(source, chunk_size)
+    elif callable(source):
+        it = source()
+    else:
+        it = source
+    for item in it:
+        try:
+            ids, vectors = item
+        except (TypeError, ValueError):
+            raise MedAdaptError("a vector source yields (ids, vectors) pairs; got "
+                                f"{type(item).__name__}") from None
+        vectors = np.asarray(vectors)
+        if vectors.ndim != 2:
+            raise MedAdaptError(f"a vector batch must be 2-D (n x d), got shape {vectors.shape}")
+        if ids is not None and len(ids) != len(vectors):
+            raise MedAdaptError(f"a vector batch has {len(vectors)} vectors but {len(ids)} ids")
+        yield ids, vectors
+
+
+def _one_shot(source) -> bool:
+    """An iterator (not an array, a callable or a re-iterable container) can be read only once."""
+    return not isinstance(source, np.ndarray) and not callable(source) and iter(source) is source
+
+
+def sample_vectors(source: VectorSource, n: int, seed: int = 0, chunk_size: int = 16384
+                   ) -> tuple[np.ndarray, int]:
+    """A uniform random sample of ``min(n, total)`` rows of ``source`` (float32, in source order) and the
+    total number of rows, in one pass holding at most ``n + batch`` rows: every row gets a random key
+    from a generator seeded with ``seed`` (drawn in row order, so the sample does not depend on how the
+    source is batched) and the rows with the ``n`` smallest keys are kept."""
+    rng = np.random.default_rng(seed)
+    keys = np.empty(0, dtype=np.float64)
+    rows = np.empty(0, dtype=np.int64)
+    kept: np.ndarray | None = None
+    total = 0
+    for _, vectors in iter_batches(source, chunk_size):
+        b = len(vectors)
+        if b == 0:
+            continue
+        batch_keys = rng.random(b)
+        take = np.arange(b) if b <= n else np.argpartition(batch_keys, n - 1)[:n]
+        cand = np.ascontiguousarray(vectors[np.sort(take)], dtype=np.float32)
+        cand_keys = batch_keys[np.sort(take)]
+        if kept is None:
+            kept = np.empty((0, vectors.shape[1]), dtype=np.float32)
+        elif cand.shape[1] != kept.shape[1]:
+            raise MedAdaptError(f"vector batches differ in dimension ({kept.shape[1]} then {cand.shape[1]})")
+        keys = np.concatenate([keys, cand_keys])
+        rows = np.concatenate([rows, total + np.sort(take)])
+        kept = np.concatenate([kept, cand])
+        if len(keys) > n:
+            keep = np.argpartition(keys, n - 1)[:n]
+            keys, rows, kept = keys[keep], rows[keep], kept[keep]
+        total += b
+    if kept is None:
+        raise MedAdaptError("the vector source is empty")
+    order = np.argsort(rows, kind="stable")
+    return kept[order], total
+
+
+def build_dense_index(
+    source: VectorSource,
+    config: DenseConfig | None = None,
+    *,
+    normalized: bool = True,
+    train_sample: np.ndarray | None = None,
+    seed: int = 0,
+    show_progress: bool = False,
+) -> tuple[DenseIndex, list, dict[str, Any]]:
+    """Build a FAISS index from a vector source without holding all vectors in memory.
+
+    Args:
+        source: batches of ``(ids, vectors)`` or an array / memmap (module docstring). A one-shot iterator
+            is accepted only for indexes that need no training, or with ``train_sample``.
+        config: the :class:`DenseConfig` (factory string, ``nprobe``, ``ef_search``, ``k_factor``,
+            ``train_size``, ``chunk_size``, ``use_gpu``, ``gpu_shard``).
+        normalized: L2-normalise vectors (cosine models); ``False`` keeps them raw (dot product).
+        train_sample: vectors to train on instead of sampling the source.
+        seed: seeds the training sample.
+
+    Returns:
+        ``(index, ids, build)``: the index (positions ``0..n-1`` in source order), the batches' ids in that
+        order (positions where a batch gave ``None``), and the build record for the manifest.
+
+    Raises:
+        MedAdaptError: an empty source, batches of different dimensions, an index with more IVF lists than
+            training vectors, or a one-shot iterator for an index that needs a training pass.
+    """
+    from tqdm.auto import tqdm
+
+    config = config or DenseConfig()
+    t0 = time.perf_counter()
+    n_train = None
+    sample = train_sample
+    dim = None if sample is None else int(np.asarray(sample).shape[1])
+    if sample is None:
+        from medadapt.retrieval.dense import new_index
+
+        # the first batch gives the dimension; training then needs a pass of its own over the source
+        first = next(iter_batches(source, config.chunk_size), None) if not _one_shot(source) else None
+        if first is not None:
+            dim = int(first[1].shape[1])
+        needs_training = dim is not None and not new_index(dim, config.factory).is_trained
+        if needs_training:
+            target = config.train_size or default_train_size(new_index(dim, config.factory))
+            sample, n_docs = sample_vectors(source, target, seed, config.chunk_size)
+            check_trainable(new_index(dim, config.factory), config.factory, len(sample), n_docs)
+            n_train = len(sample)
+    t_sample = time.perf_counter() - t0
+    index: DenseIndex | None = None
+    if dim is not None:
+        index = DenseIndex.empty(dim, config, normalized)
+        if not index.is_trained:
+            if sample is None:
+                raise MedAdaptError(f"FAISS factory {config.factory!r} needs training: pass a vector source that "
+                                    "can be read twice (a list, an array, a callable) or train_sample=...")
+            index.train(np.asarray(sample, dtype=np.float32))
+            n_train = len(sample)
+    del sample
+    t_train = time.perf_counter() - t0 - t_sample
+    ids: list = []
+    bar = tqdm(desc=f"indexing ({config.factory})", unit="vec", disable=not show_progress)
+    try:
+        for batch_ids, vectors in iter_batches(source, config.chunk_size):
+            if index is None:  # one-shot source: the first batch gives the dimension
+                index = DenseIndex.empty(int(vectors.shape[1]), config, normalized)
+                if not index.is_trained:
+                    raise MedAdaptError(f"FAISS factory {config.factory!r} needs training: pass a vector source "
+                                        "that can be read twice (a list, an array, a callable) or train_sample=...")
+            if vectors.shape[1] != index.dim:
+                raise MedAdaptError(f"vector batches differ in dimension ({index.dim} then {vectors.shape[1]})")
+            start = index.ntotal
+            index.add(vectors)  # float16 is widened to float32 one batch at a time
+            if batch_ids is None:
+                ids.extend(range(start, start + len(vectors)))
+            else:
+                ids.extend(batch_ids.tolist() if isinstance(batch_ids, np.ndarray) else list(batch_ids))
+            bar.update(len(vectors))
+    finally:
+        bar.close()
+    if index is None or index.ntotal == 0:
+        raise MedAdaptError("the vector source is empty")
+    t_add = time.perf_counter() - t0 - t_sample - t_train
+    build = {
+        "source": "vectors",
+        "factory": config.factory,
+        "nprobe": config.nprobe,
+        "ef_search": config.ef_search,
+        "k_factor": config.k_factor,
+        "n_train": n_train,
+        "train_seed": seed if n_train is not None and train_sample is None else None,
+        "n_vectors": index.ntotal,
+        "dim": index.dim,
+        "gpus": gpu_count() if index._on_gpu else 0,
+        "gpu_shard": bool(config.gpu_shard and index._on_gpu),
+        "seconds": {"sample": round(t_sample, 3), "train": round(t_train, 3), "add": round(t_add, 3)},
+    }
+    index.build_info = dict(build)
+    return index, ids, build
+
+
+def retriever_from_vectors(docs, model, source: VectorSource, config: RetrieverConfig | None = None, *,
+                           model_name: str | None = None, seed: int = 0, show_progress: bool = False):
+    """A dense :class:`~medadapt.retrieval.Retriever` over ``docs`` whose index is built from precomputed
+    document embeddings of ``model`` (e.g. streamed from the embedding cache) instead of encoding.
+
+    The source must give one vector per document, in ``docs`` order; its ids, when given, must equal
+    ``docs.ids`` (or the positions ``0..n-1``). The model encodes queries and is recorded in the manifest
+    (fingerprint, similarity, dimension), with the build record under ``build``.
+
+    Raises:
+        MedAdaptError: a kind other than ``dense``, a dimension other than the model's, or ids / a count
+            that do not match ``docs``.
+    """
+    from medadapt import __version__
+    from medadapt.retrieval.dense import embedding_dim, uses_cosine
+    from medadapt.retrieval.encoders import DenseEncoder, as_encoder
+    from medadapt.retrieval.retriever import Retriever, describe_model, model_reference
+    from medadapt.retrieval.storage import Manifest
+
+    config = config or RetrieverConfig()
+    if config.kind != "dense":
+        raise MedAdaptError(f"retriever_from_vectors builds dense indexes (got kind={config.kind!r}); build the "
+                            "lexical side with Retriever.build")
+    model_source = None
+    if isinstance(model, str):
+        from medadapt.models import load
+
+        model_name = model_name or model
+        model = load(model)
+    encoder = as_encoder(model)
+    if not isinstance(encoder, DenseEncoder):
+        raise MedAdaptError("retriever_from_vectors needs a dense model to encode queries")
+    if model_name:
+        model_name, model_source = model_reference(model_name)
+    index, ids, build = build_dense_index(source, config.dense, normalized=uses_cosine(encoder), seed=seed,
+                                          show_progress=show_progress)
+    dim = embedding_dim(encoder)
+    if dim is not None and dim != index.dim:
+        raise MedAdaptError(f"the vectors have dimension {index.dim} but the model gives {dim}: they were not "
+                            "computed by this model")
+    if len(ids) != len(docs):
+        raise MedAdaptError(f"the vector source gave {len(ids)} vectors for {len(docs)} documents")
+    doc_ids = list(docs.ids)
+    if ids != doc_ids and ids != list(range(len(docs))):
+        bad = next(i for i, (a, b) in enumerate(zip(ids, doc_ids)) if a != b and a != i)
+        raise MedAdaptError(f"vector {bad} has id {ids[bad]!r} but document {bad} is {doc_ids[bad]!r}: the "
+                            "vectors must follow the documents' order")
+    manifest = Manifest(
+        medadapt_version=__version__, kind="dense", encoder=encoder.encoder_tag,
+        model=describe_model(encoder, model_name or "", model_source), embedding_dim=index.dim,
+        normalized=index.normalized, corpus_hash=docs.content_hash(), n_docs=len(docs),
+        config=config.model_dump(mode="json"), build=build,
+    )
+    return Retriever(config, doc_ids, docs, encoder, index, None, manifest)

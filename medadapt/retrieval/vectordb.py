@@ -1,0 +1,392 @@
+"""Qdrant as the serving backend: export dense and learned sparse vectors with document metadata, search
+them with the same :class:`~medadapt.retrieval.retriever.SearchResult` as the in-process Retriever.
+
+Extra ``[qdrant]`` (``qdrant-client``). The same code runs against an embedded local database, a server or
+a cluster; only the client differs::
+
+    from qdrant_client import QdrantClient
+    client = QdrantClient(path="medquad.qdrant")          # embedded, on disk (or ":memory:")
+    client = QdrantClient(url="http://localhost:6333")      # a server / cluster: same calls below
+
+    from medadapt.retrieval import load_documents
+    from medadapt.retrieval.vectordb import QdrantRetriever, export_to_qdrant
+    r = export_to_qdrant(client, "medquad", load_documents("../shared/data/medquad"), "minilm")
+    r = QdrantRetriever(client, "medquad")                   # reopen: reloads and checks the recorded model
+    r.search("what causes gout?", k=5)
+
+Why Qdrant (over Milvus): its Python client has an embedded mode written in Python (``QdrantClient(path=...)``
+/ ``":memory:"``: no server process, no native binary, every OS), and the very same client class talks to
+a server or a distributed cluster; one collection holds named dense vectors *and* sparse vectors (learned
+term weights such as HyReC's, ``{term_id: weight}`` exactly as medadapt stores them) with a JSON payload,
+and one query API searches either, or both with server-side fusion (RRF / DBSF / formulas) over
+prefetches. Milvus Lite also embeds, but as a native binary (Linux / macOS only) behind pymilvus, which the
+tests could not run everywhere. See ``docs/scaling.md``.
+
+Layout of a collection: point id = document position; named vectors ``dense`` (Cosine for cosine models,
+normalised like the FAISS index; Dot for dot-product models) and ``sparse`` (learned sparse encoders only);
+payload ``{"doc_id", "title", "text"}``. The collection's ``metadata`` holds the medadapt manifest (model
+fingerprint, similarity, dimension, corpus hash, retriever config) and ``medadapt_complete``, set only after
+the last point is written, so a half-written export is refused when opened (re-running the export
+resumes: points are upserted by position).
+
+Search: dense and sparse queries are exact on the embedded database (brute force) and, with
+``exact=True`` (the default), on a server too; results are sorted by score with ties broken by document
+position. Hybrid search fuses the two top-``depth`` lists with medadapt's own fusion functions
+(``FusionConfig``: ``minmax`` / ``zscore`` / ``rrf``), and ``sum`` rescores every candidate exactly from its
+stored vectors: the same rankings as the in-process :class:`~medadapt.retrieval.Retriever`.
+"""
+
+from __future__ import annotations
+
+import threading
+import warnings
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from medadapt.errors import MedAdaptError
+from medadapt.retrieval.config import RetrieverConfig
+from medadapt.retrieval.errors import IndexMismatchError
+from medadapt.retrieval.exact import normalize_rows
+from medadapt.retrieval.retriever import SearchResult
+
+__all__ = ["QdrantRetriever", "export_to_qdrant", "DENSE", "SPARSE"]
+
+DENSE = "dense"
+SPARSE = "sparse"
+META = "medadapt"
+COMPLETE = "medadapt_complete"
+
+
+def _models():
+    try:
+        from qdrant_client import models
+    except ImportError:
+        raise MedAdaptError("the Qdrant backend needs qdrant-client: pip install 'medadapt[qdrant]'") from None
+    return models
+
+
+def _distance(normalized: bool):
+    models = _models()
+    return models.Distance.COSINE if normalized else models.Distance.DOT
+
+
+def _label(collection: str) -> str:
+    return f"Qdrant collection {collection!r}"
+
+
+def _check_vector_params(collection: str, info, dim: int | None, normalized: bool | None, sparse: bool) -> None:
+    """Refuse a collection whose dense vectors have another size or distance (or that lacks ours)."""
+    vectors = info.config.params.vectors
+    if dim is not None:
+        params = vectors.get(DENSE) if isinstance(vectors, dict) else None
+        if params is None:
+            have = sorted(vectors) if isinstance(vectors, dict) else ["(one unnamed vector)"]
+            raise IndexMismatchError(f"{_label(collection)} has no {DENSE!r} vector (it has {', '.join(have) or 'none'}); "
+                                     "use another collection name, or recreate=True to replace it")
+        want = _distance(bool(normalized))
+        if int(params.size) != int(dim) or params.distance != want:
+            raise IndexMismatchError(
+                f"{_label(collection)} holds {params.size}-dim {params.distance.value} vectors but this model gives "
+                f"{dim}-dim {want.value} vectors; use another collection, or recreate=True to replace it")
+    if sparse and SPARSE not in (info.config.params.sparse_vectors or {}):
+        raise IndexMismatchError(f"{_label(collection)} has no {SPARSE!r} sparse vectors; use another collection, "
+                                 "or recreate=True to replace it")
+
+
+class QdrantRetriever:
+    """Dense, learned-sparse or hybrid search over a Qdrant collection written by :func:`export_to_qdrant`.
+
+    Args:
+        client: a ``qdrant_client.QdrantClient`` (embedded ``path=`` / ``":memory:"``, or ``url=`` of a server).
+        collection: the collection name.
+        model: ``None`` reloads the model recorded in the collection's manifest; a name or model is checked
+            against it (fingerprint, dimension, similarity, prompts).
+        exact: ask a server for exact search (``SearchParams(exact=True)``); the embedded mode is always exact.
+        fusion: override the recorded :class:`~medadapt.retrieval.config.FusionConfig` (hybrid only).
+
+    Raises:
+        MedAdaptError: the collection does not exist, is not a medadapt collection, or its export did not finish.
+        IndexMismatchError: the model is not the one the collection was built with, or the collection's
+            vectors have another dimension or distance than its manifest says.
+    """
+
+    def __init__(self, client, collection: str, model: Any = None, *, exact: bool = True, fusion=None,
+                 device: str | None = None, _encoder=None):
+        from medadapt.retrieval.retriever import _check_model
+        from medadapt.retrieval.storage import Manifest
+
+        _models()
+        if not client.collection_exists(collection):
+            raise MedAdaptError(f"{_label(collection)} does not exist; create it with export_to_qdrant(...)")
+        info = client.get_collection(collection)
+        meta = dict(info.config.metadata or {})
+        if META not in meta:
+            raise MedAdaptError(f"{_label(collection)} was not written by medadapt (no {META!r} manifest in its "
+                                "metadata); export it with export_to_qdrant(...)")
+        if not meta.get(COMPLETE):
+            raise MedAdaptError(f"{_label(collection)}: its export did not finish; run export_to_qdrant(...) again "
+                                "(it resumes)")
+        try:
+            manifest = Manifest.model_validate(meta[META])
+            config = RetrieverConfig.model_validate(manifest.config)
+        except ValueError as exc:
+            raise MedAdaptError(f"{_label(collection)}: invalid medadapt manifest ({str(exc).splitlines()[0]})") from None
+        if fusion is not None:
+            config = config.model_copy(update={"fusion": fusion})
+        self.client, self.collection, self.exact = client, collection, exact
+        self.config, self.manifest = config, manifest
+        self.learned_sparse = config.uses_lexical
+        _check_vector_params(collection, info, manifest.embedding_dim if config.uses_dense else None,
+                             manifest.normalized, self.learned_sparse)
+        self.encoder = _encoder if _encoder is not None else _check_model(
+            Path(_label(collection)), manifest, model, device, config.uses_dense)
+        self.normalized = bool(manifest.normalized)
+        self._lock = threading.Lock()
+
+    @property
+    def kind(self) -> str:
+        return self.config.kind
+
+    def __len__(self) -> int:
+        return int(self.manifest.n_docs)
+
+    # ------------------------------------------------------------------ queries
+    def _dense_queries(self, queries: list[str]) -> np.ndarray:
+        with self._lock:
+            q = np.asarray(self.encoder.encode_query(queries, batch_size=self.config.batch_size), dtype=np.float32)
+        return normalize_rows(q) if self.normalized else q
+
+    def _sparse_queries(self, queries: list[str]) -> list:
+        models = _models()
+        with self._lock:
+            vecs = self.encoder.encode_lexical(queries, "query", batch_size=self.config.batch_size)
+        return [_sparse(models, v) for v in vecs]
+
+    def _query(self, using: str, vectors: Sequence, limit: int) -> list[list]:
+        models = _models()
+        params = models.SearchParams(exact=True) if self.exact and using == DENSE else None
+        requests = [models.QueryRequest(query=v, using=using, limit=limit, with_payload=True, params=params)
+                    for v in vectors]
+        with warnings.catch_warnings():  # the embedded mode is always exact and says search_params are ignored
+            warnings.filterwarnings("ignore", message="Local mode performs exact")
+            responses = self.client.query_batch_points(self.collection, requests=requests)
+        # ties by document position, as FAISS and the inverted index break them
+        return [sorted(r.points, key=lambda p: (-p.score, int(p.id))) for r in responses]
+
+    def search(self, query: str, k: int = 10) -> SearchResult:
+        """Top-``k`` documents for one query."""
+        return self.batch_search([query], k)[0]
+
+    def batch_search(self, queries: Sequence[str], k: int = 10, *, query_embeddings: np.ndarray | None = None
+                     ) -> list[SearchResult]:
+        """Top-``k`` documents per query (ids, scores, texts, titles), like :meth:`Retriever.batch_search`."""
+        if isinstance(queries, str):
+            raise TypeError("batch_search takes a list of queries; use search() for one query")
+        if k < 1:
+            raise ValueError("k must be >= 1")
+        queries = list(queries)
+        if not queries:
+            return []
+        kind = self.config.kind
+        dense_q = None
+        if kind != "lexical":
+            dense_q = (self._dense_queries(queries) if query_embeddings is None
+                       else np.asarray(query_embeddings, dtype=np.float32))
+            if self.normalized and query_embeddings is not None:
+                dense_q = normalize_rows(dense_q)
+        if kind == "dense":
+            return [_result(pts[:k]) for pts in self._query(DENSE, [v.tolist() for v in dense_q], k)]
+        sparse_q = self._sparse_queries(queries)
+        if kind == "lexical":
+            return [_result(pts[:k]) for pts in self._query(SPARSE, sparse_q, k)]
+        return self._hybrid(dense_q, sparse_q, k)
+
+    def _hybrid(self, dense_q: np.ndarray, sparse_q: list, k: int) -> list[SearchResult]:
+        from medadapt.retrieval.fusion import fuse, hybrid_topk, hybrid_weights
+
+        fc = self.config.fusion
+        depth = max(k, fc.depth)
+        dense_lists = self._query(DENSE, [v.tolist() for v in dense_q], depth)
+        sparse_lists = self._query(SPARSE, sparse_q, depth)
+        out = []
+        for r, (dl, sl) in enumerate(zip(dense_lists, sparse_lists)):
+            points = {int(p.id): p for p in dl + sl}
+            if fc.method == "sum":  # every candidate scored exactly from its stored vectors
+                cand = np.array(sorted(points), dtype=np.int64)
+                records = {int(rec.id): rec for rec in self.client.retrieve(
+                    self.collection, cand.tolist(), with_vectors=True, with_payload=False)}
+                dense = np.array([np.dot(records[int(c)].vector[DENSE], dense_q[r]) for c in cand], dtype=np.float32)
+                lex = np.array([_sparse_dot(records[int(c)].vector.get(SPARSE), sparse_q[r]) for c in cand],
+                               dtype=np.float32)
+                positions, scores = hybrid_topk(cand, lex, dense, fc.dense_weight, k)
+                out.append(_result([points[int(p)] for p in positions], scores.tolist()))
+                continue
+            d = {f"{int(p.id):012d}": float(p.score) for p in dl}
+            s = {f"{int(p.id):012d}": float(p.score) for p in sl}
+            fused = fuse([d, s], fc.method, hybrid_weights(fc.dense_weight), k, fc.rrf_k)
+            out.append(_result([points[int(key)] for key in fused], list(fused.values())))
+        return out
+
+
+def _sparse(models, vector: dict) -> Any:
+    items = sorted((int(t), float(w)) for t, w in dict(vector).items() if w != 0)
+    return models.SparseVector(indices=[t for t, _ in items], values=[w for _, w in items])
+
+
+def _sparse_dot(stored, query) -> float:
+    if stored is None or not len(query.indices):
+        return 0.0
+    weights = dict(zip(stored.indices, stored.values))
+    return float(sum(weights.get(i, 0.0) * w for i, w in zip(query.indices, query.values)))
+
+
+def _result(points: list, scores: list[float] | None = None) -> SearchResult:
+    res = SearchResult()
+    for i, p in enumerate(points):
+        payload = p.payload or {}
+        res.ids.append(str(payload.get("doc_id", p.id)))
+        res.scores.append(float(p.score if scores is None else scores[i]))
+        res.texts.append(payload.get("text", ""))
+        res.titles.append(payload.get("title", ""))
+    return res
+
+
+def export_to_qdrant(client, collection: str, docs, model: Any, *, kind: str | None = None,
+                     config: RetrieverConfig | None = None, vectors=None, cache=None, model_name: str | None = None,
+                     recreate: bool = False, batch_size: int = 256, show_progress: bool = False) -> QdrantRetriever:
+    """Write ``docs`` (ids, titles, texts) with their dense and/or learned sparse vectors to a Qdrant
+    collection and return a :class:`QdrantRetriever` over it.
+
+    Args:
+        client: a ``QdrantClient`` (embedded or server).
+        docs: a :class:`~medadapt.retrieval.docstore.Documents` (see :func:`~medadapt.retrieval.load_documents`).
+        model: a name for :func:`medadapt.load`, a SentenceTransformer or an encoder; a learned sparse encoder
+            (e.g. a HyReC model or folder) is needed for ``kind="lexical"`` / ``"hybrid"`` (BM25 is not
+            exported: Qdrant would need medadapt's vocabulary to encode queries).
+        kind: ``"dense"`` (default), ``"lexical"`` or ``"hybrid"`` (overrides ``config.kind``).
+        vectors: precomputed document embeddings as a vector source (:mod:`medadapt.retrieval.scale`: an
+            array / memmap or re-iterable ``(ids, vectors)`` batches in ``docs`` order), e.g. from the
+            embedding cache; otherwise documents are encoded (a SentenceTransformer through the cache).
+        recreate: drop an existing collection first. Without it an existing collection must hold vectors of
+            the same dimension and distance and the same model (then points are upserted: a killed export
+            resumes).
+
+    Raises:
+        IndexMismatchError: an existing collection with another dimension / distance, or built with another
+            model or corpus.
+        MedAdaptError: a lexical / hybrid kind without a learned sparse encoder, vectors that do not match
+            the documents or the model.
+    """
+    from medadapt import __version__
+    from medadapt.retrieval.dense import embedding_dim, uses_cosine
+    from medadapt.retrieval.encoders import DenseEncoder, SparseEncoder
+    from medadapt.retrieval.retriever import _build_encoder, describe_model, model_reference
+    from medadapt.retrieval.scale import iter_batches
+    from medadapt.retrieval.storage import Manifest
+
+    models = _models()
+    config = (config or RetrieverConfig()).model_copy()
+    if kind is not None:
+        config = RetrieverConfig(**{**config.model_dump(), "kind": kind})
+    if len(docs) == 0:
+        raise MedAdaptError("cannot export an empty corpus")
+    encoder, name = _build_encoder(model, config.model_copy(update={"kind": "dense"}), cache)
+    if encoder is None:
+        raise MedAdaptError("export_to_qdrant needs a model")
+    sparse = config.uses_lexical
+    if sparse and not isinstance(encoder, SparseEncoder):
+        raise MedAdaptError(f"a {config.kind} Qdrant collection needs a learned sparse encoder (such as a HyReC model); "
+                            "BM25 is not exported: use kind='dense', or a medadapt index for BM25")
+    if config.uses_dense and not isinstance(encoder, DenseEncoder):
+        raise MedAdaptError(f"a {config.kind} Qdrant collection needs a dense model")
+    model_name = model_name or name
+    source = None
+    if model_name:
+        model_name, source = model_reference(model_name)
+    normalized = uses_cosine(encoder) if config.uses_dense else None
+    dim = embedding_dim(encoder) if config.uses_dense else None
+    if config.uses_dense and dim is None:
+        dim = int(np.asarray(encoder.encode_document(docs.indexed_texts()[:1], batch_size=1, show_progress=False)
+                             ).shape[1])
+    manifest = Manifest(
+        medadapt_version=__version__, kind=config.kind, encoder=encoder.encoder_tag,
+        model=describe_model(encoder, model_name or "", source), embedding_dim=dim, normalized=normalized,
+        corpus_hash=docs.content_hash(), n_docs=len(docs), config=config.model_dump(mode="json"),
+        build={"backend": "qdrant", "dense_vector": DENSE if config.uses_dense else None,
+               "sparse_vector": SPARSE if sparse else None},
+    )
+    meta = {META: manifest.model_dump(mode="json"), COMPLETE: False}
+    if recreate and client.collection_exists(collection):
+        client.delete_collection(collection)
+    if client.collection_exists(collection):
+        info = client.get_collection(collection)
+        _check_vector_params(collection, info, dim, normalized, sparse)
+        old = (info.config.metadata or {}).get(META)
+        if old is not None:
+            fields = ("kind", "encoder", "corpus_hash", "n_docs")
+            recorded = {f: old.get(f) for f in fields} | {"fingerprint": (old.get("model") or {}).get("fingerprint")}
+            wanted = {f: meta[META][f] for f in fields} | {"fingerprint": manifest.model.fingerprint}
+            if recorded != wanted:
+                diff = ", ".join(f"{f} {recorded[f]!r} != {wanted[f]!r}" for f in recorded if recorded[f] != wanted[f])
+                raise IndexMismatchError(f"{_label(collection)} holds another export ({diff}); use another "
+                                         "collection, or recreate=True to replace it")
+        client.update_collection(collection, metadata=meta)
+    else:
+        client.create_collection(
+            collection,
+            vectors_config={DENSE: models.VectorParams(size=int(dim), distance=_distance(bool(normalized)))}
+            if config.uses_dense else {},
+            sparse_vectors_config={SPARSE: models.SparseVectorParams()} if sparse else None,
+            metadata=meta,
+        )
+    texts = docs.indexed_texts()
+
+    def chunks():
+        if vectors is not None and config.uses_dense:
+            start = 0
+            for ids, batch in iter_batches(vectors, config.dense.chunk_size):
+                if batch.shape[1] != dim:
+                    raise MedAdaptError(f"the vectors have dimension {batch.shape[1]} but the model gives {dim}: "
+                                        "they were not computed by this model")
+                yield start, np.asarray(batch, dtype=np.float32)
+                start += len(batch)
+            if start != len(docs):
+                raise MedAdaptError(f"the vector source gave {start} vectors for {len(docs)} documents")
+            return
+        for start in range(0, len(docs), config.dense.chunk_size):
+            stop = min(len(docs), start + config.dense.chunk_size)
+            emb = None
+            if config.uses_dense:
+                emb = np.asarray(encoder.encode_document(texts[start:stop], batch_size=config.batch_size,
+                                                         show_progress=False), dtype=np.float32)
+            yield start, emb
+
+    from tqdm.auto import tqdm
+
+    bar = tqdm(total=len(docs), desc=f"exporting to Qdrant ({collection})", unit="doc", disable=not show_progress)
+    try:
+        for start, emb in chunks():
+            n = len(emb) if emb is not None else min(config.dense.chunk_size, len(docs) - start)
+            sp = (encoder.encode_lexical(texts[start:start + n], "document", batch_size=config.batch_size)
+                  if sparse else None)
+            if emb is not None and normalized:
+                emb = normalize_rows(emb)
+            for b in range(0, n, batch_size):
+                e = min(n, b + batch_size)
+                named: dict[str, Any] = {}
+                if emb is not None:
+                    named[DENSE] = emb[b:e].tolist()
+                if sp is not None:
+                    named[SPARSE] = [_sparse(models, v) for v in sp[b:e]]
+                payloads = [{"doc_id": docs.ids[i], "title": docs.titles[i], "text": docs.texts[i]}
+                            for i in range(start + b, start + e)]
+                client.upsert(collection, points=models.Batch(ids=list(range(start + b, start + e)), vectors=named,
+                                                              payloads=payloads), wait=True)
+            bar.update(n)
+    finally:
+        bar.close()
+    client.update_collection(collection, metadata={META: meta[META], COMPLETE: True})
+    return QdrantRetriever(client, collection, exact=True, _encoder=encoder)
