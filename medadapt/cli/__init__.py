@@ -13,9 +13,12 @@ import typer
 
 from medadapt.cli._common import console, err_console
 from medadapt.cli.data import data_app
+from medadapt.cli.encode import encode_cmd
 from medadapt.cli.eval import eval_cmd
-from medadapt.cli.train import train_cmd
 from medadapt.cli.index import index_cmd, search_cmd
+from medadapt.cli.plan import plan_cmd
+from medadapt.cli.report import report_cmd
+from medadapt.cli.train import train_cmd
 from medadapt.errors import MedAdaptError
 
 app = typer.Typer(
@@ -29,6 +32,9 @@ app.command("eval")(eval_cmd)
 app.command("train")(train_cmd)
 app.command("index")(index_cmd)
 app.command("search")(search_cmd)
+app.command("encode")(encode_cmd)
+app.command("plan")(plan_cmd)
+app.command("report")(report_cmd)
 app.add_typer(data_app, name="data")
 
 
