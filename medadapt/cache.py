@@ -496,13 +496,13 @@ class EmbeddingCache:
                 self._encode_locked(model, ns_dir, missing, role, prompt, batch_size, show_progress, desc)
 
     def _encode_locked(self, model, ns_dir, missing, role, prompt, batch_size, show_progress, desc) -> None:
-        from tqdm.auto import tqdm
+        from medadapt.progress import progress
 
         _, tail = split_backbone(model)
         encoder = backbone_view(model) if tail else model
         fn = {"query": encoder.encode_query, "document": encoder.encode_document, "plain": encoder.encode}[role]
         items = sorted(missing.items(), key=lambda kv: -len(kv[1]))  # longest first, like ST does per call
-        bar = tqdm(total=len(items), desc=desc or f"encoding ({role})", unit="text", disable=not show_progress)
+        bar = progress(total=len(items), desc=desc or f"encoding ({role})", unit="text", disable=not show_progress)
         try:
             for start in range(0, len(items), self.chunk_size):
                 chunk = items[start : start + self.chunk_size]

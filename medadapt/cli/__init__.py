@@ -52,6 +52,9 @@ def _root(
                                  help="Print the medadapt version and exit."),
 ) -> None:
     """Medical retrieval adapters for Sentence-Transformers."""
+    from medadapt.progress import set_level
+
+    set_level("normal")  # each command's --quiet / --verbose sets it again (one process may run many commands)
 
 
 @app.command("version")

@@ -12,20 +12,65 @@ console = Console()
 err_console = Console(stderr=True)
 
 
+def _quiet_flag(value: bool) -> bool:
+    if value:
+        from medadapt.progress import set_level
+
+        set_level("quiet")
+    return value
+
+
+def _verbose_flag(value: bool) -> bool:
+    if value:
+        from medadapt.progress import level, set_level
+
+        if level() != "quiet":  # --quiet wins over --verbose
+            set_level("verbose")
+    return value
+
+
+#: ``--quiet`` / ``--verbose`` of every command with long steps (they set :mod:`medadapt.progress`'s level).
+QuietOpt = Annotated[bool, typer.Option("--quiet", "-q", callback=_quiet_flag, help="No progress bars.")]
+VerboseOpt = Annotated[bool, typer.Option(
+    "--verbose", "-v", callback=_verbose_flag,
+    help="Also show the libraries' own logs, warnings and progress bars (transformers, sentence-transformers, "
+         "datasets, huggingface_hub).")]
+
+
 def quiet_libraries() -> None:
-    """Silence third-party warnings and progress bars so medadapt's own progress is what users see."""
+    """Silence third-party warnings, logs and progress bars so medadapt's own progress (one rich display,
+    :mod:`medadapt.progress`) is what users see; with ``--verbose`` leave them all on."""
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    from medadapt.progress import level
+
+    if level() == "verbose":
+        return
+    import logging
     import warnings
 
     from medadapt.errors import MedAdaptWarning
 
     warnings.filterwarnings("ignore")
     warnings.filterwarnings("default", category=MedAdaptWarning)  # medadapt's own recoveries stay visible
+    for name in ("sentence_transformers", "accelerate", "datasets", "faiss", "jieba", "mteb"):
+        logging.getLogger(name).setLevel(logging.ERROR)
     try:
         from transformers.utils import logging as hf_logging
 
         hf_logging.set_verbosity_error()
         hf_logging.disable_progress_bar()
+    except ImportError:  # pragma: no cover
+        pass
+    try:  # "Loading weights" / "Fetching files" bars of the hub client
+        from huggingface_hub.utils import disable_progress_bars
+
+        disable_progress_bars()
+    except ImportError:  # pragma: no cover
+        pass
+    try:
+        from datasets.utils.logging import disable_progress_bar
+
+        disable_progress_bar()
     except ImportError:  # pragma: no cover
         pass
 

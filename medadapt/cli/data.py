@@ -15,7 +15,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from medadapt.cli._common import console, fail, quiet_libraries
+from medadapt.cli._common import QuietOpt, VerboseOpt, console, fail, quiet_libraries
 from medadapt.errors import ConfigError, DataError, MedAdaptError
 
 data_app = typer.Typer(
@@ -81,7 +81,6 @@ LanguageOpt = Annotated[Language, typer.Option(help="BM25 tokenisation (auto: by
 DeviceOpt = Annotated[Optional[str], typer.Option(help="cpu, cuda, mps ... (default: auto).")]
 CacheOpt = Annotated[Optional[Path], typer.Option(help="Embedding cache folder (default $MEDADAPT_CACHE or "
                                                        "~/.cache/medadapt).")]
-QuietOpt = Annotated[bool, typer.Option("--quiet", "-q", help="No progress bars.")]
 OutputOpt = Annotated[Path, typer.Option("--output", "-o", help="Output JSONL (written atomically).")]
 
 
@@ -208,6 +207,7 @@ def mine_cmd(
     device: DeviceOpt = None,
     cache_dir: CacheOpt = None,
     quiet: QuietOpt = False,
+    verbose: VerboseOpt = False,
 ) -> None:
     """Mine hard negatives by rank window; write FlagEmbedding JSONL {query, pos, neg, *_scores}."""
 
@@ -258,6 +258,7 @@ def filter_cmd(
     device: DeviceOpt = None,
     cache_dir: CacheOpt = None,
     quiet: QuietOpt = False,
+    verbose: VerboseOpt = False,
 ) -> None:
     """Consistency filter (BMRetriever): keep synthetic pairs whose passage ranks in the retriever's top-k."""
 
@@ -310,6 +311,7 @@ def dedup_cmd(
     device: DeviceOpt = None,
     cache_dir: CacheOpt = None,
     quiet: QuietOpt = False,
+    verbose: VerboseOpt = False,
 ) -> None:
     """Diversity-aware dedup (CARE App. B): stream into an index; drop items with > m neighbours above τ."""
 
@@ -385,6 +387,7 @@ def label_cmd(
                                                       "http:// to a host other than this machine.")] = False,
     report: Annotated[Optional[Path], typer.Option(help="Write counts and Fleiss' kappa (JSON).")] = None,
     quiet: QuietOpt = False,
+    verbose: VerboseOpt = False,
 ) -> None:
     """Multi-judge consensus labels (CMedTEB): keep pairs the judges agree on; report Fleiss' kappa."""
 
@@ -456,6 +459,7 @@ def sts_cmd(
     allow_insecure_http: Annotated[bool, typer.Option("--allow-insecure-http", help="Send the API key over plain "
                                                       "http:// to a host other than this machine.")] = False,
     quiet: QuietOpt = False,
+    verbose: VerboseOpt = False,
 ) -> None:
     """Synonym STS data (CMedTEB): positive / hard-negative / easy-negative sentences per synonym pair."""
 

@@ -13,7 +13,7 @@ from typing import Annotated
 
 import typer
 
-from medadapt.cli._common import console, fail, quiet_libraries
+from medadapt.cli._common import QuietOpt, VerboseOpt, console, fail, quiet_libraries
 from medadapt.errors import MedAdaptError
 
 
@@ -46,7 +46,8 @@ def encode_cmd(
         Path | None, typer.Option(help="Embedding cache folder (default $MEDADAPT_CACHE or ~/.cache/medadapt).")
     ] = None,
     report: Annotated[Path | None, typer.Option(help="Write what was done as JSON here.")] = None,
-    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress bars.")] = False,
+    quiet: QuietOpt = False,
+    verbose: VerboseOpt = False,
 ) -> None:
     """Encode a corpus into the embedding cache (resumable; split across `accelerate launch` processes)."""
     quiet_libraries()

@@ -10,7 +10,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from medadapt.cli._common import BackendOption, check_backend_option, console, fail, quiet_libraries
+from medadapt.cli._common import QuietOpt, VerboseOpt, BackendOption, check_backend_option, console, fail, quiet_libraries
 from medadapt.errors import DataError, MedAdaptError
 
 
@@ -104,7 +104,8 @@ def eval_cmd(
         Optional[Path], typer.Option(help="Embedding cache folder (default $MEDADAPT_CACHE or ~/.cache/medadapt).")
     ] = None,
     no_cache: Annotated[bool, typer.Option("--no-cache", help="Encode without reading or writing the cache.")] = False,
-    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress bars.")] = False,
+    quiet: QuietOpt = False,
+    verbose: VerboseOpt = False,
     mode: Annotated[
         Optional[Mode], typer.Option(help="HyReC models: lexical-only, dense-only or hybrid retrieval "
                                           "(default hybrid; other models are dense).")

@@ -9,7 +9,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from medadapt.cli._common import BackendOption, check_backend_option, console, fail, quiet_libraries
+from medadapt.cli._common import QuietOpt, VerboseOpt, BackendOption, check_backend_option, console, fail, quiet_libraries
 from medadapt.errors import DataError, MedAdaptError
 
 
@@ -44,7 +44,8 @@ def index_cmd(
     batch_size: Annotated[int, typer.Option(min=1, help="Encoding batch size.")] = 64,
     device: Annotated[Optional[str], typer.Option(help="cpu, cuda, mps ... (default: auto).")] = None,
     cache_dir: Annotated[Optional[Path], typer.Option(help="Embedding cache folder.")] = None,
-    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress bars.")] = False,
+    quiet: QuietOpt = False,
+    verbose: VerboseOpt = False,
     backend: BackendOption = "torch",
 ) -> None:
     """Build a dense, lexical or hybrid index over a corpus and save it as a checked folder."""
@@ -133,7 +134,8 @@ def search_cmd(
     model: Annotated[Optional[str], typer.Option(help="Model to use (default: the one recorded in the index; "
                                                       "refused if it differs).")] = None,
     device: Annotated[Optional[str], typer.Option(help="cpu, cuda, mps ... (default: auto).")] = None,
-    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress messages.")] = False,
+    quiet: QuietOpt = False,
+    verbose: VerboseOpt = False,
     backend: BackendOption = "torch",
 ) -> None:
     """Search an index: one query as a table, or --queries as a TREC run (qid Q0 docid rank score tag)."""

@@ -7,7 +7,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from medadapt.cli._common import console, fail, quiet_libraries
+from medadapt.cli._common import QuietOpt, VerboseOpt, console, fail, quiet_libraries
 from medadapt.errors import MedAdaptError
 
 
@@ -26,7 +26,8 @@ def report_cmd(
     images: Annotated[Optional[Path], typer.Option(help="Also write every figure as a PNG into this "
                                                    "folder.")] = None,
     cache_dir: Annotated[Optional[Path], typer.Option(help="Embedding cache folder.")] = None,
-    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress output.")] = False,
+    quiet: QuietOpt = False,
+    verbose: VerboseOpt = False,
 ) -> None:
     """Write an HTML report of a training run: loss curves, expert load, positive vs hard-negative scores,
     metrics vs the frozen baseline, and the queries that gained or lost most."""

@@ -7,7 +7,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from medadapt.cli._common import console, fail, quiet_libraries
+from medadapt.cli._common import QuietOpt, VerboseOpt, console, fail, quiet_libraries
 from medadapt.errors import MedAdaptError
 
 
@@ -22,7 +22,8 @@ def train_cmd(
         bool, typer.Option("--check", help="Exit with code 2 when a metric misses the recipe's eval.expected.")
     ] = False,
     cache_dir: Annotated[Optional[Path], typer.Option(help="Embedding cache folder.")] = None,
-    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress bars.")] = False,
+    quiet: QuietOpt = False,
+    verbose: VerboseOpt = False,
     overwrite: Annotated[bool, typer.Option("--overwrite", help="Discard checkpoints of an earlier, different run "
                                             "into the same output instead of refusing to resume them.")] = False,
     full_model: Annotated[bool, typer.Option("--full-model", help="Save a standalone folder with the backbone "

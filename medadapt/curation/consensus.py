@@ -124,7 +124,7 @@ def label_pairs(
     Raises:
         JudgeError: a judge returned the wrong number of grades or a grade outside the rubric.
     """
-    from tqdm.auto import tqdm
+    from medadapt.progress import progress
 
     if len(judges) < 2:
         raise ValueError("consensus labelling needs at least 2 judges")
@@ -137,7 +137,7 @@ def label_pairs(
     pairs: list[LabeledPair] = []
     all_grades: list[list[str]] = []
     total = sum(len(p) for _, p in items)
-    with tqdm(total=total, desc="labelling", unit="pair", disable=not show_progress) as bar:
+    with progress(total=total, desc="labelling", unit="pair", disable=not show_progress) as bar:
         for query, passages in items:
             passages = list(passages)
             per_judge: list[list[str]] = []

@@ -108,7 +108,7 @@ def diversity_dedup(embeddings: np.ndarray, config: DedupConfig | None = None,
     The first ``config.seed_size`` rows seed the index unconditionally (shuffle beforehand for a random
     seed set). Returns a :class:`DedupResult`.
     """
-    from tqdm.auto import tqdm
+    from medadapt.progress import progress
 
     from medadapt.eval.search import normalize_rows
 
@@ -128,7 +128,7 @@ def diversity_dedup(embeddings: np.ndarray, config: DedupConfig | None = None,
     for start in range(0, seed, 65536):
         index.add(x[start : min(seed, start + 65536)])
     tau, k, m = config.threshold, config.k, config.max_neighbors
-    with tqdm(total=n - seed, desc="dedup", unit="item", disable=not show_progress) as bar:
+    with progress(total=n - seed, desc="dedup", unit="item", disable=not show_progress) as bar:
         for start in range(seed, n, config.batch_size):
             batch = x[start : start + config.batch_size]
             b = len(batch)

@@ -38,11 +38,11 @@ def batched_search(
     desc: str = "searching",
 ) -> list[list[Hit]]:
     """Call ``searcher`` on ``batch_size`` queries at a time with a progress bar; checks the output shape."""
-    from tqdm.auto import tqdm
+    from medadapt.progress import progress
 
     out: list[list[Hit]] = []
     query_texts = list(query_texts)
-    with tqdm(total=len(query_texts), desc=desc, unit="query", disable=not show_progress) as bar:
+    with progress(total=len(query_texts), desc=desc, unit="query", disable=not show_progress) as bar:
         for start in range(0, len(query_texts), batch_size):
             batch = query_texts[start : start + batch_size]
             hits = searcher(batch, k)

@@ -186,7 +186,7 @@ def build_sts_triplets(
     With ``require_terms`` an output is rejected (and counted) unless the positive and hard negative
     contain ``replace``, the easy negative contains ``origin``, and none equals the anchor.
     """
-    from tqdm.auto import tqdm
+    from medadapt.progress import progress
 
     if per_pair < 1:
         raise ValueError(f"per_pair must be >= 1, got {per_pair}")
@@ -201,7 +201,7 @@ def build_sts_triplets(
         examples += [SynonymExample(origin, replace, s, s.replace(origin, replace)) for s in matches]
     report.examples = len(examples)
     triplets: list[StsTriplet] = []
-    for ex in tqdm(examples, desc="generating", unit="example", disable=not show_progress):
+    for ex in progress(examples, desc="generating", unit="example", disable=not show_progress):
         out = _normalize_output(generator(ex))
         if require_terms and not (
             ex.replace in out["positive"] and ex.replace in out["hard_negative"]

@@ -184,7 +184,7 @@ class SharedStateCache:
     @torch.no_grad()
     def ensure(self, model, texts: Sequence[str], role: str, show_progress: bool = False) -> None:
         """Compute (and store) the states of every text not cached yet."""
-        from tqdm.auto import tqdm
+        from medadapt.progress import progress
 
         ns = self.namespace(model, role)
         self._load_disk(ns)
@@ -196,7 +196,7 @@ class SharedStateCache:
         was = model.training
         model.eval()
         what = "queries" if role == "query" else "documents"
-        bar = tqdm(total=len(missing), desc=f"shared states ({what})", unit="text", disable=not show_progress)
+        bar = progress(total=len(missing), desc=f"shared states ({what})", unit="text", disable=not show_progress)
         try:
             for c in range(0, len(missing), self.chunk_size):
                 chunk = missing[c : c + self.chunk_size]
@@ -254,7 +254,7 @@ class SharedStateCache:
         """Memoised (in memory) outputs of a frozen part on top of the shared states: ``kind`` is
         ``"lexicon"`` (lexicon-encoder token states, float32) or ``"pooled"`` (pooled dense-encoder output).
         Missing texts are computed in eval mode (no dropout), longest first, with a progress bar."""
-        from tqdm.auto import tqdm
+        from medadapt.progress import progress
 
         mem = self._pooled_mem.setdefault(f"{self.namespace(model, role)}|{kind}|{self._fingerprint(model, kind)}",
                                           {})
@@ -274,7 +274,7 @@ class SharedStateCache:
         model.eval()
         try:
             with torch.no_grad():
-                for b in tqdm(range(0, len(missing), self.batch_size), desc=f"{kind} states", unit="batch",
+                for b in progress(range(0, len(missing), self.batch_size), desc=f"{kind} states", unit="batch",
                               disable=not show_progress):
                     batch = missing[b : b + self.batch_size]
                     ids, mask, states = self.batch(model, batch, role)

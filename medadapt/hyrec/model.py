@@ -372,7 +372,7 @@ class HyReCModel(nn.Module):
         the pooled dense-encoder outputs from it (valid only while the dense encoder is frozen) and
         ``cached_lexicon`` the lexicon encoder's states (valid only while the lexicon encoder is frozen).
         """
-        from tqdm.auto import tqdm
+        from medadapt.progress import progress
 
         was = self.training
         self.eval()
@@ -382,7 +382,7 @@ class HyReCModel(nn.Module):
         order = sorted(range(len(texts)), key=lambda i: -len(texts[i]))
         try:
             what = "queries" if role == "query" else "documents"
-            for start in tqdm(range(0, len(texts), batch_size), desc=desc or f"encoding {what}", unit="batch",
+            for start in progress(range(0, len(texts), batch_size), desc=desc or f"encoding {what}", unit="batch",
                               disable=not show_progress):
                 idx = order[start : start + batch_size]
                 batch = [texts[i] for i in idx]

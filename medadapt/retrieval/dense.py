@@ -202,7 +202,7 @@ class DenseIndex:
         chunk is ever in memory. Trainable indexes first embed a random sample of ``train_size``
         documents (those embeddings are cached, so they are not encoded twice).
         """
-        from tqdm.auto import tqdm
+        from medadapt.progress import progress
 
         config = config or DenseConfig()
         index = cls.empty(dim, config, normalized)
@@ -211,7 +211,7 @@ class DenseIndex:
             check_trainable(index._cpu, config.factory, n, n_docs)  # before encoding the sample
             rng = np.random.default_rng(seed)
             index.train(embed(np.sort(rng.choice(n_docs, n, replace=False))))
-        bar = tqdm(total=n_docs, desc=f"indexing ({config.factory})", unit="doc", disable=not show_progress)
+        bar = progress(total=n_docs, desc=f"indexing ({config.factory})", unit="doc", disable=not show_progress)
         try:
             for start in range(0, n_docs, config.chunk_size):
                 positions = np.arange(start, min(n_docs, start + config.chunk_size))

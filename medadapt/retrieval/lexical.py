@@ -54,12 +54,12 @@ class LexicalIndex:
     @classmethod
     def build_bm25(cls, texts: Sequence[str], config: LexicalConfig | None = None,
                    show_progress: bool = True) -> LexicalIndex:
-        from tqdm.auto import tqdm
+        from medadapt.progress import progress
 
         config = config or LexicalConfig()
         language = detect_language(texts) if config.language == "auto" else config.language
         tokenizer = Tokenizer(language, config.stopwords, config.stem)
-        tokens = (tokenizer(t) for t in tqdm(texts, desc="tokenising corpus", unit="doc",
+        tokens = (tokenizer(t) for t in progress(texts, desc="tokenising corpus", unit="doc",
                                                disable=not show_progress))
         weighting, doc_term = BM25Weighting.fit(tokens, config.k1, config.b)
         return cls(InvertedIndex.from_matrix(doc_term), config, weighting, language)

@@ -145,7 +145,7 @@ def build_dense_index(
         MedAdaptError: an empty source, batches of different dimensions, an index with more IVF lists than
             training vectors, or a one-shot iterator for an index that needs a training pass.
     """
-    from tqdm.auto import tqdm
+    from medadapt.progress import progress
 
     config = config or DenseConfig()
     t0 = time.perf_counter()
@@ -178,7 +178,7 @@ def build_dense_index(
     del sample
     t_train = time.perf_counter() - t0 - t_sample
     ids: list = []
-    bar = tqdm(desc=f"indexing ({config.factory})", unit="vec", disable=not show_progress)
+    bar = progress(desc=f"indexing ({config.factory})", unit="vec", disable=not show_progress)
     try:
         for batch_ids, vectors in iter_batches(source, config.chunk_size):
             if index is None:  # one-shot source: the first batch gives the dimension

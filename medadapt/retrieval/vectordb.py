@@ -364,9 +364,9 @@ def export_to_qdrant(client, collection: str, docs, model: Any, *, kind: str | N
                                                          show_progress=False), dtype=np.float32)
             yield start, emb
 
-    from tqdm.auto import tqdm
+    from medadapt.progress import progress
 
-    bar = tqdm(total=len(docs), desc=f"exporting to Qdrant ({collection})", unit="doc", disable=not show_progress)
+    bar = progress(total=len(docs), desc=f"exporting to Qdrant ({collection})", unit="doc", disable=not show_progress)
     try:
         for start, emb in chunks():
             n = len(emb) if emb is not None else min(config.dense.chunk_size, len(docs) - start)

@@ -1,4 +1,5 @@
-"""One rich progress bar for every training loop: ``progress(stage, step, total, row)`` callbacks."""
+"""The training loop's bar: ``progress(stage, step, total, row)`` callbacks drawn in medadapt's one progress
+display (:mod:`medadapt.progress`)."""
 
 from __future__ import annotations
 
@@ -8,23 +9,21 @@ __all__ = ["StepProgress"]
 
 
 class StepProgress:
-    """A rich bar fed by :func:`medadapt.training.loop.train`'s ``progress`` callback: stage, step of total,
-    the loss and its named parts, time left. Call :meth:`close` when training ends."""
+    """A bar fed by :func:`medadapt.training.loop.train`'s ``progress`` callback: stage, step of total, the
+    loss and its named parts, time left. Call :meth:`close` when training ends."""
 
     def __init__(self) -> None:
-        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
-
-        self.bar = Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
-                            TextColumn("{task.fields[info]}"), TimeRemainingColumn(), transient=False)
-        self.task = None
-        self.bar.start()
+        self.bar = None
 
     def __call__(self, stage: str, step: int, total: int, row: dict[str, Any]) -> None:
-        if self.task is None:
-            self.task = self.bar.add_task("training", total=total, info="")
+        from medadapt.progress import Bar
+
+        if self.bar is None:
+            self.bar = Bar(total=total, desc="training", unit="step")
         parts = [k for k in row if k not in ("stage", "step", "epoch", "loss", "lr")]
-        info = f"loss {row['loss']:.4f}" + "".join(f" {k} {row[k]:.3f}" for k in parts[:3])
-        self.bar.update(self.task, completed=step, description=f"training ({stage})", info=info)
+        self.bar.set_info(f"loss {row['loss']:.4f}" + "".join(f" {k} {row[k]:.3f}" for k in parts[:3]))
+        self.bar.set_state(step, total, desc=f"training ({stage})")
 
     def close(self) -> None:
-        self.bar.stop()
+        if self.bar is not None:
+            self.bar.close()
