@@ -16,6 +16,8 @@ The recipes carry these tables (``instructions:`` section, validated by
 
 from __future__ import annotations
 
+from medadapt.eval.suites.bmretriever import INSTRUCTIONS as SUITE_INSTRUCTIONS
+
 __all__ = [
     "EVAL_INSTRUCTIONS",
     "FINETUNE_INSTRUCTIONS",
@@ -55,21 +57,9 @@ SYNTHETIC_INSTRUCTIONS: dict[str, str] = {
     "meadow": "Given a query on COVID-19, retrieve COVID-19 related articles that answer the query.",
 }
 
-#: Table 10: evaluation data sets -> query instruction.
-EVAL_INSTRUCTIONS: dict[str, str] = {
-    "nfcorpus": "Given a question, retrieve relevant documents that best answer the question",
-    "scifact": "Given a scientific claim, retrieve documents that support or refute the claim",
-    "scidocs": "Given a scientific paper title, retrieve paper abstracts that are cited by the given paper",
-    "trec-covid": "Given a query on COVID-19, retrieve documents that answer the query",
-    "biosses": "Given a sentence, retrieve sentences with the same meaning",
-    "bioasq": "Given a question, retrieve Pubmed passages that answer the question",
-    "pubmedqa": "Given a question, retrieve Pubmed passages that answer the question",
-    "icliniq": ("Given a question with context from online medical forums, retrieve responses that best answer "
-                "the question"),
-    "drugbank": "Given a drug, retrieve passages for its definition",
-    "mesh": "Given a concept, retrieve passages for its definition",
-    "relish": "Given an article, retrieve Pubmed articles that are relevant to this article",
-}
+#: Table 10: evaluation data sets -> query instruction (one table, kept with the neutral BMRetriever suite,
+#: :mod:`medadapt.eval.suites.bmretriever`, which cannot import this system).
+EVAL_INSTRUCTIONS: dict[str, str] = dict(SUITE_INSTRUCTIONS)
 
 
 def query_prompt(instruction: str, template: str = QUERY_TEMPLATE) -> str:

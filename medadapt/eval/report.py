@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from medadapt.io import atomic_write_json
+from medadapt.io import atomic_open, atomic_write_json
 
 Results = dict[str, float]
 
@@ -40,8 +40,6 @@ def plot_results(results: dict[str, Results], path: str | Path, title: str = "")
         from medadapt.errors import MedAdaptError
 
         raise MedAdaptError("plotting needs matplotlib: pip install 'medadapt[plot]'") from exc
-    from medadapt.io import atomic_open
-
     runs = list(results)
     metrics = list(dict.fromkeys(m for r in results.values() for m in r))
     width = 0.8 / max(len(runs), 1)
@@ -53,6 +51,13 @@ def plot_results(results: dict[str, Results], path: str | Path, title: str = "")
     ax.set_ylim(0, 1)
     ax.set_title(title)
     ax.legend(fontsize="small")
+    return save_figure(fig, path)
+
+
+def save_figure(fig, path: str | Path) -> Path:
+    """Lay out ``fig``, write it as a PNG to ``path`` atomically and close it."""
+    import matplotlib.pyplot as plt
+
     fig.tight_layout()
     path = Path(path)
     with atomic_open(path, "wb") as f:

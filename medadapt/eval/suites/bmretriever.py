@@ -34,7 +34,7 @@ from medadapt.eval.suites.base import AverageSpec, SuiteSpec, TaskSpec
 QUERY_TEMPLATE = "{instruction}\nQuery: "
 PASSAGE_PROMPT = "Represent this passage. Passage: "
 
-#: Table 10: data set -> query instruction (as in medadapt.bmretriever.EVAL_INSTRUCTIONS)
+#: Table 10: data set -> query instruction (medadapt.bmretriever.EVAL_INSTRUCTIONS is this table)
 INSTRUCTIONS = {
     "nfcorpus": "Given a question, retrieve relevant documents that best answer the question",
     "scifact": "Given a scientific claim, retrieve documents that support or refute the claim",

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from medadapt.eval.report import save_figure
 from medadapt.eval.suites.base import SuiteResult
 from medadapt.io import atomic_write_json
 
@@ -46,8 +47,6 @@ def plot_suite(result: SuiteResult, path: str | Path) -> Path:
         from medadapt.errors import MedAdaptError
 
         raise MedAdaptError("plotting needs matplotlib: pip install 'medadapt[plot]'") from exc
-    from medadapt.io import atomic_open
-
     tasks = list(dict.fromkeys(r.task for r in result.rows))
     langs = list(dict.fromkeys(r.query_language for r in result.rows))
     width = 0.8 / max(len(langs), 1)
@@ -79,9 +78,4 @@ def plot_suite(result: SuiteResult, path: str | Path) -> Path:
     ax.set_title(f"{result.title}: {result.model}")
     if ax.get_legend_handles_labels()[0]:
         ax.legend(fontsize="x-small", loc="upper left", bbox_to_anchor=(1.01, 1.0))  # beside, not over, the bars
-    fig.tight_layout()
-    path = Path(path)
-    with atomic_open(path, "wb") as f:
-        fig.savefig(f, format="png", dpi=120)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path)
