@@ -156,3 +156,30 @@ def progress(iterable: Iterable | None = None, *, total: int | None = None, desc
              disable: bool = False) -> Bar:
     """A :class:`Bar`: ``for x in progress(items, desc=...)`` or ``with progress(total=n, ...) as bar``."""
     return Bar(iterable, total=total, desc=desc, unit=unit, disable=disable)
+
+
+def encode_with_progress(fn, texts: list, *, batch_size: int = 64, show_progress: bool = False, desc: str = "",
+                         **kwargs):
+    """Call a sentence-transformers encode function (``model.encode_query`` ...) with a medadapt bar instead of
+    its own ``Batches`` bar: without ``show_progress`` one call, exactly as before; with it, the texts go in
+    chunks of ``16 * batch_size`` (the bar advances per chunk) and the outputs are concatenated (numpy arrays
+    or torch tensors, as ``fn`` returns them)."""
+    kwargs["show_progress_bar"] = False
+    texts = list(texts)
+    if not show_progress or len(texts) <= batch_size:
+        return fn(texts, batch_size=batch_size, **kwargs)
+    step = 16 * batch_size
+    parts = []
+    with progress(total=len(texts), desc=desc or "encoding", unit="text") as bar:
+        for start in range(0, len(texts), step):
+            chunk = texts[start : start + step]
+            parts.append(fn(chunk, batch_size=batch_size, **kwargs))
+            bar.update(len(chunk))
+    first = parts[0]
+    if hasattr(first, "detach"):  # torch tensors (convert_to_tensor=True)
+        import torch
+
+        return torch.cat(parts)
+    import numpy as np
+
+    return np.concatenate([np.asarray(p) for p in parts])

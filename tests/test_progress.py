@@ -113,3 +113,29 @@ def test_bars_never_write_to_stdout(capsys):
     for _ in progress(range(3), desc="x"):
         pass
     assert capsys.readouterr().out == ""
+
+
+def test_encode_with_progress_matches_one_call_and_draws_a_medadapt_bar(monkeypatch):
+    import numpy as np
+    import torch
+
+    from medadapt.progress import encode_with_progress
+
+    calls = []
+
+    def fake_encode(texts, batch_size, show_progress_bar, convert_to_tensor=False):
+        calls.append((len(texts), show_progress_bar))
+        out = np.array([[len(t), i] for i, t in enumerate(texts)], dtype=np.float32)
+        return torch.from_numpy(out) if convert_to_tensor else out
+
+    texts = [f"text {i}" * (i % 5 + 1) for i in range(70)]
+    one = encode_with_progress(fake_encode, texts, batch_size=2, show_progress=False)
+    assert calls == [(70, False)]  # no bar asked: one call, exactly as before
+    calls.clear()
+    started = []
+    real = prog.shared_progress
+    monkeypatch.setattr(prog, "shared_progress", lambda: started.append(1) or real())
+    chunked = encode_with_progress(fake_encode, texts, batch_size=2, show_progress=True, convert_to_tensor=True)
+    assert calls == [(32, False), (32, False), (6, False)]  # never sentence-transformers' own bar
+    assert started == [1] and isinstance(chunked, torch.Tensor)
+    np.testing.assert_array_equal(chunked[:, 0].numpy(), one[:, 0])

@@ -89,10 +89,12 @@ def evaluate_pool(model, items: list[PoolQuery], metrics: Iterable[str] = QA_MET
     metrics = list(metrics)
     depth = max(parse_metric(m)[1] for m in metrics)
     pool, qrels = build_pool(items)
-    q = model.encode_query([it.query for it in items], batch_size=batch_size, show_progress_bar=show_progress,
-                           convert_to_numpy=True)
-    d = model.encode_document(pool, batch_size=batch_size, show_progress_bar=show_progress,
-                              convert_to_numpy=True)
+    from medadapt.progress import encode_with_progress
+
+    q = encode_with_progress(model.encode_query, [it.query for it in items], batch_size=batch_size,
+                             show_progress=show_progress, convert_to_numpy=True, desc="encoding queries")
+    d = encode_with_progress(model.encode_document, pool, batch_size=batch_size, show_progress=show_progress,
+                             convert_to_numpy=True, desc="encoding pool")
     run = dense_run([it.id for it in items], np.asarray(q), [str(i) for i in range(len(pool))], np.asarray(d),
                     max(depth, 100), getattr(model, "similarity_fn_name", "cosine"))
     return evaluate_run(qrels, run, metrics)

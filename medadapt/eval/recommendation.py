@@ -93,7 +93,9 @@ def evaluate_recommendation(model, items: list[RecommendationQuery], batch_size:
     sim = getattr(model, "similarity_fn_name", "cosine")
 
     def encode(fn, texts):
-        emb = fn(texts, batch_size=batch_size, show_progress_bar=show_progress)
+        from medadapt.progress import encode_with_progress
+
+        emb = encode_with_progress(fn, texts, batch_size=batch_size, show_progress=show_progress)
         return prepare_for_similarity(np.asarray(emb, dtype=np.float32), sim)
 
     q = encode(model.encode_query, [it.query for it in items])

@@ -18,9 +18,13 @@ def evaluate_rerank(model, items: list[RerankItem], metrics: Iterable[str] = RER
     from medadapt.eval.search import prepare_for_similarity
 
     sim = getattr(model, "similarity_fn_name", "cosine")
-    q = model.encode_query([it.query for it in items], batch_size=batch_size, show_progress_bar=show_progress)
+    from medadapt.progress import encode_with_progress
+
+    q = encode_with_progress(model.encode_query, [it.query for it in items], batch_size=batch_size,
+                             show_progress=show_progress, desc="encoding queries")
     flat = [t for it in items for t in it.texts]
-    d = model.encode_document(flat, batch_size=batch_size, show_progress_bar=show_progress)
+    d = encode_with_progress(model.encode_document, flat, batch_size=batch_size, show_progress=show_progress,
+                             desc="encoding candidates")
     q, d = prepare_for_similarity(np.asarray(q), sim), prepare_for_similarity(np.asarray(d), sim)
     run, qrels, offset = {}, {}, 0
     for i, it in enumerate(items):

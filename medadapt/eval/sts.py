@@ -53,10 +53,12 @@ def evaluate_sts(model, pairs: list[StsPair], batch_size: int = 64, show_progres
     if route is None and _is_asymmetric(model):
         route = "query"
     encode = getattr(model, {None: "encode", "query": "encode_query", "document": "encode_document"}[route])
-    a = encode([p.sentence1 for p in pairs], batch_size=batch_size, convert_to_tensor=True,
-               show_progress_bar=show_progress)
-    b = encode([p.sentence2 for p in pairs], batch_size=batch_size, convert_to_tensor=True,
-               show_progress_bar=show_progress)
+    from medadapt.progress import encode_with_progress
+
+    a = encode_with_progress(encode, [p.sentence1 for p in pairs], batch_size=batch_size, convert_to_tensor=True,
+                             show_progress=show_progress, desc="encoding sentences (1)")
+    b = encode_with_progress(encode, [p.sentence2 for p in pairs], batch_size=batch_size, convert_to_tensor=True,
+                             show_progress=show_progress, desc="encoding sentences (2)")
     if similarity == "model":
         sims = model.similarity_pairwise(a, b)
     elif similarity == "cosine":

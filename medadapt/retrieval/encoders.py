@@ -139,8 +139,10 @@ class SentenceTransformerEncoder:
 
     def encode_query(self, texts: Sequence[str], *, batch_size: int = 64, show_progress: bool = False
                      ) -> np.ndarray:
-        emb = self.model.encode_query(list(texts), batch_size=batch_size, convert_to_numpy=True,
-                                      show_progress_bar=show_progress)
+        from medadapt.progress import encode_with_progress
+
+        emb = encode_with_progress(self.model.encode_query, list(texts), batch_size=batch_size,
+                                   convert_to_numpy=True, show_progress=show_progress, desc="encoding queries")
         return np.asarray(emb, dtype=np.float32)
 
     def encode_document(self, texts: Sequence[str], *, batch_size: int = 64, show_progress: bool = False
