@@ -272,6 +272,34 @@ def namespace_lock(ns_dir: Path, shared: bool = False) -> Iterator[None]:
         os.close(fd)
 
 
+def _check_role(role: str) -> None:
+    if role not in ("query", "document", "plain"):
+        raise ValueError(f"role must be 'query', 'document' or 'plain', got {role!r}")
+
+
+def _ensure_namespace(ns_dir: Path, meta: dict) -> None:
+    """Create a namespace folder with its ``meta.json`` (written once, atomically)."""
+    ns_dir.mkdir(parents=True, exist_ok=True)
+    if not (ns_dir / "meta.json").exists():
+        atomic_write_json(ns_dir / "meta.json", meta)
+
+
+def _embedding_tail(model, normalize: bool) -> list:
+    """The embedding-level modules applied to cached rows; without ``normalize``, minus trailing ``Normalize``."""
+    _, tail = split_backbone(model)
+    if not normalize:
+        from sentence_transformers.base.modules import Normalize
+
+        while tail and isinstance(tail[-1], Normalize):
+            tail = tail[:-1]
+    return tail
+
+
+def _gave_up(ns_dir: Path) -> MedAdaptError:
+    return MedAdaptError(f"the embedding cache folder {ns_dir} keeps yielding corrupt or vanishing shards "
+                         f"({_MAX_ROUNDS} attempts); check the disk, or delete the folder")
+
+
 class EmbeddingCache:
     """Text-keyed, sharded, crash-safe embedding cache.
 
@@ -409,6 +437,16 @@ class EmbeddingCache:
             f.write(payload)
         _remember_verified(target)  # written from checked arrays: memory-mapped reads need not hash it again
 
+    def _resolve(self, model, role: Role, prompt: str | None, prompt_name: str | None,
+                 fingerprint: str | None) -> tuple:
+        """``(encoder, effective prompt, namespace folder, namespace meta)`` for ``model`` in ``role``: a Router
+        model's route view is cached per route (:meth:`encoder_for`)."""
+        _check_role(role)
+        eff_prompt = effective_prompt(model, role, prompt, prompt_name)
+        model = self.encoder_for(model, role)
+        ns, meta = self.namespace(model, role, eff_prompt, fingerprint)
+        return model, eff_prompt, self.root / ns, meta
+
     # ------------------------------------------------------------------ api
     def encode(
         self,
@@ -438,18 +476,12 @@ class EmbeddingCache:
                 encodes many batches with a model it keeps unchanged, so the weights are not hashed on every
                 call; ``None`` (default) hashes them now.
         """
-        if role not in ("query", "document", "plain"):
-            raise ValueError(f"role must be 'query', 'document' or 'plain', got {role!r}")
         texts = list(texts)
         if not texts:
+            _check_role(role)
             return np.zeros((0, model.get_sentence_embedding_dimension() or 0), dtype=np.float32)
-        eff_prompt = effective_prompt(model, role, prompt, prompt_name)
-        model = self.encoder_for(model, role)  # a Router model's route view: cached per route
-        ns, meta = self.namespace(model, role, eff_prompt, fingerprint)
-        ns_dir = self.root / ns
-        ns_dir.mkdir(parents=True, exist_ok=True)
-        if not (ns_dir / "meta.json").exists():
-            atomic_write_json(ns_dir / "meta.json", meta)
+        model, eff_prompt, ns_dir, meta = self._resolve(model, role, prompt, prompt_name, fingerprint)
+        _ensure_namespace(ns_dir, meta)
 
         hashes = [text_hash(t) for t in texts]
         for _ in range(_MAX_ROUNDS):  # a round ends early when a shard is corrupt (set aside, re-encoded)
@@ -466,15 +498,8 @@ class EmbeddingCache:
             if out is not None:
                 break
         else:
-            raise MedAdaptError(f"the embedding cache folder {ns_dir} keeps yielding corrupt or vanishing "
-                                f"shards ({_MAX_ROUNDS} attempts); check the disk, or delete the folder")
-        _, tail = split_backbone(model)
-        if not normalize:
-            from sentence_transformers.base.modules import Normalize
-
-            while tail and isinstance(tail[-1], Normalize):
-                tail = tail[:-1]
-        return apply_embedding_modules(tail, out)
+            raise _gave_up(ns_dir)
+        return apply_embedding_modules(_embedding_tail(model, normalize), out)
 
     def count_missing(self, model, texts: Sequence[str], role: Role = "plain", *, prompt: str | None = None,
                       prompt_name: str | None = None) -> int:
@@ -583,13 +608,8 @@ class EmbeddingCache:
         Raises:
             MedAdaptError: some texts are not cached and ``encode_missing`` is false.
         """
-        if role not in ("query", "document", "plain"):
-            raise ValueError(f"role must be 'query', 'document' or 'plain', got {role!r}")
         texts = texts if isinstance(texts, list) else list(texts)
-        eff_prompt = effective_prompt(model, role, prompt, prompt_name)
-        model = self.encoder_for(model, role)
-        ns, meta = self.namespace(model, role, eff_prompt, fingerprint)
-        ns_dir = self.root / ns
+        model, eff_prompt, ns_dir, meta = self._resolve(model, role, prompt, prompt_name, fingerprint)
         hashes = [text_hash(t) for t in texts]
         keys = hash_keys(hashes)
         for _ in range(_MAX_ROUNDS):
@@ -603,22 +623,13 @@ class EmbeddingCache:
                     f"{len(missing)} of {len(texts)} texts are not in the embedding cache {ns_dir} "
                     f"({self.dtype}, role {role}); encode them first (`medadapt encode`, EmbeddingCache.encode) "
                     "or pass encode_missing=True")
-            ns_dir.mkdir(parents=True, exist_ok=True)
-            if not (ns_dir / "meta.json").exists():
-                atomic_write_json(ns_dir / "meta.json", meta)
+            _ensure_namespace(ns_dir, meta)
             todo = {hashes[i]: texts[i] for i in missing}
             self._encode_missing(model, ns_dir, todo, role, eff_prompt, batch_size, show_progress, desc)
         else:
-            raise MedAdaptError(f"the embedding cache folder {ns_dir} keeps yielding corrupt or vanishing "
-                                f"shards ({_MAX_ROUNDS} attempts); check the disk, or delete the folder")
-        _, tail = split_backbone(model)
-        if not normalize:
-            from sentence_transformers.base.modules import Normalize
-
-            while tail and isinstance(tail[-1], Normalize):
-                tail = tail[:-1]
+            raise _gave_up(ns_dir)
         dim = index.dim or model.get_sentence_embedding_dimension() or 0
-        return CachedEmbeddings(index.shards, index.layouts, shard, row, tail, dim)
+        return CachedEmbeddings(index.shards, index.layouts, shard, row, _embedding_tail(model, normalize), dim)
 
     def iter_embeddings(self, model, texts: Sequence[str], role: Role = "plain", *, batch_size: int = 8192,
                         **view_kwargs) -> Iterator[np.ndarray]:

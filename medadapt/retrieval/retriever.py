@@ -122,6 +122,15 @@ def describe_model(model, name: str, source: str | None = None) -> ModelInfo:
     )
 
 
+
+def search_queries(queries: Sequence[str], k: int) -> list[str]:
+    """The argument check of every ``batch_search``: a list of queries (not one string) and ``k >= 1``."""
+    if isinstance(queries, str):
+        raise TypeError("batch_search takes a list of queries; use search() for one query")
+    if k < 1:
+        raise ValueError("k must be >= 1")
+    return list(queries)
+
 class Retriever:
     """Dense, lexical or hybrid retrieval. Build with :meth:`build`, reopen with :meth:`load`."""
 
@@ -279,11 +288,7 @@ class Retriever:
 
         ``query_embeddings`` skips query encoding (e.g. embeddings from the cache).
         """
-        if isinstance(queries, str):
-            raise TypeError("batch_search takes a list of queries; use search() for one query")
-        if k < 1:
-            raise ValueError("k must be >= 1")
-        queries = list(queries)
+        queries = search_queries(queries, k)
         if not queries:
             return []
         kind = self.config.kind

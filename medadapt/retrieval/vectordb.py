@@ -50,7 +50,7 @@ from medadapt.errors import MedAdaptError
 from medadapt.retrieval.config import RetrieverConfig
 from medadapt.retrieval.errors import IndexMismatchError
 from medadapt.retrieval.exact import normalize_rows
-from medadapt.retrieval.retriever import SearchResult
+from medadapt.retrieval.retriever import SearchResult, search_queries
 
 __all__ = ["QdrantRetriever", "export_to_qdrant", "DENSE", "SPARSE"]
 
@@ -183,11 +183,7 @@ class QdrantRetriever:
     def batch_search(self, queries: Sequence[str], k: int = 10, *, query_embeddings: np.ndarray | None = None
                      ) -> list[SearchResult]:
         """Top-``k`` documents per query (ids, scores, texts, titles), like :meth:`Retriever.batch_search`."""
-        if isinstance(queries, str):
-            raise TypeError("batch_search takes a list of queries; use search() for one query")
-        if k < 1:
-            raise ValueError("k must be >= 1")
-        queries = list(queries)
+        queries = search_queries(queries, k)
         if not queries:
             return []
         kind = self.config.kind
