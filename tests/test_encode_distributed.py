@@ -235,3 +235,36 @@ def test_killed_encode_resumes_and_equals_an_uninterrupted_run(tiny_bert_dir, tm
     encode_corpus(model, texts, cache=fresh, show_progress=False)
     np.testing.assert_allclose(EmbeddingCache(cache_dir).view(model, texts, role="document").to_numpy(),
                                fresh.view(model, texts, role="document").to_numpy(), rtol=0, atol=1e-6)
+
+
+@pytest.mark.parametrize("outcome", ["returns", "fails"])
+def test_launched_commands_close_the_process_group(tmp_path, outcome):
+    """``train`` and ``encode`` close the ``torch.distributed`` group on every process, whether they return
+    or fail: a worker that left it to interpreter shutdown aborted there in CI (``terminate called without
+    an active exception``) and failed a launch whose work was done."""
+    import torch.distributed as dist
+
+    from medadapt.cli._common import closes_process_group
+    from medadapt.cli.encode import encode_cmd
+    from medadapt.cli.train import train_cmd
+
+    assert {encode_cmd.__wrapped__.__name__, train_cmd.__wrapped__.__name__} == {"encode_cmd", "train_cmd"}
+
+    @closes_process_group
+    def command():
+        assert dist.is_initialized()
+        if outcome == "fails":
+            raise RuntimeError("boom")
+        return 3
+
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    try:
+        if outcome == "fails":
+            with pytest.raises(RuntimeError, match="boom"):
+                command()
+        else:
+            assert command() == 3
+        assert not dist.is_initialized()
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()

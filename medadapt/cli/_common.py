@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import os
 from typing import Annotated
 
@@ -27,6 +28,23 @@ def _verbose_flag(value: bool) -> bool:
         if level() != "quiet":  # --quiet wins over --verbose
             set_level("verbose")
     return value
+
+
+def closes_process_group(command):
+    """Decorate a command that may run under ``accelerate launch`` so that every process closes the
+    ``torch.distributed`` process group when the command returns or fails
+    (:func:`medadapt.training.distributed.close_process_group` says why). Typer reads the wrapped signature."""
+
+    @functools.wraps(command)
+    def run(*args, **kwargs):
+        try:
+            return command(*args, **kwargs)
+        finally:
+            from medadapt.training.distributed import close_process_group
+
+            close_process_group()
+
+    return run
 
 
 #: ``--quiet`` / ``--verbose`` of every command with long steps (they set :mod:`medadapt.progress`'s level).

@@ -13,7 +13,7 @@ from typing import Annotated
 
 import typer
 
-from medadapt.cli._common import QuietOpt, VerboseOpt, console, fail, quiet_libraries
+from medadapt.cli._common import QuietOpt, VerboseOpt, closes_process_group, console, fail, quiet_libraries
 from medadapt.errors import MedAdaptError
 
 
@@ -31,6 +31,7 @@ def _state(device: str | None):
     return PartialState(cpu=device == "cpu" or not torch.cuda.is_available())
 
 
+@closes_process_group
 def encode_cmd(
     corpus: Annotated[str, typer.Option(help="BEIR folder (corpus.jsonl, queries.jsonl) or builtin dataset.")],
     model: Annotated[str, typer.Option(help="Model alias (minilm), saved model folder, or hub id.")] = "minilm",

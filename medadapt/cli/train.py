@@ -7,10 +7,11 @@ from typing import Annotated, Optional
 
 import typer
 
-from medadapt.cli._common import QuietOpt, VerboseOpt, console, fail, quiet_libraries
+from medadapt.cli._common import QuietOpt, VerboseOpt, closes_process_group, console, fail, quiet_libraries
 from medadapt.errors import MedAdaptError
 
 
+@closes_process_group
 def train_cmd(
     recipe: Annotated[Path, typer.Argument(help="Recipe YAML (see recipes/).")],
     output: Annotated[Optional[Path], typer.Option(help="Model folder to write (default runs/<recipe name>).")] = None,

@@ -18,7 +18,8 @@ from collections.abc import Iterable
 import torch
 from torch import Tensor
 
-__all__ = ["average_gradients", "broadcast_parameters", "gather_with_grad", "is_distributed", "shard_bounds"]
+__all__ = ["average_gradients", "broadcast_parameters", "close_process_group", "gather_with_grad", "is_distributed",
+           "shard_bounds"]
 
 
 def is_distributed() -> bool:
@@ -26,6 +27,19 @@ def is_distributed() -> bool:
     import torch.distributed as dist
 
     return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+
+
+def close_process_group() -> None:
+    """Destroy the default ``torch.distributed`` process group, if one is running (a no-op otherwise).
+
+    Commands started by ``accelerate launch`` call this on every process before returning: a process that
+    leaves the group to interpreter shutdown can abort there (``terminate called without an active
+    exception``, seen in CI when a worker with nothing left to do exited while the main process was still
+    writing its report), which fails the whole launch although the work was done."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
 
 
 def shard_bounds(n: int, rank: int, world: int) -> tuple[int, int]:
