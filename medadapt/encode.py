@@ -47,7 +47,8 @@ from medadapt.cache import (
 from medadapt.errors import MedAdaptError
 from medadapt.io import atomic_write_json
 
-__all__ = ["EncodeReport", "corpus_texts", "encode_corpus"]
+__all__ = ["EncodeReport", "corpus_texts", "encode_corpus", "launch_state", "launched_processes",
+           "process_device", "share_encoding"]
 
 
 @dataclass
@@ -86,6 +87,55 @@ def corpus_texts(path: str | Path) -> list[str]:
     from medadapt.data.beir import load_beir
 
     return load_beir(path, splits=[]).doc_texts()
+
+
+def launched_processes() -> int:
+    """How many processes the current launch runs (``WORLD_SIZE``, set by ``accelerate launch`` / torchrun;
+    1 for a plain ``python`` / ``medadapt`` run). Reads the environment only: no process group is started."""
+    import os
+
+    try:
+        return max(1, int(os.environ.get("WORLD_SIZE", "1")))
+    except ValueError:
+        return 1
+
+
+def launch_state(device: str | None = None):
+    """Accelerate's process state for a command run under ``accelerate launch``: CPU processes (gloo) for
+    ``device="cpu"`` or without CUDA, else one GPU per process."""
+    import torch
+    from accelerate import PartialState
+
+    return PartialState(cpu=device == "cpu" or not torch.cuda.is_available())
+
+
+def process_device(state, device: str | None) -> str | None:
+    """The device this process of a launch should load its model on: its own GPU (``state.device``) when
+    ``device`` is unset or ``"cuda"`` and the launch runs on GPUs, else ``device`` as given."""
+    if device in (None, "cuda") and state.device.type != "cpu":
+        return str(state.device)
+    return device
+
+
+def share_encoding(model, texts: Sequence[str], *, cache: EmbeddingCache, role: Role = "document",
+                   prompt: str | None = None, prompt_name: str | None = None, batch_size: int = 64,
+                   show_progress: bool = True, state=None) -> EncodeReport | None:
+    """The encode step of evaluation, indexing and training under ``accelerate launch``: every process of
+    the launch calls this with the same model and texts, and :func:`encode_corpus` shares the cache misses
+    out among them, so that the step that follows (run by the main process alone, or by every process inside
+    ``main_process_first``) finds every text cached. With one process it does nothing and returns ``None``:
+    that step's own ``EmbeddingCache.encode`` encodes the misses as before.
+
+    ``state``: an Accelerate state (an ``Accelerator`` works); default :func:`launch_state` when the
+    environment says more than one process was launched."""
+    if state is None:
+        if launched_processes() <= 1:
+            return None
+        state = launch_state()
+    if state.num_processes <= 1:
+        return None
+    return encode_corpus(model, texts, cache=cache, role=role, prompt=prompt, prompt_name=prompt_name,
+                         batch_size=batch_size, show_progress=show_progress, state=state)
 
 
 def _state(state):

@@ -68,6 +68,9 @@ def test_two_processes_match_one_process(tmp_path):
         assert len(one) == len(two) == 3  # 12 rows, global batch 4, logged every step
         assert two == pytest.approx(one, abs=1e-4, rel=0), stage  # measured: <= 3e-6
     assert logs["one"]["stages"]["stage2"]["rows"] == logs["two"]["stages"]["stage2"]["rows"] == 12
+    (shared,) = logs["two"]["shared_encoding"]  # the mining corpus encode, shared by both processes
+    assert shared["cached_before"] == 0 and min(shared["per_process"]) > 0
+    assert sum(shared["per_process"]) == shared["unique"] and "shared_encoding" not in logs["one"]
     # the run's rows (what `medadapt train` reports): same stages, steps and learning rates
     rows = {k: [(r["stage"], r["step"], r["lr"]) for r in logs[k]["loss_history"]] for k in runs}
     assert rows["one"] == rows["two"] and len(rows["one"]) == 6

@@ -157,6 +157,10 @@ def test_two_processes_train_the_head_recipe_like_one(tiny_bert_dir, tiny_beir_d
     assert out.count("-parameter head on 12 pairs") == 1, out  # only the main process logs
 
     two = json.loads((two_dir / "train_log.json").read_text())
+    # the corpus encode was shared: each process encoded a part of the (empty) cache's misses
+    (shared,) = two["shared_encoding"]
+    assert shared["role"] == "document" and shared["cached_before"] == 0 and "shared_encoding" not in one.details
+    assert sum(shared["per_process"]) == shared["unique"] and min(shared["per_process"]) > 0, shared
     assert len(one.loss_history) == 5 * 3 and one.loss_history[0]["load_balance"] == 0.0
     _assert_same_curve(one.loss_history, two["loss_history"])
     stats = two["routing_stats"]  # counters summed over both processes = the one-process counters
@@ -201,6 +205,9 @@ def test_two_processes_train_the_care_recipe_like_one(tiny_bert_dir, tiny_beir_d
                      show_progress=False, evaluate=False, log=lambda m: None)
     _finish(proc)
     two = json.loads((two_dir / "train_log.json").read_text())
+    shared = two["shared_encoding"]  # mining encodes of the corpus, shared by both processes
+    assert all(sum(e["per_process"]) + e["cached_before"] == e["unique"] for e in shared), shared
+    assert any(min(e["per_process"]) > 0 for e in shared), shared
     stages = one.details["stages"]
     assert set(two["stages"]) == set(stages) == {"init_document", "init_query", "stage1", "stage2"}
     for name, summary in stages.items():

@@ -268,3 +268,45 @@ def test_launched_commands_close_the_process_group(tmp_path, outcome):
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()
+
+
+def _launch_cli(*args: str) -> subprocess.Popen:
+    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(CPU_2PROC),
+           "--main_process_port", str(_free_port()), "-m", "medadapt", *args]
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "CUDA_VISIBLE_DEVICES": "", "TOKENIZERS_PARALLELISM": "false",
+           "OMP_NUM_THREADS": "1"}
+    return subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)
+
+
+def test_eval_and_index_under_two_processes_share_the_corpus_encode(tiny_bert_dir, tmp_path):
+    """``medadapt eval`` / ``medadapt index`` under ``accelerate launch``: both processes encode a part of the
+    corpus into the cache (one shard each where one process writes one), the main process alone evaluates
+    or builds, and the figures equal a one-process run's."""
+    beir = _corpus(tmp_path / "beir", 40)
+    runner = CliRunner()
+    res = runner.invoke(app, ["eval", "--model", str(tiny_bert_dir), "--data", str(beir), "--split", "test",
+                              "--device", "cpu", "--cache-dir", str(tmp_path / "c1"), "--output",
+                              str(tmp_path / "one.json"), "-q"])
+    assert res.exit_code == 0, res.output
+    out = _finish(_launch_cli("eval", "--model", str(tiny_bert_dir), "--data", str(beir), "--split", "test",
+                              "--device", "cpu", "--cache-dir", str(tmp_path / "c2"), "--output",
+                              str(tmp_path / "two.json"), "-q"))
+    one, two = (json.loads((tmp_path / f"{n}.json").read_text()) for n in ("one", "two"))
+    metrics = {k: v for k, v in one.items() if isinstance(v, float)}
+    assert metrics and {k: two[k] for k in metrics} == pytest.approx(metrics, abs=1e-6), (one, two)
+    assert out.count("ndcg_at_10") <= 1, out  # one table, from the main process
+    by_ns = {d.name: len(list(d.glob("shard-*.safetensors"))) for d in (tmp_path / "c2").iterdir() if d.is_dir()}
+    assert sorted(by_ns.values()) == [1, 2], by_ns  # queries by the main process; documents: a shard each
+    assert {len(list(d.glob("shard-*.safetensors"))) for d in (tmp_path / "c1").iterdir() if d.is_dir()} == {1}
+
+    _finish(_launch_cli("index", "--model", str(tiny_bert_dir), "--corpus", str(beir), "--out",
+                        str(tmp_path / "idx"), "--kind", "dense", "--device", "cpu", "--cache-dir",
+                        str(tmp_path / "c3"), "-q"))
+    assert (tmp_path / "idx" / "manifest.json").is_file()
+    docs = [d for d in (tmp_path / "c3").iterdir() if d.is_dir()]
+    assert [len(list(d.glob("shard-*.safetensors"))) for d in docs] == [2]
+    from medadapt.retrieval.retriever import Retriever
+
+    hits = Retriever.load(tmp_path / "idx").search("symptoms of " + TOPICS[0][0], k=3)
+    assert len(hits) == 3

@@ -45,7 +45,8 @@ def test_two_processes_train_the_hyrec_recipe_like_one(tiny_bert_dir, tiny_beir_
     overrides = [f"model.backbone={bert}", f"data.path={tiny_beir_dir}", "training.device=cpu",
                  "training.batch_size=5",  # 12 examples: global batches 5, 5, 2 -> uneven shards 3/2 and 1/1
                  "training.epochs=2", "training.lr=1e-3", "training.checkpoint_every_steps=4",
-                 "negatives.num=0"]
+                 "negatives.source=dense", "negatives.num=2", "negatives.window=[1, 6]",
+                 f"negatives.miner={bert}"]  # mined by the tiny model: its corpus encode is shared
     two_dir = tmp_path / "two"
     cmd = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(CPU_2PROC),
            "--main_process_port", str(_free_port()), "-m", "medadapt", "train", str(TINY),
@@ -71,6 +72,9 @@ def test_two_processes_train_the_hyrec_recipe_like_one(tiny_bert_dir, tiny_beir_
 
         two = json.loads((two_dir / "train_log.json").read_text())
         assert two["num_processes"] == 2 and two["train_examples"] == one.details["train_examples"] == 12
+        (shared,) = two["shared_encoding"]
+        assert shared["cached_before"] == 0 and min(shared["per_process"]) > 0
+        assert sum(shared["per_process"]) == shared["unique"] and "shared_encoding" not in one.details
         assert len(one.loss_history) == len(two["loss_history"]) == 6
         for a, b in zip(one.loss_history, two["loss_history"]):
             assert a["step"] == b["step"]

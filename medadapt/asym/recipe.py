@@ -271,6 +271,8 @@ def train(recipe: CareRecipe, ctx: RunContext):
     document = build_document_tower(recipe.document, device)
     init_pairs = None
     if init.query or init.document:
+        if init.negatives:  # under a multi-process launch every process encodes a share first
+            ctx.share_encoding(document, doc_texts, batch_size=bs)
         with encoding():
             init_pairs = mined_pairs(data, recipe.init_split(), init.max_queries, init.negatives, s2.skip_top,
                                      s2.depth, document, cache, bs, tr.seed)
@@ -314,6 +316,10 @@ def train(recipe: CareRecipe, ctx: RunContext):
     # ---- stage II: joint fine-tuning
     if s2.enabled:
         doc_table = None
+        if s2.negatives:
+            ctx.share_encoding(document, doc_texts, batch_size=bs)
+        if not s2.train_document:
+            ctx.share_encoding(tower(model, "document"), doc_texts, batch_size=bs)
         with encoding():
             pairs = mined_pairs(data, recipe.stage2_split(), s2.max_queries, s2.negatives, s2.skip_top,
                                 s2.depth, document, cache, bs, tr.seed)

@@ -48,15 +48,17 @@ def stage1_dataset(recipe: BmRetrieverRecipe):
 
 
 def stage2_datasets(recipe: BmRetrieverRecipe, *, cache=None, device: str | None = None,
-                    show_progress: bool = True, log: Callable[[str], None] = print):
+                    show_progress: bool = True, log: Callable[[str], None] = print, base=None):
     """``(datasets, prompts)`` for stage II: ``{task: Dataset}`` and ST prompts
-    ``{task: {column: prompt}}``."""
+    ``{task: {column: prompt}}``. ``base``: the mining retriever, already loaded (default: loaded here from
+    ``stage2.base_retriever`` when a task mines)."""
     import random
 
     from medadapt.bmretriever.finetune_data import beir_groups, groups_to_dataset, subsample_groups
     from medadapt.bmretriever.instructions import query_prompt
-    from medadapt.bmretriever.synthetic import (FakeQueryGenerator, TransformersQueryGenerator,
-                                                synthesize_query_groups)
+    from medadapt.bmretriever.synthetic import (FakeQueryGenerator, FakeTaskGenerator, LLMQueryGenerator,
+                                                LLMTaskGenerator, filter_task_groups, synthesize_query_groups,
+                                                synthesize_task_groups)
     from medadapt.curation import DenseSearcher
     from medadapt.data import load_beir
     from medadapt.data.beir import BeirDataset
@@ -68,7 +70,6 @@ def stage2_datasets(recipe: BmRetrieverRecipe, *, cache=None, device: str | None
     if "seed" not in mining.model_fields_set:
         mining = mining.model_copy(update={"seed": tr.seed})
     out, prompts, searchers = {}, {}, {}
-    base = None
 
     def searcher_for(path: str, data):
         nonlocal base
@@ -98,7 +99,7 @@ def stage2_datasets(recipe: BmRetrieverRecipe, *, cache=None, device: str | None
         log(f"stage II task {task.name}: {len(out[task.name])} rows from {len(groups)} groups")
     if s2.synthetic is not None:
         syn = s2.synthetic
-        path = _resolve(recipe, recipe.data.path)
+        path = _resolve(recipe, syn.corpus or recipe.data.path)
         data = load_beir(path, [])
         searcher = searcher_for(path, data)
         instruction = ins.synthetic.get(syn.instruction, syn.instruction)
@@ -106,7 +107,7 @@ def stage2_datasets(recipe: BmRetrieverRecipe, *, cache=None, device: str | None
         picked = sorted(random.Random(tr.seed).sample(range(len(ids)), min(syn.passages, len(ids))))
         passages = [data.doc_text(ids[i]) for i in picked]
         gen = (FakeQueryGenerator(noise=syn.noise, seed=tr.seed) if syn.generator == "fake"
-               else TransformersQueryGenerator(syn.model, device=device))
+               else LLMQueryGenerator(chat_client(syn, device), max_new_tokens=syn.max_new_tokens or 48))
         text_to_id = {data.doc_text(d): d for d in ids}
         kept = synthesize_query_groups(passages, gen, instruction, searcher, text_to_id, top_k=syn.top_k,
                                        show_progress=show_progress)
@@ -120,9 +121,40 @@ def stage2_datasets(recipe: BmRetrieverRecipe, *, cache=None, device: str | None
                                  show_progress=show_progress)
             add(syn.name, [TrainingGroup(query=g.query, pos=g.pos, neg=g.neg, prompt=instruction)
                            for g in groups], instruction)
+    if s2.task_synthetic is not None:
+        ts = s2.task_synthetic
+        if ts.generator == "fake":
+            data = load_beir(_resolve(recipe, recipe.data.path), [])
+            task_gen = FakeTaskGenerator([(data.corpus[d]["title"] or d, data.corpus[d]["text"])
+                                          for d in data.doc_ids], seed=tr.seed)
+        else:
+            task_gen = LLMTaskGenerator(chat_client(ts, device), per_call=ts.per_call,
+                                        max_new_tokens=ts.max_new_tokens or 512)
+        made = synthesize_task_groups(task_gen, ts.tasks)
+        kept = made
+        if ts.filter and made:
+            if base is None:
+                base = load(s2.base_retriever, device=device)
+            kept = filter_task_groups(made, base, batch_size=tr.encode_batch_size)
+        log(f"task-level synthetic: {len(made)} examples from {ts.tasks} tasks, kept {len(kept)}"
+            + (" (base retriever ranks the positive above the negative)" if ts.filter else ""))
+        if kept:  # each example carries its own task instruction: applied to its query, no dataset prompt
+            out[ts.name] = groups_to_dataset(kept, hard_negatives=s2.hard_negatives,
+                                             query_template=ins.query_template)
+            prompts[ts.name] = {"anchor": "", "positive": ins.passage, "negative": ins.passage}
     if not out:
         raise ConfigError("stage II has no training data (no task rows and no kept synthetic pairs)")
     return out, prompts
+
+
+def chat_client(section, device: str | None = None):
+    """The :class:`~medadapt.bmretriever.synthetic.ChatClient` a synthetic-data section names (generator
+    ``transformers`` or ``openai``)."""
+    from medadapt.bmretriever.synthetic import OpenAICompatibleClient, TransformersChatClient
+
+    if section.generator == "openai":
+        return OpenAICompatibleClient(section.model, base_url=section.endpoint, api_key_env=section.api_key_env)
+    return TransformersChatClient(section.model, device=device)
 
 
 def stage1_identity(recipe: BmRetrieverRecipe) -> str:
@@ -149,6 +181,24 @@ def _claim(folder: Path, identity: str, ctx: RunContext) -> None:
         folder.mkdir(parents=True, exist_ok=True)
         atomic_write_text(mark, identity)
     ctx.accelerator.wait_for_everyone()
+
+
+def _share_mining_encode(recipe: BmRetrieverRecipe, ctx: RunContext):
+    """Under a multi-process launch with hard-negative mining: the base retriever, loaded on every process,
+    after each encoded its share of every mined task's corpus (``ctx.share_encoding``), so the main
+    process's mining inside ``main_process_first`` reads the cache; ``None`` otherwise."""
+    s2 = recipe.stage2
+    beir_tasks = [t for t in s2.tasks if t.kind == "beir"]
+    if ctx.accelerator.num_processes <= 1 or not s2.hard_negatives or not beir_tasks:
+        return None
+    from medadapt.data import load_beir
+    from medadapt.models import load
+
+    base = load(s2.base_retriever, device=ctx.device)
+    for path in dict.fromkeys(_resolve(recipe, t.path or recipe.data.path) for t in beir_tasks):
+        ctx.share_encoding(base, load_beir(path, splits=[]).doc_texts(),
+                           batch_size=recipe.training.encode_batch_size)
+    return base
 
 
 def train(recipe: BmRetrieverRecipe, ctx: RunContext):
@@ -213,9 +263,10 @@ def train(recipe: BmRetrieverRecipe, ctx: RunContext):
     # ---- stage II: instruction fine-tuning with hard negatives
     if recipe.stage2.enabled:
         t0 = time.perf_counter()
+        base = _share_mining_encode(recipe, ctx)
         with acc.main_process_first():  # the main process fills the embedding cache, the others read it
             data2, prompts2 = stage2_datasets(recipe, cache=ctx.cache, device=device, show_progress=show,
-                                              log=log)
+                                              log=log, base=base)
         ctx.result.encode_seconds += time.perf_counter() - t0
         run_stage("stage2", recipe.stage2, data2, prompts2, ctx.fingerprint)
 
@@ -253,6 +304,9 @@ def plan_spec(recipe: BmRetrieverRecipe):
                                 (Usage("retriever", 2 + negatives, seq),)))
     notes = [f"stage II mining runs {s2.base_retriever} for inference only before training (not planned)"] \
         if s2.enabled and s2.hard_negatives else []
+    for syn in (s2.synthetic, s2.task_synthetic) if s2.enabled else ():
+        if syn is not None and syn.generator != "fake":
+            notes.append(f"{syn.name}: written by {syn.model} ({syn.generator}) before training (not planned)")
     if len({s.lora for s in stages}) > 1:
         notes.append("one stage trains through LoRA and the other fully: planned as LoRA throughout")
     return PlanSpec(recipe.name, (spec,), tuple(phases), recipe.training.mixed_precision, tuple(notes))

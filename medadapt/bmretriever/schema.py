@@ -147,22 +147,51 @@ class TaskSection(Section):
         return self
 
 
-class SyntheticSection(Section):
-    """Instance-level synthetic queries (§3.3) for passages of ``data.path``, consistency-filtered (top-k)."""
+class GeneratorFields(Section):
+    """Which LLM writes synthetic data: ``fake`` (deterministic, offline: tests and tiny recipes),
+    ``transformers`` (a local model) or ``openai`` (any OpenAI-compatible ``/chat/completions`` endpoint).
+    The API key is read from the environment variable ``api_key_env`` at request time; recipes name the
+    variable, never the key."""
+
+    generator: Literal["fake", "transformers", "openai"] = "fake"
+    model: str | None = Field(None, description="generator model (transformers: hub id or folder; openai: "
+                              "the endpoint's model name)")
+    endpoint: str = Field("https://api.openai.com/v1", description="openai: base URL of the endpoint")
+    api_key_env: str = Field("OPENAI_API_KEY", pattern=r"^[A-Za-z_][A-Za-z0-9_]*$",
+                             description="openai: environment variable holding the API key")
+    max_new_tokens: int | None = Field(None, ge=1, description="reply length limit (default: 48 tokens per "
+                                       "query, 512 per task-level reply)")
+
+    @model_validator(mode="after")
+    def _model(self):
+        if self.generator != "fake" and not self.model:
+            raise ValueError(f"generator {self.generator!r} needs a model")
+        return self
+
+
+class SyntheticSection(GeneratorFields):
+    """Instance-level synthetic queries (§3.3) for passages of ``corpus`` (default ``data.path``),
+    consistency-filtered (top-k)."""
 
     name: str = "synthetic"
-    generator: Literal["fake", "transformers"] = "fake"
-    model: str | None = Field(None, description="text-generation model (generator: transformers)")
+    corpus: str | None = Field(None, description="BEIR folder whose passages get queries (default data.path)")
     instruction: str = "pubmed"
     passages: int = Field(100, ge=1, description="corpus passages sampled for generation")
     top_k: int = Field(3, ge=1, description="keep a pair when its passage is in the base retriever's top k")
     noise: float = Field(0.0, ge=0, le=1, description="fake generator only: share of off-topic queries")
 
-    @model_validator(mode="after")
-    def _model(self) -> "SyntheticSection":
-        if self.generator == "transformers" and not self.model:
-            raise ValueError("generator 'transformers' needs a model")
-        return self
+
+class TaskSyntheticSection(GeneratorFields):
+    """Task-level synthetic examples (§3.3; the paper: ~20K from GPT-4): brainstormed retrieval tasks, one
+    (query, positive, hard negative) example each, written with the task's own instruction. Filtered by the
+    base retriever (positive scored above negative). The fake generator's topics are the titles and texts
+    of ``data.path``'s corpus."""
+
+    name: str = "synthetic-task"
+    tasks: int = Field(100, ge=1, description="task instructions to brainstorm (one example each)")
+    per_call: int = Field(20, ge=1, description="tasks asked for per brainstorm call")
+    filter: bool = Field(True, description="keep an example only when the base retriever scores its positive "
+                         "above its negative")
 
 
 class Stage2Section(BmStageSection):
@@ -174,12 +203,13 @@ class Stage2Section(BmStageSection):
     mining: MiningConfig = Field(default_factory=lambda: MiningConfig.preset("bmretriever"))
     hard_negatives: bool = True
     synthetic: SyntheticSection | None = None
+    task_synthetic: TaskSyntheticSection | None = None
 
     @model_validator(mode="after")
     def _tasks(self) -> "Stage2Section":
-        if self.enabled and not self.tasks and self.synthetic is None:
+        if self.enabled and not self.tasks and self.synthetic is None and self.task_synthetic is None:
             raise ValueError("stage2 needs at least one task (or synthetic data)")
-        names = [t.name for t in self.tasks] + ([self.synthetic.name] if self.synthetic else [])
+        names = [t.name for t in self.tasks] + [x.name for x in (self.synthetic, self.task_synthetic) if x]
         if len(set(names)) != len(names):
             raise ValueError(f"stage2 task names must be unique, got {names}")
         return self

@@ -22,15 +22,6 @@ class StorageDtype(str, enum.Enum):
     float16 = "float16"
 
 
-def _state(device: str | None):
-    """Accelerate's process state: CPU processes (gloo) for ``--device cpu`` or without CUDA, else one GPU
-    per process."""
-    import torch
-    from accelerate import PartialState
-
-    return PartialState(cpu=device == "cpu" or not torch.cuda.is_available())
-
-
 @closes_process_group
 def encode_cmd(
     corpus: Annotated[str, typer.Option(help="BEIR folder (corpus.jsonl, queries.jsonl) or builtin dataset.")],
@@ -56,15 +47,14 @@ def encode_cmd(
         from medadapt.cache import EmbeddingCache
         from medadapt.cli.eval import check_output_file
         from medadapt.data.beir import load_beir
-        from medadapt.encode import encode_corpus
+        from medadapt.encode import encode_corpus, launch_state, process_device
         from medadapt.models import check_device, load
 
         check_device(device)  # before reading data or loading a model
         check_output_file(report, "--report")
-        state = _state(device)
+        state = launch_state(device)
         data = load_beir(corpus, splits=[])
-        run_device = str(state.device) if device in (None, "cuda") and state.device.type != "cpu" else device
-        st = load(model, device=run_device or "cpu")
+        st = load(model, device=process_device(state, device) or "cpu")
         cache = EmbeddingCache(cache_dir, chunk_size=chunk_size, dtype=dtype.value)
         jobs = [("document", data.doc_texts())]
         if queries:

@@ -10,7 +10,8 @@ from typing import Annotated, Optional
 
 import typer
 
-from medadapt.cli._common import QuietOpt, VerboseOpt, BackendOption, check_backend_option, console, fail, quiet_libraries
+from medadapt.cli._common import (BackendOption, QuietOpt, VerboseOpt, check_backend_option, closes_process_group, console,
+                                  fail, quiet_libraries)
 from medadapt.errors import DataError, MedAdaptError
 
 
@@ -88,6 +89,7 @@ def _task_file(data: str, task: Task, split: str) -> Path:
     raise DataError(f"no {task.value} file in {path} (looked for {task.value}/{split}.jsonl and {task.value}.jsonl)")
 
 
+@closes_process_group
 def eval_cmd(
     model: Annotated[str, typer.Option(help="Model alias (minilm), saved model folder, or hub id.")] = "minilm",
     data: Annotated[str, typer.Option(help="BEIR folder, task JSONL, or builtin dataset (medmini).")] = "medmini",
@@ -236,8 +238,16 @@ def eval_cmd(
                     cli_write_mteb(load(str(hyrec_dir), device=device), dataset, split, results, mteb_output,
                                    EmbeddingCache(tmp if no_cache else cache_dir), batch_size, quiet, console)
             return
+        from medadapt.encode import launch_state, launched_processes, process_device
         from medadapt.models import load
 
+        state = None
+        if launched_processes() > 1:  # under `accelerate launch`: the processes share the corpus encode
+            if task is not Task.retrieval or no_cache:
+                raise MedAdaptError("under `accelerate launch` eval shares the corpus encode of a retrieval task "
+                                    "through the embedding cache; run other tasks and --no-cache in one process")
+            state = launch_state(device)
+            device = process_device(state, device)
         st_model = load(model, device=device, backend=backend)
         if query_prompt is not None:
             st_model.prompts = {**(st_model.prompts or {}), "query": query_prompt.replace("\\n", "\n")}
@@ -251,6 +261,13 @@ def eval_cmd(
 
             tmp = tempfile.TemporaryDirectory() if no_cache else None
             cache = EmbeddingCache(tmp.name if tmp else cache_dir)
+            if state is not None:
+                from medadapt.encode import share_encoding
+
+                share_encoding(st_model, dataset.doc_texts(), cache=cache, batch_size=batch_size,
+                               show_progress=not quiet, state=state)
+                if not state.is_main_process:  # the main process evaluates from the filled cache
+                    return
             try:
                 results = evaluate_retrieval(
                     st_model, dataset, split, metric_list or DEFAULT_METRICS, cache=cache,

@@ -9,7 +9,8 @@ from typing import Annotated, Optional
 
 import typer
 
-from medadapt.cli._common import QuietOpt, VerboseOpt, BackendOption, check_backend_option, console, fail, quiet_libraries
+from medadapt.cli._common import (BackendOption, QuietOpt, VerboseOpt, check_backend_option, closes_process_group, console,
+                                  fail, quiet_libraries)
 from medadapt.errors import DataError, MedAdaptError
 
 
@@ -26,6 +27,7 @@ class Fusion(str, enum.Enum):
     sum = "sum"
 
 
+@closes_process_group
 def index_cmd(
     corpus: Annotated[str, typer.Option(help="BEIR folder, corpus.jsonl, or builtin dataset (medmini).")],
     out: Annotated[Path, typer.Option(help="Index folder to write (replaced atomically if it is an index).")],
@@ -83,8 +85,18 @@ def index_cmd(
         if detect_encoder_kind(model) is not None or config.uses_dense:  # e.g. a HyReC folder: learned lexical too
             from medadapt.models import load
 
+            from medadapt.encode import launch_state, launched_processes, process_device
+
+            state = None
+            if launched_processes() > 1:  # under `accelerate launch`: the processes share the corpus encode
+                state = launch_state(device)
+                device = process_device(state, device)
             source = model if backend == "torch" else load(model, device=device, backend=backend)
             encoder = open_encoder(source, device=device, cache=EmbeddingCache(cache_dir))
+            if state is not None:
+                _share_index_encode(encoder, docs, state, batch_size, quiet)
+                if not state.is_main_process:  # the main process builds the index from the filled cache
+                    return
         retriever = Retriever.build(docs, encoder, config=config, model_name=model if encoder is not None else None,
                                     show_progress=not quiet)
         retriever.save(out)
@@ -96,6 +108,21 @@ def index_cmd(
         fail(f"{exc.filename + ': ' if exc.filename else ''}{exc.strerror or exc}")
     except KeyboardInterrupt:
         fail("interrupted")
+
+
+def _share_index_encode(encoder, docs, state, batch_size: int, quiet: bool) -> None:
+    """Every process of the launch encodes its share of the documents into the encoder's embedding cache
+    (:func:`medadapt.encode.share_encoding`), for a dense encoder that reads documents through one; a
+    HyReC model (learned lexical side encoded in the index build) is refused rather than run N times."""
+    from medadapt.encode import share_encoding
+    from medadapt.retrieval.encoders import ST_TAG
+
+    model, cache = getattr(encoder, "model", None), getattr(encoder, "cache", None)
+    if getattr(encoder, "encoder_tag", None) != ST_TAG or model is None or cache is None:
+        raise MedAdaptError(f"under `accelerate launch` index shares the encode of a dense model through the "
+                            f"embedding cache; {type(encoder).__name__} does not read one: build in one process")
+    share_encoding(model, docs.indexed_texts(), cache=cache, batch_size=batch_size, show_progress=not quiet,
+                   state=state)
 
 
 def read_queries(path: Path) -> dict[str, str]:

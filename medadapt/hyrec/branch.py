@@ -118,7 +118,7 @@ def build_and_train(model, section: HyReCLexicalBranch, recipe, ctx):
 
     from medadapt.cache import backbone_view
     from medadapt.data import load_beir
-    from medadapt.hyrec.data import CachedDenseInputs, SharedStateCache, build_examples
+    from medadapt.hyrec.data import CachedDenseInputs, SharedStateCache, build_examples, share_miner_encoding
     from medadapt.hyrec.model import HyReCConfig, HyReCModel
     from medadapt.hyrec.recipe import _STATE_CACHES
     from medadapt.hyrec.train import hyrec_stage
@@ -137,11 +137,12 @@ def build_and_train(model, section: HyReCLexicalBranch, recipe, ctx):
     cache = ctx.cache
 
 
+    miner = share_miner_encoding(ctx, data, neg.source, neg.num, model if neg.miner == "model" else neg.miner)
     with ctx.accelerator.main_process_first():
         examples = build_examples(data, split, negatives=neg.source if neg.num else "none", window=neg.window,
                                   num_negatives=max(neg.num, 1), max_queries=getattr(recipe.data,
                                                                                      "max_train_queries", None),
-                                  miner_model=model if neg.miner == "model" else neg.miner, language=m.language, cache=cache, seed=tr.seed,
+                                  miner_model=miner, language=m.language, cache=cache, seed=tr.seed,
                                   show_progress=ctx.show_progress)
         docs = sorted({t for e in examples for t in [e.positive, *e.negatives[: neg.num]]})
         state_cache.warm(hy, [e.query for e in examples], "query", lexicon=True, pooled=False,

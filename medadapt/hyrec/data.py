@@ -39,6 +39,20 @@ class Example:
     negatives: list[str] = field(default_factory=list)
 
 
+def share_miner_encoding(ctx, data, negatives: str, num: int, miner_model):
+    """The dense miner :func:`build_examples` will use, loaded now, after every process of a multi-process
+    launch encoded its share of the corpus with it (``ctx.share_encoding``; the system's
+    ``main_process_first`` block then mines from the cache). One process, or no dense mining: ``miner_model``
+    unchanged and nothing encoded here."""
+    if not num or negatives != "dense" or ctx.accelerator.num_processes <= 1:
+        return miner_model
+    from medadapt.models import load
+
+    miner = load(miner_model, device="cpu") if isinstance(miner_model, str) else miner_model
+    ctx.share_encoding(miner, data.doc_texts())
+    return miner
+
+
 def build_examples(data, split: str, *, negatives: Literal["dense", "bm25", "none"] = "dense",
                    window: tuple[int, int] = (20, 100), num_negatives: int = 3,
                    max_queries: int | None = None, miner_model="minilm",

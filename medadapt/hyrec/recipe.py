@@ -180,7 +180,7 @@ def train(recipe: HyReCRecipe, ctx):
     ``train_examples``, ``n_terms`` and ``steps``."""
     from medadapt.cache import backbone_view
     from medadapt.data import load_beir
-    from medadapt.hyrec.data import CachedDenseInputs, SharedStateCache, build_examples
+    from medadapt.hyrec.data import CachedDenseInputs, SharedStateCache, build_examples, share_miner_encoding
     from medadapt.hyrec.model import HyReCModel
     from medadapt.hyrec.train import hyrec_stage
 
@@ -205,10 +205,11 @@ def train(recipe: HyReCRecipe, ctx):
             return cached_dense(texts, role)
         return state_cache.pooled(model, list(texts), role)
 
+    miner = share_miner_encoding(ctx, data, neg.source, neg.num, neg.miner)  # >1 process: shared corpus encode
     with ctx.accelerator.main_process_first():  # mining and cache fills: the others then read the caches
         examples = build_examples(data, split, negatives=neg.source if neg.num else "none", window=neg.window,
                                   num_negatives=max(neg.num, 1), max_queries=recipe.data.max_train_examples,
-                                  miner_model=neg.miner, language=m.language, cache=cache,
+                                  miner_model=miner, language=m.language, cache=cache,
                                   seed=tr.seed, show_progress=ctx.show_progress)
         docs = sorted({t for e in examples for t in [e.positive, *e.negatives[: neg.num]]})
         if state_cache is not None:

@@ -186,6 +186,7 @@ def _prepare(recipe: MoERecipe, model, data, ctx: RunContext):
     from medadapt.training.pairs import prepare_head_training
 
     t0 = time.perf_counter()
+    ctx.share_encoding(model, data.doc_texts(), batch_size=recipe.training.encode_batch_size)  # >1 process
     with ctx.accelerator.main_process_first():  # the main process encodes into the cache, the others read it
         prepared = prepare_head_training(
             model, data, recipe.data.train_split, ctx.cache, mining=recipe.data.hard_negatives,

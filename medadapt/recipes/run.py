@@ -101,6 +101,24 @@ class RunContext:
         folder = self.checkpoint_dir if name is None else self.checkpoint_dir / name
         return CheckpointConfig(folder, every_steps=self.recipe.training.checkpoint_every_steps)
 
+    def share_encoding(self, model, texts, role: str = "document", *, batch_size: int = 64) -> None:
+        """Under a multi-process launch, every process encodes its share of the cache misses of ``texts``
+        (:func:`medadapt.encode.share_encoding`) before the system's ``main_process_first`` block reads
+        them; a no-op with one process. Every process must call it with the same model and texts. What each
+        process encoded is recorded in ``train_log.json`` under ``shared_encoding``."""
+        import time
+
+        from medadapt.encode import share_encoding
+
+        t0 = time.perf_counter()
+        report = share_encoding(model, texts, cache=self.cache, role=role, batch_size=batch_size,
+                                show_progress=self.show_progress and self.is_main, state=self.accelerator)
+        if report is not None:
+            self.result.encode_seconds += time.perf_counter() - t0
+            self.result.details.setdefault("shared_encoding", []).append(
+                {"role": role, "unique": report.unique, "cached_before": report.cached_before,
+                 "per_process": report.per_process, "seconds": report.seconds})
+
     def progress(self):
         """A ``progress(stage, step, total, row)`` callback drawing one rich bar (``None`` when quiet)."""
         if not (self.show_progress and self.is_main):
