@@ -275,8 +275,25 @@ def train(recipe: BmRetrieverRecipe, ctx: RunContext):
     return model
 
 
+#: ``medadapt train --paper``: BMRetriever's loss and optimisation as §3 / Appendix D give them. The backbone,
+#: LoRA, global batch (256 / 128 / 64 by size) and data stay the recipe's (the paper recipes set them per size).
+PAPER = {
+    "model.normalize": (False, "eq. (2)-(3): dot product of EOS embeddings"),
+    "model.max_seq_length": (512, "Appendix D: maximum length 512"),
+    "stage1.temperature": (1.0, "eq. (2): tau = 1"),
+    "stage2.temperature": (1.0, "eq. (3): tau = 1"),
+    "stage1.warmup_ratio": (0.0, "Appendix D: linear warm-up over 100 steps"),
+    "stage1.warmup_steps": (100, "Appendix D: linear warm-up over 100 steps"),
+    "stage2.warmup_ratio": (0.0, "Appendix D: linear warm-up over 100 steps"),
+    "stage2.warmup_steps": (100, "Appendix D: linear warm-up over 100 steps"),
+    "stage1.scheduler": ("linear", "Appendix D: linear decay"),
+    "stage2.scheduler": ("linear", "Appendix D: linear decay"),
+    "stage2.mining.window": ([1, 100], "§3.3: a hard negative from the base retriever's top 100"),
+    "stage2.mining.num_negatives": (1, "§3.3: one hard negative per query"),
+}
+
 register_kind(RecipeKind("bmretriever", BmRetrieverRecipe, train, evaluate_dense,
-                         summary="BMRetriever: two-stage contrastive training of (decoder) retrievers"))
+                         summary="BMRetriever: two-stage contrastive training of (decoder) retrievers", paper=PAPER))
 
 
 def plan_spec(recipe: BmRetrieverRecipe):

@@ -25,6 +25,9 @@ def plan_cmd(
                                             "fragmentation, communication buffers).")] = 0.1,
     output: Annotated[Optional[Path], typer.Option("--output", help="Write the plan as JSON.")] = None,
     markdown: Annotated[bool, typer.Option("--markdown", help="Print Markdown tables (for docs).")] = False,
+    paper: Annotated[bool, typer.Option("--paper", help="Apply the paper's equations and hyperparameters (the "
+                                        "system's paper settings, docs/recipes.md) on top of the recipe; --set "
+                                        "still wins.")] = False,
     set_: Annotated[Optional[list[str]], typer.Option("--set", help="Override a recipe field: "
                                                       "section.field=value (repeatable).")] = None,
 ) -> None:
@@ -39,7 +42,7 @@ def plan_cmd(
         from medadapt.plan import Hardware, plan_recipe, read_accelerate_config
         from medadapt.recipes import load_recipe
 
-        spec = load_recipe(recipe, list(set_ or []))
+        spec = load_recipe(recipe, list(set_ or []), paper=paper)
         hw = read_accelerate_config(accelerate_config) if accelerate_config else Hardware(gpu_memory_gb=80.0)
         hw = replace(hw.with_overrides(num_gpus=num_gpus, gpu_memory_gb=gpu_memory), headroom=headroom)
         plan = plan_recipe(spec, hw, strict=False)

@@ -29,6 +29,9 @@ def train_cmd(
                                             "into the same output instead of refusing to resume them.")] = False,
     full_model: Annotated[bool, typer.Option("--full-model", help="Save a standalone folder with the backbone "
                                              "copied in, instead of the heads alone (save.adapter_only).")] = False,
+    paper: Annotated[bool, typer.Option("--paper", help="Apply the paper's equations and hyperparameters (the "
+                                        "system's paper settings, docs/recipes.md) on top of the recipe; --set "
+                                        "still wins.")] = False,
 ) -> None:
     """Train a head (or backbone / LoRA) as a recipe describes; resumes from OUTPUT.checkpoints after a kill.
 
@@ -39,7 +42,7 @@ def train_cmd(
         from medadapt.recipes import load_recipe, run_recipe
 
         overrides = [*(set_ or []), *(["save.adapter_only=false"] if full_model else [])]
-        spec = load_recipe(recipe, overrides)  # `kind:` picks the system (medadapt.recipes.registry)
+        spec = load_recipe(recipe, overrides, paper=paper)  # `kind:` picks the system (medadapt.recipes.registry)
         result = run_recipe(spec, output or Path("runs") / spec.name, cache=EmbeddingCache(cache_dir),
                             show_progress=not quiet, evaluate=not no_eval, overwrite=overwrite,
                             log=lambda m: console.print(m, highlight=False))

@@ -299,10 +299,25 @@ def _check_slow_checkpoints(ckpt_dir, ctx: RunContext) -> None:
     ctx.accelerator.wait_for_everyone()
 
 
+#: ``medadapt train --paper``: Med-MoE-Embed's equations (1)-(3) and §III-B's experts exactly. The backbone,
+#: data, negatives and schedule stay the recipe's (the paper gives no lr / batch; K_r is not given either).
+PAPER = {
+    "head.kind": ("moe", "§III: a MoE head on the frozen embedding v"),
+    "head.shared_experts": (["mlp_swiglu"], "§III-B: one shared MLP-SwiGLU expert"),
+    "head.routed_experts": (["mlp_swiglu", "mlp_gelu", "kan", "mlp_kan"], "§III-B: the four routed expert kinds"),
+    "head.expansion": (4, "§III-B: every expert maps h -> 4h -> h"),
+    "head.residual": (False, "eq. (1): the head's output h is the embedding (it replaces v)"),
+    "head.residual_scale": (1.0, "eq. (1): no interpolation with v"),
+    "head.zero_init_output": (False, "eq. (1) without a residual: a zero-initialised h would output nothing"),
+    "head.expert_options": ({"kan": {"grid_size": 5}, "mlp_kan": {"groups": 1, "grid_size": 5}},
+                            "§III-B: full KAN layers (grid not given; pykan's default 5), MLP-KAN not block-diagonal"),
+    "loss.temperature": (1.0, "eq. (3): InfoNCE on plain sim(q, d), no temperature"),
+}
+
 KIND = register_kind(RecipeKind(
     "moe", MoERecipe, train, evaluate,
     "Med-MoE-Embed head on a frozen backbone (two-step schedule on cached embeddings), or backbone / LoRA "
-    "fine-tuning"))
+    "fine-tuning", paper=PAPER))
 
 
 def plan_spec(recipe: MoERecipe):

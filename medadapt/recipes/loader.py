@@ -34,22 +34,34 @@ def apply_overrides(data: dict, overrides: list[str]) -> dict:
     """Set ``section.field=value`` items in ``data``; a number indexes a list (``branches.0.training.lr``)."""
     for item in overrides:
         parts, value = parse_override(item)
-        node = data
-        for p in parts[:-1]:
-            if isinstance(node, list):
-                node = _list_item(node, p, item)
-                continue
-            child = node.get(p)
-            if child is None:
-                child = node[p] = {}
-            if not isinstance(child, (dict, list)):
-                raise ConfigError(f"override {item!r}: {p!r} is not a section")
-            node = child
-        if isinstance(node, list):
-            node[_list_index(node, parts[-1], item)] = value
-        else:
-            node[parts[-1]] = value
+        _assign(data, parts, value, item)
     return data
+
+
+def apply_settings(data: dict, settings: dict[str, Any]) -> dict:
+    """Set ``{"section.field": value}`` items in ``data`` (values as they are, no YAML parsing)."""
+    for key, value in settings.items():
+        _assign(data, key.split("."), copy.deepcopy(value), key)
+    return data
+
+
+def _assign(data: dict, parts: list[str], value: Any, item: str) -> None:
+    """Set ``value`` at the path ``parts`` of ``data`` (``item``: the override, for errors)."""
+    node = data
+    for p in parts[:-1]:
+        if isinstance(node, list):
+            node = _list_item(node, p, item)
+            continue
+        child = node.get(p)
+        if child is None:
+            child = node[p] = {}
+        if not isinstance(child, (dict, list)):
+            raise ConfigError(f"override {item!r}: {p!r} is not a section")
+        node = child
+    if isinstance(node, list):
+        node[_list_index(node, parts[-1], item)] = value
+    else:
+        node[parts[-1]] = value
 
 
 def _list_index(items: list, part: str, item: str) -> int:
@@ -98,15 +110,19 @@ def read_recipe_yaml(path: str | Path) -> dict:
 
 
 def load_recipe(path_or_data: str | Path | dict, overrides: list[str] | None = None, *,
-                expect: type[M] | None = None) -> M:
+                expect: type[M] | None = None, paper: bool = False) -> M:
     """Read a recipe (a YAML file or a dict), apply ``section.field=value`` overrides and validate it against
     the schema its ``kind:`` registered (:mod:`medadapt.recipes.registry`); ``expect`` additionally
-    requires that schema. Every problem is one :class:`~medadapt.errors.ConfigError` naming the file and
-    the field."""
+    requires that schema. ``paper=True`` first applies the kind's paper settings
+    (:attr:`~medadapt.recipes.registry.RecipeKind.paper`: the paper's equations and hyperparameters), then
+    ``overrides``. Every problem is one :class:`~medadapt.errors.ConfigError` naming the file and the
+    field."""
     from medadapt.recipes.registry import get_kind
 
     source = "<dict>" if isinstance(path_or_data, dict) else str(path_or_data)
     data = copy.deepcopy(path_or_data) if isinstance(path_or_data, dict) else read_recipe_yaml(path_or_data)
+    if paper:
+        data = apply_settings(data, get_kind(data.get("kind"), source).paper_settings())
     data = apply_overrides(data, list(overrides or []))
     schema = get_kind(data.get("kind"), source).schema
     if expect is not None and not issubclass(schema, expect):

@@ -35,6 +35,10 @@ class RecipeKind:
             ``save(folder)``), filling ``ctx.result`` (losses, timings, details).
         evaluate: ``evaluate(recipe, model, ctx) -> {metric: value}`` (``None``: no evaluation).
         summary: one line for ``medadapt train --help`` and errors.
+        paper: the paper's equations and hyperparameters as ``section.field: value`` overrides, with a
+            reason each (``{path: (value, "paper §/eq./table")}``); ``medadapt train --paper`` /
+            ``load_recipe(..., paper=True)`` applies them on top of the recipe file (``--set`` still wins).
+            ``None``: the system has no paper mode.
     """
 
     kind: str
@@ -42,6 +46,13 @@ class RecipeKind:
     train: Callable[[Any, RunContext], Any]
     evaluate: Callable[[Any, Any, RunContext], dict[str, float]] | None = None
     summary: str = ""
+    paper: dict[str, tuple[Any, str]] | None = None
+
+    def paper_settings(self) -> dict[str, Any]:
+        """The paper settings as ``{"section.field": value}``; a kind without a paper mode is refused."""
+        if not self.paper:
+            raise ConfigError(f"recipe kind {self.kind!r} has no paper mode")
+        return {path: value for path, (value, _why) in self.paper.items()}
 
 
 _KINDS: dict[str, RecipeKind] = {}
