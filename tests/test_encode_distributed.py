@@ -310,3 +310,16 @@ def test_eval_and_index_under_two_processes_share_the_corpus_encode(tiny_bert_di
 
     hits = Retriever.load(tmp_path / "idx").search("symptoms of " + TOPICS[0][0], k=3)
     assert len(hits) == 3
+
+
+def test_eval_under_a_launch_refuses_what_it_cannot_share(tiny_bert_dir, tmp_path, monkeypatch):
+    """Under ``accelerate launch`` (WORLD_SIZE > 1) a suite, a comparison, --no-cache or a non-retrieval task
+    is one error line, given before any process group starts or any model loads."""
+    beir = _corpus(tmp_path / "beir", 8)
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    res = CliRunner().invoke(app, ["eval", "--model", str(tiny_bert_dir), "--data", str(beir), "--split", "test",
+                                   "--no-cache", "-q"])
+    assert res.exit_code == 1 and "--no-cache: run without accelerate launch" in res.output, res.output
+    import torch.distributed as dist
+
+    assert not dist.is_initialized()

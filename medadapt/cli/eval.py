@@ -165,6 +165,17 @@ def eval_cmd(
                                          "a HyReC model": _hyrec_dir(model) is not None})
         check_output_file(output)
         check_output_file(plot, "--plot")
+        from medadapt.encode import launched_processes
+
+        if launched_processes() > 1:  # `accelerate launch`: only a dense retrieval evaluation shares its encode
+            alone = {"--compare": compare is not None, "--mteb-task": mteb_task is not None,
+                     "--suite": suite is not None or data_dir is not None, "--no-cache": no_cache,
+                     "a HyReC model": _hyrec_dir(model) is not None,
+                     f"--task {task.value}": task is not Task.retrieval}
+            if any(alone.values()):
+                raise MedAdaptError("under `accelerate launch` eval shares the corpus encode of a dense retrieval "
+                                    "evaluation through the embedding cache; "
+                                    f"{', '.join(k for k, on in alone.items() if on)}: run without accelerate launch")
         if mteb_output is not None and mteb_output.exists() and not mteb_output.is_dir():
             raise MedAdaptError(f"--mteb-output {mteb_output} is a file; give a folder")
         if compare is not None or mteb_task is not None:
@@ -243,9 +254,6 @@ def eval_cmd(
 
         state = None
         if launched_processes() > 1:  # under `accelerate launch`: the processes share the corpus encode
-            if task is not Task.retrieval or no_cache:
-                raise MedAdaptError("under `accelerate launch` eval shares the corpus encode of a retrieval task "
-                                    "through the embedding cache; run other tasks and --no-cache in one process")
             state = launch_state(device)
             device = process_device(state, device)
         st_model = load(model, device=device, backend=backend)
