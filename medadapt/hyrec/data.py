@@ -29,7 +29,8 @@ from torch.nn.utils.rnn import pad_sequence
 
 from medadapt.errors import DataError
 
-__all__ = ["Example", "build_examples", "SharedStateCache", "UnionLabelCache"]
+__all__ = ["Example", "SharedStateCache", "UnionLabelCache", "build_examples", "filter_pairs", "load_pairs",
+           "score_pairs"]
 
 
 @dataclass
@@ -93,6 +94,61 @@ def build_examples(data, split: str, *, negatives: Literal["dense", "bm25", "non
     if max_queries is not None and len(out) > max_queries:
         out = random.Random(seed).sample(out, max_queries)
     return out
+
+
+def load_pairs(path: str | Path, split: str = "train") -> list[tuple[str, str]]:
+    """(query, positive) pairs of the preliminary fine-tuning: every positive of a FlagEmbedding JSONL file
+    (``{"query": ..., "pos": [...]}``, :func:`medadapt.data.training.load_training_groups`) or every
+    positive qrel of ``split`` of a BEIR folder. A missing path or a file with no pair is a
+    :class:`~medadapt.errors.DataError`."""
+    path = Path(path)
+    if path.is_dir():
+        from medadapt.data import load_beir
+
+        data = load_beir(path, [split])
+        pairs = [(data.queries[q], data.doc_text(d)) for q, rel in data.qrels[split].items()
+                 for d, g in rel.items() if g > 0]
+    elif path.is_file():
+        from medadapt.data.training import load_training_groups
+
+        pairs = [(g.query, p) for g in load_training_groups(path) for p in g.pos]
+    else:
+        raise DataError(f"pairs not found: {path} (a JSONL file of {{query, pos}} groups or a BEIR folder)")
+    if not pairs:
+        raise DataError(f"{path}: no (query, positive) pair")
+    return pairs
+
+
+def score_pairs(scorer, pairs: Sequence[tuple[str, str]], *, cache=None, batch_size: int = 64,
+                show_progress: bool = False) -> list[float]:
+    """Cosine of each (query, passage) pair under ``scorer`` (a SentenceTransformer): queries through
+    ``encode_query``, passages through ``encode_document``, unit-normalised; with ``cache`` (an
+    :class:`~medadapt.cache.EmbeddingCache`) only uncached texts are encoded."""
+    import numpy as np
+
+    queries, docs = [q for q, _ in pairs], [p for _, p in pairs]
+    if cache is not None:
+        qv = cache.encode(scorer, queries, role="query", batch_size=batch_size, show_progress=show_progress)
+        pv = cache.encode(scorer, docs, role="document", batch_size=batch_size, show_progress=show_progress)
+    else:
+        qv = scorer.encode_query(queries, batch_size=batch_size, normalize_embeddings=True,
+                                 convert_to_numpy=True, show_progress_bar=show_progress)
+        pv = scorer.encode_document(docs, batch_size=batch_size, normalize_embeddings=True,
+                                    convert_to_numpy=True, show_progress_bar=show_progress)
+    return np.einsum("ij,ij->i", np.asarray(qv, dtype=np.float32), np.asarray(pv, dtype=np.float32)).tolist()
+
+
+def filter_pairs(pairs: Sequence[tuple[str, str]], scores: Sequence[float] | None, min_score: float, *,
+                 max_pairs: int | None = None, seed: int = 42) -> list[Example]:
+    """The pairs scoring ``>= min_score`` (all of them when ``scores`` is ``None``), as :class:`Example` s
+    without hard negatives, sampled down to ``max_pairs``; none left is a :class:`DataError`."""
+    kept = [Example(q, p) for i, (q, p) in enumerate(pairs) if scores is None or scores[i] >= min_score]
+    if not kept:
+        best = max(scores) if scores else float("nan")
+        raise DataError(f"no pair scores >= {min_score} (best {best:.4f} of {len(pairs)}); lower min_score")
+    if max_pairs is not None and len(kept) > max_pairs:
+        kept = random.Random(seed).sample(kept, max_pairs)
+    return kept
 
 
 def _hash(text: str) -> str:

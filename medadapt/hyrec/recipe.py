@@ -22,7 +22,8 @@ from medadapt.recipes.registry import RecipeKind, register_kind
 from medadapt.training.config import OptimSection, SchedulerKind
 
 __all__ = ["HyReCDataSection", "HyReCEvalSection", "HyReCLossSection", "HyReCModelSection", "HyReCRecipe",
-           "HyReCTrainingSection", "NegativesSection", "evaluate", "evaluate_modes", "model_config", "train"]
+           "HyReCTrainingSection", "NegativesSection", "PrefinetuneSection", "evaluate", "evaluate_modes",
+           "model_config", "train"]
 
 
 class HyReCDataSection(DataSection):
@@ -112,6 +113,38 @@ class HyReCTrainingSection(OptimSection, RunSection):
         "none, for a model without the semantic union: loss.union_weight 0)")
 
 
+class PrefinetuneSection(Section):
+    """The paper's preliminary fine-tuning (Appendix A): before the main fine-tuning, the model trains on a
+    large set of (query, passage) pairs kept when a third-party embedder scores them at cosine
+    ``>= min_score`` (the paper: 160M web pairs, Text2Vec-Chinese, 0.43), with the same loss and in-batch
+    negatives only (no hard negatives). The main fine-tuning then starts from these weights, with its own
+    optimiser and schedule; both stages run in one training loop (one checkpoint folder, resumable across
+    the boundary). Unset fields take the ``training`` section's value."""
+
+    data: str = Field(description="pairs: a FlagEmbedding JSONL file ({query, pos: [...]}, every positive is "
+                      "one pair) or a BEIR folder (its positive qrels of `split`)")
+    split: str = Field("train", description="qrels split of a BEIR folder")
+    scorer: str | None = Field("shibing624/text2vec-base-chinese",
+                               description="embedder whose cosine filters the pairs (null: keep every pair)")
+    min_score: float = Field(0.43, ge=-1.0, le=1.0, description="keep pairs with scorer cosine >= this")
+    score_batch_size: int = Field(64, ge=1)
+    max_pairs: int | None = Field(None, ge=1, description="random subset of the kept pairs")
+    epochs: int = Field(5, ge=1)
+    max_steps: int | None = Field(None, ge=1)
+    batch_size: int | None = Field(None, ge=1, description="default: training.batch_size")
+    lr: float | None = Field(None, gt=0, le=10.0, description="default: training.lr")
+    head_lr: float | None = Field(None, gt=0, le=10.0, description="default: training.head_lr")
+    warmup_ratio: float | None = Field(None, ge=0, lt=1, description="default: training.warmup_ratio")
+    weight_decay: float | None = Field(None, ge=0, description="default: training.weight_decay")
+
+    def training(self, main: HyReCTrainingSection) -> HyReCTrainingSection:
+        """The stage's optimisation settings: ``main`` with this section's set fields."""
+        update = {k: getattr(self, k) for k in ("epochs", "max_steps", "batch_size", "lr", "head_lr",
+                                                  "warmup_ratio", "weight_decay")
+                  if getattr(self, k) is not None or k == "max_steps"}
+        return HyReCTrainingSection.model_validate({**main.model_dump(), **update})
+
+
 class HyReCEvalSection(EvalSection):
     """Evaluation modes (each reported as ``<mode>/<metric>``), dense source and hybrid fusion."""
 
@@ -139,10 +172,15 @@ class HyReCRecipe(RecipeBase):
     loss: HyReCLossSection = Field(default_factory=HyReCLossSection)
     training: HyReCTrainingSection = Field(default_factory=HyReCTrainingSection)
     eval: HyReCEvalSection = Field(default_factory=HyReCEvalSection)
+    prefinetune: PrefinetuneSection | None = Field(None, description="preliminary fine-tuning on score-filtered "
+                                                   "pairs before the main fine-tuning (paper Appendix A)")
 
     @model_validator(mode="after")
     def _consistent(self) -> HyReCRecipe:
         tr, frozen = self.training, self.model.variant == "frozen"
+        if self.prefinetune is not None and self.prefinetune.training(tr).effective_batch_size < 2:
+            raise ValueError("prefinetune trains with in-batch negatives only: its batch_size * "
+                             "training.gradient_accumulation_steps must be >= 2")
         if tr.state_cache != "off" and not frozen:
             raise ValueError("training.state_cache needs model.variant: frozen")
         if tr.dense_inputs != "model" and (tr.train_dense_encoder or not frozen):
@@ -177,16 +215,25 @@ _STATE_CACHES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 def train(recipe: HyReCRecipe, ctx):
     """Build the model and the examples (hard negatives and caches: the main process first, the others read
     what it wrote), train through ``ctx.train``, return the model; ``ctx.result.details`` gets
-    ``train_examples``, ``n_terms`` and ``steps``."""
+    ``train_examples``, ``n_terms`` and ``steps`` (and ``prefinetune``: pairs read / kept, steps). With a
+    ``prefinetune`` section, its stage runs first in the same loop and the main stage continues from it."""
     from medadapt.cache import backbone_view
     from medadapt.data import load_beir
-    from medadapt.hyrec.data import CachedDenseInputs, SharedStateCache, build_examples, share_miner_encoding
+    from medadapt.hyrec.data import (
+        CachedDenseInputs,
+        SharedStateCache,
+        build_examples,
+        load_pairs,
+        share_miner_encoding,
+    )
     from medadapt.hyrec.model import HyReCModel
     from medadapt.hyrec.train import hyrec_stage
 
     tr, neg, m, cache = recipe.training, recipe.negatives, recipe.model, ctx.cache
     split = recipe.data.train_split
     t0 = time.perf_counter()
+    pre = recipe.prefinetune
+    pairs = load_pairs(ctx.resolve(pre.data), pre.split) if pre is not None else None  # fail before any load
     data = load_beir(ctx.resolve(recipe.data.path), [split])
     train_texts = data.doc_texts() + [data.queries[q] for q in data.qrels[split]] if m.extend_vocab else []
     model = HyReCModel.from_backbone(m.backbone, model_config(recipe), extend_with=train_texts, seed=tr.seed,
@@ -219,17 +266,47 @@ def train(recipe: HyReCRecipe, ctx):
             state_cache.warm(model, docs, "document", lexicon=lex, pooled=pooled, show_progress=ctx.show_progress)
         if view is not None:  # read once here; training steps look their rows up in memory
             cached_dense = CachedDenseInputs(cache, view, [e.query for e in examples], docs).fill(ctx.show_progress)
+        pre_examples = _prefinetune_examples(pre, pairs, ctx) if pre is not None else None
     ctx.result.encode_seconds += time.perf_counter() - t0
     ctx.result.details.update(train_examples=len(examples), n_terms=model.n_terms)
     ctx.log(f"training on {len(examples)} examples")
-    stage = hyrec_stage(model, examples, tr, recipe.loss, negatives=neg.num, state_cache=state_cache,
-                        dense_inputs=None if tr.dense_inputs == "model" else dense_inputs)
-    res = ctx.train(model, [stage])
+    dense_fn = None if tr.dense_inputs == "model" else dense_inputs
+    stages = []
+    if pre_examples is not None:  # in-batch negatives only; its own optimiser and schedule
+        ctx.log(f"preliminary fine-tuning on {len(pre_examples)} of {len(pairs)} pairs")
+        stages.append(hyrec_stage(model, pre_examples, pre.training(tr), recipe.loss, negatives=0,
+                                  state_cache=state_cache, dense_inputs=dense_fn, name="prefinetune"))
+    stages.append(hyrec_stage(model, examples, tr, recipe.loss, negatives=neg.num, state_cache=state_cache,
+                              dense_inputs=dense_fn))
+    res = ctx.train(model, stages)
     ctx.result.details["steps"] = res.steps
+    if pre_examples is not None:
+        ctx.result.details["prefinetune"]["steps"] = res.stage_steps.get("prefinetune", 0)
     model.eval()
     if state_cache is not None:
         _STATE_CACHES[model] = state_cache
     return model
+
+
+def _prefinetune_examples(pre: PrefinetuneSection, pairs: list[tuple[str, str]], ctx) -> list:
+    """The preliminary fine-tuning's examples: ``pairs`` scored by ``pre.scorer`` (through the run's
+    EmbeddingCache) and kept at cosine ``>= pre.min_score``; records the counts in
+    ``ctx.result.details["prefinetune"]``."""
+    from medadapt.hyrec.data import filter_pairs, score_pairs
+
+    scores = None
+    if pre.scorer is not None:
+        from medadapt.models import load
+
+        scorer = load(pre.scorer, device=ctx.device)
+        scores = score_pairs(scorer, pairs, cache=ctx.cache, batch_size=pre.score_batch_size,
+                             show_progress=ctx.show_progress)
+        del scorer
+    kept = filter_pairs(pairs, scores, pre.min_score, max_pairs=pre.max_pairs, seed=ctx.recipe.training.seed)
+    n_pass = len(pairs) if scores is None else sum(s >= pre.min_score for s in scores)
+    ctx.result.details["prefinetune"] = {"pairs": len(pairs), "passed_filter": n_pass, "train_examples": len(kept),
+                                         "scorer": pre.scorer, "min_score": pre.min_score}
+    return kept
 
 
 def evaluate(recipe: HyReCRecipe, model, ctx) -> dict[str, float]:
@@ -273,9 +350,10 @@ register_kind(RecipeKind("hyrec", HyReCRecipe, train, evaluate,
 
 def plan_spec(recipe: HyReCRecipe):
     """What ``medadapt plan`` needs (:mod:`medadapt.plan`): the GLAE encoder (the backbone's first
-    ``num_layers`` layers plus the lexicon copy of ``lexicon_layers`` layers) with its projectors, and one
-    fine-tuning phase (a query of ``query_max_length`` tokens, its positive and ``negatives.num``
-    passages of ``passage_max_length``)."""
+    ``num_layers`` layers plus the lexicon copy of ``lexicon_layers`` layers) with its projectors, the
+    preliminary fine-tuning phase when the recipe has one (a query and its positive), and the fine-tuning
+    phase (a query of ``query_max_length`` tokens, its positive and ``negatives.num`` passages of
+    ``passage_max_length``)."""
     from medadapt.plan import ModelSpec, PhaseSpec, PlanSpec, Usage, find_config
 
     m, tr = recipe.model, recipe.training
@@ -294,6 +372,16 @@ def plan_spec(recipe: HyReCRecipe):
     phases = (PhaseSpec("fine-tuning", tr.batch_size, tr.gradient_accumulation_steps, uses),)
     notes = (f"hard negatives are mined with {recipe.negatives.miner} before training (inference only, not planned)",) \
         if recipe.negatives.source == "dense" else ()
+    pre = recipe.prefinetune
+    if pre is not None:  # query + its positive, in-batch negatives only
+        ptr = pre.training(tr)
+        pre_uses = (Usage("encoder", 1, m.query_max_length, trains=full),
+                    Usage("encoder", 1, m.passage_max_length, trains=full)) + \
+            (() if full else (Usage("projectors", 2, 1),))
+        phases = (PhaseSpec("preliminary fine-tuning", ptr.batch_size, ptr.gradient_accumulation_steps,
+                            pre_uses), *phases)
+        if pre.scorer is not None:
+            notes += (f"preliminary pairs are scored with {pre.scorer} before training (inference only, not planned)",)
     return PlanSpec(recipe.name, tuple(models), phases, tr.mixed_precision, notes)
 
 
