@@ -17,7 +17,8 @@ from medadapt.recipes import load_recipe
 from medadapt.recipes.registry import get_kind, kinds
 
 ROOT = Path(__file__).resolve().parents[1]
-RECIPES = {"moe": "med-moe-embed.yaml", "bmretriever": "bmretriever-minilm.yaml"}
+RECIPES = {"moe": "med-moe-embed.yaml", "bmretriever": "bmretriever-minilm.yaml",
+           "hyrec": "hyrec-minilm-medquad.yaml"}
 
 
 def _get(dump: dict, path: str):

@@ -17,12 +17,14 @@ from pydantic import Field, model_validator
 from medadapt.asym.stages import CarePhaseSection
 from medadapt.recipes.base import LoraSection, RecipeBase, RunSection, Section
 from medadapt.recipes.registry import RecipeKind, register_kind
+from medadapt.training.retromae import RetroMAESection
 
 if TYPE_CHECKING:
     from medadapt.recipes.run import RunContext
 
 __all__ = ["ArchitectureSection", "CarePhaseSection", "CareRecipe", "CareTrainingSection", "DocumentSection",
-           "InitSection", "PrunedQuerySection", "StQuerySection", "Stage1Section", "Stage2Section",
+           "InitSection", "PrunedQuerySection", "QueryInitSection", "QueryPretrainSection",
+           "QueryUnsupervisedSection", "StQuerySection", "Stage1Section", "Stage2Section",
            "StaticQuerySection", "build_document_tower", "build_query_tower", "evaluate", "train"]
 
 
@@ -43,7 +45,7 @@ class DocumentSection(Section):
     gradient_checkpointing: bool = False
 
     @model_validator(mode="after")
-    def _check(self) -> "DocumentSection":
+    def _check(self) -> DocumentSection:
         if any(d < 1 for d in self.mrl_dims) or len(set(self.mrl_dims)) != len(self.mrl_dims):
             raise ValueError("mrl_dims must be distinct positive integers")
         return self
@@ -88,11 +90,67 @@ class ArchitectureSection(Section):
     truncate_to: int | Literal["auto"] | None = "auto"
 
 
+class _InitTexts(Section):
+    """Which unlabeled texts a query-init pre-training step reads: the distinct queries of ``query_splits``
+    (default ``[data.train_split]``; ``[]`` for none) and, with ``include_corpus``, every corpus document;
+    shuffled and capped at ``max_texts``."""
+
+    query_splits: list[str] | None = None
+    include_corpus: bool = True
+    max_texts: int | None = Field(None, ge=1)
+
+
+class QueryPretrainSection(RetroMAESection, _InitTexts):
+    """Query-init step 1 (Appendix C.1.1): RetroMAE masked-autoencoder pre-training of the query tower's
+    encoder (:mod:`medadapt.training.retromae`; Table 17: lr 2e-4, warm-up 0, batch 384, 3 epochs)."""
+
+
+class QueryUnsupervisedSection(CarePhaseSection, _InitTexts):
+    """Query-init step 2 (Appendix C.1.1): unsupervised InfoNCE with a learnable temperature
+    (:class:`~medadapt.losses.LearnableTemperatureInfoNCELoss`, initial value ``temperature``), in-batch
+    negatives. ``positives: title_text`` pairs each titled corpus document's title with its content (the
+    paper's title-content pairs); untitled documents and queries, and every text under ``dropout``, are
+    paired with themselves (two dropout views, SimCSE). Table 17: lr 1e-4, batch 19,200, 3 epochs."""
+
+    positives: Literal["title_text", "dropout"] = "title_text"
+    temperature: float = Field(0.05, gt=0, description="initial temperature")
+    min_temperature: float = Field(0.01, gt=0, description="lower clamp of the learned temperature")
+    learn_temperature: bool = True
+    max_length: int | None = Field(None, ge=8)
+
+    @model_validator(mode="after")
+    def _temps(self) -> QueryUnsupervisedSection:
+        if self.min_temperature > self.temperature:
+            raise ValueError(f"min_temperature ({self.min_temperature}) must not exceed temperature "
+                             f"({self.temperature})")
+        return self
+
+
+class QueryInitSection(CarePhaseSection):
+    """Independent initialisation of the query tower (Appendix C.1.1), up to three steps in order:
+    ``pretrain`` (RetroMAE) -> ``unsupervised`` (learnable-temperature InfoNCE) -> supervised fine-tuning
+    (InfoNCE on labelled pairs + mined negatives, this section's own optimisation fields; Table 17: batch
+    640, 2 epochs). ``supervised: false`` skips the last step. The old flat form ``init.query: {epochs,
+    batch_size, lr}`` is this section with no pre-training steps."""
+
+    pretrain: QueryPretrainSection | None = None
+    unsupervised: QueryUnsupervisedSection | None = None
+    supervised: bool = True
+
+    @model_validator(mode="after")
+    def _some_step(self) -> QueryInitSection:
+        if not self.supervised and self.pretrain is None and self.unsupervised is None:
+            raise ValueError("no step left (supervised: false and no pretrain / unsupervised); "
+                             "write init.query: null to skip the query tower's initialisation")
+        return self
+
+
 class InitSection(Section):
-    """Independent initialisation (Appendix C.1): symmetric InfoNCE per tower; ``null`` skips a tower.
+    """Independent initialisation (Appendix C.1): symmetric InfoNCE per tower (the query tower optionally
+    after RetroMAE and unsupervised pre-training, :class:`QueryInitSection`); ``null`` skips a tower.
     ``split`` defaults to ``data.train_split``."""
 
-    query: CarePhaseSection | None = None
+    query: QueryInitSection | None = None
     document: CarePhaseSection | None = None
     split: str | None = None
     max_queries: int | None = Field(None, ge=1)
@@ -116,7 +174,7 @@ class Stage1Section(CarePhaseSection):
     max_length: int | None = Field(None, ge=8, description="student max tokens per text")
 
     @model_validator(mode="after")
-    def _weights(self) -> "Stage1Section":
+    def _weights(self) -> Stage1Section:
         if self.contrastive_weight == 0 and self.mse_weight == 0:
             raise ValueError("contrastive_weight and mse_weight cannot both be 0")
         return self
@@ -158,6 +216,16 @@ class CareRecipe(RecipeBase):
     stage2: Stage2Section = Field(default_factory=Stage2Section)
     training: CareTrainingSection = Field(default_factory=CareTrainingSection)
 
+    @model_validator(mode="after")
+    def _query_init(self) -> CareRecipe:
+        q = self.init.query
+        if q is not None and q.pretrain is not None and self.query.kind != "sentence_transformer":
+            raise ValueError(f"init.query.pretrain (RetroMAE) needs a query tower of kind sentence_transformer "
+                             f"(a masked-LM encoder), not {self.query.kind!r}")
+        if q is not None and q.unsupervised is not None and self.query.kind == "static":
+            raise ValueError("init.query.unsupervised needs a transformer query tower, not 'static'")
+        return self
+
     def init_split(self) -> str:
         """The split of the independent initialisation (``init.split`` or ``data.train_split``)."""
         return self.init.split or self.data.train_split
@@ -165,6 +233,10 @@ class CareRecipe(RecipeBase):
     def stage1_splits(self) -> list[str]:
         """The query splits of stage I (``stage1.query_splits`` or ``[data.train_split]``)."""
         return list(self.stage1.query_splits) if self.stage1.query_splits is not None else [self.data.train_split]
+
+    def init_text_splits(self, section: _InitTexts) -> list[str]:
+        """The query splits a query-init pre-training step reads (``query_splits`` or ``[data.train_split]``)."""
+        return list(section.query_splits) if section.query_splits is not None else [self.data.train_split]
 
     def stage2_split(self) -> str:
         """The split of stage II (``stage2.split`` or ``data.train_split``)."""
@@ -224,7 +296,8 @@ def build_query_tower(spec, document, texts: list[str] | None = None, device: st
 # ---------------------------------------------------------------------------------------------- running
 def train(recipe: CareRecipe, ctx: RunContext):
     """Train what a CARE recipe describes; returns the asymmetric model (saved by the runner): document
-    tower (+ init, through LoRA when ``document.lora``) -> query tower (+ init) -> Router model -> stage I ->
+    tower (+ init, through LoRA when ``document.lora``) -> query tower (+ init: RetroMAE -> unsupervised InfoNCE
+    with a learnable temperature -> supervised InfoNCE, each step when set) -> Router model -> stage I ->
     stage II -> merged LoRA. Each phase runs through ``ctx.train`` with its own checkpoint folder (a re-run
     resumes); its summary (steps, seconds, first / last loss) goes to ``ctx.result.details["stages"]``."""
     import torch
@@ -233,10 +306,18 @@ def train(recipe: CareRecipe, ctx: RunContext):
     from medadapt.asym.data import mined_pairs, self_contrastive_texts
     from medadapt.asym.lora import attach_document_lora, merge_document_lora
     from medadapt.asym.model import build_asymmetric_model, tower
-    from medadapt.asym.stages import align_stage, init_stage, joint_stage, teacher_targets, trainable_only
+    from medadapt.asym.stages import (
+        align_stage,
+        init_stage,
+        joint_stage,
+        teacher_targets,
+        trainable_only,
+        unsupervised_stage,
+    )
     from medadapt.data import load_beir
-    from medadapt.losses import AsymInfoNCELoss, InfoNCELoss, MatryoshkaLoss
-    from medadapt.training.lora import attach_lora, merge_lora
+    from medadapt.losses import AsymInfoNCELoss, InfoNCELoss, LearnableTemperatureInfoNCELoss, MatryoshkaLoss
+    from medadapt.training.lora import attach_lora, enable_gradient_checkpointing, merge_lora
+    from medadapt.training.retromae import retromae_stage
 
     tr, init, s1, s2, cache = recipe.training, recipe.init, recipe.stage1, recipe.stage2, ctx.cache
     device, bs, lora, arch = ctx.device, tr.encode_batch_size, recipe.document.lora, recipe.architecture
@@ -259,18 +340,23 @@ def train(recipe: CareRecipe, ctx: RunContext):
             yield
         ctx.result.encode_seconds += time.perf_counter() - t0
 
+    q_init = init.query
+    supervised_init = bool(init.document) or bool(q_init and q_init.supervised)
     splits = set(recipe.stage1_splits()) if s1.enabled else set()
     if s2.enabled:
         splits.add(recipe.stage2_split())
-    if init.query or init.document:
+    if supervised_init:
         splits.add(recipe.init_split())
+    for sec in (q_init.pretrain, q_init.unsupervised) if q_init else ():
+        if sec is not None:
+            splits.update(recipe.init_text_splits(sec))
     data = load_beir(ctx.resolve(recipe.data.path), sorted(splits) or None)
     doc_texts = data.doc_texts()
 
     # ---- document tower (+ independent initialisation)
     document = build_document_tower(recipe.document, device)
     init_pairs = None
-    if init.query or init.document:
+    if supervised_init:
         if init.negatives:  # under a multi-process launch every process encodes a share first
             ctx.share_encoding(document, doc_texts, batch_size=bs)
         with encoding():
@@ -279,6 +365,8 @@ def train(recipe: CareRecipe, ctx: RunContext):
     if init.document:
         if lora is not None:
             attach_lora(document, lora, gradient_checkpointing=checkpointing)
+        elif checkpointing:
+            enable_gradient_checkpointing(document)
         base, mrl = InfoNCELoss(init.temperature), recipe.document.mrl_dims
         loss = MatryoshkaLoss(base, mrl) if mrl else base
         ctx.log("init: document tower (symmetric InfoNCE" + (" + MRL)" if mrl else ")"))
@@ -293,9 +381,25 @@ def train(recipe: CareRecipe, ctx: RunContext):
                                               tr.seed, s1.max_corpus_texts)
     distil_texts = doc_texts + [t for t, r in stage1_items if r == "query"]  # static: token table + SIF
     query = build_query_tower(recipe.query, document, distil_texts, device)
-    if init.query:
+    if q_init and q_init.pretrain:
+        texts = [t for t, _ in _init_texts(data, recipe, q_init.pretrain, tr.seed)]
+        ctx.log(f"init: query tower, RetroMAE pre-training on {len(texts)} texts")
+        pretrainer, stage = retromae_stage(query, texts, q_init.pretrain, name="init_query_pretrain")
+        run(pretrainer, stage)  # trains the query tower's encoder in place; the decoder is dropped here
+        del pretrainer
+    if q_init and q_init.unsupervised:
+        un = q_init.unsupervised
+        pairs = _unsupervised_pairs(data, recipe, un, tr.seed)
+        loss = LearnableTemperatureInfoNCELoss(un.temperature, min_temperature=un.min_temperature,
+                                               learnable=un.learn_temperature)
+        ctx.log(f"init: query tower, unsupervised InfoNCE (learnable temperature) on {len(pairs)} pairs")
+        module, stage = unsupervised_stage(query, pairs, un, loss, max_length=un.max_length,
+                                           name="init_query_unsupervised")
+        run(module, stage)
+        stages["init_query_unsupervised"]["temperature"] = round(loss.temperature, 6)
+    if q_init and q_init.supervised:
         ctx.log("init: query tower (symmetric InfoNCE)")
-        run(query, init_stage(query, init_pairs, doc_texts, init.query, InfoNCELoss(init.temperature),
+        run(query, init_stage(query, init_pairs, doc_texts, q_init, InfoNCELoss(init.temperature),
                               max_length=init.max_length, name="init_query"))
 
     towers = {"query": recipe.query, "document": recipe.document}
@@ -342,6 +446,31 @@ def train(recipe: CareRecipe, ctx: RunContext):
     return model
 
 
+def _init_texts(data, recipe: CareRecipe, section: _InitTexts, seed: int) -> list[tuple[str, str]]:
+    """``[(text, role)]`` a query-init pre-training step reads (see :class:`_InitTexts`)."""
+    from medadapt.asym.data import self_contrastive_texts
+
+    return self_contrastive_texts(data, recipe.init_text_splits(section), section.include_corpus,
+                                  section.max_texts, seed)
+
+
+def _unsupervised_pairs(data, recipe: CareRecipe, section: QueryUnsupervisedSection,
+                        seed: int) -> list[tuple[str, str]]:
+    """Positive pairs of the unsupervised step: (title, content) of titled corpus documents under
+    ``positives: title_text``, (text, text) for every other text (two dropout views)."""
+    import random
+
+    titled: dict[str, tuple[str, str]] = {}
+    if section.positives == "title_text" and section.include_corpus:
+        for doc in data.corpus.values():
+            title = (doc.get("title") or "").strip()
+            if title and doc["text"].strip():
+                titled[f"{title} {doc['text']}".strip()] = (title, doc["text"])
+    pairs = [titled.get(text, (text, text)) for text, _ in _init_texts(data, recipe, section, seed)]
+    random.Random(seed).shuffle(pairs)
+    return pairs
+
+
 def evaluate(recipe: CareRecipe, model, ctx: RunContext) -> dict[str, float]:
     """:func:`~medadapt.asym.evaluate_asymmetric` on ``eval.data`` (default ``data.path``), ``eval.split``:
     the corpus through the document route via the embedding cache, keyed by that route's own modules (so a
@@ -361,7 +490,7 @@ register_kind(RecipeKind("care", CareRecipe, train, evaluate,
 
 def plan_spec(recipe: CareRecipe):
     """What ``medadapt plan`` needs (:mod:`medadapt.plan`): the two towers and the phases that train them
-    (init per tower, stage I with the document tower frozen, stage II); texts per example as each phase
+    (init per tower, the query tower's RetroMAE / unsupervised steps when set, stage I with the document tower frozen, stage II); texts per example as each phase
     encodes them (query, positive, ``negatives`` hard negatives)."""
     from medadapt.plan import LoraSpec, ModelSpec, PhaseSpec, PlanSpec, Usage
 
@@ -383,8 +512,18 @@ def plan_spec(recipe: CareRecipe):
     ini, phases = recipe.init, []
     n = 2 + ini.negatives
     if ini.query is not None and has_q:
-        phases.append(PhaseSpec("init query", ini.query.batch_size, ini.query.gradient_accumulation_steps,
-                                (Usage("query", n, ini.max_length or qlen),)))
+        pre, un = ini.query.pretrain, ini.query.unsupervised
+        if pre is not None:  # the encoder once per text (+ a one-layer decoder and MLM head, not counted)
+            phases.append(PhaseSpec("init query: RetroMAE", pre.batch_size, pre.gradient_accumulation_steps,
+                                    (Usage("query", 1, pre.max_length or qlen),)))
+            notes.append("init query: RetroMAE: the one-layer decoder and the MLM head (about one encoder "
+                         "layer plus a vocabulary-sized output) are not counted")
+        if un is not None:
+            phases.append(PhaseSpec("init query: unsupervised", un.batch_size, un.gradient_accumulation_steps,
+                                    (Usage("query", 2, un.max_length or qlen),)))
+        if ini.query.supervised:
+            phases.append(PhaseSpec("init query", ini.query.batch_size, ini.query.gradient_accumulation_steps,
+                                    (Usage("query", n, ini.max_length or qlen),)))
     if ini.document is not None:
         phases.append(PhaseSpec("init document", ini.document.batch_size, ini.document.gradient_accumulation_steps,
                                 (Usage("document", n, ini.max_length or dlen),)))

@@ -31,9 +31,9 @@ from medadapt.losses.asym_infonce import AsymInfoNCELoss
 from medadapt.training.config import OptimSection
 from medadapt.training.loop import Batch, LoopResult, Stage, train
 
-__all__ = ["AlignStep", "CarePhaseSection", "PairStep", "align_queries", "align_stage", "embed",
-           "init_stage", "init_tower", "joint_finetune", "joint_stage", "route_parameters", "teacher_targets",
-           "trainable_only"]
+__all__ = ["AlignStep", "CarePhaseSection", "PairStep", "TextPairStep", "TowerWithLoss", "align_queries",
+           "align_stage", "embed", "init_stage", "init_tower", "joint_finetune", "joint_stage", "route_parameters",
+           "teacher_targets", "trainable_only", "unsupervised_stage"]
 
 
 class CarePhaseSection(OptimSection):
@@ -152,6 +152,36 @@ class AlignStep:
         return self.loss_fn(outputs["student"], outputs["teacher"])
 
 
+class TowerWithLoss(nn.Module):
+    """A tower and a loss with parameters (a learnable temperature) as one module, so that the loop trains
+    and checkpoints both; ``forward`` is the tower's (the loss is called by the step)."""
+
+    def __init__(self, tower: nn.Module, loss: nn.Module) -> None:
+        super().__init__()
+        self.tower, self.loss = tower, loss
+
+    def forward(self, features: dict[str, Any]) -> dict[str, Any]:
+        return self.tower(features)
+
+
+class TextPairStep:
+    """Unsupervised pairs ``(a, b)`` of texts (title / content, or a text and itself: two dropout views,
+    SimCSE) -> ``loss(E(a), E(b))`` with in-batch negatives; both sides through the same tower."""
+
+    def __init__(self, tower, pairs: Sequence[tuple[str, str]], loss: nn.Module, *,
+                 max_length: int | None = None) -> None:
+        self.tower, self.pairs, self.loss_fn, self.max_length = tower, pairs, loss, max_length
+
+    def forward(self, run_model: nn.Module, batch: Batch) -> dict[str, Tensor]:
+        items = [self.pairs[i] for i in batch.indices]
+        a = embed(self.tower, [x for x, _ in items], None, run_model=run_model, max_length=self.max_length)
+        b = embed(self.tower, [y for _, y in items], None, run_model=run_model, max_length=self.max_length)
+        return {"a": a, "b": b}
+
+    def loss(self, outputs: dict[str, Tensor], batch: Batch) -> dict[str, Tensor]:
+        return self.loss_fn(outputs["a"], outputs["b"])
+
+
 # ------------------------------------------------------------------------------------------------ stages
 def _check(name: str, n_items: int, params: Sequence[nn.Parameter]) -> None:
     if n_items < 1:
@@ -169,6 +199,18 @@ def init_stage(tower, pairs: Sequence[TrainPair], doc_texts: Sequence[str], sect
     _check(name, len(pairs), params)
     step = PairStep(tower, pairs, doc_texts, loss, query_max_length=max_length, doc_max_length=max_length)
     return Stage(name, len(pairs), step, params, section)
+
+
+def unsupervised_stage(tower, pairs: Sequence[tuple[str, str]], section: OptimSection, loss: nn.Module, *,
+                       max_length: int | None = None, name: str = "unsupervised") -> tuple[TowerWithLoss, Stage]:
+    """``(module, stage)`` of unsupervised contrastive pre-training of one standalone tower (CARE Appendix
+    C.1.1): ``loss(E(a), E(b))`` on text pairs (e.g. :class:`~medadapt.losses.LearnableTemperatureInfoNCELoss`).
+    Train ``module`` (the tower plus the loss's parameters, e.g. its temperature) inside
+    :func:`trainable_only`."""
+    module = TowerWithLoss(tower, loss)
+    params = [p for p in tower.parameters() if p.requires_grad] + [p for p in loss.parameters() if p.requires_grad]
+    _check(name, len(pairs), params)
+    return module, Stage(name, len(pairs), TextPairStep(tower, pairs, loss, max_length=max_length), params, section)
 
 
 def align_stage(model, texts: Sequence[str], teacher: Tensor, section: OptimSection,

@@ -326,7 +326,8 @@ def plan_spec(recipe: BmRetrieverRecipe):
             notes.append(f"{syn.name}: written by {syn.model} ({syn.generator}) before training (not planned)")
     if len({s.lora for s in stages}) > 1:
         notes.append("one stage trains through LoRA and the other fully: planned as LoRA throughout")
-    return PlanSpec(recipe.name, (spec,), tuple(phases), recipe.training.mixed_precision, tuple(notes))
+    return PlanSpec(recipe.name, (spec,), tuple(phases), recipe.training.mixed_precision, tuple(notes),
+                    engine_accumulation=True)  # sentence-transformers' trainer (CachedMNRL) under DeepSpeed / FSDP
 
 
 def _register_planner() -> None:

@@ -344,8 +344,37 @@ def evaluate_modes(model, data, ev: HyReCEvalSection, *, cache=None, state_cache
     return out
 
 
+#: ``medadapt train --paper``: HyReC's fine-tuning as §3 / §4.1.3 / Appendix A-B give it (the small model's batch).
+#: The backbone and its depth, data and the negatives' miner stay the recipe's (the paper's backbone is not public).
+PAPER = {
+    "model.variant": ("full", "§3: every encoder and projector trains"),
+    "model.pooling": ("cls", "§3.1: [CLS] pooling of the dense encoder"),
+    "model.query_max_length": (64, "§4.1.3: query length 64"),
+    "model.passage_max_length": (256, "§4.1.3: passage length 256"),
+    "model.union_context": (0, "eq. (4): a linear union projector"),
+    "model.term_bias": (False, "eq. (5): no per-term bias"),
+    "model.dense_weight": (1.0, "eq. (15): S = S_lex + S_den"),
+    "negatives.source": ("dense", "Appendix B: hard negatives from a first-stage dense retriever's ANN ranks"),
+    "negatives.window": ([20, 100], "Appendix B: ranks 20-100"),
+    "negatives.num": (3, "Appendix B: 3 hard negatives per query"),
+    "loss.temperature": (0.05, "§3.4: InfoNCE at tau = 0.05"),
+    "loss.lexical_weight": (1.0, "eq. (14): L = L_lex + L_den + L_union"),
+    "loss.dense_weight": (1.0, "eq. (14)"),
+    "loss.union_weight": (1.0, "eq. (14)"),
+    "training.lr": (5e-5, "Appendix A: lr 5e-5"),
+    "training.weight_decay": (0.01, "Appendix A: weight decay 0.01"),
+    "training.epochs": (5, "Appendix A: 5 epochs (small model)"),
+    "training.batch_size": (64, "Appendix A: batch 64 (small model)"),
+    "training.train_dense_encoder": (True, "§3: everything trains"),
+    "training.train_lexicon_encoder": (True, "§3: everything trains"),
+    "training.state_cache": ("off", "a training encoder has no cacheable states"),
+    "training.dense_inputs": ("model", "a training encoder has no cacheable states"),
+    "eval.dense_source": ("model", "a trained encoder has no cached states to read"),
+}
+
 register_kind(RecipeKind("hyrec", HyReCRecipe, train, evaluate,
-                         summary="HyReC: learned lexical + dense retrieval from one model (GLAE, semantic union)"))
+                         summary="HyReC: learned lexical + dense retrieval from one model (GLAE, semantic union)",
+                         paper=PAPER))
 
 
 def plan_spec(recipe: HyReCRecipe):

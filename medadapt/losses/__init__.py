@@ -9,6 +9,7 @@ from medadapt.losses.mrl import MatryoshkaLoss
 
 __all__ = ["AsymInfoNCELoss", "InfoNCELoss", "LoadBalanceLoss", "MatryoshkaLoss", "switch_load_balance"]
 from medadapt.losses.hyrec import HyReCLoss  # noqa: E402
+from medadapt.losses.learnable_infonce import LearnableTemperatureInfoNCELoss  # noqa: E402
 from medadapt.losses.union_ce import UnionCELoss  # noqa: E402
 
-__all__ += ["HyReCLoss", "UnionCELoss"]
+__all__ += ["HyReCLoss", "LearnableTemperatureInfoNCELoss", "UnionCELoss"]

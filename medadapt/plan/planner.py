@@ -211,6 +211,10 @@ def plan_recipe(recipe, hardware: Hardware | None = None, *, spec: PlanSpec | No
                        w / GiB, g / GiB, o / GiB, x / GiB, act / GiB, act_nockpt / GiB, embeddings_gb=emb / GiB,
                        checkpointing=ckpt)
         _fit(pp, hw, act, emb)
+        if pp.fits and pp.accumulation > 1 and hw.strategy in ("deepspeed", "fsdp") and not spec.engine_accumulation:
+            pp.fits = False
+            pp.reason = (f"needs {pp.accumulation} gradient-accumulation steps, which medadapt's training loop does "
+                         f"not run under DeepSpeed / FSDP yet; launch with DDP (recipes/accelerate/multi-gpu.yaml)")
         phases.append(pp)
     plan = Plan(spec.recipe, hw.describe(), hw.usable_bytes / GiB, models, phases, list(spec.notes))
     bad = [p for p in phases if not p.fits]

@@ -91,3 +91,6 @@ class PlanSpec:
     phases: tuple[PhaseSpec, ...]
     mixed_precision: str = "no"
     notes: tuple[str, ...] = field(default_factory=tuple)
+    #: the system's trainer accumulates gradients under DeepSpeed / FSDP engines (sentence-transformers'
+    #: trainer does; medadapt's own loop does not yet, so a phase needing accumulation there does not fit)
+    engine_accumulation: bool = False

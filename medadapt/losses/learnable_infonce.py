@@ -1,0 +1,80 @@
+"""InfoNCE with a learnable temperature (CARE Appendix C.1.1, "unsupervised pretrain"; CLIP, Radford et al.
+2021): the temperature is a parameter of the loss, trained with the model.
+
+    L = -log( exp(cos(a_i, b_i) / tau) / sum_j exp(cos(a_i, b_j) / tau) ),   tau = exp(log_tau)
+
+``tau`` is log-parametrised, so it is positive whatever the optimiser does; like CLIP (which caps its
+logit scale at 100) it is clamped below at ``min_temperature`` so that the logits cannot blow up. In-batch
+negatives only by default (the paper's unsupervised pairs: title-content positives, other documents of the
+batch as negatives); optional hard negatives as in :class:`~medadapt.losses.InfoNCELoss`.
+
+Hand-written: sentence-transformers' ``MultipleNegativesRankingLoss`` has a fixed scale, and
+``CachedMultipleNegativesRankingLoss`` owns the model call (the project's loop does GradCache itself).
+The loop trains and checkpoints the temperature only if it is a parameter of the module it trains:
+wrap ``(model, loss)`` in one module (:class:`medadapt.asym.stages.TowerWithLoss` does).
+
+Example:
+    >>> loss = LearnableTemperatureInfoNCELoss(temperature=0.05)
+    >>> parts = loss(a, b)            # {"loss": ..., "infonce": ..., "temperature": ...}
+    >>> parts["loss"].backward()      # gradients reach loss.log_temperature too
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from medadapt.errors import ConfigError
+
+__all__ = ["LearnableTemperatureInfoNCELoss"]
+
+
+class LearnableTemperatureInfoNCELoss(nn.Module):
+    """In-batch (+ hard-negative) InfoNCE whose temperature ``exp(log_temperature)`` is learned.
+
+    Args:
+        temperature: initial temperature (> 0).
+        min_temperature: lower clamp of the temperature (> 0, <= ``temperature``).
+        symmetric: also score ``b -> a`` and average the two directions (CLIP); off by default (SimCSE,
+            the paper's eq.: one direction).
+        learnable: ``False`` freezes the temperature (a fixed-temperature InfoNCE, for ablations).
+
+    Returns ``{"loss": L, "infonce": L, "temperature": tau}`` (``loss`` is the total; ``temperature`` is
+    logged, detached).
+    """
+
+    def __init__(self, temperature: float = 0.05, *, min_temperature: float = 0.01, symmetric: bool = False,
+                 learnable: bool = True) -> None:
+        super().__init__()
+        if not temperature > 0 or not min_temperature > 0:
+            raise ConfigError(f"temperature and min_temperature must be > 0, got {temperature}, {min_temperature}")
+        if min_temperature > temperature:
+            raise ConfigError(f"min_temperature ({min_temperature}) must not exceed temperature ({temperature})")
+        self.log_temperature = nn.Parameter(torch.tensor(math.log(temperature)), requires_grad=learnable)
+        self.min_log = math.log(min_temperature)
+        self.symmetric = symmetric
+
+    @property
+    def temperature(self) -> float:
+        """The current temperature (clamped as in ``forward``)."""
+        return float(self.log_temperature.detach().clamp(min=self.min_log).exp())
+
+    def forward(self, query: Tensor, positive: Tensor, negatives: Tensor | None = None) -> dict[str, Tensor]:
+        if query.shape != positive.shape or query.dim() != 2:
+            raise ValueError(f"query and positive must be (B, d); got {tuple(query.shape)}, {tuple(positive.shape)}")
+        tau = self.log_temperature.clamp(min=self.min_log).exp()
+        q, p = F.normalize(query, dim=-1), F.normalize(positive, dim=-1)
+        candidates = p
+        if negatives is not None:
+            if negatives.dim() != 3 or negatives.shape[0] != query.shape[0]:
+                raise ValueError(f"negatives must be (B, n, d); got {tuple(negatives.shape)}")
+            candidates = torch.cat([p, F.normalize(negatives.reshape(-1, negatives.shape[-1]), dim=-1)])
+        target = torch.arange(query.shape[0], device=query.device)
+        scores = q @ candidates.T
+        loss = F.cross_entropy(scores / tau.to(scores.dtype), target)
+        if self.symmetric:
+            loss = (loss + F.cross_entropy((p @ q.T) / tau.to(scores.dtype), target)) / 2
+        return {"loss": loss, "infonce": loss.detach(), "temperature": tau.detach()}
