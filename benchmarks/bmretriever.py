@@ -31,7 +31,10 @@ def main() -> None:
     p.add_argument("--runs", type=Path, default=ROOT / "runs" / "bench-bmretriever", help="model folders")
     p.add_argument("--stage1-pairs", type=int, default=None, help="override stage1.max_pairs")
     p.add_argument("--stage2-queries", type=int, default=None, help="override stage2.tasks[0].max_queries")
-    p.add_argument("--skip", nargs="*", default=[], choices=["stage2-only", "two-stage"])
+    p.add_argument("--skip", nargs="*", default=[], choices=["stage2-only", "two-stage", "synthetic"])
+    p.add_argument("--synthetic", type=int, default=0,
+                   help="also train stage II with N instance-level synthetic pairs and N task-level synthetic "
+                        "examples from the deterministic FAKE generators (offline; a labelled stand-in for an LLM)")
     p.add_argument("--retrain", action="store_true",
                    help="train again even when --runs already holds a finished model (default: reuse it, so a "
                         "killed benchmark resumes; the embedding cache resumes the corpus encoding)")
@@ -56,6 +59,11 @@ def main() -> None:
     if args.stage1_pairs:
         base_overrides.append(f"stage1.max_pairs={args.stage1_pairs}")
     variants = [("stage2-only", "stage II only", ["stage1.enabled=false"]), ("two-stage", "stage I + II", [])]
+    if args.synthetic:
+        variants.append(("synthetic", f"stage II + {args.synthetic} fake-generator synthetic pairs and tasks",
+                         ["stage1.enabled=false",
+                          f"stage2.synthetic={{generator: fake, passages: {args.synthetic}, top_k: 3}}",
+                          f"stage2.task_synthetic={{generator: fake, tasks: {args.synthetic}}}"]))
     details = {}
     for key, label, extra in variants:
         if key in args.skip:
