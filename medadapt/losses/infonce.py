@@ -22,7 +22,20 @@ from torch import Tensor, nn
 
 from medadapt.errors import ConfigError
 
-__all__ = ["InfoNCELoss"]
+__all__ = ["InfoNCELoss", "cosine_candidate_scores"]
+
+
+def cosine_candidate_scores(query: Tensor, positive: Tensor, negatives: Tensor | None = None) -> Tensor:
+    """``(B, B + B*n)`` cosine similarities of each query to every positive of the batch, then every hard
+    negative (the candidate set above; the target of query ``i`` is column ``i``). Checks the shapes."""
+    if query.shape != positive.shape or query.dim() != 2:
+        raise ValueError(f"query and positive must be (B, d); got {tuple(query.shape)}, {tuple(positive.shape)}")
+    candidates = positive
+    if negatives is not None:
+        if negatives.dim() != 3 or negatives.shape[0] != query.shape[0]:
+            raise ValueError(f"negatives must be (B, n, d); got {tuple(negatives.shape)}")
+        candidates = torch.cat([positive, negatives.reshape(-1, negatives.shape[-1])], dim=0)
+    return F.normalize(query, dim=-1) @ F.normalize(candidates, dim=-1).T
 
 
 class InfoNCELoss(nn.Module):
@@ -48,13 +61,6 @@ class InfoNCELoss(nn.Module):
         self.temperature = temperature
 
     def forward(self, query: Tensor, positive: Tensor, negatives: Tensor | None = None) -> dict[str, Tensor]:
-        if query.shape != positive.shape or query.dim() != 2:
-            raise ValueError(f"query and positive must be (B, d); got {query.shape}, {positive.shape}")
-        candidates = positive
-        if negatives is not None:
-            if negatives.dim() != 3 or negatives.shape[0] != query.shape[0]:
-                raise ValueError(f"negatives must be (B, n, d); got {tuple(negatives.shape)}")
-            candidates = torch.cat([positive, negatives.reshape(-1, negatives.shape[-1])], dim=0)
-        scores = F.normalize(query, dim=-1) @ F.normalize(candidates, dim=-1).T / self.temperature
+        scores = cosine_candidate_scores(query, positive, negatives) / self.temperature
         target = torch.arange(query.shape[0], device=query.device)
         return {"infonce": F.cross_entropy(scores, target)}

@@ -28,6 +28,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from medadapt.errors import ConfigError
+from medadapt.losses.infonce import cosine_candidate_scores
 
 __all__ = ["LearnableTemperatureInfoNCELoss"]
 
@@ -63,18 +64,11 @@ class LearnableTemperatureInfoNCELoss(nn.Module):
         return float(self.log_temperature.detach().clamp(min=self.min_log).exp())
 
     def forward(self, query: Tensor, positive: Tensor, negatives: Tensor | None = None) -> dict[str, Tensor]:
-        if query.shape != positive.shape or query.dim() != 2:
-            raise ValueError(f"query and positive must be (B, d); got {tuple(query.shape)}, {tuple(positive.shape)}")
         tau = self.log_temperature.clamp(min=self.min_log).exp()
-        q, p = F.normalize(query, dim=-1), F.normalize(positive, dim=-1)
-        candidates = p
-        if negatives is not None:
-            if negatives.dim() != 3 or negatives.shape[0] != query.shape[0]:
-                raise ValueError(f"negatives must be (B, n, d); got {tuple(negatives.shape)}")
-            candidates = torch.cat([p, F.normalize(negatives.reshape(-1, negatives.shape[-1]), dim=-1)])
+        scores = cosine_candidate_scores(query, positive, negatives)  # the same candidates as InfoNCELoss
         target = torch.arange(query.shape[0], device=query.device)
-        scores = q @ candidates.T
         loss = F.cross_entropy(scores / tau.to(scores.dtype), target)
-        if self.symmetric:
-            loss = (loss + F.cross_entropy((p @ q.T) / tau.to(scores.dtype), target)) / 2
+        if self.symmetric:  # b -> a: the positives' columns, transposed
+            b = query.shape[0]
+            loss = (loss + F.cross_entropy(scores[:, :b].T / tau.to(scores.dtype), target)) / 2
         return {"loss": loss, "infonce": loss.detach(), "temperature": tau.detach()}
