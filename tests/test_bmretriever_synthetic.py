@@ -85,7 +85,7 @@ def test_openai_compatible_client_sends_the_key_in_the_header_only(endpoint, mon
     assert first["headers"]["Authorization"] == f"Bearer {SECRET}"
     assert first["body"] == {"model": "tiny-chat", "messages": [{"role": "user", "content": "hello there, model"}],
                              "max_tokens": 7, "temperature": 0}
-    assert SECRET not in repr(client) and SECRET not in json.dumps(vars(client))
+    assert SECRET not in repr(client) and SECRET not in json.dumps(vars(client), default=repr)
 
     server.statuses = [503]  # a transient error is retried
     assert client.complete(["again"], 5) == ["echo: again"] and len(server.requests) == 4

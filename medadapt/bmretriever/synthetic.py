@@ -186,6 +186,7 @@ class OpenAICompatibleClient:
                  api_key_env: str = "OPENAI_API_KEY", timeout: float = 120.0, retries: int = 2):
         self.model, self.base_url, self.api_key_env = model, base_url.rstrip("/"), api_key_env
         self.timeout, self.retries = timeout, retries
+        self._http = None  # one pooled httpx client for every call (the task level calls once per example)
 
     def __repr__(self) -> str:
         return f"OpenAICompatibleClient(model={self.model!r}, base_url={self.base_url!r}, " \
@@ -204,29 +205,31 @@ class OpenAICompatibleClient:
         if key:
             headers["Authorization"] = f"Bearer {key}"
         out = []
-        with httpx.Client(timeout=self.timeout) as client:
-            for prompt in prompts:
-                body = {"model": self.model, "messages": [{"role": "user", "content": prompt}],
-                        "max_tokens": max_new_tokens, "temperature": 0}
-                for attempt in range(self.retries + 1):
-                    try:
-                        r = client.post(url, json=body, headers=headers)
-                    except httpx.HTTPError as exc:  # the message names the URL, never the headers
-                        if attempt == self.retries:
-                            raise MedAdaptError(f"synthetic data: cannot reach {url}: "
-                                                f"{type(exc).__name__}") from None
-                        continue
-                    if r.status_code in (429, 500, 502, 503, 504) and attempt < self.retries:
-                        continue
-                    if r.status_code != 200:
-                        hint = f" (is ${self.api_key_env} set?)" if r.status_code in (401, 403) else ""
-                        raise MedAdaptError(f"synthetic data: {url} answered HTTP {r.status_code}{hint}")
-                    break
+        if self._http is None:
+            self._http = httpx.Client(timeout=self.timeout)
+        client = self._http
+        for prompt in prompts:
+            body = {"model": self.model, "messages": [{"role": "user", "content": prompt}],
+                    "max_tokens": max_new_tokens, "temperature": 0}
+            for attempt in range(self.retries + 1):
                 try:
-                    out.append(str(r.json()["choices"][0]["message"]["content"] or "").strip())
-                except (ValueError, KeyError, IndexError, TypeError):
-                    raise MedAdaptError(f"synthetic data: {url} did not answer in the chat-completions "
-                                        "format (choices[0].message.content)") from None
+                    r = client.post(url, json=body, headers=headers)
+                except httpx.HTTPError as exc:  # the message names the URL, never the headers
+                    if attempt == self.retries:
+                        raise MedAdaptError(f"synthetic data: cannot reach {url}: "
+                                            f"{type(exc).__name__}") from None
+                    continue
+                if r.status_code in (429, 500, 502, 503, 504) and attempt < self.retries:
+                    continue
+                if r.status_code != 200:
+                    hint = f" (is ${self.api_key_env} set?)" if r.status_code in (401, 403) else ""
+                    raise MedAdaptError(f"synthetic data: {url} answered HTTP {r.status_code}{hint}")
+                break
+            try:
+                out.append(str(r.json()["choices"][0]["message"]["content"] or "").strip())
+            except (ValueError, KeyError, IndexError, TypeError):
+                raise MedAdaptError(f"synthetic data: {url} did not answer in the chat-completions "
+                                    "format (choices[0].message.content)") from None
         return out
 
 

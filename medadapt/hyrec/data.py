@@ -49,7 +49,7 @@ def share_miner_encoding(ctx, data, negatives: str, num: int, miner_model):
         return miner_model
     from medadapt.models import load
 
-    miner = load(miner_model, device="cpu") if isinstance(miner_model, str) else miner_model
+    miner = load(miner_model, device=ctx.device) if isinstance(miner_model, str) else miner_model  # own GPU
     ctx.share_encoding(miner, data.doc_texts())
     return miner
 
