@@ -54,10 +54,14 @@ def _free_port() -> int:
 
 def _launch(model: Path, corpus: Path, cache: Path, report: Path, *extra: str) -> subprocess.Popen:
     """``accelerate launch`` of ``medadapt encode`` on 2 CPU processes, in its own process group."""
+    return _launch_cli("encode", "--model", str(model), "--corpus", str(corpus), "--cache-dir", str(cache),
+                       "--report", str(report), "--device", "cpu", "-q", *extra)
+
+
+def _launch_cli(*args: str) -> subprocess.Popen:
+    """``accelerate launch`` of ``medadapt ARGS`` on 2 CPU processes, in its own process group."""
     cmd = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(CPU_2PROC),
-           "--main_process_port", str(_free_port()), "-m", "medadapt", "encode", "--model", str(model),
-           "--corpus", str(corpus), "--cache-dir", str(cache), "--report", str(report), "--device", "cpu", "-q",
-           *extra]
+           "--main_process_port", str(_free_port()), "-m", "medadapt", *args]
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "CUDA_VISIBLE_DEVICES": "", "TOKENIZERS_PARALLELISM": "false",
            "OMP_NUM_THREADS": "1"}
     return subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
@@ -268,15 +272,6 @@ def test_launched_commands_close_the_process_group(tmp_path, outcome):
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()
-
-
-def _launch_cli(*args: str) -> subprocess.Popen:
-    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(CPU_2PROC),
-           "--main_process_port", str(_free_port()), "-m", "medadapt", *args]
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "CUDA_VISIBLE_DEVICES": "", "TOKENIZERS_PARALLELISM": "false",
-           "OMP_NUM_THREADS": "1"}
-    return subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            start_new_session=True)
 
 
 def test_eval_and_index_under_two_processes_share_the_corpus_encode(tiny_bert_dir, tmp_path):

@@ -12,25 +12,17 @@ pytest.importorskip("qdrant_client")
 from qdrant_client import QdrantClient, models  # noqa: E402
 
 from medadapt.errors import MedAdaptError  # noqa: E402
-from medadapt.retrieval import Documents, IndexMismatchError, Retriever, RetrieverConfig  # noqa: E402
+from medadapt.retrieval import IndexMismatchError, Retriever, RetrieverConfig  # noqa: E402
 from medadapt.retrieval.vectordb import COMPLETE, QdrantRetriever, export_to_qdrant  # noqa: E402
 
-from conftest import TOPICS, build_tiny_bert  # noqa: E402
+from conftest import build_tiny_bert  # noqa: E402
+from test_retrieval import tiny_docs  # noqa: E402  (the same small corpus as the in-process index)
 from test_retrieval_encoders import DOCS, ToyEncoder  # noqa: E402
 
 
 @pytest.fixture(autouse=True)
 def _isolated_cache(tmp_path, monkeypatch):
     monkeypatch.setenv("MEDADAPT_CACHE", str(tmp_path / "cache"))
-
-
-def tiny_docs() -> Documents:
-    ids, titles, texts = [], [], []
-    for i, (name, words) in enumerate(TOPICS):
-        ids += [f"d{i}", f"s{i}"]
-        titles += [name, ""]
-        texts += [f"{name} is a condition with {words}.", f"symptoms of {name}: {words.split()[0]} and more"]
-    return Documents(ids, texts, titles)
 
 
 QUERIES = ["asthma inhaler", "uric acid toe", "sleep at night", "blood sugar"]
