@@ -119,9 +119,9 @@ def test_paper_recipe_plans_the_768d_small_model():
     r = load_recipe(ROOT / "recipes" / "hyrec.yaml", expect=HyReCRecipe)
     plan = plan_recipe(r, Hardware(num_gpus=1, gpu_memory_gb=80))
     assert plan.models[0].total_params == encoder + (h * h + h) + projectors == 39_071_237
-    assert [p.name for p in plan.phases] == ["preliminary fine-tuning", "fine-tuning"] and plan.fits
-    assert plan.phases[0].tokens_per_step == 64 * (64 + 256)
-    assert plan.phases[1].tokens_per_step == 64 * (64 + 4 * 256)
+    assert [p.name for p in plan.phases] == ["RetroMAE pre-training", "preliminary fine-tuning", "fine-tuning"] and plan.fits
+    assert plan.phases[1].tokens_per_step == 64 * (64 + 256)
+    assert plan.phases[2].tokens_per_step == 64 * (64 + 4 * 256)
 
 
 def test_filter_keeps_exactly_the_pairs_at_or_above_the_threshold(tiny_bert, tmp_path):

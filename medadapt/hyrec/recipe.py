@@ -6,6 +6,11 @@ The sections are the Python API's configs too (:func:`medadapt.hyrec.train.train
 :class:`HyReCTrainingSection` and a :class:`HyReCLossSection`). ``loss.union_weight: 0`` trains without the
 semantic union (no union loss, no words in the training-time lexical score) and turns bagging off (the
 paper's "w/o SU"). Metrics and ``eval.expected`` are ``<mode>/<metric>`` (``hybrid/ndcg@10``).
+
+The paper's three training stages (Appendix A) are optional sections run in order through one training loop
+(one checkpoint folder, resumable across every boundary): ``pretrain`` (RetroMAE masked-autoencoder
+pre-training of the backbone) -> ``prefinetune`` (score-filtered pairs, in-batch negatives) -> the main
+fine-tuning (``training``).
 """
 
 from __future__ import annotations
@@ -20,10 +25,11 @@ from medadapt.config import Section
 from medadapt.recipes.base import DataSection, EvalSection, RecipeBase, RunSection
 from medadapt.recipes.registry import RecipeKind, register_kind
 from medadapt.training.config import OptimSection, SchedulerKind
+from medadapt.training.retromae import RetroMAESection
 
 __all__ = ["HyReCDataSection", "HyReCEvalSection", "HyReCLossSection", "HyReCModelSection", "HyReCRecipe",
-           "HyReCTrainingSection", "NegativesSection", "PrefinetuneSection", "evaluate", "evaluate_modes",
-           "model_config", "train"]
+           "HyReCTrainingSection", "NegativesSection", "PrefinetuneSection", "PretrainSection", "evaluate",
+           "evaluate_modes", "model_config", "train"]
 
 
 class HyReCDataSection(DataSection):
@@ -113,6 +119,34 @@ class HyReCTrainingSection(OptimSection, RunSection):
         "none, for a model without the semantic union: loss.union_weight 0)")
 
 
+class PretrainSection(RetroMAESection):
+    """The paper's pre-training (Appendix A, §4.1.3): RetroMAE masked-autoencoder pre-training
+    (:mod:`medadapt.training.retromae`, Xiao et al. 2022) of the BERT that HyReC then splits, i.e. the
+    backbone's embeddings and every layer the model keeps (sharing backbone + dense encoder; the frozen
+    variant keeps the embeddings and the sharing layers fixed and pre-trains the dense encoder only). When the
+    stage ends the lexicon encoder is re-copied from the pre-trained dense layers ("the global-aware lexicon
+    encoder and local-aware dense encoder are initialized with the same pretrained parameters"), and
+    ``prefinetune`` / the main fine-tuning start from these weights; the RetroMAE decoder and MLM head are
+    dropped. Runs first, in the same training loop as the other stages.
+
+    Texts: ``data`` is a BEIR folder (default ``data.path``) whose corpus documents (``include_corpus``)
+    and distinct queries of ``query_splits`` (default ``[data.train_split]``; ``[]`` for none) are read,
+    or a JSONL file of ``{"text": ...}`` lines (RetroMAE's pre-training format; the paper pre-trains on
+    WuDaoCorpora). Shuffled with ``training.seed``, capped at ``max_texts``. Defaults are the paper's
+    (lr 1e-4, warm-up 0.1, weight decay 0.01); the paper does not give the mask ratios (RetroMAE's
+    published 0.3 / 0.5 are the defaults), epochs or schedule."""
+
+    data: str | None = Field(None, description="BEIR folder (default: data.path) or a JSONL file of "
+                             "{\"text\": ...} lines")
+    query_splits: list[str] | None = Field(None, description="BEIR folder: queries of these splits "
+                                           "(default: [data.train_split])")
+    include_corpus: bool = Field(True, description="BEIR folder: every corpus document")
+    max_texts: int | None = Field(None, ge=1, description="random subset of the texts")
+    warmup_ratio: float = Field(0.1, ge=0, lt=1)
+    weight_decay: float = Field(0.01, ge=0)
+    scheduler: SchedulerKind = "linear"
+
+
 class PrefinetuneSection(Section):
     """The paper's preliminary fine-tuning (Appendix A): before the main fine-tuning, the model trains on a
     large set of (query, passage) pairs kept when a third-party embedder scores them at cosine
@@ -172,6 +206,8 @@ class HyReCRecipe(RecipeBase):
     loss: HyReCLossSection = Field(default_factory=HyReCLossSection)
     training: HyReCTrainingSection = Field(default_factory=HyReCTrainingSection)
     eval: HyReCEvalSection = Field(default_factory=HyReCEvalSection)
+    pretrain: PretrainSection | None = Field(None, description="RetroMAE pre-training of the backbone before "
+                                             "every fine-tuning stage (paper Appendix A)")
     prefinetune: PrefinetuneSection | None = Field(None, description="preliminary fine-tuning on score-filtered "
                                                    "pairs before the main fine-tuning (paper Appendix A)")
 
@@ -181,6 +217,10 @@ class HyReCRecipe(RecipeBase):
         if self.prefinetune is not None and self.prefinetune.training(tr).effective_batch_size < 2:
             raise ValueError("prefinetune trains with in-batch negatives only: its batch_size * "
                              "training.gradient_accumulation_steps must be >= 2")
+        if self.pretrain is not None and frozen and not tr.train_dense_encoder:
+            raise ValueError("pretrain: nothing to train: model.variant frozen keeps the embeddings and the "
+                             "sharing layers fixed and training.train_dense_encoder is false; drop the pretrain "
+                             "section or train the dense encoder")
         if tr.state_cache != "off" and not frozen:
             raise ValueError("training.state_cache needs model.variant: frozen")
         if tr.dense_inputs != "model" and (tr.train_dense_encoder or not frozen):
@@ -215,8 +255,9 @@ _STATE_CACHES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 def train(recipe: HyReCRecipe, ctx):
     """Build the model and the examples (hard negatives and caches: the main process first, the others read
     what it wrote), train through ``ctx.train``, return the model; ``ctx.result.details`` gets
-    ``train_examples``, ``n_terms`` and ``steps`` (and ``prefinetune``: pairs read / kept, steps). With a
-    ``prefinetune`` section, its stage runs first in the same loop and the main stage continues from it."""
+    ``train_examples``, ``n_terms`` and ``steps`` (and ``prefinetune``: pairs read / kept, steps; ``pretrain``:
+    texts, steps, first and last loss). With a ``pretrain`` / ``prefinetune`` section, its stage runs first in
+    the same loop (pretrain, then prefinetune) and the next stage continues from its weights."""
     from medadapt.cache import backbone_view
     from medadapt.data import load_beir
     from medadapt.hyrec.data import (
@@ -227,14 +268,17 @@ def train(recipe: HyReCRecipe, ctx):
         share_miner_encoding,
     )
     from medadapt.hyrec.model import HyReCModel
-    from medadapt.hyrec.train import hyrec_stage
+    from medadapt.hyrec.train import hyrec_stage, pretrain_stage
 
     tr, neg, m, cache = recipe.training, recipe.negatives, recipe.model, ctx.cache
     split = recipe.data.train_split
     t0 = time.perf_counter()
-    pre = recipe.prefinetune
+    pre, pt = recipe.prefinetune, recipe.pretrain
     pairs = load_pairs(ctx.resolve(pre.data), pre.split) if pre is not None else None  # fail before any load
-    data = load_beir(ctx.resolve(recipe.data.path), [split])
+    pt_splits = (pt.query_splits if pt.query_splits is not None else [split]) if pt is not None else []
+    own = pt is not None and pt.data is None  # pre-training texts from the recipe's own data
+    data = load_beir(ctx.resolve(recipe.data.path), sorted({split, *(pt_splits if own else [])}))
+    pt_texts = _pretrain_texts(pt, data if own else None, pt_splits, ctx) if pt is not None else None
     train_texts = data.doc_texts() + [data.queries[q] for q in data.qrels[split]] if m.extend_vocab else []
     model = HyReCModel.from_backbone(m.backbone, model_config(recipe), extend_with=train_texts, seed=tr.seed,
                                      num_layers=m.num_layers)
@@ -278,10 +322,21 @@ def train(recipe: HyReCRecipe, ctx):
                                   state_cache=state_cache, dense_inputs=dense_fn, name="prefinetune"))
     stages.append(hyrec_stage(model, examples, tr, recipe.loss, negatives=neg.num, state_cache=state_cache,
                               dense_inputs=dense_fn))
-    res = ctx.train(model, stages)
+    run_model = model
+    if pt_texts is not None:  # RetroMAE first: the loop trains the model plus the decoder and MLM head
+        ctx.log(f"RetroMAE pre-training on {len(pt_texts)} texts")
+        run_model, pt_stage = pretrain_stage(model, pt_texts, pt, tr, name="pretrain")
+        stages.insert(0, pt_stage)
+    res = ctx.train(run_model, stages)
     ctx.result.details["steps"] = res.steps
     if pre_examples is not None:
         ctx.result.details["prefinetune"]["steps"] = res.stage_steps.get("prefinetune", 0)
+    if pt_texts is not None:
+        rows = [r["loss"] for r in res.loss_history if r.get("stage") == "pretrain"]
+        ctx.result.details["pretrain"] = {"texts": len(pt_texts), "steps": res.stage_steps.get("pretrain", 0),
+                                          "first_loss": rows[0] if rows else None,
+                                          "last_loss": rows[-1] if rows else None}
+        del run_model, pt_stage  # the decoder and MLM head are not part of the model
     model.eval()
     if state_cache is not None:
         _STATE_CACHES[model] = state_cache
@@ -307,6 +362,42 @@ def _prefinetune_examples(pre: PrefinetuneSection, pairs: list[tuple[str, str]],
     ctx.result.details["prefinetune"] = {"pairs": len(pairs), "passed_filter": n_pass, "train_examples": len(kept),
                                          "scorer": pre.scorer, "min_score": pre.min_score}
     return kept
+
+
+def _pretrain_texts(pt: PretrainSection, data, splits: list[str], ctx) -> list[str]:
+    """The pre-training texts (see :class:`PretrainSection`): distinct, shuffled with the run's seed, capped
+    at ``max_texts``. ``data``: the recipe's loaded BEIR data when ``pt.data`` is unset."""
+    import random
+    from pathlib import Path
+
+    from medadapt.data import load_beir
+    from medadapt.errors import ConfigError, DataError
+
+    texts: list[str] = []
+    if data is None:
+        path = Path(ctx.resolve(pt.data))
+        if path.is_dir():
+            data = load_beir(path, splits or None)
+        elif path.is_file():
+            from medadapt.data.jsonl import field, iter_jsonl
+
+            if pt.query_splits:
+                raise ConfigError(f"pretrain.query_splits needs a BEIR folder as pretrain.data, not a file "
+                                  f"({path})")
+            texts = [field(obj, "text", str, path, n) for n, obj in iter_jsonl(path, "pre-training texts")]
+        else:
+            raise DataError(f"pre-training texts not found: {path} (a BEIR folder or a JSONL file of "
+                            "{\"text\": ...} lines)")
+    if data is not None:
+        for s in splits:
+            texts += list(data.split_queries(s).values())
+        if pt.include_corpus:
+            texts += data.doc_texts()
+    texts = [t for t in dict.fromkeys(texts) if t.strip()]
+    if not texts:
+        raise DataError(f"pretrain: no texts ({pt.data or 'data.path'}: no corpus document or query)")
+    random.Random(ctx.recipe.training.seed).shuffle(texts)
+    return texts[: pt.max_texts] if pt.max_texts else texts
 
 
 def evaluate(recipe: HyReCRecipe, model, ctx) -> dict[str, float]:
@@ -380,6 +471,7 @@ register_kind(RecipeKind("hyrec", HyReCRecipe, train, evaluate,
 def plan_spec(recipe: HyReCRecipe):
     """What ``medadapt plan`` needs (:mod:`medadapt.plan`): the GLAE encoder (the backbone's first
     ``num_layers`` layers plus the lexicon copy of ``lexicon_layers`` layers) with its projectors, the
+    RetroMAE pre-training phase when the recipe has one (one text of ``pretrain.max_length`` tokens), the
     preliminary fine-tuning phase when the recipe has one (a query and its positive), and the fine-tuning
     phase (a query of ``query_max_length`` tokens, its positive and ``negatives.num`` passages of
     ``passage_max_length``)."""
@@ -411,6 +503,17 @@ def plan_spec(recipe: HyReCRecipe):
                             pre_uses), *phases)
         if pre.scorer is not None:
             notes += (f"preliminary pairs are scored with {pre.scorer} before training (inference only, not planned)",)
+    pt = recipe.pretrain
+    if pt is not None:  # the backbone once per text (+ RetroMAE's one-layer decoder and MLM head, not counted)
+        length = pt.max_length or m.dense_max_length or m.passage_max_length
+        phases = (PhaseSpec("RetroMAE pre-training", pt.batch_size, pt.gradient_accumulation_steps,
+                            (Usage("encoder", 1, length, trains=full or tr.train_dense_encoder),)), *phases)
+        masked = (pt.encoder_mask_ratio + pt.decoder_mask_ratio) * length  # MLM logits on masked tokens only
+        logits_gb = masked * int(cfg.get("vocab_size") or 0) * 10 / 1e9  # bf16/fp32 logits + fp32 log-softmax
+        note = (f"RetroMAE pre-training: the one-layer decoder and the MLM head are not counted (their logits on "
+                f"the masked tokens: about {logits_gb:.3f} GB more per example); the lexicon copy does not run "
+                "there but is counted")
+        notes += (note,)
     return PlanSpec(recipe.name, tuple(models), phases, tr.mixed_precision, notes)
 
 

@@ -11,6 +11,10 @@ and, with the dense encoder frozen too, the pooled dense inputs from ``dense_inp
 EmbeddingCache); with ``train_lexicon_encoder: false`` the lexicon states are cached as well and only the
 three projectors run. Frozen parts run in eval mode (no dropout).
 
+RetroMAE pre-training (§4.1.3, Appendix A) is :func:`pretrain_stage`: the neutral RetroMAE objective
+(:mod:`medadapt.training.retromae`) on the model's backbone, as the first stage of the same loop, followed
+by re-copying the lexicon encoder from the pre-trained dense layers.
+
 Example:
     >>> res = train_hyrec(model, examples, HyReCTrainingSection(epochs=2, lr=1e-4), HyReCLossSection())
 """
@@ -29,8 +33,10 @@ from medadapt.hyrec.recipe import HyReCLossSection, HyReCTrainingSection
 from medadapt.losses.hyrec import HyReCLoss
 from medadapt.training.checkpoint import CheckpointConfig
 from medadapt.training.loop import Batch, LoopResult, Stage, train
+from medadapt.training.retromae import RetroMAEPretrainer, RetroMAESection, RetroMAEStep
 
-__all__ = ["HyReCStep", "hyrec_stage", "train_hyrec"]
+__all__ = ["HyReCPretraining", "HyReCStep", "copy_lexicon_from_dense", "hyrec_stage", "pretrain_stage",
+           "train_hyrec"]
 
 DenseInputs = Callable[[Sequence[str], str], Tensor]
 
@@ -239,3 +245,106 @@ def train_hyrec(model, examples: Sequence[Example], training: HyReCTrainingSecti
                      fingerprint=fingerprint, progress=progress)
     finally:
         model.eval()
+
+
+# ---------------------------------------------------------------------------------- RetroMAE pre-training
+class HyReCPretraining(nn.Module):
+    """What the loop trains when a run starts with RetroMAE pre-training: the HyReC model (``hyrec``) and
+    RetroMAE's decoder and MLM head (``retromae``, a :class:`~medadapt.training.retromae.RetroMAEPretrainer`
+    whose encoder *is* the HyReC model's backbone, so its parameters are held once). Calling it runs the
+    HyReC model (the fine-tuning stages' steps call it as they would call the model); ``retromae=True``
+    runs the pre-training route. Both routes go through this module's ``forward`` (so an engine wrapping it,
+    DeepSpeed or FSDP, would see every forward pass; not yet run on one), and the loop's checkpoints hold the
+    decoder and head too, so a run resumed inside the pre-training repeats the uninterrupted one."""
+
+    def __init__(self, hyrec: nn.Module, pretrainer: RetroMAEPretrainer) -> None:
+        super().__init__()
+        self.hyrec = hyrec
+        self.retromae = pretrainer
+
+    def forward(self, *args, retromae: bool = False, **kwargs):
+        return self.retromae(*args, **kwargs) if retromae else self.hyrec(*args, **kwargs)
+
+
+class _RetroMAERoute:
+    """The run model as :class:`~medadapt.training.retromae.RetroMAEStep` sees it: calls take the
+    pre-training route of :class:`HyReCPretraining` (possibly wrapped by an engine)."""
+
+    def __init__(self, run_model: nn.Module) -> None:
+        self.run_model = run_model
+
+    def parameters(self):
+        return self.run_model.parameters()
+
+    def __call__(self, *args):
+        return self.run_model(*args, retromae=True)
+
+
+class _PretrainStep:
+    """:class:`~medadapt.training.retromae.RetroMAEStep` on the pre-training route of the run model."""
+
+    def __init__(self, step: RetroMAEStep) -> None:
+        self.step = step
+
+    def forward(self, run_model: nn.Module, batch: Batch) -> dict[str, Tensor]:
+        return self.step.forward(_RetroMAERoute(run_model), batch)
+
+    def loss(self, outputs: dict[str, Tensor], batch: Batch) -> dict[str, Tensor]:
+        return self.step.loss(outputs, batch)
+
+
+@torch.no_grad()
+def copy_lexicon_from_dense(model) -> None:
+    """Re-initialise the lexicon encoder from the dense encoder's first layers, as
+    :meth:`~medadapt.hyrec.model.HyReCModel.from_backbone` does (Appendix A: both branch encoders start
+    from the same pre-trained parameters)."""
+    for lexicon_layer, dense_layer in zip(model.lexicon, model.dense_layers):
+        lexicon_layer.load_state_dict(dense_layer.state_dict())
+
+
+def pretrain_stage(model, texts: Sequence[str], section: RetroMAESection,
+                   training: HyReCTrainingSection | None = None, *, name: str = "pretrain"
+                   ) -> tuple[HyReCPretraining, Stage]:
+    """``(module, stage)``: RetroMAE masked-autoencoder pre-training (:mod:`medadapt.training.retromae`) of
+    the encoder HyReC splits, the backbone's embeddings and its layers (sharing backbone + dense encoder),
+    on ``texts``; run it first and train ``module`` (not ``model``) through the loop, with the fine-tuning
+    stages after it (they call ``module`` as they would call ``model``). What trains is what the fine-tuning
+    trains under ``training`` (the frozen variant keeps the embeddings and the sharing layers fixed; without
+    ``train_dense_encoder`` nothing is left: :class:`~medadapt.errors.ConfigError`). When the stage ends
+    the lexicon encoder is re-copied from the pre-trained dense layers (:func:`copy_lexicon_from_dense`).
+    The decoder and the MLM head are drawn from ``training.seed`` and are not part of the saved model.
+
+    Example:
+        >>> module, pre = pretrain_stage(model, texts, PretrainSection(epochs=1), training)
+        >>> train(module, [pre, hyrec_stage(model, examples, training)], seed=training.seed)
+    """
+    training = training if training is not None else HyReCTrainingSection()
+    if not texts:
+        raise ConfigError(f"RetroMAE stage {name!r}: no texts")
+    if getattr(model, "asymmetric", False):
+        raise ConfigError("RetroMAE pre-training needs a HyReC model on one backbone (not an asymmetric dense "
+                          "side)")
+    frozen = _frozen_modules(model, training)
+    frozen_ids = {id(p) for m in frozen for p in m.parameters()}
+    parts = [model.auto_model.embeddings, *model.shared_layers, *model.dense_layers]  # not BERT's unused pooler
+    encoder = [p for m in parts for p in m.parameters() if id(p) not in frozen_ids]
+    if not encoder:
+        raise ConfigError("pretrain: nothing to train (the frozen variant keeps the embeddings and the sharing "
+                          "layers fixed, and train_dense_encoder is false); drop the pretrain stage or train "
+                          "the dense encoder")
+    transformer = model.transformer
+    with torch.random.fork_rng(devices=[]):  # the decoder and head: the same draw in every run of the recipe
+        torch.manual_seed(training.seed)
+        pretrainer = RetroMAEPretrainer(model.auto_model)
+    step = RetroMAEStep(transformer.tokenizer, list(texts), section,
+                        section.max_length or transformer.max_seq_length or 512)
+    for m in parts:  # as the fine-tuning stages set them
+        for p in m.parameters():
+            p.requires_grad_(id(p) not in frozen_ids)
+    backbone_ids = {id(p) for p in model.auto_model.parameters()}  # the rest: the decoder and the MLM head
+    params = encoder + [p for p in pretrainer.parameters() if id(p) not in backbone_ids]
+    frozen_view = nn.ModuleList(frozen)
+
+    return HyReCPretraining(model, pretrainer), Stage(name, len(texts), _PretrainStep(step), params, section,
+                                                      on_start=frozen_view.eval,
+                                                      on_end=lambda: copy_lexicon_from_dense(model))
