@@ -210,8 +210,6 @@ def test_composition_table_refuses_with_a_reason():
         check_composition(base, [(component, where)])
     with pytest.raises(ConfigError, match="needs an asymmetric"):
         check_composition("dense", [("moe", "query")])
-    with pytest.raises(ConfigError, match="two different towers"):
-        check_composition("asymmetric", [("hyrec_lexical", "branch")])
     with pytest.raises(ConfigError, match="not a supported combination"):
         check_composition("dense", [("prompt_tuning", "all")])
 

@@ -1,6 +1,8 @@
 """``--paper`` (issue #16 item 3): each system's paper settings (its equations and hyperparameters) applied on
 top of a recipe, ``--set`` still winning, a run that really uses them, one clear error for a kind without a
-paper mode, and docs/recipes.md listing every setting."""
+paper mode, and docs/recipes.md listing every setting. CARE: every shipped ``care*.yaml`` either takes the paper
+settings or is refused with one error naming why (a pruned / static query tower cannot take the paper's
+RetroMAE query init), and the tiny twin runs every paper phase."""
 
 from __future__ import annotations
 
@@ -18,12 +20,15 @@ from medadapt.recipes.registry import get_kind, kinds
 
 ROOT = Path(__file__).resolve().parents[1]
 RECIPES = {"moe": "med-moe-embed.yaml", "bmretriever": "bmretriever-minilm.yaml",
-           "hyrec": "hyrec-minilm-medquad.yaml"}
+           "hyrec": "hyrec-minilm-medquad.yaml", "care": "care-minilm-query-ft.yaml"}
+CARE_RECIPES = sorted(p.name for p in (ROOT / "recipes").glob("care*.yaml"))
 
 
 def _get(dump: dict, path: str):
     node = dump
     for part in path.split("."):
+        if node is None:  # a section the recipe leaves out (e.g. no document LoRA)
+            return None
         node = node[part]
     return node
 
@@ -87,14 +92,16 @@ def test_the_moe_paper_head_is_equation_1(tiny_bert_dir, tiny_beir_dir, tmp_path
     assert 4 * dim in widths and widths <= {dim, 4 * dim, 8 * dim}  # h -> 4h -> h (SwiGLU: gate + value, 2 x 4h)
 
 
-def test_a_kind_without_a_paper_mode_is_one_clear_error(tmp_path):
-    without = [k for k in kinds() if not get_kind(k).paper]
-    assert without, "every kind has a paper mode: move this test to another case"
-    recipe = {"hyrec": "hyrec-tiny.yaml", "care": "care-tiny.yaml"}
-    name = next(k for k in without if k in recipe)
-    with pytest.raises(ConfigError, match=f"recipe kind '{name}' has no paper mode"):
-        load_recipe(ROOT / "recipes" / recipe[name], paper=True)
-    res = CliRunner().invoke(app, ["plan", str(ROOT / "recipes" / recipe[name]), "--paper"])
+def test_a_kind_without_a_paper_mode_is_one_clear_error(tmp_path, monkeypatch):
+    from medadapt.recipes import registry
+
+    care = get_kind("care")  # every shipped kind has a paper mode: a stand-in kind without one
+    monkeypatch.setitem(registry._KINDS, "nopaper", registry.RecipeKind("nopaper", care.schema, care.train))
+    recipe = tmp_path / "nopaper.yaml"
+    recipe.write_text("kind: nopaper\nname: x\ndata: {path: medmini}\n")
+    with pytest.raises(ConfigError, match="recipe kind 'nopaper' has no paper mode"):
+        load_recipe(recipe, paper=True)
+    res = CliRunner().invoke(app, ["plan", str(recipe), "--paper"])
     assert res.exit_code == 1 and "has no paper mode" in res.output and "Traceback" not in res.output
 
 
@@ -104,3 +111,92 @@ def test_docs_list_every_paper_setting():
     for kind in kinds():
         for path in get_kind(kind).paper or {}:
             assert f"`{path}`" in section, (kind, path)
+
+
+# ------------------------------------------------------------------------------------------------------ CARE
+def test_care_paper_values_are_the_papers():
+    """Each value checked by hand against CARE / CMedTEB Table 17 and Appendix C.3 (not read back from the
+    dict); what the paper does not give stays the recipe's."""
+    plain = load_recipe(ROOT / "recipes" / "care.yaml")
+    r = load_recipe(ROOT / "recipes" / "care.yaml", paper=True)
+    q, pre, un, doc = r.init.query, r.init.query.pretrain, r.init.query.unsupervised, r.init.document
+
+    def optim(sec):
+        return sec.lr, sec.warmup_ratio, sec.effective_batch_size, sec.epochs
+
+    assert optim(pre) == (2e-4, 0.0, 384, 3)  # Table 17, RetroMAE
+    assert optim(un) == (1e-4, 0.05, 19_200, 3) and un.learn_temperature and un.positives == "title_text"
+    assert optim(q) == optim(doc) == (1e-4, 0.05, 640, 1) and q.supervised  # C.3: one epoch of fine-tuning
+    assert optim(r.stage1) == (1e-4, 0.05, 2560, 1) and r.stage1.enabled and r.stage1.include_corpus
+    assert r.stage1.max_texts is None and r.stage1.max_corpus_texts is None
+    assert optim(r.stage2) == (1e-4, 0.05, 640, 1) and r.stage2.enabled and r.stage2.train_document
+    assert r.document.lora.r == 32 and r.document.gradient_checkpointing
+    assert (r.architecture.projection, r.architecture.truncate_to) == (False, "auto")
+    assert {r.document.max_seq_length, r.query.max_seq_length, r.init.max_length, pre.max_length, un.max_length,
+            r.stage1.max_length, r.stage2.query_max_length, r.stage2.document_max_length} == {512}
+    # not given in the paper: the recipe's own
+    assert (r.document.lora.alpha, r.document.lora.dropout, r.document.mrl_dims) == \
+        (plain.document.lora.alpha, plain.document.lora.dropout, plain.document.mrl_dims)
+    assert (r.stage1.temperature, r.stage1.mse_weight, r.stage1.contrastive_weight, r.stage2.temperature,
+            r.stage2.negatives, r.init.negatives, r.init.temperature, un.temperature, pre.encoder_mask_ratio) == \
+        (plain.stage1.temperature, plain.stage1.mse_weight, plain.stage1.contrastive_weight, plain.stage2.temperature,
+         plain.stage2.negatives, plain.init.negatives, plain.init.temperature,
+         plain.init.query.unsupervised.temperature, plain.init.query.pretrain.encoder_mask_ratio)
+    # the paper's global batch through accumulation (memory), --set after --paper
+    fit = load_recipe(ROOT / "recipes" / "care.yaml", ["init.query.pretrain.batch_size=192",
+                                                       "init.query.pretrain.gradient_accumulation_steps=2"],
+                      paper=True)
+    assert (fit.init.query.pretrain.batch_size, fit.init.query.pretrain.effective_batch_size) == (192, 384)
+
+
+@pytest.mark.parametrize("name", CARE_RECIPES)
+def test_every_care_recipe_takes_the_paper_settings_or_is_refused_clearly(name):
+    """A pruned or static query tower cannot take the paper's RetroMAE query init: refused with one error
+    naming why; every other shipped CARE recipe validates with every paper value."""
+    plain = load_recipe(ROOT / "recipes" / name)
+    if plain.query.kind in ("pruned", "static"):
+        with pytest.raises(ConfigError, match=rf"{name}: .*init\.query\.pretrain \(RetroMAE.*--paper.*needs a "
+                                              rf"query tower of kind sentence_transformer.*not "
+                                              rf"'{plain.query.kind}'") as err:
+            load_recipe(ROOT / "recipes" / name, paper=True)
+        assert str(err.value).count("init.query.pretrain") == 1  # one error, not a list of field errors
+        res = CliRunner().invoke(app, ["plan", str(ROOT / "recipes" / name), "--paper"])
+        assert res.exit_code == 1 and "query tower of kind sentence_transformer" in " ".join(res.output.split())
+        assert "Traceback" not in res.output
+        return
+    dump = load_recipe(ROOT / "recipes" / name, paper=True).model_dump(mode="json")
+    for path, (value, _) in get_kind("care").paper.items():
+        assert _get(dump, path) == value, (name, path)
+
+
+def test_care_plan_with_paper_prints_the_accumulation_for_table_17(capsys):
+    res = CliRunner().invoke(app, ["plan", str(ROOT / "recipes" / "care.yaml"), "--paper", "--gpu-memory", "80"])
+    assert res.exit_code == 0, res.output
+    out = " ".join(res.output.split())
+    assert "global batch 19200" in out and "global batch 2560" in out and "global batch 384" in out
+    assert "the recipe declares 1: set batch_size=" in out  # Table 17's batches need accumulation on 80 GB
+
+
+def test_the_care_tiny_twin_runs_every_paper_phase(tiny_bert_dir, tiny_beir_dir, tmp_path, monkeypatch):
+    """``medadapt train recipes/care-tiny.yaml --paper``: the paper's phases (document init, RetroMAE,
+    unsupervised InfoNCE, supervised init, stage I, stage II with the document tower training) on the tiny
+    towers, at Table 17's batches (larger than the tiny data set: one step per epoch)."""
+    from test_asym import build_tiny_qwen2
+
+    monkeypatch.setenv("MEDADAPT_CACHE", str(tmp_path / "cache"))
+    qwen = build_tiny_qwen2(tmp_path / "q")
+    out = tmp_path / "run"
+    args = ["train", str(ROOT / "recipes" / "care-tiny.yaml"), "--paper", "--output", str(out), "-q", "--no-eval"]
+    for o in [f"document.model={qwen}", f"query.model={tiny_bert_dir}", f"data.path={tiny_beir_dir}"]:
+        args += ["--set", o]
+    res = CliRunner().invoke(app, args)
+    assert res.exit_code == 0, res.output
+    saved = load_recipe(out / "recipe.yaml")
+    assert (saved.stage1.batch_size, saved.init.query.pretrain.lr, saved.document.lora.r) == (2560, 2e-4, 32)
+    assert saved.stage2.train_document and saved.document.max_seq_length == 512
+    stages = json.loads((out / "train_log.json").read_text())["stages"]
+    # 12 train pairs, 24 texts (12 queries + 12 documents), every batch larger: one step per epoch; RetroMAE
+    # and the unsupervised step 3 epochs, every other phase 1 (C.3)
+    assert {k: v["steps"] for k, v in stages.items()} == {
+        "init_document": 1, "init_query_pretrain": 3, "init_query_unsupervised": 3, "init_query": 1,
+        "stage1": 1, "stage2": 1}

@@ -33,6 +33,13 @@ ALLOWED: dict[tuple[str, str, str], str] = {
     ("asymmetric", "moe", "document"): "MoE head on the document route only (re-index the documents)",
     ("dense", "hyrec_lexical", "branch"): "HyReC learned-lexical branch beside the dense embedding (with or "
                                           "without a MoE head on it): one hybrid model, one index",
+    ("asymmetric", "hyrec_lexical", "branch"): "HyReC learned-lexical branch on the document tower: it reads "
+                                               "the document tower's token states for queries and documents "
+                                               "alike (queries pay one pass through its first layers), the "
+                                               "dense side stays the two towers, so the document tower's "
+                                               "cached embeddings and any document index stay valid; needs a "
+                                               "BERT-like encoder document tower (checked on the model: "
+                                               "decoder LLM towers are refused)",
 }
 
 #: combinations refused with a specific reason
@@ -41,9 +48,6 @@ REFUSED: dict[tuple[str, str, str], str] = {
                                "one-tower model use route: all",
     ("dense", "moe", "document"): "a head on the document route needs an asymmetric (Router) base model; on "
                                   "a one-tower model use route: all",
-    ("asymmetric", "hyrec_lexical", "branch"): "the HyReC lexical branch reads the token states of one "
-                                               "BERT-like encoder shared by queries and documents; an "
-                                               "asymmetric model has two different towers",
 }
 
 
@@ -60,8 +64,8 @@ def base_kind(model) -> str:
 
 def check_composition(base: str, components: list[tuple[str, str]]) -> None:
     """Raise :class:`~medadapt.errors.ConfigError` unless every ``(component, where)`` is allowed on
-    ``base`` (route-specific heads need an asymmetric base, which takes no branch, so a branch never meets a
-    route-specific head)."""
+    ``base``. This is the table only: a branch kind's ``check`` then looks at the model itself (e.g. the
+    HyReC branch on an asymmetric model refuses a document tower that is not a BERT-like encoder)."""
     for component, where in components:
         key = (base, component, where)
         if key in ALLOWED:

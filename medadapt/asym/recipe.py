@@ -12,7 +12,7 @@ import contextlib
 import time
 from typing import TYPE_CHECKING, Annotated, Any, Literal, Union
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from medadapt.asym.stages import CarePhaseSection
 from medadapt.recipes.base import LoraSection, RecipeBase, RunSection, Section
@@ -215,6 +215,46 @@ class CareRecipe(RecipeBase):
     stage1: Stage1Section = Field(default_factory=Stage1Section)
     stage2: Stage2Section = Field(default_factory=Stage2Section)
     training: CareTrainingSection = Field(default_factory=CareTrainingSection)
+    branches: list[Any] = Field(default_factory=list, description="branches composed beside the two towers, "
+                                "trained after them, e.g. [{kind: hyrec_lexical, ...}] on the document tower "
+                                "(medadapt.adapters.compose)")
+
+    @field_validator("branches", mode="before")
+    @classmethod
+    def _branch_sections(cls, value):
+        """Each entry validated by its registered branch kind's section (``kind`` picks it)."""
+        from medadapt.adapters.compose import branch_kind
+
+        return [branch_kind(str(e.get("kind"))).section.model_validate(e) if isinstance(e, dict) else e
+                for e in value or []]
+
+    @model_validator(mode="after")
+    def _branch_tower(self) -> CareRecipe:
+        if self.branches and self.document.kind == "decoder":
+            raise ValueError("branches: a branch reads the document tower's token states for queries and documents "
+                             "alike and needs a BERT-like encoder there; document.kind: decoder (a decoder LLM "
+                             "tower) cannot take one")
+        if self.branches and self.document.lora is not None and not self.training.merge_lora_on_save:
+            raise ValueError("branches: a branch reads the document tower's own layers; keep "
+                             "training.merge_lora_on_save: true (an unmerged LoRA document tower cannot take one)")
+        return self
+
+    @model_validator(mode="before")
+    @classmethod
+    def _paper_query_tower(cls, data: Any) -> Any:
+        """RetroMAE (``init.query.pretrain``) needs a transformer encoder query tower: checked before the fields,
+        so that ``--paper`` (which turns the paper's query init on) on a pruned or static tower is this one
+        error, not the static section's unknown-field errors."""
+        if isinstance(data, dict):
+            def get(node, key):
+                return node.get(key) if isinstance(node, dict) else getattr(node, key, None)
+            kind = get(data.get("query"), "kind")
+            if kind in ("pruned", "static") and get(get(data.get("init"), "query"), "pretrain") is not None:
+                raise ValueError(f"init.query.pretrain (RetroMAE, the paper's first query-init step, Appendix "
+                                 f"C.1.1; --paper turns it on) needs a query tower of kind sentence_transformer "
+                                 f"(a transformer encoder), not {kind!r}; a {kind} query tower is a CPU shortcut "
+                                 f"outside the paper's pipeline")
+        return data
 
     @model_validator(mode="after")
     def _query_init(self) -> CareRecipe:
@@ -355,6 +395,7 @@ def train(recipe: CareRecipe, ctx: RunContext):
 
     # ---- document tower (+ independent initialisation)
     document = build_document_tower(recipe.document, device)
+    _check_branches(recipe, document)  # before anything trains
     init_pairs = None
     if supervised_init:
         if init.negatives:  # under a multi-process launch every process encodes a share first
@@ -443,7 +484,28 @@ def train(recipe: CareRecipe, ctx: RunContext):
                                name="stage2"))
     if tr.merge_lora_on_save:
         merge_document_lora(model)
+    for section in recipe.branches:  # each branch wraps the model it is given (medadapt.adapters.compose)
+        from medadapt.adapters.compose import branch_kind
+
+        model = branch_kind(section.kind).build_and_train(model, section, recipe, ctx)
     return model
+
+
+def _check_branches(recipe: CareRecipe, document) -> None:
+    """The branches against :data:`medadapt.adapters.compose.ALLOWED` (base ``asymmetric``) and each branch
+    kind's ``check`` on an asymmetric probe whose routes are both the built document tower (a branch reads
+    that tower; the query tower does not exist yet)."""
+    if not recipe.branches:
+        return
+    from medadapt.adapters.compose import branch_kind, check_composition
+    from medadapt.asym.model import build_asymmetric_model
+
+    check_composition("asymmetric", [(b.kind, "branch") for b in recipe.branches])
+    probe = build_asymmetric_model(document, document, truncate_to=None)
+    for section in recipe.branches:
+        kind = branch_kind(section.kind)
+        if kind.check is not None:
+            kind.check(probe, section, recipe)
 
 
 def _init_texts(data, recipe: CareRecipe, section: _InitTexts, seed: int) -> list[tuple[str, str]]:
@@ -474,7 +536,12 @@ def _unsupervised_pairs(data, recipe: CareRecipe, section: QueryUnsupervisedSect
 def evaluate(recipe: CareRecipe, model, ctx: RunContext) -> dict[str, float]:
     """:func:`~medadapt.asym.evaluate_asymmetric` on ``eval.data`` (default ``data.path``), ``eval.split``:
     the corpus through the document route via the embedding cache, keyed by that route's own modules (so a
-    frozen document tower cached as a standalone model costs no re-encode, unlike ``evaluate_dense``)."""
+    frozen document tower cached as a standalone model costs no re-encode, unlike ``evaluate_dense``); a
+    composed model (``branches``) is evaluated by its last branch (``lexical/``, ``dense/``, ``hybrid/``)."""
+    if recipe.branches:
+        from medadapt.adapters.compose import branch_kind
+
+        return branch_kind(recipe.branches[-1].kind).evaluate(recipe, model, recipe.branches[-1], ctx)
     from medadapt.asym.evaluate import evaluate_asymmetric
     from medadapt.data import load_beir
 
@@ -484,8 +551,71 @@ def evaluate(recipe: CareRecipe, model, ctx: RunContext) -> dict[str, float]:
                                batch_size=recipe.training.encode_batch_size, show_progress=ctx.show_progress)
 
 
+#: ``--paper`` (issue 16 item 3): what CARE / CMedTEB states (§4.2, §5, Appendix C, Table 17), on the recipe's
+#: own towers and data. Not stated in the paper, so left to the recipe: the temperatures (stage I, stage II,
+#: supervised init, the learnable one's start), the MSE weight lambda of eq. (3), LoRA alpha / dropout, the MRL
+#: dimension set, the number of mined negatives, RetroMAE's mask ratios. Batch sizes are the global batches of
+#: Table 17 with no accumulation (accumulation trains exactly as one larger batch, GradCache: set it with
+#: ``--set`` for memory). A pruned or static query tower cannot take the paper's query init (RetroMAE): such a
+#: recipe is refused (:meth:`CareRecipe._paper_query_tower`).
+PAPER: dict[str, tuple[Any, str]] = {
+    "architecture.projection": (False, "§5.5.1: no projection layer (unlike HotelMatch); MRL truncation instead"),
+    "architecture.truncate_to": ("auto", "§5.1: MRL truncates the document embedding to the query width (768)"),
+    "document.lora.r": (32, "Appendix C.1.2 / C.3: the document tower trains through LoRA, rank 32"),
+    "document.max_seq_length": (512, "Appendix C.3: maximum input length 512 (documents)"),
+    "document.gradient_checkpointing": (True, "Appendix C.3: gradient checkpointing enabled"),
+    "query.max_seq_length": (512, "Appendix C.3: maximum input length 512 (queries)"),
+    "init.max_length": (512, "Appendix C.3: maximum input length 512"),
+    "init.document.epochs": (1, "Appendix C.3: both encoders are first initialized by one epoch of fine-tuning"),
+    "init.document.batch_size": (640, "Table 17, fine-tuning: global batch 640"),
+    "init.document.gradient_accumulation_steps": (1, "Table 17: global batch 640 per optimizer step"),
+    "init.document.lr": (1e-4, "Table 17, fine-tuning: peak lr 1e-4"),
+    "init.document.warmup_ratio": (0.05, "Table 17, fine-tuning: warm-up ratio 0.05"),
+    "init.query.supervised": (True, "Appendix C.1.1: supervised fine-tuning (InfoNCE) after the pre-training"),
+    "init.query.epochs": (1, ("Appendix C.3: both encoders are first initialized by one epoch of fine-tuning "
+                              "(Table 17's 2 epochs are the symmetric models', C.3)")),
+    "init.query.batch_size": (640, "Table 17, fine-tuning: global batch 640"),
+    "init.query.gradient_accumulation_steps": (1, "Table 17: global batch 640 per optimizer step"),
+    "init.query.lr": (1e-4, "Table 17, fine-tuning: peak lr 1e-4"),
+    "init.query.warmup_ratio": (0.05, "Table 17, fine-tuning: warm-up ratio 0.05"),
+    "init.query.pretrain.epochs": (3, "Appendix C.1.1 RetroMAE pre-training; Table 17: 3 epochs"),
+    "init.query.pretrain.batch_size": (384, "Table 17, RetroMAE: global batch 384"),
+    "init.query.pretrain.gradient_accumulation_steps": (1, "Table 17: global batch 384 per optimizer step"),
+    "init.query.pretrain.lr": (2e-4, "Table 17, RetroMAE: peak lr 2e-4"),
+    "init.query.pretrain.warmup_ratio": (0.0, "Table 17, RetroMAE: warm-up ratio 0.0"),
+    "init.query.pretrain.max_length": (512, "Appendix C.3: maximum input length 512"),
+    "init.query.unsupervised.epochs": (3, "Appendix C.1.1 unsupervised InfoNCE; Table 17: 3 epochs"),
+    "init.query.unsupervised.batch_size": (19_200, "Table 17, unsupervised: global batch 19,200"),
+    "init.query.unsupervised.gradient_accumulation_steps": (1, "Table 17: global batch 19,200 per optimizer step"),
+    "init.query.unsupervised.lr": (1e-4, "Table 17, unsupervised: peak lr 1e-4"),
+    "init.query.unsupervised.warmup_ratio": (0.05, "Table 17, unsupervised: warm-up ratio 0.05"),
+    "init.query.unsupervised.learn_temperature": (True, "Appendix C.1.1: InfoNCE with a learnable temperature"),
+    "init.query.unsupervised.positives": ("title_text", "Appendix C.1.1: title-content pairs, in-batch negatives"),
+    "init.query.unsupervised.max_length": (512, "Appendix C.3: maximum input length 512"),
+    "stage1.enabled": (True, "§4.2.1: stage I, query alignment with the document tower frozen"),
+    "stage1.include_corpus": (True, "§4.2.1: self-contrastive alignment on unlabeled texts"),
+    "stage1.max_texts": (None, "§4.2.1: every unlabeled text (millions in the paper), no subset"),
+    "stage1.max_corpus_texts": (None, "§4.2.1: every unlabeled text (millions in the paper), no subset"),
+    "stage1.epochs": (1, "Appendix C.3 / Table 17, stage I: 1 epoch"),
+    "stage1.batch_size": (2560, "Table 17, stage I: global batch 2,560"),
+    "stage1.gradient_accumulation_steps": (1, "Table 17: global batch 2,560 per optimizer step"),
+    "stage1.lr": (1e-4, "Table 17, stage I: peak lr 1e-4"),
+    "stage1.warmup_ratio": (0.05, "Table 17, stage I: warm-up ratio 0.05"),
+    "stage1.max_length": (512, "Appendix C.3: maximum input length 512"),
+    "stage2.enabled": (True, "§4.2.2: stage II, joint fine-tuning (eq. 4)"),
+    "stage2.train_document": (True, "§4.2.2: both encoders unfrozen (the document tower through its LoRA)"),
+    "stage2.epochs": (1, "Appendix C.3 / Table 17, stage II: 1 epoch"),
+    "stage2.batch_size": (640, "Table 17, stage II: global batch 640"),
+    "stage2.gradient_accumulation_steps": (1, "Table 17: global batch 640 per optimizer step"),
+    "stage2.lr": (1e-4, "Table 17, stage II: peak lr 1e-4, the same for both encoders (C.3)"),
+    "stage2.warmup_ratio": (0.05, "Table 17, stage II: warm-up ratio 0.05"),
+    "stage2.query_max_length": (512, "Appendix C.3: maximum input length 512 (queries)"),
+    "stage2.document_max_length": (512, "Appendix C.3: maximum input length 512 (documents)"),
+}
+
 register_kind(RecipeKind("care", CareRecipe, train, evaluate,
-                         summary="CARE asymmetric retrieval: small query tower aligned to a large document tower"))
+                         summary="CARE asymmetric retrieval: small query tower aligned to a large document tower",
+                         paper=PAPER))
 
 
 def plan_spec(recipe: CareRecipe):

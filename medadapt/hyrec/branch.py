@@ -8,6 +8,15 @@ model's and stays as it was trained). The result is a :class:`~medadapt.hyrec.mo
 dense side *is* the composed model, so one folder, one ``medadapt eval --mode hybrid``, one Retriever
 index (dense + learned sparse) and one LangChain retriever serve it. Its folder is adapter-only (the
 heads, ``hyrec/`` and the base model's name) when ``save.adapter_only`` is set.
+
+On an **asymmetric** model (a CARE recipe's ``branches:``, e.g. ``recipes/care-minilm-query-ft-hybrid.yaml``)
+the branch reads the *document* tower: its tokenizer, embeddings and first layers give the token states of
+queries and documents alike (a query pays one extra pass through the frozen document tower's first
+``L - branch_layers`` layers plus the lexicon layers), and the dense side stays the two towers
+(``encode_query``: the query tower; ``encode_document``: the unchanged document tower, whose cached
+embeddings and any document index stay valid). The document tower must be a BERT-like sentence-transformers
+encoder (``Transformer`` with an ``encoder.layer`` stack, pooled by cls or mean); a decoder LLM tower is
+refused by :func:`check` before anything trains. The folder is the whole asymmetric model plus ``hyrec/``.
 """
 
 from __future__ import annotations
@@ -23,7 +32,8 @@ from medadapt.errors import ConfigError
 from medadapt.hyrec.recipe import (HyReCEvalSection, HyReCLossSection, HyReCModelSection, HyReCTrainingSection,
                                    NegativesSection, evaluate_modes)
 
-__all__ = ["BranchModelSection", "HyReCLexicalBranch", "build_and_train", "evaluate"]
+__all__ = ["BranchModelSection", "HyReCLexicalBranch", "branch_pooling", "branch_tower", "build_and_train",
+           "check", "check_tower", "evaluate"]
 
 
 class BranchModelSection(HyReCModelSection):
@@ -95,25 +105,62 @@ class HyReCLexicalBranch(Section):
         return self
 
 
-def branch_pooling(model, requested: str) -> str:
-    """The branch's dense pooling: the composed model's own ``Pooling`` mode (its second module). ``auto``
-    takes it; an explicit value must equal it (a branch served in one pass with another pooling would give
-    different dense vectors than the model it was composed with)."""
+def branch_tower(model) -> tuple[list, str]:
+    """``(modules, what)``: the modules of the encoder the branch reads and how errors name it: the model's
+    own modules (``"backbone"``), or for an asymmetric model its document route (``"document tower"``)."""
+    from medadapt.adapters.compose import base_kind
+
     modules = list(model._modules.values())
+    if base_kind(model) == "asymmetric":
+        return list(modules[0].sub_modules["document"]), "document tower"
+    return modules, "backbone"
+
+
+def check_tower(model) -> None:
+    """Refuse a model whose branch tower (:func:`branch_tower`) is not a BERT-like sentence-transformers
+    encoder: a ``Transformer`` first module whose model has an ``encoder.layer`` stack of bidirectional layers
+    (GLAE splits it), not a decoder LLM."""
+    from sentence_transformers.base.modules import Transformer
+
+    modules, what = branch_tower(model)
+    where = " of the asymmetric model" if what == "document tower" else ""
+    reason = ("the HyReC lexical branch reads the token states of a BERT-like encoder"
+              + ("; on an asymmetric model it reads the document tower for queries and documents alike"
+                 if where else ""))
+    first = modules[0] if modules else None
+    if not isinstance(first, Transformer):
+        raise ConfigError(f"cannot compose hyrec_lexical (branch): the {what}{where} starts with "
+                          f"{type(first).__name__ if first is not None else 'nothing'}, not a Transformer "
+                          f"({reason})")
+    auto = first.auto_model
+    config = getattr(auto, "config", None)
+    layers = getattr(getattr(auto, "encoder", None), "layer", None)
+    if layers is None or getattr(config, "is_decoder", False):
+        kind = getattr(config, "model_type", type(auto).__name__)
+        raise ConfigError(f"cannot compose hyrec_lexical (branch): the {what}{where} is a decoder "
+                          f"({kind}, no bidirectional encoder.layer stack) ({reason})")
+
+
+def branch_pooling(model, requested: str) -> str:
+    """The branch's dense pooling: the ``Pooling`` mode of the encoder it reads (the composed model's second
+    module; an asymmetric model's document route's). ``auto`` takes it; an explicit value must equal it (a
+    branch served in one pass with another pooling would give different dense vectors than the model it was
+    composed with)."""
+    modules, what = branch_tower(model)
     found = getattr(modules[1], "pooling_mode", None) if len(modules) > 1 else None
     if found not in ("cls", "mean"):
-        raise ConfigError(f"a HyReC branch needs a backbone pooled by cls or mean; this one's second module is "
+        raise ConfigError(f"a HyReC branch needs a {what} pooled by cls or mean; its second module is "
                           f"{type(modules[1]).__name__ if len(modules) > 1 else 'missing'} "
                           f"(pooling {found!r})")
     if requested not in ("auto", found):
-        raise ConfigError(f"branches.hyrec_lexical.model.pooling is {requested!r} but the backbone pools by "
+        raise ConfigError(f"branches.hyrec_lexical.model.pooling is {requested!r} but the {what} pools by "
                           f"{found!r}; leave it out (auto) or set {found!r}")
     return found
 
 
 def build_and_train(model, section: HyReCLexicalBranch, recipe, ctx):
-    """Wrap the trained SentenceTransformer ``model`` into a :class:`~medadapt.hyrec.model.HyReCModel` and
-    train the lexical branch (module docstring). Returns the composed model."""
+    """Wrap the trained SentenceTransformer ``model`` (one tower, or asymmetric: module docstring) into a
+    :class:`~medadapt.hyrec.model.HyReCModel` and train the lexical branch. Returns the composed model."""
     import dataclasses
 
     from medadapt.cache import backbone_view
@@ -124,6 +171,7 @@ def build_and_train(model, section: HyReCLexicalBranch, recipe, ctx):
     from medadapt.hyrec.train import hyrec_stage
 
     m, tr, neg = section.model, section.training, section.negatives
+    check_tower(model)
     fields = {f.name for f in dataclasses.fields(HyReCConfig)}
     settings = m.model_dump(include=fields)
     settings["pooling"] = branch_pooling(model, m.pooling)
@@ -193,8 +241,9 @@ def evaluate(recipe, model, section: HyReCLexicalBranch, ctx) -> dict[str, float
 
 
 def check(model, section: HyReCLexicalBranch, recipe) -> None:
-    """Refuse, before any training, a branch that cannot sit on ``model`` (its pooling) or that would choose
-    its fusion weight on the split the run reports."""
+    """Refuse, before any training, a branch that cannot sit on ``model`` (the encoder it reads is not
+    BERT-like, or its pooling) or that would choose its fusion weight on the split the run reports."""
+    check_tower(model)
     branch_pooling(model, section.model.pooling)
     if section.eval.tune_dense_weight and section.eval.tune_split == recipe.eval.split:
         raise ConfigError(f"branches.hyrec_lexical.eval.tune_split {section.eval.tune_split!r} is the split the "

@@ -13,6 +13,13 @@ union projectors) and ``words.json`` (strings of learned words). :meth:`HyReCMod
 exactly.
 
 Term mask: padding, special tokens ([CLS], [SEP], ...) and the unknown token never become terms.
+
+**Asymmetric dense side** (a composed CARE model, :mod:`medadapt.hyrec.branch`): ``st`` may be an
+asymmetric ``SentenceTransformer`` (first module a ``Router`` with ``query`` and ``document`` routes). The
+lexical branch then reads the *document* route's ``Transformer`` (its tokenizer and first layers) for queries
+and documents alike, while dense vectors come from the routes themselves (``st.encode_query`` /
+``st.encode_document``: the query tower for queries, the unchanged document tower for documents), so the
+document tower's cached embeddings and any dense document index stay valid.
 """
 
 from __future__ import annotations
@@ -165,8 +172,16 @@ class HyReCModel(nn.Module):
 
     # ------------------------------------------------------------------ parts
     @property
+    def asymmetric(self) -> bool:
+        """``True`` when the dense side is an asymmetric (``Router``) model (module docstring)."""
+        return _document_route(self.st) is not None
+
+    @property
     def transformer(self):
-        return self.st[0]
+        """The ``Transformer`` the lexical branch reads: the model's first module, or for an asymmetric dense
+        side the document route's first module."""
+        route = _document_route(self.st)
+        return route[0] if route is not None else self.st[0]
 
     @property
     def auto_model(self) -> nn.Module:
@@ -180,9 +195,12 @@ class HyReCModel(nn.Module):
     def projector(self) -> nn.Module:
         """The dense head between pooling and ``Normalize``: a :class:`DenseProjector` (eq. 6) or, in a
         composed model, medadapt heads (an :class:`~medadapt.adapters.stack.AdapterStack`, e.g. a MoE head);
-        an empty ``nn.Sequential`` (identity) when there is none."""
+        an empty ``nn.Sequential`` (identity) when there is none. For an asymmetric dense side: the query
+        route's modules (the dense side's own, which a branch keeps as trained)."""
         from sentence_transformers.base.modules import Normalize
 
+        if self.asymmetric:
+            return nn.Sequential(*next(iter(self.st._modules.values())).sub_modules["query"])
         mods = [m for m in list(self.st._modules.values())[2:] if not isinstance(m, Normalize)]
         return mods[0] if len(mods) == 1 else nn.Sequential(*mods)
 
@@ -271,6 +289,10 @@ class HyReCModel(nn.Module):
 
     def dense_from_pooled(self, pooled: Tensor) -> Tensor:
         """Dense projector (eq. 6) or the composed dense head; not normalised."""
+        if self.asymmetric:
+            raise ConfigError("an asymmetric dense side has no pooled-state path (its queries go through the "
+                              "query tower): encode dense vectors with encode_dense, and keep the branch's "
+                              "loss.dense_weight at 0")
         head = self.projector
         if isinstance(head, DenseProjector):
             return head.linear(pooled)
@@ -380,13 +402,26 @@ class HyReCModel(nn.Module):
         dense_out: list[np.ndarray] = []
         lex_out: list[dict[int, float]] = []
         order = sorted(range(len(texts)), key=lambda i: -len(texts[i]))
+        route_dense = dense and self.asymmetric  # cached_pooled does not apply: see the module docstring
+        if route_dense:
+            from sentence_transformers.base.modules import Normalize
+
+            route_normalized = isinstance(list(self.st._modules.values())[-1], Normalize)
         try:
             what = "queries" if role == "query" else "documents"
             for start in progress(range(0, len(texts), batch_size), desc=desc or f"encoding {what}", unit="batch",
                               disable=not show_progress):
                 idx = order[start : start + batch_size]
                 batch = [texts[i] for i in idx]
-                if state_cache is not None and cached_lexicon and (cached_pooled or not dense):
+                if route_dense:  # the routes themselves: the query tower / the unchanged document tower
+                    fn = self.st.encode_query if role == "query" else self.st.encode_document
+                    d = fn(batch, batch_size=len(batch), convert_to_tensor=True, show_progress_bar=False).float()
+                    if not route_normalized:  # an ending Normalize already did (and again could change bits)
+                        d = torch.nn.functional.normalize(d, dim=-1)
+                    dense_out.append(d.cpu().numpy())
+                    if not lexical:
+                        continue
+                if state_cache is not None and cached_lexicon and (cached_pooled or not dense or route_dense):
                     ids, mask, states = state_cache.lexicon_batch(self, batch, role)  # states unused below
                     ids, mask = ids.to(self.device), mask.to(self.device)
                 elif state_cache is not None:
@@ -397,7 +432,7 @@ class HyReCModel(nn.Module):
                     ids, mask = feats["input_ids"], feats["attention_mask"]
                     states = self.shared_states(ids, mask, feats.get("token_type_ids"))
                 states = states.float()
-                if dense:
+                if dense and not route_dense:
                     pooled = (state_cache.pooled(self, batch, role) .to(self.device) if cached_pooled and
                               state_cache is not None else self.pooled_from_states(states, mask))
                     d = self.dense_from_pooled(pooled)
@@ -557,6 +592,16 @@ class HyReCModel(nn.Module):
             part = {k[len(prefix):]: v for k, v in state.items() if k.startswith(prefix)}
             module.load_state_dict(part, strict=True)
         return model.to(device) if device else model
+
+
+def _document_route(st_model) -> list | None:
+    """The document route's modules when ``st_model`` starts with a ``Router`` that has query and document
+    routes, else ``None``."""
+    from medadapt.adapters.compose import base_kind
+
+    if base_kind(st_model) != "asymmetric":
+        return None
+    return list(next(iter(st_model._modules.values())).sub_modules["document"])
 
 
 def extend_vocabulary(transformer, characters: Sequence[str], seed: int = 0) -> int:
