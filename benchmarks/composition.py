@@ -10,6 +10,12 @@ evaluates the frozen backbone, the MoE adapter (dense) and the composed model (l
 the test split through the embedding cache, reads training times and folder sizes from the runs, and times
 query encoding (``--timing-queries`` test queries, best of ``--repeats``) for each model. Prints a table,
 writes JSON.
+
+``--composed-run LABEL=RUN`` (repeatable) adds any other composed dense + learned-lexical folder (lexical, dense,
+hybrid rows, training time, folder size, query time), e.g. the CARE query tower + document-route MoE head +
+learned lexical of ``recipes/care-query-ft-moe-hybrid.yaml``; ``--finetune-run RUN`` evaluates a fully
+fine-tuned model in the same run (its corpus embeddings come from the cache when that model was evaluated
+before, else they are re-encoded: the cost the composed models avoid).
 """
 
 from __future__ import annotations
@@ -40,6 +46,11 @@ def main() -> None:
     ap.add_argument("--split", default="test")
     ap.add_argument("--moe-run", type=Path, default=Path("runs/med-moe-embed"))
     ap.add_argument("--hybrid-run", type=Path, default=Path("runs/med-moe-embed-hybrid"))
+    ap.add_argument("--composed-run", action="append", default=[], metavar="LABEL=RUN",
+                    help="another composed (dense + learned-lexical) run folder to evaluate and time, e.g. "
+                         "'CARE query tower + document MoE head + learned lexical=runs/care-query-ft-moe-hybrid'")
+    ap.add_argument("--finetune-run", type=Path, default=None,
+                    help="a fully fine-tuned model folder (e.g. BMRetriever stage II) evaluated in the same run")
     ap.add_argument("--train", action="store_true", help="train both recipes into the run folders first")
     ap.add_argument("--timing-queries", type=int, default=1000)
     ap.add_argument("--repeats", type=int, default=3)
@@ -76,8 +87,22 @@ def main() -> None:
     modes = evaluate_modes(hybrid, data, ev, cache=cache, show_progress=False)
     for mode in ("lexical", "dense", "hybrid"):
         rows.append({"method": f"composed MoE + learned lexical: {mode}", **{k: modes[mode][k] for k in metrics}})
+    runs = [(rows[1], args.moe_run), (rows[-1], args.hybrid_run)]
+    composed = {}
+    for item in args.composed_run:
+        label, _, path = item.rpartition("=")
+        composed[label] = HyReCModel.load(path, device="cpu")
+        modes = evaluate_modes(composed[label], data, ev, cache=cache, show_progress=False)
+        for mode in ("lexical", "dense", "hybrid"):
+            rows.append({"method": f"{label}: {mode}", **{k: modes[mode][k] for k in metrics}})
+        runs.append((rows[-1], Path(path)))
+    if args.finetune_run is not None:
+        tuned = medadapt.load(str(args.finetune_run), device="cpu")
+        res = evaluate_retrieval(tuned, data, args.split, metrics, cache=cache, show_progress=False)
+        rows.append({"method": "full fine-tune (corpus re-encoded)", **{k: res[k] for k in metrics},
+                     "folder_mb": round(folder_mb(args.finetune_run), 1)})
 
-    for row, run in ((rows[1], args.moe_run), (rows[-1], args.hybrid_run)):
+    for row, run in runs:
         log = json.loads((run / "train_log.json").read_text())
         row["train_seconds"] = log["train_seconds"]
         row["encode_seconds"] = log["encode_seconds"]
@@ -90,6 +115,9 @@ def main() -> None:
         "composed MoE + learned lexical: hybrid": best_time(
             lambda: hybrid.encode(queries, "query", lexical=True, dense=True, batch_size=64), args.repeats),
     }
+    for label, model in composed.items():
+        timings[f"{label}: hybrid"] = best_time(
+            lambda model=model: model.encode(queries, "query", lexical=True, dense=True, batch_size=64), args.repeats)
     base = timings["frozen all-MiniLM-L6-v2"]
     for row in rows:
         if row["method"] in timings:  # frozen, MoE, and the composed model's hybrid row (dense + lexical)
@@ -106,7 +134,8 @@ def main() -> None:
                           str(r.get("query_time_vs_frozen", ""))]))
     out = {"data": args.data, "split": args.split, "machine": f"{platform.node()} {platform.processor()}",
            "threads": torch.get_num_threads(), "timing_queries": len(queries), "rows": rows,
-           "runs": {"moe": str(args.moe_run), "hybrid": str(args.hybrid_run)}}
+           "runs": {"moe": str(args.moe_run), "hybrid": str(args.hybrid_run), "composed": args.composed_run,
+                    "finetune": str(args.finetune_run) if args.finetune_run else None}}
     args.output.parent.mkdir(parents=True, exist_ok=True)
     args.output.write_text(json.dumps(out, indent=2) + "\n")
     print(f"wrote {args.output}")

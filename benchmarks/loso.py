@@ -2,6 +2,12 @@
 
     OMP_NUM_THREADS=1 python benchmarks/loso.py --models frozen,moe --output benchmarks/results/loso.json
     OMP_NUM_THREADS=1 python benchmarks/loso.py --sources 1_CancerGov_QA --models care --care-stage1 broad,recipe
+    OMP_NUM_THREADS=1 python benchmarks/loso.py --models hybrid --work /tmp/medadapt-loso-hybrid \
+        --output benchmarks/results/loso_hybrid.json
+    OMP_NUM_THREADS=1 python benchmarks/loso.py --models bmretriever --bmr-sources 1_CancerGov_QA,3_GHR_QA \
+        --work /tmp/medadapt-loso-bmretriever --output benchmarks/results/loso_bmretriever.json
+    OMP_NUM_THREADS=1 python benchmarks/loso.py --models care --care-stage1 broad --care-sources 3_GHR_QA,5_NIDDK_QA \
+        --work /tmp/medadapt-loso-care --output benchmarks/results/loso_care.json --merge
 
 (``OMP_NUM_THREADS=1`` on a shared CPU: with more threads than free cores the head training ran 10x slower.)
 
@@ -16,7 +22,19 @@ held-out source. Every model is evaluated on both test splits, in the same run:
   the whole corpus, so held-out documents can be negatives, never positives);
 * ``care``: ``recipes/care-minilm-1layer.yaml`` with a broad stage I (``--care-stage1 broad``: every corpus
   document and the questions of every split, held-out source included, as unlabeled alignment text; stage
-  II on the fold's labelled ``train`` split only), or the shipped narrow stage I (``--care-stage1 recipe``).
+  II on the fold's labelled ``train`` split only), or the shipped narrow stage I (``--care-stage1 recipe``);
+* ``hybrid``: the composed model of ``recipes/med-moe-embed-hybrid.yaml`` (MoE head + HyReC learned-lexical
+  branch) trained on the fold's ``train`` split, its fusion weight chosen by the recipe on the fold's ``dev``
+  split; the row is its hybrid figure, the JSON adds its lexical-only and dense-only (MoE head) figures and
+  the chosen weight (``--hybrid-sources``, default every fold);
+* ``bmretriever``: ``recipes/bmretriever-minilm.yaml`` stage II only (``stage1.enabled=false``, as
+  ``benchmarks/bmretriever.py --skip two-stage``) on ``--bmr-queries`` (2,000) fold-train queries, hard
+  negatives mined inside the recipe by the frozen base retriever; the fully fine-tuned model re-encodes the
+  corpus once per fold (``--bmr-sources``, default the first fold only).
+
+``--care-sources`` / ``--hybrid-sources`` / ``--bmr-sources`` pick the folds a slow model runs on (the frozen
+reference is measured on every fold of ``--sources``). ``--merge`` keeps the rows of an existing ``--output``
+that this run does not re-measure (same model and held-out source), so slow models can fill a file fold by fold.
 
 Columns: nDCG@10 on test-in and test-out, out/in ratio, and each model's figure as % of the frozen
 backbone on the same split of the same fold; Recall@100 goes to the JSON. All embeddings go through the
@@ -36,7 +54,7 @@ from _common import base_parser, finish
 REPO = Path(__file__).resolve().parents[1]
 METRICS = ["ndcg@10", "recall@100"]
 SPLITS = ("test-in", "test-out")
-MODELS = ("frozen", "moe", "care")
+MODELS = ("frozen", "moe", "care", "hybrid", "bmretriever")
 
 
 def care_overrides(fold: Path, stage1: str) -> list[str]:
@@ -62,6 +80,14 @@ def main() -> int:
                    help="comma-separated: 'broad' (all documents and questions) and/or 'recipe' (as shipped)")
     p.add_argument("--care-sources", default=None,
                    help="held-out sources CARE runs on (default: the first fold only; CARE is slow on a CPU)")
+    p.add_argument("--hybrid-recipe", type=Path, default=REPO / "recipes" / "med-moe-embed-hybrid.yaml")
+    p.add_argument("--hybrid-sources", default=None, help="held-out sources the composed hybrid runs on (default: all)")
+    p.add_argument("--bmr-recipe", type=Path, default=REPO / "recipes" / "bmretriever-minilm.yaml")
+    p.add_argument("--bmr-queries", type=int, default=2000, help="stage II train queries of the fold (stage I is off)")
+    p.add_argument("--bmr-sources", default=None,
+                   help="held-out sources BMRetriever runs on (default: the first fold only; it re-encodes the corpus)")
+    p.add_argument("--merge", action="store_true",
+                   help="keep the rows of an existing --output that this run does not re-measure")
     args = p.parse_args()
 
     from medadapt.cache import EmbeddingCache
@@ -80,12 +106,23 @@ def main() -> int:
     root = args.data_dir / args.dataset
     names = sorted(set(query_sources(root).values()))
     held = names if args.sources == "all" else [s.strip() for s in args.sources.split(",") if s.strip()]
-    care_held = set(held[:1] if args.care_sources is None else args.care_sources.split(","))
+    def chosen(option: str | None, default: list[str]) -> set[str]:
+        picked = default if option is None else [s.strip() for s in option.split(",") if s.strip()]
+        unknown = [s for s in picked if s not in names]
+        if unknown:
+            raise MedAdaptError(f"unknown held-out source(s) {unknown}; choose from {', '.join(names)}")
+        return set(picked)
+
+    care_held = chosen(args.care_sources, held[:1])
+    hybrid_held = chosen(args.hybrid_sources, held)
+    bmr_held = chosen(args.bmr_sources, held[:1])
     cache = EmbeddingCache()
     frozen = load("minilm", device="cpu")
     rows, folds = [], {}
+    kept, kept_folds, commands = _previous(args)
 
-    def row(model: str, source: str, scores: dict, seconds: float, reference: dict | None) -> dict:
+    def row(model: str, source: str, scores: dict, seconds: float, reference: dict | None,
+            extra: dict | None = None) -> dict:
         r = {"model": model, "held-out source": source}
         for split in SPLITS:
             for m in METRICS:
@@ -95,12 +132,13 @@ def main() -> int:
         r["% frozen in"] = round(100 * scores["test-in"]["ndcg@10"] / ref["test-in"]["ndcg@10"], 1)
         r["% frozen out"] = round(100 * scores["test-out"]["ndcg@10"] / ref["test-out"]["ndcg@10"], 1)
         r["train s"] = round(seconds, 1)
+        r.update(extra or {})
         rows.append(r)
         print({k: (round(v, 4) if isinstance(v, float) else v) for k, v in r.items()}, flush=True)
+        _partial(args, _merged(kept, rows), {**kept_folds, **folds})  # a killed run keeps every finished row
         return r
 
     for source in held:
-        _partial(args, rows, folds)  # an interrupted run keeps the folds it finished
         fold = leave_one_source_out(root, source, args.work / "folds" / source)
         folds[source] = fold_counts(fold)["splits"]
         print(f"fold {source}: " + ", ".join(f"{s} {c['queries']} q" for s, c in folds[source].items()), flush=True)
@@ -134,12 +172,86 @@ def main() -> int:
                 scores = {s: evaluate_asymmetric(res.model, data, s, METRICS, cache=cache, show_progress=False)
                           for s in SPLITS}
                 row(f"CARE 1-layer, stage I {stage1}", source, scores, seconds, reference)
+        if "hybrid" in models and source in hybrid_held:
+            from medadapt.hyrec.data import SharedStateCache
+            from medadapt.hyrec.recipe import evaluate_modes
+            from medadapt.recipes import load_recipe, run_recipe
+
+            recipe = load_recipe(args.hybrid_recipe, [f"data.path={fold}", "eval.split=test-in", "eval.expected={}"])
+            section = recipe.branches[-1]
+            t = time.perf_counter()
+            res = run_recipe(recipe, args.work / "runs" / f"hybrid-{source}", cache=cache, show_progress=False,
+                             evaluate=False, overwrite=True, log=lambda m: print(m, flush=True))
+            wall = time.perf_counter() - t
+            seconds = res.train_seconds or wall
+            # the branch's own evaluation (hyrec.branch.evaluate): the frozen lexicon encoder's token states
+            # come from the on-disk state cache the recipe trained with, the dense side from the embedding cache
+            disk = section.training.state_cache == "disk"
+            states = SharedStateCache(SharedStateCache.default_root()) if disk else None
+            modes = {}
+            for s in SPLITS:
+                ev = section.eval.model_copy(update={"split": s, "metrics": METRICS, "modes": list(MODES_HY)})
+                modes[s] = evaluate_modes(res.model, data, ev, cache=cache, state_cache=states,
+                                          show_progress=False, cached_lexicon=disk)
+            tuning = res.details.get("dense_weight_tuning", {})
+            extra = {f"{s} {mode} {m}": modes[s][mode][m] for mode in ("lexical", "dense") for s in SPLITS
+                     for m in METRICS}
+            extra.update({"% frozen in lexical": round(100 * modes["test-in"]["lexical"]["ndcg@10"]
+                                                       / reference["test-in"]["ndcg@10"], 1),
+                          "% frozen out lexical": round(100 * modes["test-out"]["lexical"]["ndcg@10"]
+                                                        / reference["test-out"]["ndcg@10"], 1),
+                          "dense_weight": res.model.config.dense_weight, "dense_weight_tuning": tuning,
+                          "branch negatives": section.negatives.model_dump(mode="json"), "wall s": round(wall, 1)})
+            row("MoE + learned lexical (med-moe-embed-hybrid.yaml), hybrid", source,
+                {s: modes[s]["hybrid"] for s in SPLITS}, seconds, reference, extra)
+        if "bmretriever" in models and source in bmr_held:
+            from medadapt.recipes import load_recipe, run_recipe
+
+            recipe = load_recipe(args.bmr_recipe, [f"data.path={fold}", "stage1.enabled=false",
+                                                   "eval.split=test-in", "eval.expected={}"])
+            recipe.stage2.tasks[0].max_queries = args.bmr_queries  # as benchmarks/bmretriever.py --stage2-queries
+            out = args.work / "runs" / f"bmretriever-{source}"
+            t = time.perf_counter()
+            res = run_recipe(recipe, out, cache=cache, show_progress=False, evaluate=False, overwrite=True,
+                             log=lambda m: print(m, flush=True))
+            wall = time.perf_counter() - t
+            t = time.perf_counter()
+            tuned = load(str(out), device="cpu")
+            scores = dense(tuned)  # the first split re-encodes the corpus with the fine-tuned weights, the second reuses it
+            stage2 = res.details.get("stages", {}).get("stage2", {})
+            row(f"BMRetriever-MiniLM stage II ({args.bmr_queries} q)", source, scores, res.train_seconds or wall,
+                reference, {"stage II rows": stage2.get("rows"), "wall s": round(wall, 1),
+                            "eval s": round(time.perf_counter() - t, 1)})
 
     columns = ["model", "held-out source", "test-in ndcg@10", "test-out ndcg@10", "out/in", "% frozen in",
                "% frozen out", "train s"]
+    rows = _merged(kept, rows)
     _rich_table(rows, columns)
-    finish(args, rows, columns, {"folds": folds, "config": {k: str(v) for k, v in vars(args).items()}})
+    command = " ".join([Path(sys.argv[0]).as_posix(), *sys.argv[1:]])
+    finish(args, rows, columns, {"folds": {**kept_folds, **folds},
+                                 "config": {k: str(v) for k, v in vars(args).items()},
+                                 **({"commands": [*commands, command]} if args.merge else {})})
     return 0
+
+
+MODES_HY = ("lexical", "dense", "hybrid")
+
+
+def _previous(args) -> tuple[list[dict], dict, list[str]]:
+    """With ``--merge``: the rows, folds and commands of an existing ``--output`` (else nothing)."""
+    if not (args.merge and args.output and args.output.is_file()):
+        return [], {}, []
+    import json
+
+    old = json.loads(args.output.read_text())
+    commands = old.get("commands") or ([old["command"]] if "command" in old else [])
+    return old.get("rows", []), old.get("folds", {}), commands
+
+
+def _merged(kept: list[dict], rows: list[dict]) -> list[dict]:
+    """``kept`` without the (model, held-out source) pairs re-measured in ``rows``, then ``rows``."""
+    new = {(r["model"], r["held-out source"]) for r in rows}
+    return [r for r in kept if (r["model"], r["held-out source"]) not in new] + rows
 
 
 def _partial(args, rows: list[dict], folds: dict) -> None:

@@ -1,6 +1,6 @@
 """``--paper`` (issue #16 item 3): each system's paper settings (its equations and hyperparameters) applied on
 top of a recipe, ``--set`` still winning, a run that really uses them, one clear error for a kind without a
-paper mode, and docs/recipes.md listing every setting. CARE: every shipped ``care*.yaml`` either takes the paper
+paper mode, and docs/recipes.md listing every setting. CARE: every shipped recipe of kind ``care`` either takes the paper
 settings or is refused with one error naming why (a pruned / static query tower cannot take the paper's
 RetroMAE query init), and the tiny twin runs every paper phase."""
 
@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
+import yaml
 from typer.testing import CliRunner
 
 from medadapt.cli import app
@@ -21,7 +22,9 @@ from medadapt.recipes.registry import get_kind, kinds
 ROOT = Path(__file__).resolve().parents[1]
 RECIPES = {"moe": "med-moe-embed.yaml", "bmretriever": "bmretriever-minilm.yaml",
            "hyrec": "hyrec-minilm-medquad.yaml", "care": "care-minilm-query-ft.yaml"}
-CARE_RECIPES = sorted(p.name for p in (ROOT / "recipes").glob("care*.yaml"))
+# every shipped recipe of kind care (care-query-ft-moe-hybrid.yaml is a moe recipe on a CARE run: not one)
+CARE_RECIPES = sorted(p.name for p in (ROOT / "recipes").glob("*.yaml")
+                      if yaml.safe_load(p.read_text(encoding="utf-8")).get("kind") == "care")
 
 
 def _get(dump: dict, path: str):

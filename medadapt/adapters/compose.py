@@ -30,7 +30,10 @@ ALLOWED: dict[tuple[str, str, str], str] = {
     ("asymmetric", "moe", "all"): "MoE head after the Router, on both towers' embeddings",
     ("asymmetric", "moe", "query"): "MoE head on the query route only: the document tower, its cached "
                                     "embeddings and any document index stay valid",
-    ("asymmetric", "moe", "document"): "MoE head on the document route only (re-index the documents)",
+    ("asymmetric", "moe", "document"): "MoE head on the document route only: documents are re-indexed "
+                                       "through the head, which runs on the document tower's cached "
+                                       "embeddings (no transformer pass over the corpus when that tower "
+                                       "is unchanged)",
     ("dense", "hyrec_lexical", "branch"): "HyReC learned-lexical branch beside the dense embedding (with or "
                                           "without a MoE head on it): one hybrid model, one index",
     ("asymmetric", "hyrec_lexical", "branch"): "HyReC learned-lexical branch on the document tower: it reads "
