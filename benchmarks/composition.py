@@ -91,6 +91,8 @@ def main() -> None:
     composed = {}
     for item in args.composed_run:
         label, _, path = item.rpartition("=")
+        if not label or not path:
+            ap.error(f"--composed-run takes LABEL=RUN, got {item!r}")
         composed[label] = HyReCModel.load(path, device="cpu")
         modes = evaluate_modes(composed[label], data, ev, cache=cache, show_progress=False)
         for mode in ("lexical", "dense", "hybrid"):

@@ -55,6 +55,7 @@ REPO = Path(__file__).resolve().parents[1]
 METRICS = ["ndcg@10", "recall@100"]
 SPLITS = ("test-in", "test-out")
 MODELS = ("frozen", "moe", "care", "hybrid", "bmretriever")
+MODES_HY = ("lexical", "dense", "hybrid")
 
 
 def care_overrides(fold: Path, stage1: str) -> list[str]:
@@ -208,8 +209,8 @@ def main() -> int:
             from medadapt.recipes import load_recipe, run_recipe
 
             recipe = load_recipe(args.bmr_recipe, [f"data.path={fold}", "stage1.enabled=false",
-                                                   "eval.split=test-in", "eval.expected={}"])
-            recipe.stage2.tasks[0].max_queries = args.bmr_queries  # as benchmarks/bmretriever.py --stage2-queries
+                                                   "eval.split=test-in", "eval.expected={}",
+                                                   f"stage2.tasks.0.max_queries={args.bmr_queries}"])
             out = args.work / "runs" / f"bmretriever-{source}"
             t = time.perf_counter()
             res = run_recipe(recipe, out, cache=cache, show_progress=False, evaluate=False, overwrite=True,
@@ -233,8 +234,6 @@ def main() -> int:
                                  **({"commands": [*commands, command]} if args.merge else {})})
     return 0
 
-
-MODES_HY = ("lexical", "dense", "hybrid")
 
 
 def _previous(args) -> tuple[list[dict], dict, list[str]]:
