@@ -56,6 +56,9 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--output", type=Path, default=Path("benchmarks/results/composition.json"))
     args = ap.parse_args()
+    bad = [item for item in args.composed_run if not all(item.rpartition("=")[::2])]
+    if bad:  # before any model loads or data reads
+        ap.error(f"--composed-run takes LABEL=RUN, got {bad}")
 
     import torch
 
@@ -91,8 +94,6 @@ def main() -> None:
     composed = {}
     for item in args.composed_run:
         label, _, path = item.rpartition("=")
-        if not label or not path:
-            ap.error(f"--composed-run takes LABEL=RUN, got {item!r}")
         composed[label] = HyReCModel.load(path, device="cpu")
         modes = evaluate_modes(composed[label], data, ev, cache=cache, show_progress=False)
         for mode in ("lexical", "dense", "hybrid"):
