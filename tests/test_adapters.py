@@ -361,3 +361,45 @@ def test_composed_hybrid_chooses_its_fusion_weight_on_a_held_out_split(tiny_bert
         plain = evaluate_hyrec(loaded, tiny_beir_dir, "train", "hybrid", ["ndcg@10"], dense_source="cache",
                                show_progress=False)
         assert plain["ndcg@10"] == pytest.approx(scores[w], abs=1e-6)
+
+
+def test_branch_fused_term_scores_with_the_composed_models_own_dense_embeddings(tiny_bert_dir, tiny_beir_dir,
+                                                                                 tmp_path, monkeypatch):
+    """``branches.0.loss.hybrid_weight``: the branch trains on ``lexical + w * dense`` with the composed model's
+    dense embeddings held fixed (exactly what its dense index serves, no gradient), logs the part, and leaves
+    the dense side as the run without the term trains it."""
+    from medadapt.cache import EmbeddingCache
+    from medadapt.data import load_beir
+    from medadapt.hyrec.model import HyReCModel
+    from medadapt.losses.hyrec import HyReCLoss
+    from medadapt.recipes import run_recipe
+
+    monkeypatch.setenv("MEDADAPT_CACHE", str(tmp_path / "cache"))
+    recipe = Path(__file__).resolve().parents[1] / "recipes" / "med-moe-embed-hybrid-tiny.yaml"
+    sets = [f"model.backbone={tiny_bert_dir}", f"data.path={tiny_beir_dir}", "data.hard_negatives.window=[2, 6]",
+            "training.batch_size=4", "branches.0.negatives.window=[2, 6]", "branches.0.training.batch_size=4",
+            "eval.split=test"]
+    seen = []
+    fused = HyReCLoss.fused_scores
+
+    def spy(self, lexical, dense):
+        seen.append((self.hybrid_dense_weight, [None if t is None else t.detach().clone() for t in dense]))
+        return fused(self, lexical, dense)
+
+    monkeypatch.setattr(HyReCLoss, "fused_scores", spy)
+    res = run_recipe(recipe, tmp_path / "run", [*sets, "branches.0.loss.hybrid_weight=1",
+                                                "branches.0.loss.hybrid_dense_weight=2"],
+                     show_progress=False, log=lambda _m: None)
+    assert seen and all(w == 2.0 for w, _ in seen)
+    assert not any(t.requires_grad for _, ts in seen for t in ts if t is not None)
+    log = json.loads((tmp_path / "run" / "train_log.json").read_text())["loss_history"]
+    branch = [r for r in log if r.get("stage") == "hyrec_lexical"]
+    assert branch and all(np.isfinite(r["hybrid"]) and r["hybrid"] > 0 for r in branch)
+    model = HyReCModel.load(tmp_path / "run", device="cpu")
+    queries = list(load_beir(tiny_beir_dir, ["train"]).split_queries("train").values())
+    served = torch.from_numpy(EmbeddingCache().encode(model.st, queries, role="query", show_progress=False))
+    first_q = seen[0][1][0]
+    dist = torch.cdist(first_q, served.float())  # every fixed query vector is one the composed model serves
+    assert float(dist.min(dim=1).values.max()) < 1e-4
+    plain = run_recipe(recipe, tmp_path / "plain", sets, show_progress=False, log=lambda _m: None)
+    assert res.metrics["dense/ndcg@10"] == pytest.approx(plain.metrics["dense/ndcg@10"], abs=1e-9)

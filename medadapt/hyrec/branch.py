@@ -4,7 +4,9 @@ Composed onto a trained dense model (a frozen backbone, optionally with medadapt
 head): the model's encoder is split as HyReC's GLAE does (``model.branch_layers`` / ``lexicon_layers``,
 frozen variant), the lexicon encoder and the weight / union projectors are added, and only the branch
 trains (lexical InfoNCE + union loss; ``loss.dense_weight`` must be 0: the dense side is the composed
-model's and stays as it was trained). The result is a :class:`~medadapt.hyrec.model.HyReCModel` whose
+model's and stays as it was trained; ``loss.hybrid_weight > 0`` adds InfoNCE on the fused score
+``lexical + loss.hybrid_dense_weight * dense`` with the composed model's cached dense embeddings held
+fixed, training the branch on what the dense side misses). The result is a :class:`~medadapt.hyrec.model.HyReCModel` whose
 dense side *is* the composed model, so one folder, one ``medadapt eval --mode hybrid``, one Retriever
 index (dense + learned sparse) and one LangChain retriever serve it. Its folder is adapter-only (the
 heads, ``hyrec/`` and the base model's name) when ``save.adapter_only`` is set.
@@ -199,8 +201,12 @@ def build_and_train(model, section: HyReCLexicalBranch, recipe, ctx):
     ctx.result.encode_seconds += time.perf_counter() - t0
     ctx.log(f"HyReC lexical branch: {hy._n_shared} shared + {len(hy.lexicon)} lexicon layers on the composed "
             f"model, {len(examples)} examples")
+    queries = [e.query for e in examples]
+    # the fused-score term (loss.hybrid_weight) scores with the composed model's own dense embeddings: the
+    # cache serves them (unchanged routes from their cached backbone outputs), read once per role, no gradient
+    fixed = CachedDenseInputs(cache, hy.st, queries, docs) if section.loss.hybrid_weight > 0 else None
     stage = hyrec_stage(hy, examples, tr, section.loss, negatives=neg.num, state_cache=state_cache,
-                        dense_inputs=CachedDenseInputs(cache, view, [e.query for e in examples], docs),
+                        dense_inputs=CachedDenseInputs(cache, view, queries, docs), fixed_dense=fixed,
                         name="hyrec_lexical", train_dense_head=False)  # read lazily: dense_weight 0 never asks
     res = ctx.train(hy, [stage], name="hyrec_lexical")
     ctx.result.details["branch_steps"] = res.steps

@@ -77,24 +77,30 @@ class NegativesSection(Section):
 
 class HyReCLossSection(Section):
     """``L = lexical_weight L_lex + dense_weight L_den + union_weight L_union`` (eq. 12-14), InfoNCE at
-    ``temperature``; a weight of 0 drops that part."""
+    ``temperature``; a weight of 0 drops that part. ``hybrid_weight`` (not in the paper, 0 by default) adds
+    InfoNCE on the fused score ``lexical + hybrid_dense_weight * dense``
+    (:class:`~medadapt.losses.hyrec.HyReCLoss`): in a lexical branch, where the dense side is fixed, it trains
+    the branch to complement the dense model."""
 
     temperature: float = Field(0.05, gt=0)
     lexical_weight: float = Field(1.0, ge=0)
     dense_weight: float = Field(1.0, ge=0)
     union_weight: float = Field(1.0, ge=0)
+    hybrid_weight: float = Field(0.0, ge=0, description="weight of the fused-score InfoNCE term (0: the paper)")
+    hybrid_dense_weight: float = Field(1.0, gt=0, description="dense weight inside the fused training score")
 
     @model_validator(mode="after")
     def _some_weight(self) -> HyReCLossSection:
-        if self.lexical_weight == self.dense_weight == self.union_weight == 0:
-            raise ValueError("at least one of lexical_weight, dense_weight, union_weight must be > 0")
+        if self.lexical_weight == self.dense_weight == self.union_weight == self.hybrid_weight == 0:
+            raise ValueError("at least one of lexical_weight, dense_weight, union_weight, hybrid_weight must be > 0")
         return self
 
     def build(self):
         """The :class:`~medadapt.losses.hyrec.HyReCLoss` this section describes."""
         from medadapt.losses.hyrec import HyReCLoss
 
-        return HyReCLoss(self.temperature, self.lexical_weight, self.dense_weight, self.union_weight)
+        return HyReCLoss(self.temperature, self.lexical_weight, self.dense_weight, self.union_weight,
+                         self.hybrid_weight, self.hybrid_dense_weight)
 
 
 class HyReCTrainingSection(OptimSection, RunSection):

@@ -72,18 +72,24 @@ class HyReCStep:
         negatives: hard negatives per example (at most; fewer when an example of the step has fewer).
         lexical_words: words in the training-time lexical score: ``none``, ``labels`` or ``predicted``.
         state_cache / dense_inputs / cached_lexicon: the frozen variant's fast paths (module docstring).
+        fixed_dense: the fused-score term's dense vectors (``loss_fn.weights["hybrid"] > 0``) from outside the
+            model, e.g. a trained dense model's cached embeddings beside a lexical branch: ``(texts, role) ->
+            (n, D)``, no gradient. ``None``: the model's own dense vectors.
     """
 
     def __init__(self, model, examples: Sequence[Example], loss_fn: HyReCLoss, *, negatives: int = 3,
                  lexical_words: str = "predicted", state_cache: SharedStateCache | None = None,
-                 dense_inputs: DenseInputs | None = None, cached_lexicon: bool = False):
+                 dense_inputs: DenseInputs | None = None, cached_lexicon: bool = False,
+                 fixed_dense: DenseInputs | None = None):
         self.model, self.examples, self.loss_fn, self.negatives = model, list(examples), loss_fn, negatives
         self.lexical_words, self.state_cache, self.dense_inputs = lexical_words, state_cache, dense_inputs
-        self.cached_lexicon = cached_lexicon
+        self.cached_lexicon, self.fixed_dense = cached_lexicon, fixed_dense
         w = loss_fn.weights
-        self.need_dense = w["dense"] > 0
-        self.need_union = w["union"] > 0 or (w["lexical"] > 0 and lexical_words == "predicted")
-        want_labels = w["union"] > 0 or (w["lexical"] > 0 and lexical_words == "labels")
+        self.need_fixed = w.get("hybrid", 0) > 0 and fixed_dense is not None
+        self.need_dense = w["dense"] > 0 or (w.get("hybrid", 0) > 0 and fixed_dense is None)
+        self.use_lex = w["lexical"] > 0 or w.get("hybrid", 0) > 0
+        self.need_union = w["union"] > 0 or (self.use_lex and lexical_words == "predicted")
+        want_labels = w["union"] > 0 or (self.use_lex and lexical_words == "labels")
         self.labels = UnionLabelCache(model, model.config.language) if want_labels else None
         self._memo: tuple[tuple, dict[str, Any]] | None = None
 
@@ -148,14 +154,16 @@ class HyReCStep:
         if self.need_dense:
             out["dense"] = (hy.dense_from_pooled(self.dense_inputs(texts, role).to(device))
                             if self.dense_inputs is not None else o["dense"])
+        if self.need_fixed:
+            out["fixed"] = self.fixed_dense(texts, role).to(device=device, dtype=torch.float32).detach()
         return out
 
     def loss(self, out: dict[str, Tensor], batch: Batch) -> dict[str, Tensor]:
-        """:class:`~medadapt.losses.HyReCLoss` of the gathered step: ``{"lexical", "dense", "union", "loss"}``
-        (parts with weight 0 left out)."""
+        """:class:`~medadapt.losses.HyReCLoss` of the gathered step: ``{"lexical", "dense", "union", "hybrid",
+        "loss"}`` (parts with weight 0 left out)."""
         B, per = out["p_weights"].shape[:2]
         w = self.loss_fn.weights
-        lex = dense = union = None
+        lex = dense = union = hybrid = None
 
         def flat(name: str) -> Tensor | None:
             v = out.get(f"p_{name}")
@@ -165,19 +173,25 @@ class HyReCStep:
             x = x.reshape(B, per, -1)
             return x[:, 0], (x[:, 1:] if per > 1 else None)
 
-        if w["lexical"] > 0:
+        if self.use_lex:
             q_terms = self._terms(out["q_weights"], out["q_ids"], out["q_mask"], out.get("q_union"),
                                   out.get("q_labels"))
             p_terms = self._terms(flat("weights"), flat("ids"), flat("mask"), flat("union"), flat("labels"))
             qv, pv = self.model.compact_term_vectors(q_terms, p_terms)
             lex = (qv, *split(pv))
-        if w["dense"] > 0:
+        if self.need_dense:
             dense = (out["q_dense"], *split(out["p_dense"]))
+        if w.get("hybrid", 0) > 0:
+            hybrid = (lex, (out["q_fixed"], *split(out["p_fixed"])) if self.need_fixed else dense)
         if w["union"] > 0:
             logits = torch.cat([out["q_union"].reshape(1, -1, 4), out["p_union"].reshape(1, -1, 4)], 1)
             labels = torch.cat([out["q_labels"].reshape(1, -1), out["p_labels"].reshape(1, -1)], 1)
             union = (logits, labels)
-        return self.loss_fn(lexical=lex, dense=dense, union=union)
+        if w["lexical"] == 0:
+            lex = None
+        if w["dense"] == 0:
+            dense = None
+        return self.loss_fn(lexical=lex, dense=dense, union=union, hybrid=hybrid)
 
     def _terms(self, weights: Tensor, ids: Tensor, mask: Tensor, union: Tensor | None, gold: Tensor | None
                ) -> tuple[Tensor, Tensor]:
@@ -196,12 +210,14 @@ class HyReCStep:
 def hyrec_stage(model, examples: Sequence[Example], training: HyReCTrainingSection | None = None,
                 loss: HyReCLossSection | HyReCLoss | None = None, *, negatives: int = 3,
                 state_cache: SharedStateCache | None = None, dense_inputs: DenseInputs | None = None,
-                name: str = "hyrec", train_dense_head: bool = True) -> Stage:
+                name: str = "hyrec", train_dense_head: bool = True, fixed_dense: DenseInputs | None = None
+                ) -> Stage:
     """The :class:`~medadapt.training.loop.Stage` that trains ``model`` on ``examples``: sets which
     parameters train (variant, ``train_dense_encoder``, ``train_lexicon_encoder``), two parameter groups
     (encoders at ``lr``, projectors at ``head_lr``), frozen parts in eval mode when the stage starts.
     ``lexical_words`` counts as ``none`` for a model without the semantic union (``loss.union_weight: 0``).
-    ``train_dense_head: false`` keeps the dense head (projector or composed heads) fixed."""
+    ``train_dense_head: false`` keeps the dense head (projector or composed heads) fixed; ``fixed_dense``:
+    see :class:`HyReCStep`."""
     training = training if training is not None else HyReCTrainingSection()
     loss_fn = loss if isinstance(loss, HyReCLoss) else (loss or HyReCLossSection()).build()
     if not examples:
@@ -215,7 +231,7 @@ def hyrec_stage(model, examples: Sequence[Example], training: HyReCTrainingSecti
         raise ConfigError("train_lexicon_encoder: false needs a shared-state cache and precomputed dense inputs")
     words = training.lexical_words if model.config.union else "none"
     step = HyReCStep(model, examples, loss_fn, negatives=negatives, lexical_words=words, state_cache=state_cache,
-                     dense_inputs=dense_inputs, cached_lexicon=cached_lexicon)
+                     dense_inputs=dense_inputs, cached_lexicon=cached_lexicon, fixed_dense=fixed_dense)
     frozen = nn.ModuleList(_frozen_modules(model, training) + ([] if train_dense_head else [model.projector]))
     model.requires_grad_(True)
     frozen.requires_grad_(False)  # a view: frozen.eval() also runs them in eval mode
