@@ -198,13 +198,15 @@ def build_and_train(model, section: HyReCLexicalBranch, recipe, ctx):
         state_cache.warm(hy, [e.query for e in examples], "query", lexicon=True, pooled=False,
                          show_progress=ctx.show_progress)
         state_cache.warm(hy, docs, "document", lexicon=True, pooled=False, show_progress=ctx.show_progress)
+        queries = [e.query for e in examples]
+        # the fused-score term (loss.hybrid_weight) scores with the composed model's own dense embeddings, as
+        # its index serves them: read from the cache once per role now (unchanged routes from their cached
+        # backbone outputs), held fixed while the branch trains
+        fixed = (CachedDenseInputs(cache, hy.st, queries, docs).fill(ctx.show_progress)
+                 if section.loss.hybrid_weight > 0 else None)
     ctx.result.encode_seconds += time.perf_counter() - t0
     ctx.log(f"HyReC lexical branch: {hy._n_shared} shared + {len(hy.lexicon)} lexicon layers on the composed "
             f"model, {len(examples)} examples")
-    queries = [e.query for e in examples]
-    # the fused-score term (loss.hybrid_weight) scores with the composed model's own dense embeddings: the
-    # cache serves them (unchanged routes from their cached backbone outputs), read once per role, no gradient
-    fixed = CachedDenseInputs(cache, hy.st, queries, docs) if section.loss.hybrid_weight > 0 else None
     stage = hyrec_stage(hy, examples, tr, section.loss, negatives=neg.num, state_cache=state_cache,
                         dense_inputs=CachedDenseInputs(cache, view, queries, docs), fixed_dense=fixed,
                         name="hyrec_lexical", train_dense_head=False)  # read lazily: dense_weight 0 never asks

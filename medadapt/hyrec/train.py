@@ -85,9 +85,9 @@ class HyReCStep:
         self.lexical_words, self.state_cache, self.dense_inputs = lexical_words, state_cache, dense_inputs
         self.cached_lexicon, self.fixed_dense = cached_lexicon, fixed_dense
         w = loss_fn.weights
-        self.need_fixed = w.get("hybrid", 0) > 0 and fixed_dense is not None
-        self.need_dense = w["dense"] > 0 or (w.get("hybrid", 0) > 0 and fixed_dense is None)
-        self.use_lex = w["lexical"] > 0 or w.get("hybrid", 0) > 0
+        self.need_fixed = w["hybrid"] > 0 and fixed_dense is not None
+        self.need_dense = w["dense"] > 0 or (w["hybrid"] > 0 and fixed_dense is None)
+        self.use_lex = w["lexical"] > 0 or w["hybrid"] > 0
         self.need_union = w["union"] > 0 or (self.use_lex and lexical_words == "predicted")
         want_labels = w["union"] > 0 or (self.use_lex and lexical_words == "labels")
         self.labels = UnionLabelCache(model, model.config.language) if want_labels else None
@@ -181,17 +181,14 @@ class HyReCStep:
             lex = (qv, *split(pv))
         if self.need_dense:
             dense = (out["q_dense"], *split(out["p_dense"]))
-        if w.get("hybrid", 0) > 0:
+        if w["hybrid"] > 0:
             hybrid = (lex, (out["q_fixed"], *split(out["p_fixed"])) if self.need_fixed else dense)
         if w["union"] > 0:
             logits = torch.cat([out["q_union"].reshape(1, -1, 4), out["p_union"].reshape(1, -1, 4)], 1)
             labels = torch.cat([out["q_labels"].reshape(1, -1), out["p_labels"].reshape(1, -1)], 1)
             union = (logits, labels)
-        if w["lexical"] == 0:
-            lex = None
-        if w["dense"] == 0:
-            dense = None
-        return self.loss_fn(lexical=lex, dense=dense, union=union, hybrid=hybrid)
+        return self.loss_fn(lexical=lex if w["lexical"] > 0 else None, dense=dense if w["dense"] > 0 else None,
+                            union=union, hybrid=hybrid)
 
     def _terms(self, weights: Tensor, ids: Tensor, mask: Tensor, union: Tensor | None, gold: Tensor | None
                ) -> tuple[Tensor, Tensor]:

@@ -14,8 +14,6 @@ for a dense residual beside BM25). No library loss scores two representations' s
 
 from __future__ import annotations
 
-import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
 from medadapt.errors import ConfigError
@@ -60,12 +58,13 @@ class HyReCLoss(nn.Module):
         self.hybrid_dense_weight = float(hybrid_dense_weight)
 
     def fused_scores(self, lexical, dense) -> Tensor:
-        """``(B, B + B*n)`` logits ``(cos_lex + hybrid_dense_weight * cos_den) / tau`` over the candidates of
-        :func:`~medadapt.losses.infonce.cosine_candidate_scores` (target of query ``i``: column ``i``)."""
+        """``(B, B + B*n)`` fused similarities ``cos_lex + hybrid_dense_weight * cos_den`` (before ``tau``) over
+        the candidates of :func:`~medadapt.losses.infonce.cosine_candidate_scores` (target of query ``i``:
+        column ``i``)."""
         lex, den = cosine_candidate_scores(*lexical), cosine_candidate_scores(*dense)
         if lex.shape != den.shape:
             raise ValueError(f"lexical and dense candidate sets differ: {tuple(lex.shape)} vs {tuple(den.shape)}")
-        return (lex + self.hybrid_dense_weight * den.to(lex.dtype)) / self.infonce.temperature
+        return lex + self.hybrid_dense_weight * den.to(lex.dtype)
 
     def forward(self, lexical=None, dense=None, union=None, hybrid=None) -> dict[str, Tensor]:
         parts: dict[str, Tensor] = {}
@@ -84,8 +83,6 @@ class HyReCLoss(nn.Module):
         if self.weights["hybrid"] > 0:
             if hybrid is None:
                 raise ValueError("hybrid inputs (lexical, dense) are required when hybrid_weight > 0")
-            scores = self.fused_scores(*hybrid)
-            target = torch.arange(scores.shape[0], device=scores.device)
-            parts["hybrid"] = F.cross_entropy(scores, target)
+            parts["hybrid"] = self.infonce.from_cosines(self.fused_scores(*hybrid))
         total = sum(self.weights[k] * v for k, v in parts.items())
         return {**parts, "loss": total}

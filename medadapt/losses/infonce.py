@@ -61,6 +61,10 @@ class InfoNCELoss(nn.Module):
         self.temperature = temperature
 
     def forward(self, query: Tensor, positive: Tensor, negatives: Tensor | None = None) -> dict[str, Tensor]:
-        scores = cosine_candidate_scores(query, positive, negatives) / self.temperature
-        target = torch.arange(query.shape[0], device=query.device)
-        return {"infonce": F.cross_entropy(scores, target)}
+        return {"infonce": self.from_cosines(cosine_candidate_scores(query, positive, negatives))}
+
+    def from_cosines(self, cosines: Tensor) -> Tensor:
+        """The loss of ``(B, B + B*n)`` candidate similarities laid out as :func:`cosine_candidate_scores`
+        returns them (target of query ``i``: column ``i``), divided by ``temperature`` here."""
+        target = torch.arange(cosines.shape[0], device=cosines.device)
+        return F.cross_entropy(cosines / self.temperature, target)
