@@ -22,7 +22,9 @@ held-out source. Every model is evaluated on both test splits, in the same run:
   the whole corpus, so held-out documents can be negatives, never positives);
 * ``care``: ``recipes/care-minilm-1layer.yaml`` with a broad stage I (``--care-stage1 broad``: every corpus
   document and the questions of every split, held-out source included, as unlabeled alignment text; stage
-  II on the fold's labelled ``train`` split only), or the shipped narrow stage I (``--care-stage1 recipe``);
+  II on the fold's labelled ``train`` split only), the shipped narrow stage I (``--care-stage1 recipe``), or
+  the broad stage I alone with stage II off (``--care-stage1 broad-only``: alignment to the document tower,
+  no labelled pair at all);
 * ``hybrid``: the composed model of ``recipes/med-moe-embed-hybrid.yaml`` (MoE head + HyReC learned-lexical
   branch) trained on the fold's ``train`` split, its fusion weight chosen by the recipe on the fold's ``dev``
   split; the row is its hybrid figure, the JSON adds its lexical-only and dense-only (MoE head) figures and
@@ -62,9 +64,11 @@ def care_overrides(fold: Path, stage1: str) -> list[str]:
     """Recipe overrides of the CARE run on ``fold``; ``broad`` aligns stage I on every corpus document and the
     questions of every split (the held-out source's too, as unlabeled text: no judgement of it is used)."""
     base = [f"data.path={fold}", "eval.split=test-in", "eval.expected={}"]
-    if stage1 == "broad":
+    if stage1 in ("broad", "broad-only"):
         base += ["stage1.query_splits=[train, dev, test-in, test-out]", "stage1.include_corpus=true",
                  "stage1.max_corpus_texts=null", "stage1.max_texts=null"]
+    if stage1 == "broad-only":
+        base += ["stage2.enabled=false"]
     return base
 
 
@@ -78,7 +82,8 @@ def main() -> int:
     p.add_argument("--moe-recipe", type=Path, default=REPO / "recipes" / "med-moe-embed.yaml")
     p.add_argument("--care-recipe", type=Path, default=REPO / "recipes" / "care-minilm-1layer.yaml")
     p.add_argument("--care-stage1", default="broad",
-                   help="comma-separated: 'broad' (all documents and questions) and/or 'recipe' (as shipped)")
+                   help="comma-separated: 'broad' (all documents and questions), 'recipe' (as shipped) and/or "
+                        "'broad-only' (broad stage I, stage II off)")
     p.add_argument("--care-sources", default=None,
                    help="held-out sources CARE runs on (default: the first fold only; CARE is slow on a CPU)")
     p.add_argument("--hybrid-recipe", type=Path, default=REPO / "recipes" / "med-moe-embed-hybrid.yaml")
@@ -98,8 +103,8 @@ def main() -> int:
     from medadapt.eval import evaluate_retrieval
     from medadapt.models import load
 
-    if not set(args.care_stage1.split(",")) <= {"broad", "recipe"}:
-        raise MedAdaptError(f"--care-stage1 {args.care_stage1!r}: choose from broad, recipe")
+    if not set(args.care_stage1.split(",")) <= {"broad", "recipe", "broad-only"}:
+        raise MedAdaptError(f"--care-stage1 {args.care_stage1!r}: choose from broad, recipe, broad-only")
     models = [m.strip() for m in args.models.split(",") if m.strip()]
     bad = [m for m in models if m not in MODELS]
     if bad:
@@ -172,7 +177,8 @@ def main() -> int:
                 seconds = res.train_seconds or time.perf_counter() - t
                 scores = {s: evaluate_asymmetric(res.model, data, s, METRICS, cache=cache, show_progress=False)
                           for s in SPLITS}
-                row(f"CARE 1-layer, stage I {stage1}", source, scores, seconds, reference)
+                label = "stage I broad, no stage II" if stage1 == "broad-only" else f"stage I {stage1}"
+                row(f"CARE 1-layer, {label}", source, scores, seconds, reference)
         if "hybrid" in models and source in hybrid_held:
             from medadapt.hyrec.data import SharedStateCache
             from medadapt.hyrec.recipe import evaluate_modes
