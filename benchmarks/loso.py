@@ -24,7 +24,8 @@ held-out source. Every model is evaluated on both test splits, in the same run:
   document and the questions of every split, held-out source included, as unlabeled alignment text; stage
   II on the fold's labelled ``train`` split only), the shipped narrow stage I (``--care-stage1 recipe``), or
   the broad stage I alone with stage II off (``--care-stage1 broad-only``: alignment to the document tower,
-  no labelled pair at all);
+  no labelled pair at all); ``--care-recipe recipes/care-minilm.yaml`` gives the 2-layer tower (the row
+  names the tower's depth);
 * ``hybrid``: the composed model of ``recipes/med-moe-embed-hybrid.yaml`` (MoE head + HyReC learned-lexical
   branch) trained on the fold's ``train`` split, its fusion weight chosen by the recipe on the fold's ``dev``
   split; the row is its hybrid figure, the JSON adds its lexical-only and dense-only (MoE head) figures and
@@ -178,7 +179,9 @@ def main() -> int:
                 scores = {s: evaluate_asymmetric(res.model, data, s, METRICS, cache=cache, show_progress=False)
                           for s in SPLITS}
                 label = "stage I broad, no stage II" if stage1 == "broad-only" else f"stage I {stage1}"
-                row(f"CARE 1-layer, {label}", source, scores, seconds, reference)
+                q = recipe.query
+                tower = f"{q.layers}-layer" if getattr(q, "kind", None) == "pruned" else getattr(q, "kind", "query")
+                row(f"CARE {tower}, {label}", source, scores, seconds, reference)
         if "hybrid" in models and source in hybrid_held:
             from medadapt.hyrec.data import SharedStateCache
             from medadapt.hyrec.recipe import evaluate_modes
