@@ -14,8 +14,8 @@ recipe, on an already trained folder. Prints a table, writes JSON.
 reciprocal rank) over the two top-100 lists, each with its dense weight chosen on the tune split from
 ``--list-weights``, and reports them on the test split beside ``S_lex + w * S_den``:
 
-    python benchmarks/fusion_weight.py --run runs/care-query-ft-moe-hybrid --weights 0.5,1,1.5,2,2.5,3,4 \
-        --compare-fusions --output benchmarks/results/fusion_methods.json
+    python benchmarks/fusion_weight.py --run runs/care-query-ft-moe-hybrid \
+        --weights 0.25,0.5,0.75,1,1.5,2,3,4,6,8,12,16 --compare-fusions --output benchmarks/results/fusion_methods.json
 """
 
 from __future__ import annotations
