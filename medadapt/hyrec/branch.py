@@ -6,9 +6,10 @@ frozen variant), the lexicon encoder and the weight / union projectors are added
 trains (lexical InfoNCE + union loss; ``loss.dense_weight`` must be 0: the dense side is the composed
 model's and stays as it was trained; ``loss.hybrid_weight > 0`` adds InfoNCE on the fused score
 ``lexical + loss.hybrid_dense_weight * dense`` with the composed model's cached dense embeddings held
-fixed, training the branch on what the dense side misses). The result is a :class:`~medadapt.hyrec.model.HyReCModel` whose
-dense side *is* the composed model, so one folder, one ``medadapt eval --mode hybrid``, one Retriever
-index (dense + learned sparse) and one LangChain retriever serve it. Its folder is adapter-only (the
+fixed, training the branch on what the dense side misses). The result is a
+:class:`~medadapt.hyrec.model.HyReCModel` whose dense side *is* the composed model, so one folder, one
+``medadapt eval --mode hybrid``, one Retriever index (dense + learned sparse) and one LangChain retriever
+serve it. Its folder is adapter-only (the
 heads, ``hyrec/`` and the base model's name) when ``save.adapter_only`` is set.
 
 On an **asymmetric** model (a CARE recipe's ``branches:``, e.g. ``recipes/care-minilm-query-ft-hybrid.yaml``)
