@@ -40,13 +40,13 @@ def lexical_scores(run: Path, data, states) -> dict[str, np.ndarray]:
     dtexts = data.doc_texts()
     states.warm(model, dtexts, "document", lexicon=True, pooled=False, show_progress=False)
     _, d_lex = model.encode(dtexts, "document", lexical=True, dense=False, **kw)
-    docs = to_csr(d_lex, model.n_terms).tocsr()
+    docs = to_csr(d_lex, model.n_terms)
     out = {}
     for split in SPLITS:
         texts = list(data.split_queries(split).values())
         states.warm(model, texts, "query", lexicon=True, pooled=False, show_progress=False)
         _, q_lex = model.encode(texts, "query", lexical=True, dense=False, **kw)
-        out[split] = np.asarray((to_csr(q_lex, model.n_terms).tocsr() @ docs.T).todense(), np.float32)
+        out[split] = np.asarray((to_csr(q_lex, model.n_terms) @ docs.T).todense(), np.float32)
     return out
 
 
@@ -80,6 +80,7 @@ def main() -> None:
     from medadapt.data import load_beir
     from medadapt.eval.metrics import evaluate_run
     from medadapt.hyrec.data import SharedStateCache
+    from medadapt.retrieval.fusion import hybrid_score
 
     data = load_beir(args.data_dir / args.dataset, list(SPLITS))
     ids = data.doc_ids
@@ -106,9 +107,10 @@ def main() -> None:
         for lex_members, den_members in candidates:
             s_lex = {s: sum(lex[m][s] for m in lex_members) / len(lex_members) for s in SPLITS}
             s_den = {s: sum(den[m][s] for m in den_members) / len(den_members) for s in SPLITS}
-            dev = {w: evaluate("dev", s_lex["dev"] + w * s_den["dev"], ["ndcg@10"])["ndcg@10"] for w in weights}
+            dev = {w: evaluate("dev", hybrid_score(s_lex["dev"], s_den["dev"], w), ["ndcg@10"])["ndcg@10"]
+                   for w in weights}
             best = max(weights, key=lambda w: (dev[w], -weights.index(w)))
-            test = evaluate("test", s_lex["test"] + best * s_den["test"], METRICS)
+            test = evaluate("test", hybrid_score(s_lex["test"], s_den["test"], best), METRICS)
             rows.append({"lexical": " + ".join(lex_members), "dense": " + ".join(den_members), "w": best,
                          "dev ndcg@10": dev[best], **{f"test {m}": v for m, v in test.items()}})
             print(f"{rows[-1]['lexical']} | {rows[-1]['dense']} | w {best:g} | dev {dev[best]:.4f} | "

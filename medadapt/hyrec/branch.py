@@ -9,8 +9,8 @@ model's and stays as it was trained; ``loss.hybrid_weight > 0`` adds InfoNCE on 
 fixed, training the branch on what the dense side misses). The result is a
 :class:`~medadapt.hyrec.model.HyReCModel` whose dense side *is* the composed model, so one folder, one
 ``medadapt eval --mode hybrid``, one Retriever index (dense + learned sparse) and one LangChain retriever
-serve it. Its folder is adapter-only (the
-heads, ``hyrec/`` and the base model's name) when ``save.adapter_only`` is set.
+serve it. Its folder is adapter-only (the heads, ``hyrec/`` and the base model's name) when
+``save.adapter_only`` is set.
 
 On an **asymmetric** model (a CARE recipe's ``branches:``, e.g. ``recipes/care-minilm-query-ft-hybrid.yaml``)
 the branch reads the *document* tower: its tokenizer, embeddings and first layers give the token states of
