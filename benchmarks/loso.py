@@ -8,6 +8,8 @@
         --work /tmp/medadapt-loso-bmretriever --output benchmarks/results/loso_bmretriever.json
     OMP_NUM_THREADS=1 python benchmarks/loso.py --models care --care-stage1 broad --care-sources 3_GHR_QA,5_NIDDK_QA \
         --work /tmp/medadapt-loso-care --output benchmarks/results/loso_care.json --merge
+    OMP_NUM_THREADS=1 python benchmarks/loso.py --sources 2_GARD_QA --models composed --composed-sources 2_GARD_QA \
+        --work /tmp/medadapt-loso-composed --output benchmarks/results/loso_composed.json --merge
 
 (``OMP_NUM_THREADS=1`` on a shared CPU: with more threads than free cores the head training ran 10x slower.)
 
@@ -25,19 +27,26 @@ held-out source. Every model is evaluated on both test splits, in the same run:
   II on the fold's labelled ``train`` split only), the shipped narrow stage I (``--care-stage1 recipe``), or
   the broad stage I alone with stage II off (``--care-stage1 broad-only``: alignment to the document tower,
   no labelled pair at all); ``--care-recipe recipes/care-minilm.yaml`` gives the 2-layer tower (the row
-  names the tower's depth);
+  names the tower's depth), ``--care-recipe recipes/care-minilm-query-ft.yaml --care-stage1 recipe`` the full
+  6-layer query tower fine-tuned against the frozen, cached MiniLM document tower (issue #14's dense base);
 * ``hybrid``: the composed model of ``recipes/med-moe-embed-hybrid.yaml`` (MoE head + HyReC learned-lexical
   branch) trained on the fold's ``train`` split, its fusion weight chosen by the recipe on the fold's ``dev``
   split; the row is its hybrid figure, the JSON adds its lexical-only and dense-only (MoE head) figures and
   the chosen weight (``--hybrid-sources``, default every fold);
+* ``composed``: issue #14's one-folder model, ``recipes/care-query-ft-moe-hybrid.yaml`` (MoE head on the
+  document route + learned-lexical branch) on the fold's CARE query-tower run (``--composed-base``, trained
+  by ``recipes/care-minilm-query-ft.yaml`` on the fold's ``train`` split when the folder does not exist, so
+  the ``care`` rows of that recipe can be reused); fusion weight chosen on the fold's ``dev`` split
+  (``--composed-sources``, default the first fold only);
 * ``bmretriever``: ``recipes/bmretriever-minilm.yaml`` stage II only (``stage1.enabled=false``, as
   ``benchmarks/bmretriever.py --skip two-stage``) on ``--bmr-queries`` (2,000) fold-train queries, hard
   negatives mined inside the recipe by the frozen base retriever; the fully fine-tuned model re-encodes the
   corpus once per fold (``--bmr-sources``, default the first fold only).
 
-``--care-sources`` / ``--hybrid-sources`` / ``--bmr-sources`` pick the folds a slow model runs on (the frozen
-reference is measured on every fold of ``--sources``). ``--merge`` keeps the rows of an existing ``--output``
-that this run does not re-measure (same model and held-out source), so slow models can fill a file fold by fold.
+``--care-sources`` / ``--hybrid-sources`` / ``--composed-sources`` / ``--bmr-sources`` pick the folds a slow
+model runs on (the frozen reference is measured on every fold of ``--sources``). ``--merge`` keeps the rows of
+an existing ``--output`` that this run does not re-measure (same model and held-out source), so slow models can
+fill a file fold by fold.
 
 Columns: nDCG@10 on test-in and test-out, out/in ratio, and each model's figure as % of the frozen
 backbone on the same split of the same fold; Recall@100 goes to the JSON. All embeddings go through the
@@ -57,7 +66,7 @@ from _common import base_parser, finish
 REPO = Path(__file__).resolve().parents[1]
 METRICS = ["ndcg@10", "recall@100"]
 SPLITS = ("test-in", "test-out")
-MODELS = ("frozen", "moe", "care", "hybrid", "bmretriever")
+MODELS = ("frozen", "moe", "care", "hybrid", "composed", "bmretriever")
 MODES_HY = ("lexical", "dense", "hybrid")
 
 
@@ -89,6 +98,13 @@ def main() -> int:
                    help="held-out sources CARE runs on (default: the first fold only; CARE is slow on a CPU)")
     p.add_argument("--hybrid-recipe", type=Path, default=REPO / "recipes" / "med-moe-embed-hybrid.yaml")
     p.add_argument("--hybrid-sources", default=None, help="held-out sources the composed hybrid runs on (default: all)")
+    p.add_argument("--composed-base-recipe", type=Path, default=REPO / "recipes" / "care-minilm-query-ft.yaml")
+    p.add_argument("--composed-recipe", type=Path, default=REPO / "recipes" / "care-query-ft-moe-hybrid.yaml")
+    p.add_argument("--composed-base", default=None,
+                   help="run folder of the fold's base model, with {source} for the held-out source (default: "
+                        "WORK/runs/composed-base-{source}); trained there by --composed-base-recipe if absent")
+    p.add_argument("--composed-sources", default=None,
+                   help="held-out sources the composed model runs on (default: the first fold only)")
     p.add_argument("--bmr-recipe", type=Path, default=REPO / "recipes" / "bmretriever-minilm.yaml")
     p.add_argument("--bmr-queries", type=int, default=2000, help="stage II train queries of the fold (stage I is off)")
     p.add_argument("--bmr-sources", default=None,
@@ -123,6 +139,7 @@ def main() -> int:
     care_held = chosen(args.care_sources, held[:1])
     hybrid_held = chosen(args.hybrid_sources, held)
     bmr_held = chosen(args.bmr_sources, held[:1])
+    composed_held = chosen(args.composed_sources, held[:1])
     cache = EmbeddingCache()
     frozen = load("minilm", device="cpu")
     rows, folds = [], {}
@@ -180,40 +197,29 @@ def main() -> int:
                           for s in SPLITS}
                 label = "stage I broad, no stage II" if stage1 == "broad-only" else f"stage I {stage1}"
                 q = recipe.query
-                tower = f"{q.layers}-layer" if getattr(q, "kind", None) == "pruned" else getattr(q, "kind", "query")
+                kind = getattr(q, "kind", None)
+                tower = {"pruned": f"{getattr(q, 'layers', '?')}-layer",
+                         "sentence_transformer": "full query tower"}.get(kind, kind or "query")
                 row(f"CARE {tower}, {label}", source, scores, seconds, reference)
         if "hybrid" in models and source in hybrid_held:
-            from medadapt.hyrec.data import SharedStateCache
-            from medadapt.hyrec.recipe import evaluate_modes
+            _hybrid_row(row, args.hybrid_recipe, [], args.work / "runs" / f"hybrid-{source}", fold, source, data,
+                        cache, reference, "MoE + learned lexical (med-moe-embed-hybrid.yaml), hybrid")
+        if "composed" in models and source in composed_held:
             from medadapt.recipes import load_recipe, run_recipe
 
-            recipe = load_recipe(args.hybrid_recipe, [f"data.path={fold}", "eval.split=test-in", "eval.expected={}"])
-            section = recipe.branches[-1]
-            t = time.perf_counter()
-            res = run_recipe(recipe, args.work / "runs" / f"hybrid-{source}", cache=cache, show_progress=False,
-                             evaluate=False, overwrite=True, log=lambda m: print(m, flush=True))
-            wall = time.perf_counter() - t
-            seconds = res.train_seconds or wall
-            # the branch's own evaluation (hyrec.branch.evaluate): the frozen lexicon encoder's token states
-            # come from the on-disk state cache the recipe trained with, the dense side from the embedding cache
-            disk = section.training.state_cache == "disk"
-            states = SharedStateCache(SharedStateCache.default_root()) if disk else None
-            modes = {}
-            for s in SPLITS:
-                ev = section.eval.model_copy(update={"split": s, "metrics": METRICS, "modes": list(MODES_HY)})
-                modes[s] = evaluate_modes(res.model, data, ev, cache=cache, state_cache=states,
-                                          show_progress=False, cached_lexicon=disk)
-            tuning = res.details.get("dense_weight_tuning", {})
-            extra = {f"{s} {mode} {m}": modes[s][mode][m] for mode in ("lexical", "dense") for s in SPLITS
-                     for m in METRICS}
-            extra.update({"% frozen in lexical": round(100 * modes["test-in"]["lexical"]["ndcg@10"]
-                                                       / reference["test-in"]["ndcg@10"], 1),
-                          "% frozen out lexical": round(100 * modes["test-out"]["lexical"]["ndcg@10"]
-                                                        / reference["test-out"]["ndcg@10"], 1),
-                          "dense_weight": res.model.config.dense_weight, "dense_weight_tuning": tuning,
-                          "branch negatives": section.negatives.model_dump(mode="json"), "wall s": round(wall, 1)})
-            row("MoE + learned lexical (med-moe-embed-hybrid.yaml), hybrid", source,
-                {s: modes[s]["hybrid"] for s in SPLITS}, seconds, reference, extra)
+            template = args.composed_base or str(args.work / "runs" / "composed-base-{source}")
+            base = Path(template.format(source=source))
+            base_seconds = 0.0
+            if not base.is_dir():  # run folders are replaced atomically: a folder that exists is complete
+                recipe = load_recipe(args.composed_base_recipe, care_overrides(fold, "recipe"))
+                t = time.perf_counter()
+                res = run_recipe(recipe, base, cache=cache, show_progress=False, evaluate=False, overwrite=True,
+                                 log=lambda _m: None)
+                base_seconds = res.train_seconds or time.perf_counter() - t
+            _hybrid_row(row, args.composed_recipe, [f"model.backbone={base.resolve()}"],
+                        args.work / "runs" / f"composed-{source}", fold, source, data, cache, reference,
+                        "CARE query tower + MoE head + learned lexical (care-query-ft-moe-hybrid.yaml), hybrid",
+                        {"base run": str(base), "base train s": round(base_seconds, 1)})
         if "bmretriever" in models and source in bmr_held:
             from medadapt.recipes import load_recipe, run_recipe
 
@@ -243,6 +249,43 @@ def main() -> int:
                                  **({"commands": [*commands, command]} if args.merge else {})})
     return 0
 
+
+
+def _hybrid_row(row, recipe_path: Path, overrides: list[str], out: Path, fold: Path, source: str, data,
+                cache, reference: dict, label: str, extra: dict | None = None) -> dict:
+    """Train a recipe whose last section is a ``hyrec_lexical`` branch on ``fold`` and add its hybrid row, with
+    the lexical-only and dense-only figures, the dense weight chosen on the fold's dev split and the branch's
+    negatives in the JSON."""
+    from medadapt.hyrec.data import SharedStateCache
+    from medadapt.hyrec.recipe import evaluate_modes
+    from medadapt.recipes import load_recipe, run_recipe
+
+    recipe = load_recipe(recipe_path, [f"data.path={fold}", "eval.split=test-in", "eval.expected={}", *overrides])
+    section = recipe.branches[-1]
+    t = time.perf_counter()
+    res = run_recipe(recipe, out, cache=cache, show_progress=False, evaluate=False, overwrite=True,
+                     log=lambda m: print(m, flush=True))
+    wall = time.perf_counter() - t
+    seconds = res.train_seconds or wall
+    # the branch's own evaluation (hyrec.branch.evaluate): the frozen lexicon encoder's token states come from
+    # the on-disk state cache the recipe trained with, the dense side from the embedding cache
+    disk = section.training.state_cache == "disk"
+    states = SharedStateCache(SharedStateCache.default_root()) if disk else None
+    modes = {}
+    for s in SPLITS:
+        ev = section.eval.model_copy(update={"split": s, "metrics": METRICS, "modes": list(MODES_HY)})
+        modes[s] = evaluate_modes(res.model, data, ev, cache=cache, state_cache=states, show_progress=False,
+                                  cached_lexicon=disk)
+    tuning = res.details.get("dense_weight_tuning", {})
+    more = {f"{s} {mode} {m}": modes[s][mode][m] for mode in ("lexical", "dense") for s in SPLITS for m in METRICS}
+    for mode in ("lexical", "dense"):
+        for split, short in (("test-in", "in"), ("test-out", "out")):
+            key = f"% frozen {short} {mode}"
+            more[key] = round(100 * modes[split][mode]["ndcg@10"] / reference[split]["ndcg@10"], 1)
+    more.update({"dense_weight": res.model.config.dense_weight, "dense_weight_tuning": tuning,
+                 "branch negatives": section.negatives.model_dump(mode="json"), "wall s": round(wall, 1),
+                 **(extra or {})})
+    return row(label, source, {s: modes[s]["hybrid"] for s in SPLITS}, seconds, reference, more)
 
 
 def _previous(args) -> tuple[list[dict], dict, list[str]]:
