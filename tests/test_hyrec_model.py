@@ -215,6 +215,34 @@ def test_state_cache_memo_is_per_model_object_not_per_address(tiny_bert_dir):
     assert cache._fingerprint(b, "lexicon") != fp_a
 
 
+def test_state_cache_lexicon_states_follow_a_trained_lexicon_encoder(tiny_bert_dir):
+    """Lexicon states cached before the lexicon encoder changed in place (an optimizer step with
+    ``train_lexicon_encoder``, ``load_state_dict``) are never served afterwards: the memoised fingerprint is
+    re-validated against the weights' version counters, and the stale states are dropped. While the weights
+    are unchanged the memo (and the cached states) are reused."""
+    model = make(tiny_bert_dir, variant="frozen")
+    cache = SharedStateCache(None)
+    _, _, before = cache.lexicon_batch(model, TEXTS, "document")
+    assert cache._fingerprint(model, "lexicon") is cache._fingerprint(model, "lexicon")  # memo hit
+    fp = cache._fingerprint(model, "lexicon")
+    original = {k: v.clone() for k, v in model.lexicon.state_dict().items()}
+    with torch.no_grad():
+        for p in model.lexicon.parameters():
+            p.mul_(1.5)
+    _, mask, after = cache.lexicon_batch(model, TEXTS, "document")
+    assert cache._fingerprint(model, "lexicon") != fp
+    ids, mask2, states = cache.batch(model, TEXTS, "document")
+    model.eval()
+    with torch.no_grad():
+        fresh = model.lexicon_states(states, mask2).float()
+    valid = mask.bool()
+    assert not torch.allclose(before[valid], after[valid])
+    torch.testing.assert_close(after[valid], fresh[valid])
+    assert sum(k.split("|")[1] == "lexicon" for k in cache._pooled_mem) == 1  # the stale entry was dropped
+    model.lexicon.load_state_dict(original)  # back to the original weights
+    assert cache._fingerprint(model, "lexicon") == fp  # content, not object identity
+
+
 def _labels_for(model, texts, role, length):
     from medadapt.hyrec.data import UnionLabelCache
 

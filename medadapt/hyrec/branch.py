@@ -196,9 +196,10 @@ def build_and_train(model, section: HyReCLexicalBranch, recipe, ctx):
                                   miner_model=miner, language=m.language, cache=cache, seed=tr.seed,
                                   show_progress=ctx.show_progress)
         docs = sorted({t for e in examples for t in [e.positive, *e.negatives[: neg.num]]})
-        state_cache.warm(hy, [e.query for e in examples], "query", lexicon=True, pooled=False,
+        lexicon = not tr.train_lexicon_encoder  # a trained lexicon encoder's states are computed after training
+        state_cache.warm(hy, [e.query for e in examples], "query", lexicon=lexicon, pooled=False,
                          show_progress=ctx.show_progress)
-        state_cache.warm(hy, docs, "document", lexicon=True, pooled=False, show_progress=ctx.show_progress)
+        state_cache.warm(hy, docs, "document", lexicon=lexicon, pooled=False, show_progress=ctx.show_progress)
         queries = [e.query for e in examples]
         # the fused-score term (loss.hybrid_weight) scores with the composed model's own dense embeddings, as
         # its index serves them: read from the cache once per role now (unchanged routes from their cached

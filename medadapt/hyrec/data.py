@@ -155,6 +155,20 @@ def _hash(text: str) -> str:
     return hashlib.blake2b(text.encode("utf-8"), digest_size=16).hexdigest()
 
 
+def _versions(modules: Sequence[torch.nn.Module]) -> tuple | None:
+    """What changes whenever a parameter or buffer of ``modules`` is written: each tensor's identity, storage
+    and in-place version counter (``None`` where a tensor keeps no counter, e.g. an inference-mode tensor:
+    then nothing is memoised)."""
+    out = []
+    for module in modules:
+        for t in (*module.parameters(), *module.buffers()):
+            try:
+                out.append((id(t), t.data_ptr(), t._version))
+            except RuntimeError:
+                return None
+    return tuple(out)
+
+
 class CachedDenseInputs:
     """The frozen dense encoder's pooled inputs for the training texts, read from the
     :class:`~medadapt.cache.EmbeddingCache` once per role and then served from memory: a training step
@@ -204,11 +218,28 @@ class SharedStateCache:
         self._loaded: set[str] = set()
         self._pooled_mem: dict[str, dict[str, Tensor]] = {}
         # per model object (weak keys: a collected model's entry goes with it, so a new model that reuses
-        # its memory address can never inherit its fingerprints)
+        # its memory address can never inherit its fingerprints); each entry is re-validated against the
+        # parameters' version counters (:func:`_versions`), so weights changed in place after it was made (an
+        # optimizer step on a trained lexicon encoder, ``load_state_dict``) give a new fingerprint
         self._memo: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
     def _model_memo(self, model) -> dict:
         return self._memo.setdefault(model, {})
+
+    def _memoised(self, model, key, modules: list, compute):
+        """``compute()`` memoised per model object while the parameters of ``modules`` are unchanged.
+
+        Hashing the weights on every batch would cost more than the cached states save, and the object's
+        identity alone is not their content: torch's per-tensor version counter (bumped by every in-place
+        write, which is how optimizers and ``load_state_dict`` change weights) tells the two apart cheaply."""
+        memo = self._model_memo(model)
+        versions = _versions(modules)
+        hit = memo.get(key)
+        if versions is None:
+            return compute()
+        if hit is None or hit[0] != versions:
+            hit = memo[key] = (versions, compute())
+        return hit[1]
 
     @staticmethod
     def default_root() -> Path:
@@ -219,23 +250,21 @@ class SharedStateCache:
     def namespace(self, model, role: str) -> str:
         """Cache namespace of ``model``'s frozen sharing backbone for ``role`` (memoised per model object:
         the frozen backbone does not change while it is cached)."""
-        memo = self._model_memo(model)
-        key = ("namespace", role)
-        if key not in memo:
+        def compute() -> str:
             max_len = model.config.query_max_length if role == "query" else model.config.passage_max_length
             ident = f"{model.shared_fingerprint()}|{max_len}"
-            memo[key] = hashlib.sha256(ident.encode()).hexdigest()[:32]
-        return memo[key]
+            return hashlib.sha256(ident.encode()).hexdigest()[:32]
+
+        return self._memoised(model, ("namespace", role), [model.auto_model.embeddings, *model.shared_layers],
+                              compute)
 
     def _fingerprint(self, model, kind: str) -> str:
         """Fingerprint of the frozen part ``kind`` (``lexicon`` / ``pooled``) of ``model``, memoised per object."""
-        memo = self._model_memo(model)
-        if ("fp", kind) not in memo:
-            from medadapt.models import modules_fingerprint
+        from medadapt.models import modules_fingerprint
 
-            parts = list(model.lexicon) if kind == "lexicon" else list(model.dense_layers)
-            memo[("fp", kind)] = f"{modules_fingerprint(parts)}|{model.config.pooling}"
-        return memo[("fp", kind)]
+        parts = list(model.lexicon) if kind == "lexicon" else list(model.dense_layers)
+        return self._memoised(model, ("fp", kind), parts,
+                              lambda: f"{modules_fingerprint(parts)}|{model.config.pooling}")
 
     def _load_disk(self, ns: str) -> None:
         if ns in self._loaded or self.root is None:
@@ -326,8 +355,12 @@ class SharedStateCache:
         Missing texts are computed in eval mode (no dropout), longest first, with a progress bar."""
         from medadapt.progress import progress
 
-        mem = self._pooled_mem.setdefault(f"{self.namespace(model, role)}|{kind}|{self._fingerprint(model, kind)}",
-                                          {})
+        prefix = f"{self.namespace(model, role)}|{kind}|"
+        key = prefix + self._fingerprint(model, kind)
+        if key not in self._pooled_mem:  # the part changed (e.g. a trained lexicon encoder): drop stale states
+            for old in [k for k in self._pooled_mem if k.startswith(prefix)]:
+                del self._pooled_mem[old]
+        mem = self._pooled_mem.setdefault(key, {})
         missing = list(dict.fromkeys(t for t in texts if _hash(t) not in mem))
         if not missing:
             return mem
