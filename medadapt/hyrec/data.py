@@ -248,8 +248,8 @@ class SharedStateCache:
         return default_cache_dir().parent / "hyrec-states"
 
     def namespace(self, model, role: str) -> str:
-        """Cache namespace of ``model``'s frozen sharing backbone for ``role`` (memoised per model object:
-        the frozen backbone does not change while it is cached)."""
+        """Cache namespace of ``model``'s frozen sharing backbone for ``role`` (memoised per model object while
+        its weights are unchanged, :meth:`_memoised`)."""
         def compute() -> str:
             max_len = model.config.query_max_length if role == "query" else model.config.passage_max_length
             ident = f"{model.shared_fingerprint()}|{max_len}"
@@ -259,7 +259,8 @@ class SharedStateCache:
                               compute)
 
     def _fingerprint(self, model, kind: str) -> str:
-        """Fingerprint of the frozen part ``kind`` (``lexicon`` / ``pooled``) of ``model``, memoised per object."""
+        """Fingerprint of the part ``kind`` (``lexicon`` / ``pooled``) of ``model``, memoised per object while
+        its weights are unchanged (:meth:`_memoised`)."""
         from medadapt.models import modules_fingerprint
 
         parts = list(model.lexicon) if kind == "lexicon" else list(model.dense_layers)
