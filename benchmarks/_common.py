@@ -69,3 +69,15 @@ class Timer:
 
     def __exit__(self, *exc):
         self.seconds = time.perf_counter() - self.start
+
+
+def best_time(fn, repeats: int, warmup: bool = False) -> float:
+    """Fastest of ``repeats`` wall-clock runs of ``fn()`` in seconds (after one untimed run with ``warmup``)."""
+    if warmup:
+        fn()
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - start)
+    return best

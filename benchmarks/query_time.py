@@ -11,26 +11,15 @@ model) is timed as it serves a hybrid query (dense vector and sparse vector), an
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
-from _common import base_parser, finish
-
-
-def best_time(fn, repeats: int) -> float:
-    fn()  # warm-up
-    best = float("inf")
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        best = min(best, time.perf_counter() - start)
-    return best
+from _common import base_parser, best_time, finish
 
 
 def main() -> None:
     ap = base_parser(__doc__.splitlines()[0])
     ap.add_argument("--run", action="append", default=[], metavar="LABEL=RUN")
-    ap.add_argument("--data", default="../shared/data/medquad")
+    ap.add_argument("--dataset", default="medquad", help="a BEIR folder under --data-dir")
     ap.add_argument("--split", default="test")
     ap.add_argument("--queries", type=int, default=1000)
     ap.add_argument("--repeats", type=int, default=3)
@@ -43,7 +32,7 @@ def main() -> None:
     from medadapt.data import load_beir
     from medadapt.hyrec.model import HyReCModel
 
-    data = load_beir(args.data, [args.split])
+    data = load_beir(args.data_dir / args.dataset, [args.split])
     queries = [data.queries[q] for q in sorted(data.qrels[args.split])][: args.queries]
     encoders = {"frozen all-MiniLM-L6-v2": medadapt.load("minilm", device="cpu").encode_query}
     for item in args.run:
@@ -56,7 +45,7 @@ def main() -> None:
             encoders[label] = medadapt.load(path, device="cpu").encode_query
     rows = []
     for label, encode in encoders.items():
-        seconds = best_time(lambda encode=encode: encode(queries), args.repeats)
+        seconds = best_time(lambda encode=encode: encode(queries), args.repeats, warmup=True)
         rows.append({"model": label, "ms/query": 1000 * seconds / len(queries)})
     for row in rows:
         row["x frozen"] = row["ms/query"] / rows[0]["ms/query"]

@@ -11,7 +11,8 @@ so the choice is made on dev.
         --output benchmarks/results/remine_query_tower.json
 
 The recipe schema has no "mine with another model's query tower" setting (CARE's stage II mines with the
-document tower, as the paper does), so the script swaps :func:`medadapt.asym.data.mined_pairs` for the run;
+document tower, as the paper does), so for the run the script passes the previous tower as
+:func:`medadapt.asym.data.mined_pairs`' ``query_encoder``;
 it is a benchmark, not a recipe option, because the measured result was negative (docs/benchmarks.md).
 """
 
@@ -42,17 +43,8 @@ def main() -> None:
     miner = tower(medadapt.load(args.previous), "query")
     original = asym_data.mined_pairs
 
-    def mined_by_previous(data, split, max_queries, count, skip_top, depth, document, cache, batch_size=64, seed=0):
-        pairs = asym_data.labelled_pairs(data, split, max_queries=max_queries, seed=seed)
-        position = {d: i for i, d in enumerate(data.doc_ids)}
-        qid_of = {data.queries[q]: q for q in data.qrels[split]}
-        exclude = [{position[d] for d, g in data.qrels[split][qid_of[p.query]].items() if g > 0 and d in position}
-                   for p in pairs]
-        q_emb = cache.encode(miner, [p.query for p in pairs], role="query", batch_size=batch_size,
-                             show_progress=False)
-        d_emb = cache.encode(document, data.doc_texts(), role="document", batch_size=batch_size, show_progress=False)
-        asym_data.mine_hard_negatives(pairs, q_emb, d_emb, count, skip_top=skip_top, depth=depth, exclude=exclude)
-        return pairs
+    def mined_by_previous(*a, **kw):
+        return original(*a, **kw, query_encoder=miner)
 
     overrides = [] if args.skip_top is None else [f"stage2.skip_top={args.skip_top}"]
     spec = load_recipe(args.recipe, overrides)

@@ -415,3 +415,32 @@ def test_query_speed_reports_throughput_and_latency():
     speed = query_speed(lambda batch: [len(t) for t in batch], ["a", "bb", "ccc"] * 10, batch_size=4,
                         latency_samples=5)
     assert speed["qps"] > 0 and 0 <= speed["p50_ms"] <= speed["p90_ms"]
+
+
+def test_mined_pairs_query_encoder_mines_with_its_own_query_embeddings(tiny_beir_dir):
+    """``query_encoder`` replaces the document model for the query side of the mining only: with one-hot
+    embeddings the hard negative of train query i is the document its query vector points at, d(i+1) when
+    the document model encodes queries, d(i+2) with the other encoder; the corpus side is the same."""
+    from medadapt.asym.data import mined_pairs
+    from medadapt.data import load_beir
+
+    data = load_beir(tiny_beir_dir)
+    n = len(data.doc_ids)
+    document, other = object(), object()
+    shift = {id(document): 1, id(other): 2}
+
+    class OneHotCache:
+        def encode(self, model, texts, role, **_):
+            if role == "document":
+                return np.eye(n, dtype=np.float32)[[data.doc_texts().index(t) for t in texts]]
+            rows = [(int(qid_of[t][1:]) + shift[id(model)]) % n for t in texts]
+            return np.eye(n, dtype=np.float32)[rows]
+
+    qid_of = {data.queries[q]: q for q in data.qrels["train"]}
+    default = mined_pairs(data, "train", None, 1, 0, 10, document, OneHotCache())
+    mined = mined_pairs(data, "train", None, 1, 0, 10, document, OneHotCache(), query_encoder=other)
+    for plain, other_pair in zip(default, mined):
+        i = int(qid_of[plain.query][1:])
+        assert data.doc_ids[plain.positive] == f"d{i}" == data.doc_ids[other_pair.positive]
+        assert plain.negatives == [data.doc_ids.index(f"d{(i + 1) % n}")]
+        assert other_pair.negatives == [data.doc_ids.index(f"d{(i + 2) % n}")]

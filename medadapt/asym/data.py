@@ -106,18 +106,19 @@ def mine_hard_negatives(pairs: list[TrainPair], query_emb: np.ndarray, doc_emb: 
 
 
 def mined_pairs(data, split: str, max_queries: int | None, count: int, skip_top: int, depth: int, document,
-                cache, batch_size: int = 64, seed: int = 0) -> list[TrainPair]:
+                cache, batch_size: int = 64, seed: int = 0, query_encoder=None) -> list[TrainPair]:
     """:func:`labelled_pairs` of ``split`` with ``count`` hard negatives each, mined by ``document`` (a
     SentenceTransformer) on embeddings from ``cache`` (queries with role ``"query"``, corpus ``"document"``);
-    every document judged relevant to the query is excluded."""
+    every document judged relevant to the query is excluded. ``query_encoder`` (default ``document``) encodes
+    the queries instead, e.g. a trained query tower aligned to ``document``'s space."""
     pairs = labelled_pairs(data, split, max_queries=max_queries, seed=seed)
     if count:
         position = {d: i for i, d in enumerate(data.doc_ids)}
         qid_of = {data.queries[q]: q for q in data.qrels[split]}
         exclude = [{position[d] for d, g in data.qrels[split][qid_of[p.query]].items()
                     if g > 0 and d in position} for p in pairs]
-        q_emb = cache.encode(document, [p.query for p in pairs], role="query", batch_size=batch_size,
-                             show_progress=False)
+        q_emb = cache.encode(query_encoder if query_encoder is not None else document, [p.query for p in pairs],
+                             role="query", batch_size=batch_size, show_progress=False)
         d_emb = cache.encode(document, data.doc_texts(), role="document", batch_size=batch_size,
                              show_progress=False)
         mine_hard_negatives(pairs, q_emb, d_emb, count, skip_top=skip_top, depth=depth, exclude=exclude)
