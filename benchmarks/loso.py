@@ -94,6 +94,10 @@ def main() -> int:
     p.add_argument("--care-stage1", default="broad",
                    help="comma-separated: 'broad' (all documents and questions), 'recipe' (as shipped) and/or "
                         "'broad-only' (broad stage I, stage II off)")
+    p.add_argument("--care-set", action="append", default=[], metavar="KEY=VALUE",
+                   help="extra recipe override of the CARE runs (repeatable), e.g. stage1.epochs=4")
+    p.add_argument("--care-label", default="",
+                   help="appended to the CARE rows' model name (say what --care-set changed)")
     p.add_argument("--care-sources", default=None,
                    help="held-out sources CARE runs on (default: the first fold only; CARE is slow on a CPU)")
     p.add_argument("--hybrid-recipe", type=Path, default=REPO / "recipes" / "med-moe-embed-hybrid.yaml")
@@ -188,7 +192,7 @@ def main() -> int:
             from medadapt.recipes import load_recipe, run_recipe
 
             for stage1 in args.care_stage1.split(","):
-                recipe = load_recipe(args.care_recipe, care_overrides(fold, stage1))
+                recipe = load_recipe(args.care_recipe, care_overrides(fold, stage1) + args.care_set)
                 t = time.perf_counter()
                 res = run_recipe(recipe, args.work / "runs" / f"care-{stage1}-{source}", cache=cache,
                                  show_progress=False, evaluate=False, overwrite=True, log=lambda _m: None)
@@ -200,7 +204,8 @@ def main() -> int:
                 kind = getattr(q, "kind", None)
                 tower = {"pruned": f"{getattr(q, 'layers', '?')}-layer",
                          "sentence_transformer": "full query tower"}.get(kind, kind or "query")
-                row(f"CARE {tower}, {label}", source, scores, seconds, reference)
+                suffix = f", {args.care_label}" if args.care_label else ""
+                row(f"CARE {tower}, {label}{suffix}", source, scores, seconds, reference)
         if "hybrid" in models and source in hybrid_held:
             _hybrid_row(row, args.hybrid_recipe, [], args.work / "runs" / f"hybrid-{source}", fold, source, data,
                         cache, reference, "MoE + learned lexical (med-moe-embed-hybrid.yaml), hybrid")

@@ -444,3 +444,95 @@ def test_mined_pairs_query_encoder_mines_with_its_own_query_embeddings(tiny_beir
         assert data.doc_ids[plain.positive] == f"d{i}" == data.doc_ids[other_pair.positive]
         assert plain.negatives == [data.doc_ids.index(f"d{(i + 1) % n}")]
         assert other_pair.negatives == [data.doc_ids.index(f"d{(i + 2) % n}")]
+
+
+# ------------------------------------------------------------------------------- stage II with alignment replay
+def test_align_replay_rows_depend_on_item_and_epoch_only():
+    from medadapt.asym import AlignReplay, QueryAlignmentLoss
+
+    replay = AlignReplay([f"t{i}" for i in range(10)], torch.zeros(10, 4), QueryAlignmentLoss(), 1.0)
+    whole = replay.rows(list(range(12)), seed=3, epoch=0)
+    assert replay.rows(list(range(6)), 3, 0) + replay.rows(list(range(6, 12)), 3, 0) == whole  # any sharding
+    assert sorted(whole[:10]) == list(range(10)) and whole[10:] == whole[:2]  # a permutation, then wraps
+    assert replay.rows(list(range(10)), 3, 1) != whole[:10]  # the next epoch walks another order
+    assert replay.rows(list(range(10)), 3, 0) == whole[:10]  # and coming back to epoch 0 repeats it
+    with pytest.raises(ValueError, match="3 replay texts but 10"):
+        AlignReplay(["a", "b", "c"], torch.zeros(10, 4), QueryAlignmentLoss(), 1.0)
+
+
+def test_stage2_align_replay_adds_the_weighted_alignment_loss_and_keeps_the_tower_on_the_teacher(asym_no_dropout):
+    """The stage-II step's parts are eq. 4 plus ``w x`` eq. 3 on the replayed texts (checked against a hand
+    computation); trained with the replay, the query tower ends nearer the teacher than without it."""
+    import torch.nn.functional as F
+
+    from medadapt.asym import (AlignReplay, CarePhaseSection, QueryAlignmentLoss, TrainPair, joint_finetune,
+                               joint_stage, tower)
+    from medadapt.training.loop import Batch
+
+    texts = corpus_texts()
+    pairs = [TrainPair(texts[i], i ^ 1, [(i + 2) % len(texts)]) for i in range(len(texts))]
+    model = asym_no_dropout()
+    table = torch.from_numpy(tower(model, "document").encode_document(texts))
+    teacher = torch.from_numpy(tower(model, "document").encode_query(texts))
+    replay = AlignReplay(texts, teacher, QueryAlignmentLoss(temperature=0.05, mse_weight=1.0), 0.5)
+    stage = joint_stage(model, pairs, texts, CarePhaseSection(batch_size=4), train_document=False,
+                        doc_table=table, align=replay)
+    batch = Batch(indices=[0, 1, 2, 3], all_indices=[0, 1, 2, 3], step=0, epoch=0, seed=7)
+    with torch.no_grad():
+        parts = stage.step.loss(stage.step.forward(model, batch), batch)
+        rows = replay.rows([0, 1, 2, 3], 7, 0)
+        q = F.normalize(torch.from_numpy(tower(model, "query").encode_query([texts[i] for i in range(4)])), dim=-1)
+        s = F.normalize(torch.from_numpy(tower(model, "query").encode_query([texts[r] for r in rows])), dim=-1)
+    t = F.normalize(teacher[rows], dim=-1)
+    docs = F.normalize(table, dim=-1)
+    pos, neg = docs[[i ^ 1 for i in range(4)]], docs[[(i + 2) % len(texts) for i in range(4)]]
+    logits = torch.cat([q @ pos.T, q @ neg.T], dim=1) / 0.05  # in-batch positives + every hard negative
+    assert float(parts["asym_infonce"]) == pytest.approx(float(F.cross_entropy(logits, torch.arange(4))), abs=1e-4)
+    assert float(parts["align_mse"]) == pytest.approx(0.5 * float((s - t).pow(2).sum(-1).mean()), abs=1e-5)
+    align_nce = F.cross_entropy(s @ t.T / 0.05, torch.arange(4))
+    assert float(parts["align_asym_infonce"]) == pytest.approx(0.5 * float(align_nce), abs=1e-4)
+
+    section = CarePhaseSection(epochs=6, batch_size=6, lr=3e-3, warmup_ratio=0.0)
+    drift = {}
+    for weight in (0.0, 2.0):
+        m = asym_no_dropout()
+        res = joint_finetune(m, pairs, texts, section, train_document=False, doc_table=table, seed=1,
+                             align=AlignReplay(texts, teacher, QueryAlignmentLoss(), weight) if weight else None)
+        assert ("align_mse" in res.loss_history[-1]) == bool(weight)
+        drift[weight] = _alignment_loss(m, texts, teacher)
+    assert drift[2.0] < 0.8 * drift[0.0]
+
+
+# ------------------------------------------------------------------------------- stage I on corpus sentences
+def test_corpus_sentences_split_join_short_pieces_and_keep_every_word():
+    from medadapt.asym.data import corpus_sentences
+
+    text = "Gout is a form of arthritis. It hurts!  Treatment includes NSAIDs; rest helps too? Yes."
+    out = corpus_sentences(text)
+    assert out == ["Gout is a form of arthritis.", "It hurts! Treatment includes NSAIDs;", "rest helps too? Yes."]
+    assert " ".join(out).split() == text.split()  # nothing lost, nothing added
+    zh = "痛风是一种关节炎。多发于中年男性。治疗包括休息、药物以及饮食控制。"
+    assert corpus_sentences(zh, min_chars=10) == ["痛风是一种关节炎。多发于中年男性。", "治疗包括休息、药物以及饮食控制。"]
+    assert corpus_sentences("Short.") == ["Short."] and corpus_sentences("  ") == []
+
+
+def test_self_contrastive_texts_on_corpus_sentences(tmp_path):
+    from conftest import write_beir
+
+    from medadapt.asym import self_contrastive_texts
+    from medadapt.data import load_beir
+    from medadapt.errors import DataError
+
+    root = write_beir(tmp_path / "b", {"d0": ("Gout", "Gout is a form of arthritis. It often starts in the toe."),
+                                       "d1": ("Flu", "Gout is a form of arthritis. Influenza spreads by droplets.")},
+                      {"q0": "what is gout", "q1": "flu spread"}, {"train": {"q0": {"d0": 1}, "q1": {"d1": 1}}})
+    data = load_beir(root, ["train"])
+    docs = self_contrastive_texts(data, ["train"])
+    assert sorted(docs) == sorted([("what is gout", "query"), ("flu spread", "query"),
+                                   (data.doc_texts()[0], "document"), (data.doc_texts()[1], "document")])
+    sents = self_contrastive_texts(data, ["train"], corpus_units="sentences")
+    assert sorted(t for t, _ in sents) == sorted(["what is gout", "flu spread", "Gout is a form of arthritis.",
+                                                  "It often starts in the toe.", "Influenza spreads by droplets."])
+    assert {r for _, r in sents} == {"query"}  # the teacher embeds the sentences as the query tower is used
+    with pytest.raises(DataError, match="corpus_units 'pages'"):
+        self_contrastive_texts(data, ["train"], corpus_units="pages")

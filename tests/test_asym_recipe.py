@@ -46,6 +46,8 @@ def test_schema_errors_are_clear():
         load_recipe(RECIPES / "care-tiny.yaml", ["query.kind=distilled"])
     with pytest.raises(ConfigError, match="stage1: .*cannot both be 0"):
         load_recipe(RECIPES / "care-tiny.yaml", ["stage1.contrastive_weight=0", "stage1.mse_weight=0"])
+    with pytest.raises(ConfigError, match="stage1.corpus_units: Input should be 'documents' or 'sentences'"):
+        load_recipe(RECIPES / "care-tiny.yaml", ["stage1.corpus_units=pages"])
     with pytest.raises(ConfigError, match="no 'kind:'"):
         load_recipe({"name": "x"})
     with pytest.raises(ConfigError, match="not a CareRecipe"):
@@ -166,3 +168,22 @@ def test_tiny_recipe_with_pruned_or_static_query_tower_and_frozen_documents(quer
     data = load_beir(tiny_beir_dir, ["test"])
     fresh = evaluate_asymmetric(model, data, "test", ["ndcg@10", "recall@10"], cache=EmbeddingCache(tmp_path / "c2"))
     assert fresh == pytest.approx(result.metrics, abs=1e-5)
+
+
+def test_stage2_align_weight_replays_stage1_and_needs_stage1(tiny_bert_dir, tiny_beir_dir, tmp_path):
+    from medadapt.errors import ConfigError
+    from medadapt.recipes import load_recipe, run_recipe
+
+    with pytest.raises(ConfigError, match="stage2.align_weight > 0 .* needs stage1.enabled: true"):
+        load_recipe(RECIPES / "care-tiny.yaml", ["stage1.enabled=false", "stage2.align_weight=1"])
+    assert load_recipe(RECIPES / "care-tiny.yaml").stage2.align_weight == 0  # the paper's stage II by default
+    qwen = build_tiny_qwen2(tmp_path / "q")
+    overrides = [f"document.model={qwen}", f"data.path={tiny_beir_dir}", "query={kind: pruned, layers: 1}",
+                 "init.query=null", "init.document=null", "stage2.train_document=false",
+                 "architecture.truncate_to=null", "stage2.align_weight=0.5"]
+    from medadapt.cache import EmbeddingCache
+
+    result = run_recipe(RECIPES / "care-tiny.yaml", tmp_path / "run", overrides,
+                        cache=EmbeddingCache(tmp_path / "cache"), **QUIET)
+    parts = result.details["stages"]["stage2"]["last_parts"]
+    assert {"asym_infonce", "align_asym_infonce", "align_mse"} <= set(parts)

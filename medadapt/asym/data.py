@@ -1,7 +1,7 @@
 """Training items for the asymmetric stages, built from a BEIR folder.
 
 * :func:`self_contrastive_texts`: unlabeled texts for stage I (queries of some splits and/or corpus
-  documents; CARE aligns on millions of raw texts, §4.2.1). Each carries the *role* under which the teacher
+  documents or their sentences; CARE aligns on millions of raw texts, §4.2.1). Each carries the *role* under which the teacher
   (document tower) embeds it: ``"query"`` for queries (so a document tower with a query instruction uses
   it), ``"document"`` for documents (whose embeddings the corpus cache already holds).
 * :func:`labelled_pairs` + :func:`mine_hard_negatives`: (query, positive, hard negatives) for the
@@ -13,13 +13,14 @@
 from __future__ import annotations
 
 import random
+import re
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from medadapt.errors import DataError
 
-__all__ = ["TrainPair", "labelled_pairs", "mine_hard_negatives", "mined_pairs", "self_contrastive_texts"]
+__all__ = ["TrainPair", "corpus_sentences", "labelled_pairs", "mine_hard_negatives", "mined_pairs", "self_contrastive_texts"]
 
 
 @dataclass
@@ -32,12 +33,53 @@ class TrainPair:
     negatives: list[int] = field(default_factory=list)
 
 
+_SENTENCE_END = re.compile(r"(?<=[.!?;。！？；])\s*(?=\S)")
+
+
+def _join(left: str) -> str:
+    return "" if left[-1] in "。！？；" else " "  # CJK text has no spaces between sentences
+
+
+def corpus_sentences(text: str, min_chars: int = 20) -> list[str]:
+    """The sentences of a document (split after ``. ! ? ;`` and their CJK forms), whitespace-normalised;
+    pieces shorter than ``min_chars`` characters are joined to the next one so that headings and list stubs
+    do not stand alone.
+    Hand-written: a rule split is all stage I needs (short, query-length texts) and keeps nltk / spaCy models
+    out of the dependencies.
+
+    Example:
+        >>> corpus_sentences("Gout is a form of arthritis. It hurts. Treatment includes NSAIDs and rest.")
+        ['Gout is a form of arthritis.', 'It hurts. Treatment includes NSAIDs and rest.']
+    """
+    out: list[str] = []
+    carry = ""
+    for piece in _SENTENCE_END.split(text):
+        piece = " ".join(piece.split())
+        if not piece:
+            continue
+        carry = f"{carry}{_join(carry)}{piece}" if carry else piece
+        if len(carry) >= min_chars:
+            out.append(carry)
+            carry = ""
+    if carry:
+        if out:
+            out[-1] = f"{out[-1]}{_join(out[-1])}{carry}"
+        else:
+            out.append(carry)
+    return out
+
+
 def self_contrastive_texts(data, query_splits: list[str], include_corpus: bool = True,
                            max_texts: int | None = None, seed: int = 0,
-                           max_corpus_texts: int | None = None) -> list[tuple[str, str]]:
+                           max_corpus_texts: int | None = None,
+                           corpus_units: str = "documents") -> list[tuple[str, str]]:
     """``[(text, teacher_role)]``: the distinct queries of ``query_splits`` (role ``"query"``) and, with
     ``include_corpus``, corpus documents (role ``"document"``; a random ``max_corpus_texts`` of them when
-    set); shuffled and capped at ``max_texts``."""
+    set), or with ``corpus_units="sentences"`` the distinct sentences of their text (:func:`corpus_sentences`;
+    titles left out; role ``"query"``: query-length texts, embedded by the teacher as the query tower will be
+    used); shuffled and capped at ``max_texts``."""
+    if corpus_units not in ("documents", "sentences"):
+        raise DataError(f"corpus_units {corpus_units!r}: choose 'documents' or 'sentences'")
     items: list[tuple[str, str]] = []
     seen: set[str] = set()
     for split in query_splits:
@@ -47,10 +89,17 @@ def self_contrastive_texts(data, query_splits: list[str], include_corpus: bool =
                 items.append((text, "query"))
     rng = random.Random(seed)
     if include_corpus:
-        docs = data.doc_texts()
+        docs = data.doc_texts() if corpus_units == "documents" else list(data.corpus.values())
         if max_corpus_texts is not None and max_corpus_texts < len(docs):
             docs = rng.sample(docs, max_corpus_texts)
-        items.extend((text, "document") for text in docs)
+        if corpus_units == "documents":
+            items.extend((text, "document") for text in docs)
+        else:
+            for doc in docs:
+                for sentence in corpus_sentences(doc["text"]):
+                    if sentence not in seen:
+                        seen.add(sentence)
+                        items.append((sentence, "query"))
     if not items:
         raise DataError("no texts for self-contrastive alignment (empty splits and no corpus)")
     rng.shuffle(items)

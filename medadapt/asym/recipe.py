@@ -168,6 +168,9 @@ class Stage1Section(CarePhaseSection):
     include_corpus: bool = True
     max_texts: int | None = Field(None, ge=1)
     max_corpus_texts: int | None = Field(None, ge=1, description="random subset of corpus documents")
+    corpus_units: Literal["documents", "sentences"] = Field(
+        "documents", description="align on whole corpus documents, or on their distinct sentences (many more, "
+        "query-length texts; the teacher embeds them as queries)")
     contrastive_weight: float = Field(1.0, ge=0)
     mse_weight: float = Field(1.0, ge=0)
     temperature: float = Field(0.05, gt=0)
@@ -195,6 +198,10 @@ class Stage2Section(CarePhaseSection):
     temperature: float = Field(0.05, gt=0)
     query_max_length: int | None = Field(None, ge=8)
     document_max_length: int | None = Field(None, ge=8)
+    align_weight: float = Field(0.0, ge=0, description=(
+        "weight of stage I's alignment loss (eq. 3) kept on during stage II: each training pair also aligns "
+        "one of stage I's texts to its frozen teacher embedding (needs stage1.enabled); 0 = the paper's "
+        "stage II, eq. 4 alone"))
 
 
 class CareTrainingSection(RunSection):
@@ -237,6 +244,13 @@ class CareRecipe(RecipeBase):
         if self.branches and self.document.lora is not None and not self.training.merge_lora_on_save:
             raise ValueError("branches: a branch reads the document tower's own layers; keep "
                              "training.merge_lora_on_save: true (an unmerged LoRA document tower cannot take one)")
+        return self
+
+    @model_validator(mode="after")
+    def _stage2_alignment(self) -> CareRecipe:
+        if self.stage2.enabled and self.stage2.align_weight > 0 and not self.stage1.enabled:
+            raise ValueError("stage2.align_weight > 0 replays stage I's alignment texts during stage II; "
+                             "it needs stage1.enabled: true")
         return self
 
     @model_validator(mode="before")
@@ -347,6 +361,7 @@ def train(recipe: CareRecipe, ctx: RunContext):
     from medadapt.asym.lora import attach_document_lora, merge_document_lora
     from medadapt.asym.model import build_asymmetric_model, tower
     from medadapt.asym.stages import (
+        AlignReplay,
         align_stage,
         init_stage,
         joint_stage,
@@ -371,7 +386,9 @@ def train(recipe: CareRecipe, ctx: RunContext):
         hist = res.loss_history
         stages[stage.name] = {"steps": res.steps, "seconds": round(res.seconds, 2),
                               "first_loss": hist[0]["loss"] if hist else None,
-                              "last_loss": hist[-1]["loss"] if hist else None}
+                              "last_loss": hist[-1]["loss"] if hist else None,
+                              "last_parts": {k: v for k, v in (hist[-1] if hist else {}).items()
+                                             if k not in ("stage", "step", "epoch", "loss", "lr")}}
 
     @contextlib.contextmanager
     def encoding():  # encoding time; the main process goes first (it fills the cache, the others read it)
@@ -419,7 +436,7 @@ def train(recipe: CareRecipe, ctx: RunContext):
     stage1_items = []
     if s1.enabled:
         stage1_items = self_contrastive_texts(data, recipe.stage1_splits(), s1.include_corpus, s1.max_texts,
-                                              tr.seed, s1.max_corpus_texts)
+                                              tr.seed, s1.max_corpus_texts, s1.corpus_units)
     distil_texts = doc_texts + [t for t, r in stage1_items if r == "query"]  # static: token table + SIF
     query = build_query_tower(recipe.query, document, distil_texts, device)
     if q_init and q_init.pretrain:
@@ -478,10 +495,17 @@ def train(recipe: CareRecipe, ctx: RunContext):
         if s2.train_document:
             how = "trainable via LoRA" if lora is not None else "fully trainable"
         ctx.log(f"stage II: joint fine-tuning on {len(pairs)} pairs (document tower {how})")
+        replay = None
+        if s2.align_weight > 0:  # stage I's texts and teacher rows, kept aligned during stage II
+            replay = AlignReplay([t for t, _ in stage1_items], teacher,
+                                 QueryAlignmentLoss(s1.temperature, s1.contrastive_weight, s1.mse_weight),
+                                 s2.align_weight, max_length=s1.max_length)
+            ctx.log(f"stage II: replaying stage I's alignment on {len(stage1_items)} texts "
+                    f"(weight {s2.align_weight:g})")
         run(model, joint_stage(model, pairs, doc_texts, s2, AsymInfoNCELoss(s2.temperature),
                                train_document=s2.train_document, doc_table=doc_table,
                                query_max_length=s2.query_max_length, doc_max_length=s2.document_max_length,
-                               name="stage2"))
+                               align=replay, name="stage2"))
     if tr.merge_lora_on_save:
         merge_document_lora(model)
     for section in recipe.branches:  # each branch wraps the model it is given (medadapt.adapters.compose)
@@ -596,6 +620,7 @@ PAPER: dict[str, tuple[Any, str]] = {
     "stage1.include_corpus": (True, "§4.2.1: self-contrastive alignment on unlabeled texts"),
     "stage1.max_texts": (None, "§4.2.1: every unlabeled text (millions in the paper), no subset"),
     "stage1.max_corpus_texts": (None, "§4.2.1: every unlabeled text (millions in the paper), no subset"),
+    "stage1.corpus_units": ("documents", "§4.2.1: the unlabeled texts as they are (not split into sentences)"),
     "stage1.epochs": (1, "Appendix C.3 / Table 17, stage I: 1 epoch"),
     "stage1.batch_size": (2560, "Table 17, stage I: global batch 2,560"),
     "stage1.gradient_accumulation_steps": (1, "Table 17: global batch 2,560 per optimizer step"),
@@ -611,6 +636,7 @@ PAPER: dict[str, tuple[Any, str]] = {
     "stage2.warmup_ratio": (0.05, "Table 17, stage II: warm-up ratio 0.05"),
     "stage2.query_max_length": (512, "Appendix C.3: maximum input length 512 (queries)"),
     "stage2.document_max_length": (512, "Appendix C.3: maximum input length 512 (documents)"),
+    "stage2.align_weight": (0.0, "§4.2.2: stage II is eq. 4 alone (no stage-I alignment kept on)"),
 }
 
 register_kind(RecipeKind("care", CareRecipe, train, evaluate,

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -31,7 +32,7 @@ from medadapt.losses.asym_infonce import AsymInfoNCELoss
 from medadapt.training.config import OptimSection
 from medadapt.training.loop import Batch, LoopResult, Stage, train
 
-__all__ = ["AlignStep", "CarePhaseSection", "PairStep", "TextPairStep", "TowerWithLoss", "align_queries",
+__all__ = ["AlignReplay", "AlignStep", "CarePhaseSection", "PairStep", "TextPairStep", "TowerWithLoss", "align_queries",
            "align_stage", "embed", "init_stage", "init_tower", "joint_finetune", "joint_stage", "route_parameters",
            "teacher_targets", "trainable_only", "unsupervised_stage"]
 
@@ -100,6 +101,42 @@ def trainable_only(model: nn.Module, params: Sequence[nn.Parameter]) -> Iterator
 
 
 # ------------------------------------------------------------------------------------------------ steps
+@dataclass
+class AlignReplay:
+    """Stage I's alignment (eq. 3) kept on during stage II, weighted by ``weight``: training pair ``i`` of
+    epoch ``e`` also aligns ``texts[perm_e[i % len(texts)]]`` to its ``teacher`` row, ``perm_e`` a permutation
+    seeded by ``(seed, e)``. The draw is a function of the item and the epoch only, so it is the same for any
+    number of processes or chunks and on resume; over the epochs it walks through different texts.
+
+    Not in the paper (its stage II is eq. 4 alone, with stage I on millions of texts first): a regulariser
+    that keeps a small query tower in the document tower's space while it learns the labelled task, the
+    way rehearsal keeps a model on its earlier objective (measured in docs/benchmarks.md, leave-one-source-out).
+    """
+
+    texts: Sequence[str]
+    teacher: Tensor
+    loss: nn.Module
+    weight: float
+    max_length: int | None = None
+    _perms: dict[tuple[int, int], Tensor] = field(default_factory=dict, repr=False)
+
+    def __post_init__(self) -> None:
+        if len(self.texts) != self.teacher.shape[0] or not len(self.texts):
+            raise ValueError(f"{len(self.texts)} replay texts but {self.teacher.shape[0]} teacher embeddings")
+        if self.weight <= 0:
+            raise ValueError(f"replay weight must be > 0, got {self.weight}")
+
+    def rows(self, indices: Sequence[int], seed: int, epoch: int) -> list[int]:
+        """The replay texts of items ``indices`` in ``epoch``."""
+        key = (seed, epoch)
+        if key not in self._perms:
+            self._perms.clear()
+            g = torch.Generator().manual_seed(seed * 1_000_003 + epoch + 17)
+            self._perms[key] = torch.randperm(len(self.texts), generator=g)
+        perm = self._perms[key]
+        return [int(perm[i % len(self.texts)]) for i in indices]
+
+
 class PairStep:
     """(query, positive, hard negatives) items of ``pairs`` -> ``loss(query, positive, negatives)``:
     ``forward`` returns ``{"query": (b, d), "positive": (b, d), "negatives": (b, n, d)}`` (no ``negatives``
@@ -107,9 +144,9 @@ class PairStep:
 
     def __init__(self, model, pairs: Sequence[TrainPair], doc_texts: Sequence[str], loss: nn.Module, *,
                  doc_table: Tensor | None = None, query_max_length: int | None = None,
-                 doc_max_length: int | None = None) -> None:
+                 doc_max_length: int | None = None, align: AlignReplay | None = None) -> None:
         self.model, self.pairs, self.doc_texts, self.loss_fn = model, pairs, doc_texts, loss
-        self.doc_table = doc_table
+        self.doc_table, self.align = doc_table, align
         self.query_max_length, self.doc_max_length = query_max_length, doc_max_length
         self.n_neg = len(pairs[0].negatives) if pairs else 0
         if any(len(p.negatives) != self.n_neg for p in pairs):
@@ -128,10 +165,20 @@ class PairStep:
         out = {"query": q, "positive": d[: len(items)]}
         if self.n_neg:
             out["negatives"] = d[len(items):].reshape(len(items), self.n_neg, -1)
+        if self.align is not None:
+            rows = self.align.rows(batch.indices, batch.seed, batch.epoch)
+            out["align_student"] = embed(self.model, [self.align.texts[r] for r in rows], "query",
+                                         run_model=run_model, max_length=self.align.max_length)
+            out["align_teacher"] = self.align.teacher[rows].to(q.device)
         return out
 
     def loss(self, outputs: dict[str, Tensor], batch: Batch) -> dict[str, Tensor]:
-        return self.loss_fn(outputs["query"], outputs["positive"], outputs.get("negatives"))
+        parts = self.loss_fn(outputs["query"], outputs["positive"], outputs.get("negatives"))
+        if self.align is not None:
+            w = self.align.weight
+            for name, value in self.align.loss(outputs["align_student"], outputs["align_teacher"]).items():
+                parts[f"align_{name}"] = w * value
+        return parts
 
 
 class AlignStep:
@@ -229,11 +276,12 @@ def align_stage(model, texts: Sequence[str], teacher: Tensor, section: OptimSect
 def joint_stage(model, pairs: Sequence[TrainPair], doc_texts: Sequence[str], section: OptimSection,
                 loss: nn.Module | None = None, *, train_document: bool = True, doc_table: Tensor | None = None,
                 query_max_length: int | None = None, doc_max_length: int | None = None,
-                name: str = "stage2") -> Stage:
+                align: AlignReplay | None = None, name: str = "stage2") -> Stage:
     """The stage-II :class:`~medadapt.training.loop.Stage`: Asym-InfoNCE (eq. 4) with in-batch + hard
     negatives, one learning rate for both towers. With ``train_document`` the document route trains too (only
     its LoRA matrices if an adapter is attached); without it, document embeddings are rows of ``doc_table``
-    (``(n_docs, d)``, e.g. the cached corpus). Run it inside :func:`trainable_only`."""
+    (``(n_docs, d)``, e.g. the cached corpus). ``align`` adds stage I's alignment on replayed texts
+    (:class:`AlignReplay`, ``stage2.align_weight``). Run it inside :func:`trainable_only`."""
     from medadapt.training.lora import has_lora
 
     params = route_parameters(model, "query")
@@ -247,7 +295,7 @@ def joint_stage(model, pairs: Sequence[TrainPair], doc_texts: Sequence[str], sec
                           "(the frozen document embeddings)")
     _check(name, len(pairs), params)
     step = PairStep(model, pairs, doc_texts, loss or AsymInfoNCELoss(), doc_table=doc_table,
-                    query_max_length=query_max_length, doc_max_length=doc_max_length)
+                    query_max_length=query_max_length, doc_max_length=doc_max_length, align=align)
     return Stage(name, len(pairs), step, params, section)
 
 
@@ -276,8 +324,10 @@ def align_queries(model, texts: Sequence[str], teacher: Tensor, section: OptimSe
 def joint_finetune(model, pairs: Sequence[TrainPair], doc_texts: Sequence[str], section: OptimSection,
                    loss: AsymInfoNCELoss | None = None, *, train_document: bool = True,
                    doc_table: Tensor | None = None, query_max_length: int | None = None,
-                   doc_max_length: int | None = None, **train_kwargs: Any) -> LoopResult:
+                   doc_max_length: int | None = None, align: AlignReplay | None = None,
+                   **train_kwargs: Any) -> LoopResult:
     """Stage II (:func:`joint_stage`)."""
     stage = joint_stage(model, pairs, doc_texts, section, loss, train_document=train_document,
-                        doc_table=doc_table, query_max_length=query_max_length, doc_max_length=doc_max_length)
+                        doc_table=doc_table, query_max_length=query_max_length, doc_max_length=doc_max_length,
+                        align=align)
     return _run(model, stage, train_kwargs)
