@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import platform
+import shlex
 import sys
 import time
 from pathlib import Path
@@ -49,7 +50,7 @@ def markdown_table(rows: list[dict], columns: list[str]) -> str:
 def finish(args, rows: list[dict], columns: list[str], extra: dict | None = None) -> None:
     print(markdown_table(rows, columns))
     payload = {
-        "command": " ".join([Path(sys.argv[0]).as_posix(), *sys.argv[1:]]),
+        "command": shlex.join([Path(sys.argv[0]).as_posix(), *sys.argv[1:]]),
         "machine": machine(),
         "date": time.strftime("%Y-%m-%d"),
         "rows": rows,

@@ -55,6 +55,7 @@ medadapt cache, so with a warm MiniLM cache no corpus is re-encoded.
 
 from __future__ import annotations
 
+import shlex
 import sys
 import time
 from pathlib import Path
@@ -248,7 +249,7 @@ def main() -> int:
                "% frozen out", "train s"]
     rows = _merged(kept, rows)
     _rich_table(rows, columns)
-    command = " ".join([Path(sys.argv[0]).as_posix(), *sys.argv[1:]])
+    command = shlex.join([Path(sys.argv[0]).as_posix(), *sys.argv[1:]])
     finish(args, rows, columns, {"folds": {**kept_folds, **folds},
                                  "config": {k: str(v) for k, v in vars(args).items()},
                                  **({"commands": [*commands, command]} if args.merge else {})})
