@@ -446,7 +446,7 @@ def test_mined_pairs_query_encoder_mines_with_its_own_query_embeddings(tiny_beir
         assert other_pair.negatives == [data.doc_ids.index(f"d{(i + 2) % n}")]
 
 
-# ------------------------------------------------------------------------------- stage II with alignment replay
+# ------------------------------------------------------------------------- stage II with alignment replay
 def test_align_replay_rows_depend_on_item_and_epoch_only():
     from medadapt.asym import AlignReplay, QueryAlignmentLoss
 
@@ -460,7 +460,7 @@ def test_align_replay_rows_depend_on_item_and_epoch_only():
         AlignReplay(["a", "b", "c"], torch.zeros(10, 4), QueryAlignmentLoss(), 1.0)
 
 
-def test_stage2_align_replay_adds_the_weighted_alignment_loss_and_keeps_the_tower_on_the_teacher(asym_no_dropout):
+def test_stage2_align_replay_adds_weighted_alignment_and_keeps_the_tower_on_the_teacher(asym_no_dropout):
     """The stage-II step's parts are eq. 4 plus ``w x`` eq. 3 on the replayed texts (checked against a hand
     computation); trained with the replay, the query tower ends nearer the teacher than without it."""
     import torch.nn.functional as F
@@ -481,8 +481,9 @@ def test_stage2_align_replay_adds_the_weighted_alignment_loss_and_keeps_the_towe
     with torch.no_grad():
         parts = stage.step.loss(stage.step.forward(model, batch), batch)
         rows = replay.rows([0, 1, 2, 3], 7, 0)
-        q = F.normalize(torch.from_numpy(tower(model, "query").encode_query([texts[i] for i in range(4)])), dim=-1)
-        s = F.normalize(torch.from_numpy(tower(model, "query").encode_query([texts[r] for r in rows])), dim=-1)
+        encode = tower(model, "query").encode_query
+        q = F.normalize(torch.from_numpy(encode([texts[i] for i in range(4)])), dim=-1)
+        s = F.normalize(torch.from_numpy(encode([texts[r] for r in rows])), dim=-1)
     t = F.normalize(teacher[rows], dim=-1)
     docs = F.normalize(table, dim=-1)
     pos, neg = docs[[i ^ 1 for i in range(4)]], docs[[(i + 2) % len(texts) for i in range(4)]]

@@ -26,8 +26,8 @@ from medadapt.asym.lora import attach_document_lora, has_lora, merge_document_lo
 from medadapt.asym.model import build_asymmetric_model, is_asymmetric, route_modules, tower
 from medadapt.asym.pruning import prune_layers
 from medadapt.asym.recipe import CareRecipe
-from medadapt.asym.stages import (AlignReplay, CarePhaseSection, align_queries, align_stage, embed, init_stage, init_tower,
-                                  joint_finetune, joint_stage, teacher_targets, trainable_only)
+from medadapt.asym.stages import (AlignReplay, CarePhaseSection, align_queries, align_stage, embed, init_stage,
+                                  init_tower, joint_finetune, joint_stage, teacher_targets, trainable_only)
 from medadapt.asym.static import static_from_document
 from medadapt.asym.truncate import MatryoshkaTruncate
 

@@ -1,9 +1,9 @@
 """Training items for the asymmetric stages, built from a BEIR folder.
 
 * :func:`self_contrastive_texts`: unlabeled texts for stage I (queries of some splits and/or corpus
-  documents or their sentences; CARE aligns on millions of raw texts, §4.2.1). Each carries the *role* under which the teacher
-  (document tower) embeds it: ``"query"`` for queries (so a document tower with a query instruction uses
-  it), ``"document"`` for documents (whose embeddings the corpus cache already holds).
+  documents or their sentences; CARE aligns on millions of raw texts, §4.2.1). Each carries the *role* under
+  which the teacher (document tower) embeds it: ``"query"`` for queries (so a document tower with a query
+  instruction uses it), ``"document"`` for documents (whose embeddings the corpus cache already holds).
 * :func:`labelled_pairs` + :func:`mine_hard_negatives`: (query, positive, hard negatives) for the
   independent initialisation and stage II, negatives mined with the frozen document tower on cached
   embeddings, skipping the very top ranks and every judged-relevant document (CARE §4.1 stresses false
@@ -20,7 +20,8 @@ import numpy as np
 
 from medadapt.errors import DataError
 
-__all__ = ["TrainPair", "corpus_sentences", "labelled_pairs", "mine_hard_negatives", "mined_pairs", "self_contrastive_texts"]
+__all__ = ["TrainPair", "corpus_sentences", "labelled_pairs", "mine_hard_negatives", "mined_pairs",
+           "self_contrastive_texts"]
 
 
 @dataclass

@@ -32,9 +32,9 @@ from medadapt.losses.asym_infonce import AsymInfoNCELoss
 from medadapt.training.config import OptimSection
 from medadapt.training.loop import Batch, LoopResult, Stage, train
 
-__all__ = ["AlignReplay", "AlignStep", "CarePhaseSection", "PairStep", "TextPairStep", "TowerWithLoss", "align_queries",
-           "align_stage", "embed", "init_stage", "init_tower", "joint_finetune", "joint_stage", "route_parameters",
-           "teacher_targets", "trainable_only", "unsupervised_stage"]
+__all__ = ["AlignReplay", "AlignStep", "CarePhaseSection", "PairStep", "TextPairStep", "TowerWithLoss",
+           "align_queries", "align_stage", "embed", "init_stage", "init_tower", "joint_finetune",
+           "joint_stage", "route_parameters", "teacher_targets", "trainable_only", "unsupervised_stage"]
 
 
 class CarePhaseSection(OptimSection):
@@ -110,7 +110,8 @@ class AlignReplay:
 
     Not in the paper (its stage II is eq. 4 alone, with stage I on millions of texts first): a regulariser
     that keeps a small query tower in the document tower's space while it learns the labelled task, the
-    way rehearsal keeps a model on its earlier objective (measured in docs/benchmarks.md, leave-one-source-out).
+    way rehearsal keeps a model on its earlier objective (measured in docs/benchmarks.md,
+    leave-one-source-out).
     """
 
     texts: Sequence[str]
