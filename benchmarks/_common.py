@@ -47,10 +47,15 @@ def markdown_table(rows: list[dict], columns: list[str]) -> str:
     return "\n".join(lines)
 
 
+def command_line() -> str:
+    """This run's command, shell-quoted so that it re-runs as written (labels with spaces included)."""
+    return shlex.join([Path(sys.argv[0]).as_posix(), *sys.argv[1:]])
+
+
 def finish(args, rows: list[dict], columns: list[str], extra: dict | None = None) -> None:
     print(markdown_table(rows, columns))
     payload = {
-        "command": shlex.join([Path(sys.argv[0]).as_posix(), *sys.argv[1:]]),
+        "command": command_line(),
         "machine": machine(),
         "date": time.strftime("%Y-%m-%d"),
         "rows": rows,

@@ -55,14 +55,13 @@ medadapt cache, so with a warm MiniLM cache no corpus is re-encoded.
 
 from __future__ import annotations
 
-import shlex
 import sys
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _common import base_parser, finish
+from _common import base_parser, command_line, finish
 
 REPO = Path(__file__).resolve().parents[1]
 METRICS = ["ndcg@10", "recall@100"]
@@ -249,7 +248,7 @@ def main() -> int:
                "% frozen out", "train s"]
     rows = _merged(kept, rows)
     _rich_table(rows, columns)
-    command = shlex.join([Path(sys.argv[0]).as_posix(), *sys.argv[1:]])
+    command = command_line()
     finish(args, rows, columns, {"folds": {**kept_folds, **folds},
                                  "config": {k: str(v) for k, v in vars(args).items()},
                                  **({"commands": [*commands, command]} if args.merge else {})})

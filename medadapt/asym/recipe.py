@@ -471,8 +471,8 @@ def train(recipe: CareRecipe, ctx: RunContext):
             teacher = teacher_targets(document, stage1_items, cache, dim=model.get_embedding_dimension(),
                                       batch_size=bs, show_progress=show)
         ctx.log(f"stage I: aligning the query tower on {len(stage1_items)} texts")
-        run(model, align_stage(model, [t for t, _ in stage1_items], teacher, s1,
-                               QueryAlignmentLoss(s1.temperature, s1.contrastive_weight, s1.mse_weight),
+        align_loss = QueryAlignmentLoss(s1.temperature, s1.contrastive_weight, s1.mse_weight)  # no parameters
+        run(model, align_stage(model, [t for t, _ in stage1_items], teacher, s1, align_loss,
                                max_length=s1.max_length, name="stage1"))
 
     # ---- stage II: joint fine-tuning
@@ -497,9 +497,8 @@ def train(recipe: CareRecipe, ctx: RunContext):
         ctx.log(f"stage II: joint fine-tuning on {len(pairs)} pairs (document tower {how})")
         replay = None
         if s2.align_weight > 0:  # stage I's texts and teacher rows, kept aligned during stage II
-            replay = AlignReplay([t for t, _ in stage1_items], teacher,
-                                 QueryAlignmentLoss(s1.temperature, s1.contrastive_weight, s1.mse_weight),
-                                 s2.align_weight, max_length=s1.max_length)
+            replay = AlignReplay([t for t, _ in stage1_items], teacher, align_loss, s2.align_weight,
+                                 max_length=s1.max_length)
             ctx.log(f"stage II: replaying stage I's alignment on {len(stage1_items)} texts "
                     f"(weight {s2.align_weight:g})")
         run(model, joint_stage(model, pairs, doc_texts, s2, AsymInfoNCELoss(s2.temperature),
