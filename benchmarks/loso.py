@@ -26,7 +26,8 @@ held-out source. Every model is evaluated on both test splits, in the same run:
   document and the questions of every split, held-out source included, as unlabeled alignment text; stage
   II on the fold's labelled ``train`` split only), the shipped narrow stage I (``--care-stage1 recipe``), or
   the broad stage I alone with stage II off (``--care-stage1 broad-only``: alignment to the document tower,
-  no labelled pair at all); ``--care-recipe recipes/care-minilm.yaml`` gives the 2-layer tower (the row
+  no labelled pair at all), or a broad stage I that sees no test question (``--care-stage1 broad-notest``:
+  every corpus document and the train and dev questions: the held-out source's questions stay unseen); ``--care-recipe recipes/care-minilm.yaml`` gives the 2-layer tower (the row
   names the tower's depth), ``--care-recipe recipes/care-minilm-query-ft.yaml --care-stage1 recipe`` the full
   6-layer query tower fine-tuned against the frozen, cached MiniLM document tower (issue #14's dense base);
 * ``hybrid``: the composed model of ``recipes/med-moe-embed-hybrid.yaml`` (MoE head + HyReC learned-lexical
@@ -70,12 +71,18 @@ MODELS = ("frozen", "moe", "care", "hybrid", "composed", "bmretriever")
 MODES_HY = ("lexical", "dense", "hybrid")
 
 
+STAGE1_MODES = ("broad", "recipe", "broad-only", "broad-notest")
+
+
 def care_overrides(fold: Path, stage1: str) -> list[str]:
     """Recipe overrides of the CARE run on ``fold``; ``broad`` aligns stage I on every corpus document and the
-    questions of every split (the held-out source's too, as unlabeled text: no judgement of it is used)."""
+    questions of every split (the held-out source's too, as unlabeled text: no judgement of it is used);
+    ``broad-notest`` on every corpus document and the train and dev questions only (no test question of
+    either test split is ever seen)."""
     base = [f"data.path={fold}", "eval.split=test-in", "eval.expected={}"]
-    if stage1 in ("broad", "broad-only"):
-        base += ["stage1.query_splits=[train, dev, test-in, test-out]", "stage1.include_corpus=true",
+    if stage1 in ("broad", "broad-only", "broad-notest"):
+        splits = "[train, dev]" if stage1 == "broad-notest" else "[train, dev, test-in, test-out]"
+        base += [f"stage1.query_splits={splits}", "stage1.include_corpus=true",
                  "stage1.max_corpus_texts=null", "stage1.max_texts=null"]
     if stage1 == "broad-only":
         base += ["stage2.enabled=false"]
@@ -92,8 +99,9 @@ def main() -> int:
     p.add_argument("--moe-recipe", type=Path, default=REPO / "recipes" / "med-moe-embed.yaml")
     p.add_argument("--care-recipe", type=Path, default=REPO / "recipes" / "care-minilm-1layer.yaml")
     p.add_argument("--care-stage1", default="broad",
-                   help="comma-separated: 'broad' (all documents and questions), 'recipe' (as shipped) and/or "
-                        "'broad-only' (broad stage I, stage II off)")
+                   help="comma-separated: 'broad' (all documents and questions), 'recipe' (as shipped), "
+                        "'broad-only' (broad stage I, stage II off) and/or 'broad-notest' (all documents, train "
+                        "and dev questions)")
     p.add_argument("--care-set", action="append", default=[], metavar="KEY=VALUE",
                    help="extra recipe override of the CARE runs (repeatable), e.g. stage1.epochs=4")
     p.add_argument("--care-label", default="",
@@ -124,8 +132,8 @@ def main() -> int:
     from medadapt.eval import evaluate_retrieval
     from medadapt.models import load
 
-    if not set(args.care_stage1.split(",")) <= {"broad", "recipe", "broad-only"}:
-        raise MedAdaptError(f"--care-stage1 {args.care_stage1!r}: choose from broad, recipe, broad-only")
+    if not set(args.care_stage1.split(",")) <= set(STAGE1_MODES):
+        raise MedAdaptError(f"--care-stage1 {args.care_stage1!r}: choose from {', '.join(STAGE1_MODES)}")
     models = [m.strip() for m in args.models.split(",") if m.strip()]
     bad = [m for m in models if m not in MODELS]
     if bad:
@@ -199,7 +207,8 @@ def main() -> int:
                 seconds = res.train_seconds or time.perf_counter() - t
                 scores = {s: evaluate_asymmetric(res.model, data, s, METRICS, cache=cache, show_progress=False)
                           for s in SPLITS}
-                label = "stage I broad, no stage II" if stage1 == "broad-only" else f"stage I {stage1}"
+                label = {"broad-only": "stage I broad, no stage II",
+                         "broad-notest": "stage I broad without test questions"}.get(stage1, f"stage I {stage1}")
                 q = recipe.query
                 kind = getattr(q, "kind", None)
                 tower = {"pruned": f"{getattr(q, 'layers', '?')}-layer",

@@ -6,6 +6,7 @@ decoder document tower from :func:`build_tiny_qwen2` below (BPE tokenizer traine
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import numpy as np
@@ -173,6 +174,36 @@ def test_asym_infonce_and_alignment_loss():
         QueryAlignmentLoss(contrastive_weight=0.0, mse_weight=0.0)
 
 
+def test_rank_distillation_against_hand_computation():
+    import torch.nn.functional as F
+
+    from medadapt.asym import QueryAlignmentLoss
+    from medadapt.errors import ConfigError
+
+    torch.manual_seed(0)
+    docs, teacher, student = torch.randn(7, 4), torch.randn(3, 4), torch.randn(3, 4)
+    parts = QueryAlignmentLoss(0.05, contrastive_weight=0.0, mse_weight=0.0, documents=docs * 5,
+                               distill_weight=2.0, distill_temperature=0.1)(student * 3, teacher)
+    assert set(parts) == {"rank_kl"}
+    # by hand: softmax over cos(text, document) / 0.1, KL(teacher || student) summed over documents, mean over texts
+    cos_s = F.normalize(student, dim=-1) @ F.normalize(docs, dim=-1).T
+    cos_t = F.normalize(teacher, dim=-1) @ F.normalize(docs, dim=-1).T
+    kl = 0.0
+    for i in range(3):
+        p_t = [math.exp(c / 0.1) for c in cos_t[i].tolist()]
+        p_s = [math.exp(c / 0.1) for c in cos_s[i].tolist()]
+        p_t, p_s = [x / sum(p_t) for x in p_t], [x / sum(p_s) for x in p_s]
+        kl += sum(a * math.log(a / b) for a, b in zip(p_t, p_s)) / 3
+    assert float(parts["rank_kl"]) == pytest.approx(2.0 * kl, rel=1e-5)
+    same_ranking = QueryAlignmentLoss(documents=docs, distill_weight=1.0)(teacher * 2, teacher)
+    assert float(same_ranking["rank_kl"]) == pytest.approx(0.0, abs=1e-6)  # only the direction counts
+    assert set(same_ranking) == {"asym_infonce", "mse", "rank_kl"}
+    with pytest.raises(ConfigError, match="distill_weight > 0 needs documents"):
+        QueryAlignmentLoss(distill_weight=1.0)
+    with pytest.raises(ConfigError, match="not all 0"):
+        QueryAlignmentLoss(contrastive_weight=0.0, mse_weight=0.0, documents=docs)
+
+
 # ------------------------------------------------------------------------------------------ stages
 def _alignment_loss(model, texts, teacher) -> float:
     from medadapt.asym import QueryAlignmentLoss, tower
@@ -244,6 +275,28 @@ def test_stage2_with_frozen_document_table(asym):
     assert not same(before_q, snapshot(route_modules(asym, "query")))
     with pytest.raises(Exception, match="doc_table"):
         joint_finetune(asym, pairs, texts, CarePhaseSection(batch_size=8), train_document=False)
+
+
+def test_stage1_rank_distillation_teaches_the_teachers_ranking(asym):
+    from medadapt.asym import CarePhaseSection, QueryAlignmentLoss, align_queries, route_modules, tower
+
+    texts = corpus_texts()
+    docs = texts[::2]  # the documents of the tiny corpus, ranked for every text
+    teacher = torch.from_numpy(tower(asym, "document").encode_document(texts))
+    table = torch.from_numpy(tower(asym, "document").encode_document(docs))
+    loss = QueryAlignmentLoss(contrastive_weight=0.0, mse_weight=0.0, documents=table, distill_weight=1.0,
+                              distill_temperature=0.05)
+
+    def rank_kl() -> float:
+        with torch.no_grad():
+            student = torch.from_numpy(tower(asym, "query").encode_query(texts))
+        return float(loss(student, teacher)["rank_kl"])
+
+    before_doc, before = snapshot(route_modules(asym, "document")), rank_kl()
+    result = align_queries(asym, texts, teacher, CarePhaseSection(epochs=4, batch_size=8, lr=1e-3), loss, seed=0)
+    assert set(result.loss_history[-1]) == {"stage", "step", "epoch", "loss", "rank_kl", "lr"}
+    assert rank_kl() < 0.5 * before  # the query tower now ranks the corpus as the document tower does
+    assert same(before_doc, snapshot(route_modules(asym, "document")))
 
 
 @pytest.fixture()

@@ -44,8 +44,11 @@ def test_schema_errors_are_clear():
         load_recipe(RECIPES / "care-tiny.yaml", ["stage1.learning_rate=1"])
     with pytest.raises(ConfigError, match="'sentence_transformer', 'pruned', 'static'"):
         load_recipe(RECIPES / "care-tiny.yaml", ["query.kind=distilled"])
-    with pytest.raises(ConfigError, match="stage1: .*cannot both be 0"):
+    with pytest.raises(ConfigError, match="stage1: .*cannot all be 0"):
         load_recipe(RECIPES / "care-tiny.yaml", ["stage1.contrastive_weight=0", "stage1.mse_weight=0"])
+    distil_only = ["stage1.contrastive_weight=0", "stage1.mse_weight=0", "stage1.distill_weight=1"]
+    assert load_recipe(RECIPES / "care-tiny.yaml", distil_only).stage1.distill_weight == 1
+    assert load_recipe(RECIPES / "care-tiny.yaml").stage1.distill_weight == 0  # the paper's eq. 3 by default
     with pytest.raises(ConfigError, match="stage1.corpus_units: Input should be 'documents' or 'sentences'"):
         load_recipe(RECIPES / "care-tiny.yaml", ["stage1.corpus_units=pages"])
     with pytest.raises(ConfigError, match="no 'kind:'"):
@@ -180,10 +183,20 @@ def test_stage2_align_weight_replays_stage1_and_needs_stage1(tiny_bert_dir, tiny
     qwen = build_tiny_qwen2(tmp_path / "q")
     overrides = [f"document.model={qwen}", f"data.path={tiny_beir_dir}", "query={kind: pruned, layers: 1}",
                  "init.query=null", "init.document=null", "stage2.train_document=false",
-                 "architecture.truncate_to=null", "stage2.align_weight=0.5"]
+                 "architecture.truncate_to=null", "stage2.align_weight=0.5", "stage1.distill_weight=1"]
     from medadapt.cache import EmbeddingCache
 
     result = run_recipe(RECIPES / "care-tiny.yaml", tmp_path / "run", overrides,
                         cache=EmbeddingCache(tmp_path / "cache"), **QUIET)
-    parts = result.details["stages"]["stage2"]["last_parts"]
-    assert {"asym_infonce", "align_asym_infonce", "align_mse"} <= set(parts)
+    assert {"asym_infonce", "mse", "rank_kl"} == set(result.details["stages"]["stage1"]["last_parts"])
+    parts = result.details["stages"]["stage2"]["last_parts"]  # the replay carries the ranking distillation too
+    assert {"asym_infonce", "align_asym_infonce", "align_mse", "align_rank_kl"} == set(parts)
+
+
+def test_plan_notes_the_ranking_distillation_table():
+    from medadapt.asym.recipe import plan_spec
+    from medadapt.recipes import load_recipe
+
+    assert not any("ranking distillation" in n for n in plan_spec(load_recipe(RECIPES / "care.yaml")).notes)
+    notes = plan_spec(load_recipe(RECIPES / "care.yaml", ["stage1.distill_weight=1"])).notes
+    assert any("ranking distillation" in n and "not counted" in n for n in notes)

@@ -9,6 +9,18 @@ unlabeled text on both sides (self-contrastive). The paper states eq. 3 as a wei
 (``contrastive_weight``, ``mse_weight``; 1 and 1 by default), so the Table-4 ablations "w/o MSE" and
 "w/o Contrastive" are ``mse_weight=0`` and ``contrastive_weight=0``.
 
+Optional ranking distillation (not in the paper, ``distill_weight`` > 0, with a ``documents`` table):
+
+    L_rank  = 1/B sum_i KL( softmax(t_i D^T / tau_r) || softmax(s_i D^T / tau_r) )
+
+``t_i``, ``s_i`` the normalised teacher and student embeddings of ``x_i``, ``D`` the frozen document tower's
+normalised embeddings of the corpus (``(N, d)``, from the cache). Eq. 2 pulls the student towards the
+teacher in every direction alike; ``L_rank`` asks only that the student *rank the corpus* as the teacher
+does, which is what retrieval reads. A 1-layer tower that keeps cos ~0.85 to the teacher on short topic
+questions loses most of its nDCG on them; with ``L_rank`` it keeps it (docs/benchmarks.md,
+leave-one-source-out). The softmax over all of ``D`` is exact (no sampling), so the table's size bounds the
+cost: ``N x d`` per step, ~14k x 384 on MedQuAD.
+
 ``L_MSE`` is the squared L2 distance between unit vectors summed over dimensions (``2 - 2 cos``), averaged
 over the batch: on the same scale for any embedding width, unlike ``torch.nn.MSELoss``'s mean over
 elements, which divides by the dimension. Hand-written: no library ships this pair of losses on
@@ -41,13 +53,17 @@ class NormalizedMSELoss(nn.Module):
 
 
 class QueryAlignmentLoss(nn.Module):
-    """Eq. 3: weighted Asym-InfoNCE (eq. 1) + normalised MSE (eq. 2); returns the *weighted* parts
-    ``{"asym_infonce": w_c * L1, "mse": w_m * L2}`` (a zero-weight part is left out).
+    """Eq. 3: weighted Asym-InfoNCE (eq. 1) + normalised MSE (eq. 2), plus the optional ranking
+    distillation ``L_rank`` (module docstring); returns the *weighted* parts
+    ``{"asym_infonce": w_c * L1, "mse": w_m * L2, "rank_kl": w_r * L_rank}`` (a zero-weight part is left out).
 
     Args:
         temperature: Asym-InfoNCE temperature.
         contrastive_weight: ``w_c`` (0 disables the contrastive term: ablation "w/o Contrastive").
         mse_weight: ``w_m`` (0 disables the MSE term: ablation "w/o MSE").
+        documents: ``(N, d)`` teacher embeddings of the corpus that ``L_rank`` ranks (normalised here).
+        distill_weight: ``w_r``; > 0 needs ``documents``.
+        distill_temperature: ``tau_r``.
 
     Example:
         >>> loss = QueryAlignmentLoss(temperature=0.05, mse_weight=1.0)
@@ -56,14 +72,32 @@ class QueryAlignmentLoss(nn.Module):
     """
 
     def __init__(self, temperature: float = 0.05, contrastive_weight: float = 1.0,
-                 mse_weight: float = 1.0) -> None:
+                 mse_weight: float = 1.0, *, documents: Tensor | None = None, distill_weight: float = 0.0,
+                 distill_temperature: float = 0.05) -> None:
         super().__init__()
-        if contrastive_weight < 0 or mse_weight < 0 or contrastive_weight + mse_weight == 0:
-            raise ConfigError("contrastive_weight and mse_weight must be >= 0 and not both 0")
+        if min(contrastive_weight, mse_weight, distill_weight) < 0 or \
+                contrastive_weight + mse_weight + distill_weight == 0:
+            raise ConfigError("contrastive_weight, mse_weight and distill_weight must be >= 0 and not all 0")
+        if distill_weight > 0 and (documents is None or documents.dim() != 2 or not len(documents)):
+            raise ConfigError("distill_weight > 0 needs documents, the (N, d) teacher embeddings of the corpus")
+        if distill_temperature <= 0:
+            raise ConfigError(f"distill_temperature must be > 0, got {distill_temperature}")
         self.contrastive = AsymInfoNCELoss(temperature)
         self.mse = NormalizedMSELoss()
         self.contrastive_weight = contrastive_weight
         self.mse_weight = mse_weight
+        self.distill_weight = distill_weight
+        self.distill_temperature = distill_temperature
+        self.documents = F.normalize(documents.float(), dim=-1) if distill_weight > 0 else None
+
+    def rank_kl(self, student: Tensor, teacher: Tensor) -> Tensor:
+        """``L_rank`` (unweighted): batch-mean KL from the teacher's to the student's softmax over the corpus."""
+        docs = self.documents.to(student.device)
+        self.documents = docs  # moved once, kept on the student's device
+        tau = self.distill_temperature
+        log_s = F.log_softmax(F.normalize(student.float(), dim=-1) @ docs.T / tau, dim=-1)
+        log_t = F.log_softmax(F.normalize(teacher.float(), dim=-1) @ docs.T / tau, dim=-1)
+        return F.kl_div(log_s, log_t, log_target=True, reduction="batchmean")
 
     def forward(self, student: Tensor, teacher: Tensor) -> dict[str, Tensor]:
         parts: dict[str, Tensor] = {}
@@ -71,4 +105,6 @@ class QueryAlignmentLoss(nn.Module):
             parts["asym_infonce"] = self.contrastive_weight * self.contrastive(student, teacher)["asym_infonce"]
         if self.mse_weight:
             parts["mse"] = self.mse_weight * self.mse(student, teacher)["mse"]
+        if self.distill_weight:
+            parts["rank_kl"] = self.distill_weight * self.rank_kl(student, teacher)
         return parts

@@ -173,13 +173,18 @@ class Stage1Section(CarePhaseSection):
         "query-length texts; the teacher embeds them as queries)")
     contrastive_weight: float = Field(1.0, ge=0)
     mse_weight: float = Field(1.0, ge=0)
+    distill_weight: float = Field(0.0, ge=0, description=(
+        "weight of ranking distillation: KL from the teacher's to the query tower's softmax over the frozen "
+        "document tower's embeddings of the whole corpus, for every stage-I text (and replayed text in stage "
+        "II); 0 = the paper's eq. 3 alone"))
+    distill_temperature: float = Field(0.05, gt=0, description="softmax temperature of the ranking distillation")
     temperature: float = Field(0.05, gt=0)
     max_length: int | None = Field(None, ge=8, description="student max tokens per text")
 
     @model_validator(mode="after")
     def _weights(self) -> Stage1Section:
-        if self.contrastive_weight == 0 and self.mse_weight == 0:
-            raise ValueError("contrastive_weight and mse_weight cannot both be 0")
+        if self.contrastive_weight == 0 and self.mse_weight == 0 and self.distill_weight == 0:
+            raise ValueError("contrastive_weight, mse_weight and distill_weight cannot all be 0")
         return self
 
 
@@ -470,8 +475,15 @@ def train(recipe: CareRecipe, ctx: RunContext):
         with encoding():
             teacher = teacher_targets(document, stage1_items, cache, dim=model.get_embedding_dimension(),
                                       batch_size=bs, show_progress=show)
-        ctx.log(f"stage I: aligning the query tower on {len(stage1_items)} texts")
-        align_loss = QueryAlignmentLoss(s1.temperature, s1.contrastive_weight, s1.mse_weight)  # no parameters
+            documents = None
+            if s1.distill_weight > 0:  # the teacher's corpus, that the query tower learns to rank alike
+                documents = teacher_targets(document, [(t, "document") for t in doc_texts], cache,
+                                            dim=model.get_embedding_dimension(), batch_size=bs, show_progress=show)
+        ctx.log(f"stage I: aligning the query tower on {len(stage1_items)} texts"
+                + (f" (ranking distillation over {len(doc_texts)} documents)" if documents is not None else ""))
+        align_loss = QueryAlignmentLoss(s1.temperature, s1.contrastive_weight, s1.mse_weight,  # no parameters
+                                        documents=documents, distill_weight=s1.distill_weight,
+                                        distill_temperature=s1.distill_temperature)
         run(model, align_stage(model, [t for t, _ in stage1_items], teacher, s1, align_loss,
                                max_length=s1.max_length, name="stage1"))
 
@@ -619,6 +631,7 @@ PAPER: dict[str, tuple[Any, str]] = {
     "stage1.include_corpus": (True, "§4.2.1: self-contrastive alignment on unlabeled texts"),
     "stage1.max_texts": (None, "§4.2.1: every unlabeled text (millions in the paper), no subset"),
     "stage1.max_corpus_texts": (None, "§4.2.1: every unlabeled text (millions in the paper), no subset"),
+    "stage1.distill_weight": (0.0, "§4.2.1: eq. 3 alone (no ranking distillation over the corpus)"),
     "stage1.corpus_units": ("documents", "§4.2.1: the unlabeled texts as they are (not split into sentences)"),
     "stage1.epochs": (1, "Appendix C.3 / Table 17, stage I: 1 epoch"),
     "stage1.batch_size": (2560, "Table 17, stage I: global batch 2,560"),
@@ -692,6 +705,10 @@ def plan_spec(recipe: CareRecipe):
             uses.append(Usage("query", 1, s2.query_max_length or qlen))
         phases.append(PhaseSpec("stage II", s2.batch_size, s2.gradient_accumulation_steps, tuple(uses)))
     notes.append("stage I: the document tower's targets are cached (computed without gradients) before training")
+    if s1.enabled and has_q and s1.distill_weight > 0:
+        notes.append("stage I: ranking distillation keeps the corpus's document embeddings on every device "
+                     "(N x d fp32, e.g. 1M x 4096 = 16 GiB) plus a (batch x N) score matrix; not counted, the "
+                     "plan does not know the corpus size")
     return PlanSpec(recipe.name, tuple(models), tuple(phases), recipe.training.mixed_precision, tuple(notes))
 
 
