@@ -27,9 +27,10 @@ held-out source. Every model is evaluated on both test splits, in the same run:
   II on the fold's labelled ``train`` split only), the shipped narrow stage I (``--care-stage1 recipe``), or
   the broad stage I alone with stage II off (``--care-stage1 broad-only``: alignment to the document tower,
   no labelled pair at all), or a broad stage I that sees no test question (``--care-stage1 broad-notest``:
-  every corpus document and the train and dev questions: the held-out source's questions stay unseen); ``--care-recipe recipes/care-minilm.yaml`` gives the 2-layer tower (the row
-  names the tower's depth), ``--care-recipe recipes/care-minilm-query-ft.yaml --care-stage1 recipe`` the full
-  6-layer query tower fine-tuned against the frozen, cached MiniLM document tower (issue #14's dense base);
+  every corpus document and the train and dev questions: the held-out source's questions stay unseen);
+  ``--care-recipe recipes/care-minilm.yaml`` gives the 2-layer tower (the row names the tower's depth),
+  ``--care-recipe recipes/care-minilm-query-ft.yaml --care-stage1 recipe`` the full 6-layer query tower
+  fine-tuned against the frozen, cached MiniLM document tower (issue #14's dense base);
 * ``hybrid``: the composed model of ``recipes/med-moe-embed-hybrid.yaml`` (MoE head + HyReC learned-lexical
   branch) trained on the fold's ``train`` split, its fusion weight chosen by the recipe on the fold's ``dev``
   split; the row is its hybrid figure, the JSON adds its lexical-only and dense-only (MoE head) figures and
@@ -100,8 +101,8 @@ def main() -> int:
     p.add_argument("--care-recipe", type=Path, default=REPO / "recipes" / "care-minilm-1layer.yaml")
     p.add_argument("--care-stage1", default="broad",
                    help="comma-separated: 'broad' (all documents and questions), 'recipe' (as shipped), "
-                        "'broad-only' (broad stage I, stage II off) and/or 'broad-notest' (all documents, train "
-                        "and dev questions)")
+                        "'broad-only' (broad stage I, stage II off) and/or 'broad-notest' (all documents, "
+                        "train and dev questions)")
     p.add_argument("--care-set", action="append", default=[], metavar="KEY=VALUE",
                    help="extra recipe override of the CARE runs (repeatable), e.g. stage1.epochs=4")
     p.add_argument("--care-label", default="",
@@ -208,7 +209,8 @@ def main() -> int:
                 scores = {s: evaluate_asymmetric(res.model, data, s, METRICS, cache=cache, show_progress=False)
                           for s in SPLITS}
                 label = {"broad-only": "stage I broad, no stage II",
-                         "broad-notest": "stage I broad without test questions"}.get(stage1, f"stage I {stage1}")
+                         "broad-notest": "stage I broad without test questions"}.get(stage1,
+                                                                                     f"stage I {stage1}")
                 q = recipe.query
                 kind = getattr(q, "kind", None)
                 tower = {"pruned": f"{getattr(q, 'layers', '?')}-layer",

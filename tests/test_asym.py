@@ -185,7 +185,8 @@ def test_rank_distillation_against_hand_computation():
     parts = QueryAlignmentLoss(0.05, contrastive_weight=0.0, mse_weight=0.0, documents=docs * 5,
                                distill_weight=2.0, distill_temperature=0.1)(student * 3, teacher)
     assert set(parts) == {"rank_kl"}
-    # by hand: softmax over cos(text, document) / 0.1, KL(teacher || student) summed over documents, mean over texts
+    # by hand: softmax over cos(text, document) / 0.1, KL(teacher || student) summed over documents,
+    # mean over texts
     cos_s = F.normalize(student, dim=-1) @ F.normalize(docs, dim=-1).T
     cos_t = F.normalize(teacher, dim=-1) @ F.normalize(docs, dim=-1).T
     kl = 0.0
@@ -293,7 +294,8 @@ def test_stage1_rank_distillation_teaches_the_teachers_ranking(asym):
         return float(loss(student, teacher)["rank_kl"])
 
     before_doc, before = snapshot(route_modules(asym, "document")), rank_kl()
-    result = align_queries(asym, texts, teacher, CarePhaseSection(epochs=4, batch_size=8, lr=1e-3), loss, seed=0)
+    section = CarePhaseSection(epochs=4, batch_size=8, lr=1e-3)
+    result = align_queries(asym, texts, teacher, section, loss, seed=0)
     assert set(result.loss_history[-1]) == {"stage", "step", "epoch", "loss", "rank_kl", "lr"}
     assert rank_kl() < 0.5 * before  # the query tower now ranks the corpus as the document tower does
     assert same(before_doc, snapshot(route_modules(asym, "document")))

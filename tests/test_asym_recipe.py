@@ -189,7 +189,7 @@ def test_stage2_align_weight_replays_stage1_and_needs_stage1(tiny_bert_dir, tiny
     result = run_recipe(RECIPES / "care-tiny.yaml", tmp_path / "run", overrides,
                         cache=EmbeddingCache(tmp_path / "cache"), **QUIET)
     assert {"asym_infonce", "mse", "rank_kl"} == set(result.details["stages"]["stage1"]["last_parts"])
-    parts = result.details["stages"]["stage2"]["last_parts"]  # the replay carries the ranking distillation too
+    parts = result.details["stages"]["stage2"]["last_parts"]  # the replay carries the distillation too
     assert {"asym_infonce", "align_asym_infonce", "align_mse", "align_rank_kl"} == set(parts)
 
 

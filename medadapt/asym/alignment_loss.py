@@ -81,7 +81,8 @@ class QueryAlignmentLoss(nn.Module):
                 contrastive_weight + mse_weight + distill_weight == 0:
             raise ConfigError("contrastive_weight, mse_weight and distill_weight must be >= 0 and not all 0")
         if distill_weight > 0 and (documents is None or documents.dim() != 2 or not len(documents)):
-            raise ConfigError("distill_weight > 0 needs documents, the (N, d) teacher embeddings of the corpus")
+            raise ConfigError("distill_weight > 0 needs documents, the (N, d) teacher embeddings of the "
+                              "corpus")
         if distill_temperature <= 0:
             raise ConfigError(f"distill_temperature must be > 0, got {distill_temperature}")
         self.contrastive = AsymInfoNCELoss(temperature)
@@ -93,7 +94,8 @@ class QueryAlignmentLoss(nn.Module):
         self.documents = F.normalize(documents.float(), dim=-1) if distill_weight > 0 else None
 
     def rank_kl(self, student: Tensor, teacher: Tensor) -> Tensor:
-        """``L_rank`` (unweighted): batch-mean KL from the teacher's to the student's softmax over the corpus."""
+        """``L_rank`` (unweighted): batch-mean KL from the teacher's to the student's softmax over the
+        corpus."""
         docs = self.documents.to(student.device)
         self.documents = docs  # moved once, kept on the student's device
         tau = self.distill_temperature

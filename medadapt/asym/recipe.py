@@ -177,7 +177,8 @@ class Stage1Section(CarePhaseSection):
         "weight of ranking distillation: KL from the teacher's to the query tower's softmax over the frozen "
         "document tower's embeddings of the whole corpus, for every stage-I text (and replayed text in stage "
         "II); 0 = the paper's eq. 3 alone"))
-    distill_temperature: float = Field(0.05, gt=0, description="softmax temperature of the ranking distillation")
+    distill_temperature: float = Field(0.05, gt=0,
+                                       description="softmax temperature of the ranking distillation")
     temperature: float = Field(0.05, gt=0)
     max_length: int | None = Field(None, ge=8, description="student max tokens per text")
 
@@ -472,15 +473,15 @@ def train(recipe: CareRecipe, ctx: RunContext):
 
     # ---- stage I: query alignment against cached teacher embeddings
     if s1.enabled:
+        dim, documents = model.get_embedding_dimension(), None
         with encoding():
-            teacher = teacher_targets(document, stage1_items, cache, dim=model.get_embedding_dimension(),
-                                      batch_size=bs, show_progress=show)
-            documents = None
+            teacher = teacher_targets(document, stage1_items, cache, dim=dim, batch_size=bs,
+                                      show_progress=show)
             if s1.distill_weight > 0:  # the teacher's corpus, that the query tower learns to rank alike
-                documents = teacher_targets(document, [(t, "document") for t in doc_texts], cache,
-                                            dim=model.get_embedding_dimension(), batch_size=bs, show_progress=show)
-        ctx.log(f"stage I: aligning the query tower on {len(stage1_items)} texts"
-                + (f" (ranking distillation over {len(doc_texts)} documents)" if documents is not None else ""))
+                documents = teacher_targets(document, [(t, "document") for t in doc_texts], cache, dim=dim,
+                                            batch_size=bs, show_progress=show)
+        ranked = f" (ranking distillation over {len(doc_texts)} documents)" if documents is not None else ""
+        ctx.log(f"stage I: aligning the query tower on {len(stage1_items)} texts{ranked}")
         align_loss = QueryAlignmentLoss(s1.temperature, s1.contrastive_weight, s1.mse_weight,  # no parameters
                                         documents=documents, distill_weight=s1.distill_weight,
                                         distill_temperature=s1.distill_temperature)
@@ -707,8 +708,8 @@ def plan_spec(recipe: CareRecipe):
     notes.append("stage I: the document tower's targets are cached (computed without gradients) before training")
     if s1.enabled and has_q and s1.distill_weight > 0:
         notes.append("stage I: ranking distillation keeps the corpus's document embeddings on every device "
-                     "(N x d fp32, e.g. 1M x 4096 = 16 GiB) plus a (batch x N) score matrix; not counted, the "
-                     "plan does not know the corpus size")
+                     "(N x d fp32, e.g. 1M x 4096 = 16 GiB) plus a (batch x N) score matrix; not counted, "
+                     "the plan does not know the corpus size")
     return PlanSpec(recipe.name, tuple(models), tuple(phases), recipe.training.mixed_precision, tuple(notes))
 
 
