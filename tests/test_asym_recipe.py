@@ -17,7 +17,7 @@ QUIET = {"show_progress": False, "log": lambda m: None}
 
 
 @pytest.mark.parametrize("name", ["care.yaml", "care-tiny.yaml", "care-minilm.yaml", "care-minilm-1layer.yaml",
-                                  "care-minilm-static.yaml"])
+                                  "care-minilm-1layer-general.yaml", "care-minilm-static.yaml"])
 def test_shipped_care_recipes_validate(name):
     from medadapt.asym.recipe import CareRecipe
     from medadapt.recipes import load_recipe
@@ -33,6 +33,11 @@ def test_shipped_care_recipes_validate(name):
         assert recipe.document.mrl_dims == [768, 1024, 1536, 2048, 2560]
     if name.startswith("care-minilm"):  # the CPU shortcut: frozen document tower, no independent init
         assert not recipe.stage2.train_document and recipe.init.query is None and recipe.init.document is None
+    if name == "care-minilm-1layer-general.yaml":  # the LOSO settings, with no test question in stage I
+        s1 = recipe.stage1
+        assert s1.query_splits == ["train", "dev"] and recipe.eval.split not in s1.query_splits
+        assert s1.include_corpus and s1.max_corpus_texts is None and s1.max_texts is None
+        assert (s1.epochs, s1.distill_weight, recipe.stage2.align_weight) == (4, 1.0, 1.0)
 
 
 def test_schema_errors_are_clear():
