@@ -402,3 +402,28 @@ def test_gradient_checkpointing_with_lora_still_trains_the_adapter(tiny_decoder_
     grads = {n: p.grad for n, p in model.named_parameters() if p.requires_grad}
     assert grads and all(g is not None and torch.isfinite(g).all() for g in grads.values())
     assert any(float(g.abs().sum()) > 0 for g in grads.values())
+
+
+def test_lora_on_a_half_precision_decoder_is_float32_throughout_under_fsdp(tiny_decoder_dir, monkeypatch):
+    """FSDP flattens one dtype per wrapped module: a bf16 decoder with PEFT's float32 LoRA matrices failed
+    on an H100 ("Must flatten tensors with uniform dtype"). Under FSDP attach_lora upcasts (and says so);
+    elsewhere the half-precision weights stay."""
+    import torch
+
+    from medadapt.bmretriever import build_retriever
+    from medadapt.errors import MedAdaptWarning
+    from medadapt.recipes.base import LoraSection
+    from medadapt.training.lora import attach_lora
+
+    def dtypes(fsdp: bool):
+        if fsdp:
+            monkeypatch.setenv("ACCELERATE_USE_FSDP", "true")
+        else:
+            monkeypatch.delenv("ACCELERATE_USE_FSDP", raising=False)
+        model = build_retriever(str(tiny_decoder_dir), "decoder", torch_dtype="bfloat16", device="cpu")
+        attach_lora(model, LoraSection(r=2, alpha=4, dropout=0.0))
+        return {p.dtype for p in model.parameters()}
+
+    assert dtypes(False) == {torch.bfloat16, torch.float32}
+    with pytest.warns(MedAdaptWarning, match="FSDP flattens parameters of one dtype"):
+        assert dtypes(True) == {torch.float32}

@@ -110,6 +110,7 @@ def test_learnable_temperature_loss_value_gradient_and_positivity():
     row1 = -math.log(math.exp(1 / 0.5) / (math.exp(c / 0.5) + math.exp(1 / 0.5)))
     assert parts["loss"].item() == pytest.approx((row0 + row1) / 2, rel=1e-5)
     assert parts["temperature"].item() == pytest.approx(0.5)
+    assert loss.log_temperature.shape == (1,)  # not 0-dim: FSDP / DeepSpeed ZeRO refuse scalar parameters
     parts["loss"].backward()
     assert loss.log_temperature.grad is not None and loss.log_temperature.grad.item() != 0
     # symmetric = mean of both directions

@@ -129,6 +129,27 @@ def test_model_folders_saved_before_the_move_to_medadapt_moe_still_load(tiny_ber
     torch.testing.assert_close(old.encode(TEXTS, convert_to_tensor=True), expected, atol=1e-6, rtol=0)
 
 
+def test_alpha_is_a_one_element_vector_and_folders_with_a_scalar_alpha_still_load(tiny_bert, tmp_path):
+    """FSDP and DeepSpeed ZeRO refuse 0-dim parameters (seen on an H100: "FSDP doesn't support scalar
+    parameters"), so alpha has shape (1,); folders saved with the scalar alpha load to the same encodings."""
+    from safetensors.torch import load_file, save_file
+
+    head = perturb_(make_head("moe_paper"))
+    assert head.alpha.shape == (1,) and all(p.dim() > 0 for p in head.parameters())
+    model = attach(tiny_bert, head).eval()
+    model.save(str(tmp_path / "m"))
+    files = [f for f in (tmp_path / "m").rglob("*.safetensors") if "alpha" in load_file(str(f))]
+    assert len(files) == 1
+    state = load_file(str(files[0]))
+    assert state["alpha"].shape == (1,)
+    state["alpha"] = state["alpha"].reshape(())  # what folders saved before this change hold
+    save_file(state, str(files[0]))
+    old = SentenceTransformer(str(tmp_path / "m"), trust_remote_code=True, device="cpu")
+    assert find_head(old, MoEHead).alpha.shape == (1,)
+    expected = model.encode(TEXTS, convert_to_tensor=True)
+    torch.testing.assert_close(old.encode(TEXTS, convert_to_tensor=True), expected, atol=1e-6, rtol=0)
+
+
 # ------------------------------------------------------------------------------------------------ experts
 def test_registry_lists_builtin_experts_and_rejects_unknown():
     assert set(EXPERTS) <= set(available_experts())

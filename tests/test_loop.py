@@ -7,6 +7,7 @@ import pytest
 import torch
 from torch import nn
 
+from medadapt.errors import ConfigError
 from medadapt.losses import InfoNCELoss
 from medadapt.training.checkpoint import CheckpointConfig
 from medadapt.training.config import OptimSection
@@ -127,3 +128,76 @@ def test_stages_sharing_a_schedule_share_the_learning_rate_curve():
     assert len(lrs) == 8 and lrs[0] == pytest.approx(1e-2)
     assert lrs[4] == pytest.approx(1e-2 * 4 / 8)  # one linear decay over both stages, not two
     assert res.stage_steps == {"a": 4, "b": 4}
+
+
+class _FakeDeepSpeed:
+    """What ``train`` reads of an Accelerator launched with a DeepSpeed config, before it prepares anything."""
+
+    process_index, num_processes, device = 0, 1, torch.device("cpu")
+
+    class state:  # noqa: N801 - mirrors accelerator.state
+        deepspeed_plugin = object()
+
+
+def test_deepspeed_refuses_separate_optimizers_and_untrained_parameters_before_any_step():
+    """On an H100, ZeRO-2 failed inside its gradient reduction (IndexError) when Med-MoE-Embed's stages
+    trained parts of the head with two optimizers: the loop now refuses such runs up front, naming why."""
+    q, d = _data()
+    model = nn.Sequential(nn.Linear(8, 8), nn.Linear(8, 8))
+    first, second = list(model[0].parameters()), list(model[1].parameters())
+    step = PairStep(q, d)
+    optim = OptimSection(batch_size=8, epochs=1)
+    before = [p.detach().clone() for p in model.parameters()]
+    with pytest.raises(ConfigError, match=r"one optimizer, but this run trains with 2 separate optimizers "
+                                          r"\(stages: a; b\).*multi-gpu.yaml"):
+        train(model, [Stage("a", 32, step, first, optim), Stage("b", 32, step, second, optim)],
+              accelerator=_FakeDeepSpeed())
+    with pytest.raises(ConfigError, match=r"2 are not trained by any stage \(1.weight, 1.bias"):
+        train(model, [Stage("a", 32, step, first, optim)], accelerator=_FakeDeepSpeed())
+    assert all(torch.equal(a, b) for a, b in zip(before, model.parameters()))  # nothing moved
+
+
+def test_a_finished_schedule_frees_its_optimizer_state_and_gradients_and_resume_is_unchanged(tmp_path):
+    """Two stages with separate optimizers: when the first ends, its AdamW state and gradients go (they
+    stayed on the GPU for the rest of the run before), and a run killed in the second stage resumes to the
+    uninterrupted model."""
+    from medadapt.training.checkpoint import load_checkpoint, latest_checkpoint
+
+    q, d = _data()
+    optim = OptimSection(batch_size=8, lr=1e-2, epochs=2, warmup_ratio=0.0)
+    seen = {}
+
+    def run(**kwargs):
+        model = nn.Sequential(nn.Linear(8, 8), nn.Linear(8, 8))
+        torch.manual_seed(1)
+        for p in model.parameters():
+            nn.init.normal_(p, std=0.3)
+        first = list(model[0].parameters())
+
+        def check():
+            seen["grads"] = [p.grad for p in first]
+
+        stages = [Stage("a", len(q), PairStep(q, d), first, optim),
+                  Stage("b", len(q), PairStep(q, d), list(model[1].parameters()), optim, on_start=check)]
+        return model, train(model, stages, seed=3, **kwargs)
+
+    whole, res_whole = run(checkpoint=CheckpointConfig(tmp_path / "whole"), fingerprint="f")
+    assert seen["grads"] == [None, None]
+    _, opt_state, _ = load_checkpoint(latest_checkpoint(tmp_path / "whole"))
+    assert opt_state["#0"]["optimizer"]["state"] == {}  # the first optimizer's AdamW moments are gone
+    assert len(opt_state["#1"]["optimizer"]["state"]) == 2  # the last one's are saved before it is freed
+
+    class Stop(Exception):
+        pass
+
+    def kill(stage, step, total, row):
+        if step == 11:
+            raise Stop
+
+    ckpt = CheckpointConfig(tmp_path / "ck", every_steps=2)
+    with pytest.raises(Stop):
+        run(checkpoint=ckpt, fingerprint="f", progress=kill)
+    resumed, res = run(checkpoint=ckpt, fingerprint="f")
+    for a, b in zip(whole.parameters(), resumed.parameters()):
+        torch.testing.assert_close(a, b, atol=0, rtol=0)
+    assert [r["loss"] for r in res.loss_history] == [r["loss"] for r in res_whole.loss_history]

@@ -220,6 +220,37 @@ def test_sharding_divides_what_the_strategy_shards(tmp_path):
     assert ddp.extra == 2 * p  # DDP's gradient buckets
 
 
+def test_fsdp_counts_a_lora_half_precision_model_in_float32(tmp_path):
+    """Under FSDP attach_lora upcasts a bf16 model carrying float32 LoRA matrices (one dtype per flattened
+    module), so the plan counts its frozen weights at 4 bytes, sharded; other strategies keep 2 bytes."""
+    folder = _write_config(tmp_path / "tiny-llama", TINY)
+    spec = ModelSpec("m", str(folder), torch_dtype="bfloat16", lora=LoraSpec(8, 16, 0.0, ("q_proj", "v_proj")))
+    a = architecture(spec)
+    frozen = a.total_params - a.trainable_params
+    fsdp = state_bytes(a, spec, read_accelerate_config(ROOT / "recipes/accelerate/fsdp.yaml"), "bf16", True)
+    ddp = state_bytes(a, spec, Hardware(num_gpus=8), "bf16", True)
+    assert ddp.weights == 2 * frozen + 4 * a.trainable_params
+    assert fsdp.weights == (4 * frozen + 4 * a.trainable_params) / 8
+
+
+def test_deepspeed_refuses_a_recipe_the_loop_trains_with_separate_optimizers(tmp_path):
+    """DeepSpeed prepares one model with one optimizer (ZeRO-2 failed on an H100 when stages trained parts of
+    a model with several); the loop refuses such runs, so the plan does too. The sentence-transformers
+    trainer (engine_accumulation) is not concerned, nor are DDP and FSDP."""
+    folder = _write_config(tmp_path / "tiny-llama", TINY)
+    phases = tuple(PhaseSpec(n, 8, 1, (Usage("m", 2, 128),)) for n in ("a", "b"))
+    ds = Hardware(num_gpus=8, strategy="deepspeed", shard_stage=2)
+    two = PlanSpec("two", (ModelSpec("m", str(folder)),), phases)
+    plan = plan_recipe(None, ds, spec=two, strict=False)
+    assert [p.fits for p in plan.phases] == [False, False]
+    assert "2 separate optimizers" in plan.phases[0].reason and "fsdp.yaml" in plan.phases[0].reason
+    with pytest.raises(DoesNotFit, match="DeepSpeed prepares one model with one optimizer"):
+        plan_recipe(None, ds, spec=two)
+    assert plan_recipe(None, ds, spec=PlanSpec("one", two.models, phases, optimizers=1)).fits
+    assert plan_recipe(None, ds, spec=PlanSpec("st", two.models, phases, engine_accumulation=True)).fits
+    assert plan_recipe(None, read_accelerate_config(ROOT / "recipes/accelerate/fsdp.yaml"), spec=two).fits
+
+
 def test_reads_accelerate_configs(tmp_path):
     fsdp = read_accelerate_config(ROOT / "recipes/accelerate/fsdp.yaml")
     assert (fsdp.num_gpus, fsdp.strategy, fsdp.shard_stage, fsdp.mixed_precision) == (8, "fsdp", 3, "bf16")

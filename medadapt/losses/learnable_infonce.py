@@ -54,7 +54,8 @@ class LearnableTemperatureInfoNCELoss(nn.Module):
             raise ConfigError(f"temperature and min_temperature must be > 0, got {temperature}, {min_temperature}")
         if min_temperature > temperature:
             raise ConfigError(f"min_temperature ({min_temperature}) must not exceed temperature ({temperature})")
-        self.log_temperature = nn.Parameter(torch.tensor(math.log(temperature)), requires_grad=learnable)
+        # shape (1,), not a 0-dim scalar: FSDP and DeepSpeed ZeRO flatten parameters and refuse scalars
+        self.log_temperature = nn.Parameter(torch.full((1,), math.log(temperature)), requires_grad=learnable)
         self.min_log = math.log(min_temperature)
         self.symmetric = symmetric
 
@@ -64,7 +65,7 @@ class LearnableTemperatureInfoNCELoss(nn.Module):
         return float(self.log_temperature.detach().clamp(min=self.min_log).exp())
 
     def forward(self, query: Tensor, positive: Tensor, negatives: Tensor | None = None) -> dict[str, Tensor]:
-        tau = self.log_temperature.clamp(min=self.min_log).exp()
+        tau = self.log_temperature.clamp(min=self.min_log).exp().reshape(())
         scores = cosine_candidate_scores(query, positive, negatives)  # the same candidates as InfoNCELoss
         target = torch.arange(query.shape[0], device=query.device)
         loss = F.cross_entropy(scores / tau.to(scores.dtype), target)

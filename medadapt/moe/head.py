@@ -26,6 +26,17 @@ from medadapt.moe.routing import RoutingMode, TopKRouter
 __all__ = ["MoEHead"]
 
 
+def _scalar_to_vector(name: str):
+    """A load-state-dict pre-hook reading a 0-dim ``name`` (saved before it became shape ``(1,)``) as ``(1,)``."""
+
+    def hook(_module, state_dict, prefix, *_args, **_kwargs):
+        key = prefix + name
+        if key in state_dict and state_dict[key].dim() == 0:
+            state_dict[key] = state_dict[key].reshape(1)
+
+    return hook
+
+
 class MoEHead(Module):
     """Shared + top-k routed experts on the sentence embedding (see :class:`MoEConfig` for every option).
 
@@ -83,8 +94,10 @@ class MoEHead(Module):
                 renormalize=config.renormalize_top_k,
                 init_std=config.gate_init_std,
             )
-            self.alpha = nn.Parameter(torch.tensor(float(config.alpha_init)))
+            # shape (1,), not a 0-dim scalar: FSDP and DeepSpeed ZeRO flatten parameters and refuse scalars
+            self.alpha = nn.Parameter(torch.full((1,), float(config.alpha_init)))
         self.last_aux_loss: Tensor = torch.zeros(())
+        self.register_load_state_dict_pre_hook(_scalar_to_vector("alpha"))
 
     # ------------------------------------------------------------------ forward
     def forward(self, features: dict[str, Tensor | Any], **kwargs: Any) -> dict[str, Tensor | Any]:

@@ -131,7 +131,9 @@ def state_bytes(arch: Architecture, spec: ModelSpec, hw: Hardware, mixed_precisi
         autocast = 0.0
     else:
         bt = 4 if spec.lora is not None else b
-        w_f, w_t, g, o = float(b), float(bt), float(bt), 2.0 * bt
+        # FSDP flattens one dtype per module: attach_lora upcasts a half-precision model under LoRA to float32
+        bf = 4 if (hw.strategy == "fsdp" and spec.lora is not None) else b
+        w_f, w_t, g, o = float(bf), float(bt), float(bt), 2.0 * bt
         autocast = 2.0 * p_t if (mp16 and bt == 4) else 0.0
     sharded = hw.strategy in ("deepspeed", "fsdp")
     weights = p_f * w_f + p_t * w_t

@@ -178,6 +178,7 @@ def plan_recipe(recipe, hardware: Hardware | None = None, *, spec: PlanSpec | No
         models.append(ModelPlan(m.role, m.model, a.source, a.total_params, a.trainable_params, a.frozen_params,
                                 how, a.built_on_meta))
     phases = []
+    n_optimizers = spec.optimizers if spec.optimizers is not None else len(spec.phases)
     for ph in spec.phases:
         trains_here = {u.role for u in ph.uses if u.trains}
         w = g = o = x = 0.0
@@ -215,6 +216,11 @@ def plan_recipe(recipe, hardware: Hardware | None = None, *, spec: PlanSpec | No
             pp.fits = False
             pp.reason = (f"needs {pp.accumulation} gradient-accumulation steps, which medadapt's training loop does "
                          f"not run under DeepSpeed / FSDP yet; launch with DDP (recipes/accelerate/multi-gpu.yaml)")
+        if pp.fits and hw.strategy == "deepspeed" and not spec.engine_accumulation and n_optimizers > 1:
+            pp.fits = False
+            pp.reason = (f"medadapt's training loop trains this recipe with {n_optimizers} separate optimizers, and "
+                         "DeepSpeed prepares one model with one optimizer; launch with DDP "
+                         "(recipes/accelerate/multi-gpu.yaml) or FSDP (recipes/accelerate/fsdp.yaml)")
         phases.append(pp)
     plan = Plan(spec.recipe, hw.describe(), hw.usable_bytes / GiB, models, phases, list(spec.notes))
     bad = [p for p in phases if not p.fits]

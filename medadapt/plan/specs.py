@@ -94,3 +94,7 @@ class PlanSpec:
     #: the system's trainer accumulates gradients under DeepSpeed / FSDP engines (sentence-transformers'
     #: trainer does; medadapt's own loop does not yet, so a phase needing accumulation there does not fit)
     engine_accumulation: bool = False
+    #: separate optimisers medadapt's own loop trains the recipe with (None: one per phase). DeepSpeed
+    #: prepares one model with one optimiser, so more than one cannot run there (``engine_accumulation``
+    #: marks sentence-transformers' trainer, which is not concerned)
+    optimizers: int | None = None

@@ -18,8 +18,8 @@ from collections.abc import Iterable
 import torch
 from torch import Tensor
 
-__all__ = ["average_gradients", "broadcast_parameters", "close_process_group", "gather_with_grad", "is_distributed",
-           "shard_bounds"]
+__all__ = ["average_gradients", "broadcast_parameters", "close_process_group", "fsdp_requested", "gather_with_grad",
+           "is_distributed", "shard_bounds"]
 
 
 def is_distributed() -> bool:
@@ -27,6 +27,22 @@ def is_distributed() -> bool:
     import torch.distributed as dist
 
     return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+
+
+def fsdp_requested() -> bool:
+    """``True`` when this process trains under FSDP: started by ``accelerate launch`` with an FSDP config
+    (``ACCELERATE_USE_FSDP``), or an ``Accelerator`` with an FSDP plugin already exists. Models are built
+    after the run's ``Accelerator``, so loaders can adapt to FSDP before it wraps them."""
+    import os
+
+    if os.environ.get("ACCELERATE_USE_FSDP", "").lower() in ("1", "true", "yes"):
+        return True
+    try:
+        from accelerate.state import AcceleratorState
+    except ImportError:  # pragma: no cover - accelerate is a dependency
+        return False
+    kind = AcceleratorState._shared_state.get("distributed_type")
+    return kind is not None and "FSDP" in str(kind)
 
 
 def close_process_group() -> None:

@@ -9,7 +9,8 @@ parameters to train. The loop does the rest, identically for every system:
   the loop all-gathers the outputs (:func:`~medadapt.training.distributed.gather_with_grad`), so ``loss``
   sees the global batch (in-batch negatives included) on every process; ``N x loss`` is back-propagated and
   gradients averaged by one flat all-reduce (no DDP wrapper: a step may run the model twice and leave
-  parameters unused). DeepSpeed / FSDP engines prepared by Accelerate average their own.
+  parameters unused). DeepSpeed / FSDP engines prepared by Accelerate average their own: FSDP wraps the model
+  once for every stage; DeepSpeed runs one optimiser that owns every trainable parameter (else refused).
 * **gradient accumulation that keeps the objective** (GradCache, Gao et al. 2021): the ``k`` chunks of a
   step are run without gradients, the loss is computed once on all of them, then each chunk is re-run with
   gradients and back-propagated with its cached output gradients (RNG replayed, so dropout repeats):
@@ -147,7 +148,8 @@ def _param_groups(params, optim: OptimSection, covered: set[int]) -> list[dict[s
 class _Schedule:
     """One optimiser + scheduler, shared by the stages of a schedule group."""
 
-    def __init__(self, stages: list[Stage], accelerator, model: nn.Module, world: int):
+    def __init__(self, stages: list[Stage], accelerator, model: nn.Module, world: int,
+                 wrapped: dict[str, Any] | None = None):
         from transformers import get_scheduler
 
         optim = stages[0].optim
@@ -161,18 +163,20 @@ class _Schedule:
                                        num_training_steps=max(1, total))
         self.run_model = model
         self.sync: Callable[[], None] | None = None
-        self.engine = False
+        self.engine = self.fsdp = False
+        wrapped = {} if wrapped is None else wrapped
         if accelerator is not None:
-            plugin = getattr(accelerator.state, "deepspeed_plugin", None)
-            dist_kind = str(getattr(accelerator, "distributed_type", ""))
-            if plugin is not None:  # DeepSpeed prepares model and optimiser together
+            if _engine(accelerator) == "deepspeed":  # DeepSpeed prepares model and optimiser together
+                plugin = accelerator.state.deepspeed_plugin
                 plugin.deepspeed_config["train_micro_batch_size_per_gpu"] = max(1, optim.batch_size // world)
                 self.run_model, self.optimizer = accelerator.prepare(model, self.optimizer)
                 self.engine = True
-            elif "FSDP" in dist_kind:  # FSDP shards parameters and reduces gradients itself
-                self.run_model = accelerator.prepare_model(model)
+            elif _engine(accelerator) == "fsdp":  # FSDP shards parameters and reduces gradients itself
+                if "fsdp" not in wrapped:  # wrap once: every schedule's optimiser holds the same parameters
+                    wrapped["fsdp"] = accelerator.prepare_model(model)
+                self.run_model = wrapped["fsdp"]
                 self.optimizer = accelerator.prepare_optimizer(self.optimizer)
-                self.engine = True
+                self.engine = self.fsdp = True
             else:
                 self.optimizer = accelerator.prepare_optimizer(self.optimizer)
                 if world > 1:
@@ -185,6 +189,44 @@ class _Schedule:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
+
+
+def _engine(accelerator) -> str | None:
+    """``"deepspeed"``, ``"fsdp"`` or ``None`` (plain processes) for the run's Accelerator."""
+    if accelerator is None:
+        return None
+    if getattr(accelerator.state, "deepspeed_plugin", None) is not None:
+        return "deepspeed"
+    return "fsdp" if "FSDP" in str(getattr(accelerator, "distributed_type", "")) else None
+
+
+def _check_deepspeed(model: nn.Module, groups: dict[str, list[Stage]], ids: set[int]) -> None:
+    """DeepSpeed wraps one model with one optimiser that must own every trainable parameter (ZeRO reduces
+    gradients by the optimiser's parameter groups; on an H100, ZeRO-2 failed inside its gradient reduction
+    with ``IndexError`` when a stage trained part of the model). Refuse what it cannot run, before any step."""
+    if len(groups) > 1:
+        names = [", ".join(s.name for s in members) for members in groups.values()]
+        raise ConfigError(f"DeepSpeed prepares one model with one optimizer, but this run trains with {len(groups)} "
+                          f"separate optimizers (stages: {'; '.join(names)}); launch it with DDP "
+                          "(recipes/accelerate/multi-gpu.yaml) or FSDP (recipes/accelerate/fsdp.yaml)")
+    loose = [n for n, p in model.named_parameters() if p.requires_grad and id(p) not in ids]
+    if loose:
+        raise ConfigError(f"DeepSpeed needs every trainable parameter in the optimizer, but {len(loose)} are not "
+                          f"trained by any stage ({', '.join(loose[:3])}...): freeze them (requires_grad=False) "
+                          "or launch with DDP / FSDP")
+
+
+def _release(sch: _Schedule) -> None:
+    """Free what a schedule whose last stage has ended still holds: its optimiser state (AdamW keeps two
+    float32 tensors per parameter) and its parameters' last gradients. Kept, they stayed on the device for
+    the rest of the run: CARE's later phases measured ~10 GB above ``medadapt plan`` on an H100 with four
+    finished query-tower optimisers alive. A checkpoint saved afterwards holds the emptied state, which a
+    resumed run never steps. DeepSpeed keeps its state inside the engine (one schedule, freed with it)."""
+    if sch.engine and not sch.fsdp:
+        return
+    sch.optimizer.state.clear()
+    for p in sch.params:
+        p.grad = None
 
 
 def _gather(outputs: dict[str, Tensor]) -> dict[str, Tensor]:
@@ -270,8 +312,16 @@ def train(
     groups: dict[str, list[Stage]] = {}
     for i, s in enumerate(stages):
         groups.setdefault(s.schedule or f"#{i}", []).append(s)
-    schedules = {key: _Schedule(members, accelerator, model, world) for key, members in groups.items()}
+    if _engine(accelerator) == "deepspeed":
+        covered: set[int] = set()
+        for members in groups.values():
+            for s in members:
+                _param_groups(s.params, s.optim, covered)
+        _check_deepspeed(model, groups, covered)
+    wrapped: dict[str, Any] = {}
+    schedules = {key: _Schedule(members, accelerator, model, world, wrapped) for key, members in groups.items()}
     schedule_of = {id(s): schedules[s.schedule or f"#{i}"] for i, s in enumerate(stages)}
+    last_stage_of = {id(schedule_of[id(s)]): i for i, s in enumerate(stages)}  # when a schedule is done
     ids = {id(p) for sch in schedules.values() for p in sch.params}
     trained = {n: p for n, p in model.named_parameters() if id(p) in ids}
 
@@ -323,6 +373,8 @@ def train(
                 if step + n_steps <= resume:  # finished before the resume point
                     step += n_steps
                     result.stage_steps[stage.name] = n_steps
+                    if last_stage_of[id(schedule_of[id(stage)])] == stage_index:
+                        _release(schedule_of[id(stage)])
                     continue
                 sch = schedule_of[id(stage)]
                 if stage.on_start is not None:
@@ -361,6 +413,8 @@ def train(
                 if stage.on_end is not None:
                     stage.on_end()
                 save(step)
+                if last_stage_of[id(sch)] == stage_index:
+                    _release(sch)
             if not stages and not had_checkpoint:
                 save(0)
     finally:
@@ -417,7 +471,11 @@ def _one_step(stage: Stage, sch: _Schedule, items: list[int], step: int, epoch: 
     if sch.sync is not None:
         sch.sync()
     if stage.optim.max_grad_norm is not None:
-        if accelerator is not None:
+        if sch.fsdp and hasattr(sch.run_model, "clip_grad_norm_"):
+            # FSDP's own norm over every shard; Accelerate's clip_grad_norm_ compares parameter lists with ==,
+            # which raised on an H100 once a stage's list had the wrapped model's length
+            sch.run_model.clip_grad_norm_(stage.optim.max_grad_norm)
+        elif accelerator is not None:
             accelerator.clip_grad_norm_(sch.params, stage.optim.max_grad_norm)
         else:
             torch.nn.utils.clip_grad_norm_(sch.params, stage.optim.max_grad_norm)

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from medadapt.errors import ConfigError
+from medadapt.errors import ConfigError, warn
 
 __all__ = ["attach_lora", "enable_gradient_checkpointing", "first_transformer", "has_lora", "merge_lora"]
 
@@ -62,6 +62,12 @@ def attach_lora(model, lora, *, gradient_checkpointing: bool = False):
     changed). ``target_modules=None`` lets PEFT pick its default for the architecture (``q_proj`` /
     ``v_proj`` for Llama / Qwen, ``query`` / ``value`` for BERT). A module that already has an adapter is
     refused (merge it first).
+
+    Under FSDP (:func:`~medadapt.training.distributed.fsdp_requested`) a half-precision model is upcast to
+    float32 after attaching: PEFT keeps LoRA matrices in float32, and FSDP flattens the parameters of a
+    wrapped module into one tensor of one dtype (``Must flatten tensors with uniform dtype``, seen on an
+    H100). FSDP's own mixed precision (``mixed_precision: bf16``) still runs the compute in bf16; the
+    float32 weights are sharded over the processes (``medadapt plan`` counts them so).
     """
     from peft import LoraConfig, get_peft_model
 
@@ -74,6 +80,17 @@ def attach_lora(model, lora, *, gradient_checkpointing: bool = False):
     config = LoraConfig(r=lora.r, lora_alpha=lora.alpha, lora_dropout=lora.dropout,
                         target_modules=list(lora.target_modules) if lora.target_modules else None)
     transformer.model = get_peft_model(transformer.model, config)
+    from medadapt.training.distributed import fsdp_requested
+
+    dtypes = {p.dtype for p in transformer.model.parameters()}
+    if len(dtypes) > 1 and fsdp_requested():
+        import torch
+
+        half = sorted(str(d).replace("torch.", "") for d in dtypes if d != torch.float32)
+        warn(f"FSDP flattens parameters of one dtype: the {'/'.join(half)} weights under the float32 LoRA matrices "
+             "are upcast to float32 (FSDP's mixed precision still computes in bf16); load the model in float32 "
+             "(torch_dtype: float32) to skip the half-precision copy")
+        transformer.model.float()
     return transformer.model
 
 
