@@ -280,7 +280,20 @@ def test_paper_recipe_declares_and_plans_the_pretraining():
     plan = plan_recipe(r, Hardware(num_gpus=1, gpu_memory_gb=80))
     assert [p.name for p in plan.phases] == ["RetroMAE pre-training", "preliminary fine-tuning", "fine-tuning"]
     assert plan.phases[0].tokens_per_step == 512 * 512
-    assert any("RetroMAE" in n and "not counted" in n for n in plan.notes)
+    assert any("RetroMAE" in n and "logits on the masked tokens are counted" in n for n in plan.notes)
+    # the MLM head's logits: (0.3 + 0.5) x 512 masked tokens x bge-base-zh's 21,128-word vocabulary x 10 bytes,
+    # on top of the encoder's activations (on an H100 the plan had missed them: 3.3 GiB planned, 8.8 measured)
+    import dataclasses
+
+    from medadapt.plan import describe_recipe
+
+    spec = describe_recipe(r)
+    assert spec.phases[0].extra_bytes_per_example == pytest.approx(0.8 * 512 * 21128 * 10)
+    bare = dataclasses.replace(spec, phases=(dataclasses.replace(spec.phases[0], extra_bytes_per_example=0.0),
+                                             *spec.phases[1:]))
+    without = plan_recipe(r, Hardware(num_gpus=1, gpu_memory_gb=80), spec=bare).phases[0]
+    assert plan.phases[0].activations_per_example_no_ckpt_gb - without.activations_per_example_no_ckpt_gb == \
+        pytest.approx(0.8 * 512 * 21128 * 10 / 2**30)
     res = CliRunner().invoke(__import__("medadapt.cli", fromlist=["app"]).app, ["plan", str(ROOT / "recipes/hyrec.yaml")])
     assert res.exit_code == 0 and "RetroMAE pre-training" in res.output, res.output
     # section defaults are the paper's too (a recipe that writes only `pretrain: {data: ...}`)

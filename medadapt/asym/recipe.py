@@ -682,11 +682,18 @@ def plan_spec(recipe: CareRecipe):
     n = 2 + ini.negatives
     if ini.query is not None and has_q:
         pre, un = ini.query.pretrain, ini.query.unsupervised
-        if pre is not None:  # the encoder once per text (+ a one-layer decoder and MLM head, not counted)
+        if pre is not None:  # the encoder once per text, + the MLM head's logits on the masked tokens
+            from medadapt.plan import find_config
+            from medadapt.plan.memory import mlm_logit_bytes
+
+            length = pre.max_length or qlen
+            vocab = int(find_config(q.model, recipe._source)[0].get("vocab_size") or 0)
+            logits = mlm_logit_bytes((pre.encoder_mask_ratio + pre.decoder_mask_ratio) * length, vocab)
             phases.append(PhaseSpec("init query: RetroMAE", pre.batch_size, pre.gradient_accumulation_steps,
-                                    (Usage("query", 1, pre.max_length or qlen),)))
-            notes.append("init query: RetroMAE: the one-layer decoder and the MLM head (about one encoder "
-                         "layer plus a vocabulary-sized output) are not counted")
+                                    (Usage("query", 1, length),), extra_bytes_per_example=logits))
+            notes.append(f"init query: RetroMAE: the MLM head's logits on the masked tokens are counted "
+                         f"({logits / 2**30:.3f} GB per example); the one-layer decoder (about one encoder layer) "
+                         "is not")
         if un is not None:
             phases.append(PhaseSpec("init query: unsupervised", un.batch_size, un.gradient_accumulation_steps,
                                     (Usage("query", 2, un.max_length or qlen),)))

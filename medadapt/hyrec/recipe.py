@@ -482,6 +482,7 @@ def plan_spec(recipe: HyReCRecipe):
     phase (a query of ``query_max_length`` tokens, its positive and ``negatives.num`` passages of
     ``passage_max_length``)."""
     from medadapt.plan import ModelSpec, PhaseSpec, PlanSpec, Usage, find_config
+    from medadapt.plan.memory import mlm_logit_bytes
 
     m, tr = recipe.model, recipe.training
     cfg, _ = find_config(m.backbone, recipe._source)
@@ -510,15 +511,15 @@ def plan_spec(recipe: HyReCRecipe):
         if pre.scorer is not None:
             notes += (f"preliminary pairs are scored with {pre.scorer} before training (inference only, not planned)",)
     pt = recipe.pretrain
-    if pt is not None:  # the backbone once per text (+ RetroMAE's one-layer decoder and MLM head, not counted)
+    if pt is not None:  # the backbone once per text, + the MLM head's logits on the masked tokens
         length = pt.max_length or m.dense_max_length or m.passage_max_length
-        phases = (PhaseSpec("RetroMAE pre-training", pt.batch_size, pt.gradient_accumulation_steps,
-                            (Usage("encoder", 1, length, trains=full or tr.train_dense_encoder),)), *phases)
         masked = (pt.encoder_mask_ratio + pt.decoder_mask_ratio) * length  # MLM logits on masked tokens only
-        logits_gb = masked * int(cfg.get("vocab_size") or 0) * 10 / 1e9  # bf16/fp32 logits + fp32 log-softmax
-        note = (f"RetroMAE pre-training: the one-layer decoder and the MLM head are not counted (their logits on "
-                f"the masked tokens: about {logits_gb:.3f} GB more per example); the lexicon copy does not run "
-                "there but is counted")
+        logits = mlm_logit_bytes(masked, int(cfg.get("vocab_size") or 0))
+        phases = (PhaseSpec("RetroMAE pre-training", pt.batch_size, pt.gradient_accumulation_steps,
+                            (Usage("encoder", 1, length, trains=full or tr.train_dense_encoder),),
+                            extra_bytes_per_example=logits), *phases)
+        note = (f"RetroMAE pre-training: the MLM head's logits on the masked tokens are counted ({logits / 2**30:.3f} "
+                "GB per example); the one-layer decoder is not; the lexicon copy does not run there but is counted")
         notes += (note,)
     return PlanSpec(recipe.name, tuple(models), phases, tr.mixed_precision, notes)
 

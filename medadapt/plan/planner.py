@@ -203,6 +203,8 @@ def plan_recipe(recipe, hardware: Hardware | None = None, *, spec: PlanSpec | No
             act_nockpt += u.texts * activation_bytes(a, m, u.seq_len, mp, checkpointing=False)
             ckpt = ckpt or m.gradient_checkpointing
             emb_dim = emb_dim or a.hidden
+        act += ph.extra_bytes_per_example
+        act_nockpt += ph.extra_bytes_per_example
         texts = sum(u.texts for u in ph.uses if archs[u.role] is not None)
         # tokens through a transformer with gradients per optimizer step (cached / no-grad inputs excluded)
         tokens = ph.global_batch * sum(u.texts * u.seq_len for u in ph.uses if archs[u.role] is not None and u.trains)

@@ -75,6 +75,8 @@ class PhaseSpec:
     gradient_accumulation_steps: int = 1
     uses: tuple[Usage, ...] = ()
     embedding_dim: int = 0  # width of the embeddings GradCache keeps for the whole optimizer step
+    #: activations per example outside the transformers of ``uses`` (e.g. RetroMAE's MLM logits), bytes
+    extra_bytes_per_example: float = 0.0
 
     @property
     def global_batch(self) -> int:
