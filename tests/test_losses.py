@@ -83,3 +83,22 @@ def test_load_balance_loss_weights_tensor_or_head_stats():
     assert loss(FakeHead())["load_balance"].item() == pytest.approx(0.02)
     with pytest.raises(ConfigError):
         LoadBalanceLoss(weight=-1.0)
+
+
+def test_contrastive_scores_stay_float32_under_bf16_autocast():
+    """Near-identical embeddings (a random-init tower: cosines ~0.994, differing by ~3e-4) are below bf16's
+    resolution near 1 (2^-8): with the matmul autocast to bf16 every logit rounded to one value and the loss
+    read exactly ln(B) (seen on an H100). The losses compute their similarities in float32 instead."""
+    from medadapt.losses import AsymInfoNCELoss, LearnableTemperatureInfoNCELoss
+
+    torch.manual_seed(0)
+    base = torch.randn(768)
+    q, p = base + 0.08 * torch.randn(64, 768), base + 0.08 * torch.randn(64, 768)
+    for loss, key in ((InfoNCELoss(0.05), "infonce"), (LearnableTemperatureInfoNCELoss(0.05), "loss"),
+                      (AsymInfoNCELoss(0.05), "asym_infonce")):
+        exact = loss(q, p)[key]
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            mixed = loss(q, p)[key]
+        assert mixed.dtype == torch.float32
+        assert abs(float(exact) - math.log(64)) > 5e-4  # the spread is real in float32 ...
+        assert float(mixed) == pytest.approx(float(exact), rel=1e-6)  # ... and survives autocast

@@ -30,6 +30,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from medadapt.errors import ConfigError
+from medadapt.losses.infonce import fp32_cosines
 
 __all__ = ["AsymInfoNCELoss"]
 
@@ -70,7 +71,6 @@ class AsymInfoNCELoss(nn.Module):
             if negatives.dim() != 3 or negatives.shape[::2] != (query.shape[0], query.shape[1]):
                 raise ValueError(f"negatives must be (B, n, d) matching query; got {tuple(negatives.shape)}")
             candidates = torch.cat([target, negatives.reshape(-1, negatives.shape[-1])], dim=0)
-        q, c = F.normalize(query.float(), dim=-1), F.normalize(candidates.float(), dim=-1)
-        scores = q @ c.T / self.temperature
+        scores = fp32_cosines(query, candidates) / self.temperature  # float32 also under autocast
         labels = torch.arange(query.shape[0], device=query.device)
         return {"asym_infonce": F.cross_entropy(scores, labels)}
