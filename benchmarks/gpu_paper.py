@@ -293,6 +293,8 @@ def build_model(name: str, out: Path, vocab: list[str], *, layers: int | None, d
 
 
 def prepare(args) -> None:
+    import yaml
+
     base = Path(args.dir)
     base.mkdir(parents=True, exist_ok=True)
     en, zh = _words(6000, 0), _cjk(3000)
@@ -328,8 +330,6 @@ def prepare(args) -> None:
             "gpu_ids": "all",
             **extra,
         }
-        import yaml
-
         (base / f"accelerate-{engine}.yaml").write_text(yaml.safe_dump(cfg, sort_keys=False))
 
 

@@ -31,12 +31,12 @@ precomputed teacher embeddings.
 
 from __future__ import annotations
 
+import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
 from medadapt.errors import ConfigError
 from medadapt.losses.asym_infonce import AsymInfoNCELoss
-from medadapt.losses.infonce import fp32_cosines
 
 __all__ = ["NormalizedMSELoss", "QueryAlignmentLoss"]
 
@@ -100,8 +100,9 @@ class QueryAlignmentLoss(nn.Module):
         docs = self.documents.to(student.device)
         self.documents = docs  # moved once, kept on the student's device
         tau = self.distill_temperature
-        log_s = F.log_softmax(fp32_cosines(student, docs) / tau, dim=-1)  # float32 also under autocast
-        log_t = F.log_softmax(fp32_cosines(teacher, docs) / tau, dim=-1)
+        with torch.autocast(device_type=student.device.type, enabled=False):  # float32 (see fp32_cosines);
+            log_s = F.log_softmax(F.normalize(student.float(), dim=-1) @ docs.T / tau, dim=-1)  # docs are
+            log_t = F.log_softmax(F.normalize(teacher.float(), dim=-1) @ docs.T / tau, dim=-1)  # normalised once
         return F.kl_div(log_s, log_t, log_target=True, reduction="batchmean")
 
     def forward(self, student: Tensor, teacher: Tensor) -> dict[str, Tensor]:

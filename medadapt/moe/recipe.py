@@ -348,10 +348,12 @@ def plan_spec(recipe: MoERecipe):
         uses, notes = (Usage("backbone", texts, seq),), ()
     epochs = tr.shared_epochs + tr.random_routing_epochs + tr.epochs
     phases = (PhaseSpec(f"training ({epochs} epochs)", tr.batch_size, tr.gradient_accumulation_steps, uses),)
-    # the fast path's shared-experts stage has its own optimiser; random + learned routing share one
-    routed = recipe.head.kind == "moe" and bool(recipe.head.routed_experts)
-    optimizers = (1 + int(routed and bool(tr.random_routing_epochs or tr.epochs))) if recipe.fast and tr.shared_epochs \
-        else 1
+    # the fast path's stages (medadapt.moe.schedule): "shared" has its own optimiser, random and learned
+    # routing share one
+    moe = recipe.head.kind == "moe"
+    shared = bool(moe and recipe.head.shared_experts and tr.shared_epochs)
+    rest = bool((moe and recipe.head.routed_experts and tr.random_routing_epochs) or tr.epochs)
+    optimizers = int(shared) + int(rest) if recipe.fast else 1
     return PlanSpec(recipe.name, tuple(models), phases, tr.mixed_precision, notes, optimizers=optimizers)
 
 
