@@ -55,6 +55,8 @@ def train_stage(model, train_data, prompts: dict[str, Any], stage: BmStageSectio
                                                                    MultipleNegativesRankingLoss)
     from sentence_transformers.util import dot_score
 
+    from medadapt.training.distributed import use_fsdp_wrap_policy
+
     ckpt = Path(checkpoint_dir)
     use_cpu = run.device == "cpu" or not torch.cuda.is_available()
     k = stage.gradient_accumulation_steps
@@ -87,6 +89,8 @@ def train_stage(model, train_data, prompts: dict[str, Any], stage: BmStageSectio
         loss = MultipleNegativesRankingLoss(model, scale=scale, similarity_fct=dot_score,
                                             gather_across_devices=True)
     trainer = SentenceTransformerTrainer(model=model, args=args, train_dataset=train_data, loss=loss)
+    # Under FSDP the trainer wraps a SentenceTransformer, not a PeftModel: its own LoRA wrap policy does not apply
+    use_fsdp_wrap_policy(trainer.accelerator, model)
     resume = ckpt.is_dir() and any(ckpt.glob("checkpoint-*"))
     t0 = time.perf_counter()
     trainer.train(resume_from_checkpoint=True if resume else None)

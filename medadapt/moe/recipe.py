@@ -228,6 +228,7 @@ def _train_slow(recipe: MoERecipe, model, data, ctx: RunContext) -> None:
                                                                    MultipleNegativesRankingLoss)
 
     from medadapt.moe.schedule import head_training
+    from medadapt.training.distributed import use_fsdp_wrap_policy
     from medadapt.training.lora import attach_lora, merge_lora
     from medadapt.training.pairs import pairs_from_qrels
 
@@ -278,6 +279,7 @@ def _train_slow(recipe: MoERecipe, model, data, ctx: RunContext) -> None:
     resume = ckpt_dir.is_dir() and any(ckpt_dir.glob("checkpoint-*"))
     t1 = time.perf_counter()
     with head_training(head):  # a MoE head learns its full-strength correction, as on the fast path
+        use_fsdp_wrap_policy(trainer.accelerator, model)  # frozen backbone layers in units without gradients
         trainer.train(resume_from_checkpoint=True if resume else None)
     ctx.result.train_seconds += time.perf_counter() - t1
     merge_lora(model)  # the saved folder loads without PEFT

@@ -18,8 +18,8 @@ from collections.abc import Iterable
 import torch
 from torch import Tensor
 
-__all__ = ["average_gradients", "broadcast_parameters", "close_process_group", "fsdp_requested", "gather_with_grad",
-           "is_distributed", "shard_bounds"]
+__all__ = ["average_gradients", "broadcast_parameters", "close_process_group", "fsdp_requested", "fsdp_wrap_policy",
+           "gather_with_grad", "is_distributed", "shard_bounds", "use_fsdp_wrap_policy"]
 
 
 def is_distributed() -> bool:
@@ -43,6 +43,78 @@ def fsdp_requested() -> bool:
         return False
     kind = AcceleratorState._shared_state.get("distributed_type")
     return kind is not None and "FSDP" in str(kind)
+
+
+def fsdp_wrap_policy(model: torch.nn.Module):
+    """The FSDP1 auto-wrap policy for ``model`` (a ``torch.distributed.fsdp.wrap.CustomPolicy``), or ``None``
+    when nothing inside it should be a unit of its own.
+
+    - Every transformer layer is a unit: the classes named by the ``_no_split_modules`` of each Hugging Face
+      model *inside* ``model``. Accelerate's ``TRANSFORMER_BASED_WRAP`` reads ``_no_split_modules`` of the
+      root only, which a ``SentenceTransformer`` does not have, so it wrapped nothing: the whole model was one
+      flat parameter, all-gathered at once.
+    - When some parameters are frozen and others trainable (LoRA, a head on a frozen backbone), every leaf
+      module (no children) with a trainable parameter is a unit too. FSDP1 flattens a unit's parameters into
+      one tensor and gives all of it a gradient, so a LoRA matrix in a unit of frozen weights gave those
+      weights float32 gradients ("equivalent to not freezing those parameters", torch's FSDP docs): on an
+      H100, Pythia-410M with LoRA peaked at 4.13 GiB against 2.66 planned without them.
+
+    This is the rule of PEFT's ``fsdp_auto_wrap_policy``, which Hugging Face's Trainer applies only when the
+    model *is* a ``PeftModel`` and which reads ``_no_split_modules`` of the root only, applied to the models
+    inside a ``SentenceTransformer``. Only leaves are split off: a unit's parameters are gathered for its own
+    forward, and a leaf (``Linear``, ``Embedding``, a norm) reads its parameters there, while a parameter held
+    by a module with children (Med-MoE-Embed's ``alpha``) stays in the enclosing unit. A leaf whose parameter
+    another module shares (tied weights) stays there too: FSDP1 cannot put one parameter in two units. The
+    trainable set is read now: call this right before wrapping."""
+    from torch.distributed.fsdp.wrap import CustomPolicy
+
+    names: set[str] = set()
+    for module in model.modules():
+        declared = getattr(module, "_no_split_modules", None)
+        if isinstance(declared, (list, tuple, set)):
+            names.update(str(n) for n in declared)
+    layers = tuple({type(m) for m in model.modules() if type(m).__name__ in names})
+    flags = {p.requires_grad for p in model.parameters()}
+    owners: dict[int, int] = {}
+    for module in model.modules():
+        for p in module.parameters(recurse=False):
+            owners[id(p)] = owners.get(id(p), 0) + 1
+    trainable_leaves: set[int] = set()
+    if flags == {True, False}:
+        for module in model.modules():
+            mine = list(module.parameters(recurse=False))
+            leaf = next(module.children(), None) is None
+            if leaf and any(p.requires_grad for p in mine) and all(owners[id(p)] == 1 for p in mine):
+                trainable_leaves.add(id(module))
+    if not layers and not trainable_leaves:
+        return None
+
+    def wrap(module: torch.nn.Module) -> bool:
+        return module is not model and (isinstance(module, layers) or id(module) in trainable_leaves)
+
+    policy = CustomPolicy(wrap)
+    policy._medadapt = True  # type: ignore[attr-defined]  # use_fsdp_wrap_policy replaces it on the next wrap
+    return policy
+
+
+def use_fsdp_wrap_policy(accelerator, model: torch.nn.Module) -> bool:
+    """Before ``accelerator`` wraps ``model`` with FSDP1, give its FSDP plugin :func:`fsdp_wrap_policy`
+    (``model``) in place of ``TRANSFORMER_BASED_WRAP`` without explicit layer classes (what
+    ``recipes/accelerate/fsdp.yaml`` declares); a policy the user chose (size-based, ``NO_WRAP``, named layer
+    classes) is kept. ``True`` when the policy was set. Works with an ``Accelerator`` or anything with
+    ``.state.fsdp_plugin`` (Hugging Face's Trainer: ``trainer.accelerator``)."""
+    from torch.distributed.fsdp.wrap import transformer_auto_wrap_policy
+
+    plugin = getattr(getattr(accelerator, "state", None), "fsdp_plugin", None)
+    if plugin is None or int(getattr(plugin, "fsdp_version", 1) or 1) != 1:
+        return False  # FSDP2 shards each parameter on its own: frozen weights never share a gradient
+    current = plugin.auto_wrap_policy
+    default = current is transformer_auto_wrap_policy and not getattr(plugin, "transformer_cls_names_to_wrap", None)
+    if not (default or getattr(current, "_medadapt", False)):
+        return False
+    policy = fsdp_wrap_policy(model)
+    plugin.auto_wrap_policy = policy if policy is not None else transformer_auto_wrap_policy
+    return policy is not None
 
 
 def close_process_group() -> None:

@@ -45,7 +45,8 @@ from medadapt.errors import ConfigError, MedAdaptError, warn
 from medadapt.training.checkpoint import (CheckpointConfig, CheckpointCorruptError, all_checkpoints, latest_checkpoint,
                                          load_checkpoint, save_checkpoint)
 from medadapt.training.config import OptimSection
-from medadapt.training.distributed import average_gradients, broadcast_parameters, gather_with_grad, shard_bounds
+from medadapt.training.distributed import (average_gradients, broadcast_parameters, gather_with_grad, shard_bounds,
+                                          use_fsdp_wrap_policy)
 
 __all__ = ["Batch", "LoopResult", "Stage", "Step", "TrainingError", "train"]
 
@@ -173,6 +174,7 @@ class _Schedule:
                 self.engine = True
             elif _engine(accelerator) == "fsdp":  # FSDP shards parameters and reduces gradients itself
                 if "fsdp" not in wrapped:  # wrap once: every schedule's optimiser holds the same parameters
+                    use_fsdp_wrap_policy(accelerator, model)  # layers and trainable modules as their own units
                     wrapped["fsdp"] = accelerator.prepare_model(model)
                 self.run_model = wrapped["fsdp"]
                 self.optimizer = accelerator.prepare_optimizer(self.optimizer)
@@ -473,7 +475,13 @@ def _one_step(stage: Stage, sch: _Schedule, items: list[int], step: int, epoch: 
     if stage.optim.max_grad_norm is not None:
         if sch.fsdp and hasattr(sch.run_model, "clip_grad_norm_"):
             # FSDP's own norm over every shard; Accelerate's clip_grad_norm_ compares parameter lists with ==,
-            # which raised on an H100 once a stage's list had the wrapped model's length
+            # which raised on an H100 once a stage's list had the wrapped model's length. FSDP's norm covers
+            # every gradient of the model: drop those no optimiser of this schedule steps (another schedule
+            # clears them before its own steps anyway), or they would enter this schedule's norm
+            mine = {id(p) for p in sch.params}
+            for p in sch.run_model.parameters():
+                if p.grad is not None and id(p) not in mine:
+                    p.grad = None
             sch.run_model.clip_grad_norm_(stage.optim.max_grad_norm)
         elif accelerator is not None:
             accelerator.clip_grad_norm_(sch.params, stage.optim.max_grad_norm)

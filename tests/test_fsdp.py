@@ -1,0 +1,278 @@
+"""FSDP1 wrap policy (medadapt.training.distributed.fsdp_wrap_policy), run with torch's real FSDP on CPU
+(gloo, one process: FSDP switches to NO_SHARD but flattens and hooks exactly as on a GPU). Accelerate's
+FSDP path itself needs CUDA, so its plugin is exercised directly."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+from torch import nn
+
+from test_asym import build_tiny_qwen2
+
+
+@pytest.fixture()
+def process_group():
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        pytest.skip("a process group is already running")
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()
+
+
+def _fsdp(model: nn.Module, policy):
+    import warnings
+
+    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # "switching to NO_SHARD since the world size is 1"
+        return FSDP(model, auto_wrap_policy=policy, use_orig_params=True, device_id=torch.device("cpu"))
+
+
+def _units(wrapped: nn.Module) -> list[nn.Module]:
+    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+
+    return [m for m in wrapped.modules() if isinstance(m, FSDP)]
+
+
+def _gradient_elements(wrapped: nn.Module) -> int:
+    """Elements of the gradients FSDP holds: one per flat parameter, whatever the original flags."""
+    total = 0
+    for unit in _units(wrapped):
+        handle = unit._handle
+        if handle is not None and handle.flat_param.grad is not None:
+            total += handle.flat_param.grad.numel()
+    return total
+
+
+def _grads(wrapped: nn.Module) -> dict[str, torch.Tensor]:
+    return {n.replace("_fsdp_wrapped_module.", ""): p.grad.clone()
+            for n, p in wrapped.named_parameters() if p.grad is not None}
+
+
+@pytest.fixture(scope="module")
+def tiny_decoder(tmp_path_factory) -> Path:
+    return build_tiny_qwen2(tmp_path_factory.mktemp("fsdp_qwen2"), padding_side="right")
+
+
+def _lora_decoder(folder: Path):
+    from medadapt.bmretriever import build_retriever
+    from medadapt.recipes.base import LoraSection
+    from medadapt.training.lora import attach_lora
+
+    torch.manual_seed(0)
+    model = build_retriever(str(folder), "decoder", device="cpu")
+    attach_lora(model, LoraSection(r=2, alpha=4, dropout=0.0))
+    for name, p in model.named_parameters():
+        if "lora_B" in name:  # PEFT starts B at zero: give A a gradient too
+            nn.init.normal_(p, std=0.1)
+    return model
+
+
+def test_lora_matrices_are_units_of_their_own_so_frozen_weights_get_no_gradient(tiny_decoder, process_group):
+    """Accelerate's TRANSFORMER_BASED_WRAP reads the root's _no_split_modules, which a SentenceTransformer has
+    not: the whole model was one flat parameter, and FSDP gave every frozen weight a gradient (the H100's
+    4.13 vs 2.66 GiB). With the policy only the LoRA matrices get gradients, each decoder layer is a unit,
+    and the LoRA gradients are the same."""
+    from transformers.models.qwen2.modeling_qwen2 import Qwen2DecoderLayer
+
+    from medadapt.training.distributed import fsdp_wrap_policy
+
+    out = {}
+    for mode in ("root", "policy"):
+        model = _lora_decoder(tiny_decoder)
+        n_all = sum(p.numel() for p in model.parameters())
+        n_lora = sum(p.numel() for p in model.parameters() if p.requires_grad)
+        layers = sum(isinstance(m, Qwen2DecoderLayer) for m in model.modules())
+        wrapped = _fsdp(model, fsdp_wrap_policy(model) if mode == "policy" else None)
+        # a plain dict: FSDP hooks the tensors of dicts, not of tokenize()'s BatchEncoding (a UserDict)
+        features = dict(model.tokenize(["fever and cough", "a rash on both arms after a new drug"]))
+        emb = wrapped(features)["sentence_embedding"]
+        (emb @ emb.T).sum().backward()
+        out[mode] = (_gradient_elements(wrapped), _grads(wrapped), len(_units(wrapped)))
+    assert out["root"][0] == n_all and out["root"][2] == 1
+    assert out["policy"][0] == n_lora < n_all / 10
+    assert out["policy"][2] == 1 + layers + len(out["policy"][1])  # root, layers, one unit per LoRA matrix
+    assert out["root"][1].keys() == out["policy"][1].keys() and all("lora_" in k for k in out["root"][1])
+    for k, g in out["root"][1].items():
+        torch.testing.assert_close(out["policy"][1][k], g, rtol=0, atol=0)
+
+
+class _Head(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.proj = nn.Linear(8, 8)
+        self.alpha = nn.Parameter(torch.ones(1))  # held by a module with children, as Med-MoE-Embed's is
+
+    def forward(self, h: torch.Tensor) -> torch.Tensor:
+        return h + self.alpha * self.proj(h)
+
+
+class _HeadOnFrozenBody(nn.Module):
+    """A frozen body with tied, trainable input / output weights and a trainable head."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(50, 8)
+        self.body = nn.Linear(8, 8)
+        self.out = nn.Linear(8, 50, bias=False)
+        self.out.weight = self.embed.weight
+        self.head = _Head()
+        self.body.requires_grad_(False)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.out(self.head(self.body(self.embed(ids))))
+
+
+def test_policy_splits_off_trainable_leaves_but_never_tied_weights(process_group):
+    from medadapt.training.distributed import fsdp_wrap_policy
+
+    torch.manual_seed(0)
+    model = _HeadOnFrozenBody()
+    policy = fsdp_wrap_policy(model)
+    wrap = policy._lambda_fn
+    assert wrap(model.head.proj)
+    assert not wrap(model.head)  # alpha stays in the enclosing unit: only leaves are split off
+    assert not wrap(model.body)  # frozen
+    assert not wrap(model.embed) and not wrap(model.out)  # one parameter in two modules
+    assert not wrap(model)
+    reference = _HeadOnFrozenBody()
+    reference.load_state_dict(model.state_dict())
+    ids = torch.tensor([[1, 2, 3], [4, 5, 6]])
+    reference(ids).square().mean().backward()
+    wrapped = _fsdp(model, policy)
+    assert len(_units(wrapped)) == 2
+    wrapped(ids).square().mean().backward()
+    got = _grads(wrapped)
+    for name, p in reference.named_parameters():
+        if p.requires_grad:
+            torch.testing.assert_close(got[name], p.grad)
+    trainable = sum(p.numel() for p in reference.parameters() if p.requires_grad)
+    # the root unit mixes the frozen body with the tied embedding and alpha: only the body's gradient is extra
+    assert _gradient_elements(wrapped) == trainable + sum(p.numel() for p in reference.body.parameters())
+
+
+def test_a_fully_trainable_model_is_wrapped_by_layers_only(tiny_bert):
+    from transformers.models.bert.modeling_bert import BertLayer
+
+    from medadapt.training.distributed import fsdp_wrap_policy
+
+    wrap = fsdp_wrap_policy(tiny_bert)._lambda_fn
+    units = [m for m in tiny_bert.modules() if wrap(m)]
+    declared = set(tiny_bert[0].model._no_split_modules)  # BertEmbeddings, BertLayer
+    assert {type(m).__name__ for m in units} == declared
+    assert sum(isinstance(m, BertLayer) for m in units) == tiny_bert[0].model.config.num_hidden_layers
+    assert fsdp_wrap_policy(nn.Linear(2, 2)) is None  # nothing to split off the root
+
+
+def test_use_fsdp_wrap_policy_replaces_accelerates_default_and_keeps_a_chosen_policy(tiny_decoder):
+    from accelerate.utils import FullyShardedDataParallelPlugin
+    from torch.distributed.fsdp.wrap import size_based_auto_wrap_policy
+
+    from medadapt.training.distributed import use_fsdp_wrap_policy
+
+    def accelerator(**kwargs):
+        return SimpleNamespace(state=SimpleNamespace(fsdp_plugin=FullyShardedDataParallelPlugin(**kwargs)))
+
+    model = _lora_decoder(tiny_decoder)
+    acc = accelerator(fsdp_version=1, auto_wrap_policy="transformer_based_wrap", use_orig_params=True)
+    assert use_fsdp_wrap_policy(acc, model)
+    ours = acc.state.fsdp_plugin.auto_wrap_policy
+    acc.state.fsdp_plugin.set_auto_wrap_policy(model)  # what Accelerator.prepare_model does next
+    assert acc.state.fsdp_plugin.auto_wrap_policy is ours
+    # a later wrap (the next phase) gets a policy for the flags of that moment
+    for p in model.parameters():
+        p.requires_grad_(True)
+    assert use_fsdp_wrap_policy(acc, model) and acc.state.fsdp_plugin.auto_wrap_policy is not ours
+
+    kept = accelerator(fsdp_version=1, auto_wrap_policy="size_based_wrap")
+    assert not use_fsdp_wrap_policy(kept, model)
+    assert kept.state.fsdp_plugin.auto_wrap_policy is size_based_auto_wrap_policy
+    named = accelerator(fsdp_version=1, auto_wrap_policy="transformer_based_wrap",
+                        transformer_cls_names_to_wrap=["Qwen2DecoderLayer"])
+    assert not use_fsdp_wrap_policy(named, model)
+    assert not use_fsdp_wrap_policy(accelerator(fsdp_version=2, auto_wrap_policy="transformer_based_wrap"), model)
+    assert not use_fsdp_wrap_policy(SimpleNamespace(state=SimpleNamespace()), model)  # no FSDP
+
+
+class _CpuFsdpAccelerator:
+    """What the one loop uses of an ``Accelerator`` launched with ``recipes/accelerate/fsdp.yaml``, with
+    ``prepare_model`` doing what Accelerate's FSDP1 branch does (``set_auto_wrap_policy``, then torch's FSDP
+    with the plugin's policy); Accelerate itself runs FSDP on GPUs only."""
+
+    process_index, num_processes, device = 0, 1, torch.device("cpu")
+    distributed_type = "DistributedType.FSDP"
+    is_main_process = True
+
+    def __init__(self) -> None:
+        from accelerate.utils import FullyShardedDataParallelPlugin
+
+        plugin = FullyShardedDataParallelPlugin(fsdp_version=1, auto_wrap_policy="transformer_based_wrap",
+                                                use_orig_params=True)
+        self.state = SimpleNamespace(fsdp_plugin=plugin)
+        self.wrapped: list[nn.Module] = []
+
+    def prepare_model(self, model):
+        plugin = self.state.fsdp_plugin
+        plugin.set_auto_wrap_policy(model)
+        self.wrapped.append(_fsdp(model, plugin.auto_wrap_policy))
+        return self.wrapped[-1]
+
+    def prepare_optimizer(self, optimizer):
+        return optimizer
+
+    def autocast(self):
+        import contextlib
+
+        return contextlib.nullcontext()
+
+    def backward(self, loss):
+        loss.backward()
+
+    def wait_for_everyone(self):
+        pass
+
+
+def test_the_loop_under_fsdp_wraps_once_with_the_policy_and_trains_as_without_it(process_group):
+    """Two stages with separate optimisers on a frozen body: the loop hands Accelerate the wrap policy, wraps
+    once, clips with FSDP's norm, and ends with the parameters of the plain loop. (FSDP's norm had included
+    the other stage's gradients: losses 2e-3 apart within two epochs.)"""
+    from medadapt.training.config import OptimSection
+    from medadapt.training.loop import Stage, train
+
+    from test_loop import PairStep, _data
+
+    def run(accelerator):
+        torch.manual_seed(1)
+        model = nn.Sequential(nn.Linear(8, 8), nn.Linear(8, 8), nn.Linear(8, 8))
+        model[0].requires_grad_(False)
+        q, d = _data()
+        optim = OptimSection(batch_size=8, lr=1e-2, epochs=2, warmup_ratio=0.0, max_grad_norm=0.5)
+        stages = [Stage("a", len(q), PairStep(q, d), list(model[1].parameters()), optim),
+                  Stage("b", len(q), PairStep(q, d), list(model[2].parameters()), optim)]
+        res = train(model, stages, seed=3, accelerator=accelerator)
+        return model, res
+
+    plain, res_plain = run(None)
+    acc = _CpuFsdpAccelerator()
+    sharded, res_sharded = run(acc)
+    assert len(acc.wrapped) == 1  # once for both optimisers
+    assert len(_units(acc.wrapped[0])) == 3  # the root (frozen body) and each trainable linear layer
+    assert [r["loss"] for r in res_sharded.loss_history] == pytest.approx(
+        [r["loss"] for r in res_plain.loss_history], abs=1e-6)
+    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+
+    with FSDP.summon_full_params(acc.wrapped[0]):
+        got = {n.replace("_fsdp_wrapped_module.", ""): p for n, p in acc.wrapped[0].named_parameters()}
+        assert set(got) == {n for n, p in plain.named_parameters() if p.requires_grad}
+        for name, a in plain.named_parameters():
+            if a.requires_grad:
+                torch.testing.assert_close(got[name], a, msg=name)
