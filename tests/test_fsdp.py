@@ -117,7 +117,10 @@ class _Head(nn.Module):
 
 
 class _HeadOnFrozenBody(nn.Module):
-    """A frozen body with tied, trainable input / output weights and a trainable head."""
+    """A frozen body with tied, trainable input / output weights and a trainable head, declaring
+    ``_no_split_modules`` as a Hugging Face model does (no layer class: the leaf rule alone)."""
+
+    _no_split_modules: list[str] = []
 
     def __init__(self) -> None:
         super().__init__()
@@ -219,11 +222,13 @@ class _CpuFsdpAccelerator:
                                                 use_orig_params=True)
         self.state = SimpleNamespace(fsdp_plugin=plugin)
         self.wrapped: list[nn.Module] = []
+        self.units: list[int] = []
 
     def prepare_model(self, model):
         plugin = self.state.fsdp_plugin
         plugin.set_auto_wrap_policy(model)
         self.wrapped.append(_fsdp(model, plugin.auto_wrap_policy))
+        self.units.append(len(_units(self.wrapped[-1])))
         return self.wrapped[-1]
 
     def prepare_optimizer(self, optimizer):
@@ -241,6 +246,10 @@ class _CpuFsdpAccelerator:
         pass
 
 
+class _Stack(nn.Sequential):
+    _no_split_modules: list[str] = []  # as a Hugging Face model declares it: its leaves may be split off
+
+
 def test_the_loop_under_fsdp_wraps_once_with_the_policy_and_trains_as_without_it(process_group):
     """Two stages with separate optimisers on a frozen body: the loop hands Accelerate the wrap policy, wraps
     once, clips with FSDP's norm, and ends with the parameters of the plain loop. (FSDP's norm had included
@@ -252,7 +261,7 @@ def test_the_loop_under_fsdp_wraps_once_with_the_policy_and_trains_as_without_it
 
     def run(accelerator):
         torch.manual_seed(1)
-        model = nn.Sequential(nn.Linear(8, 8), nn.Linear(8, 8), nn.Linear(8, 8))
+        model = _Stack(nn.Linear(8, 8), nn.Linear(8, 8), nn.Linear(8, 8))
         model[0].requires_grad_(False)
         q, d = _data()
         optim = OptimSection(batch_size=8, lr=1e-2, epochs=2, warmup_ratio=0.0, max_grad_norm=0.5)
@@ -265,14 +274,156 @@ def test_the_loop_under_fsdp_wraps_once_with_the_policy_and_trains_as_without_it
     acc = _CpuFsdpAccelerator()
     sharded, res_sharded = run(acc)
     assert len(acc.wrapped) == 1  # once for both optimisers
-    assert len(_units(acc.wrapped[0])) == 3  # the root (frozen body) and each trainable linear layer
+    assert acc.units == [3]  # the root (frozen body) and each trainable linear layer
     assert [r["loss"] for r in res_sharded.loss_history] == pytest.approx(
         [r["loss"] for r in res_plain.loss_history], abs=1e-6)
-    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+    # the model comes back unwrapped and whole, with the parameter objects it went in with
+    assert not _units(sharded)
+    for (name, a), (_, b) in zip(plain.named_parameters(), sharded.named_parameters()):
+        torch.testing.assert_close(b, a, msg=name)
 
-    with FSDP.summon_full_params(acc.wrapped[0]):
-        got = {n.replace("_fsdp_wrapped_module.", ""): p for n, p in acc.wrapped[0].named_parameters()}
-        assert set(got) == {n for n, p in plain.named_parameters() if p.requires_grad}
-        for name, a in plain.named_parameters():
-            if a.requires_grad:
-                torch.testing.assert_close(got[name], a, msg=name)
+
+# ------------------------------------------------------------------------- two processes, sharded for real
+class _Stop(Exception):
+    pass
+
+
+class _StopAfter:
+    """A PairStep that raises on every process at its ``after``-th forward (the same step everywhere)."""
+
+    def __init__(self, step, after: int | None) -> None:
+        self.step, self.after, self.calls = step, after, 0
+
+    def forward(self, model, batch):
+        self.calls += 1
+        if self.after is not None and self.calls > self.after:
+            raise _Stop
+        return self.step.forward(model, batch)
+
+    def loss(self, out, batch):
+        return self.step.loss(out, batch)
+
+
+def _two_phase_run(accelerator, checkpoint_dir: Path | None, stop_after: int | None = None):
+    """Two phases with separate optimisers (the first one finished and released when the second stops) on a
+    frozen first layer; checkpoints every 2 steps."""
+    from medadapt.training.checkpoint import CheckpointConfig
+    from medadapt.training.config import OptimSection
+    from medadapt.training.loop import Stage, train
+
+    from test_loop import PairStep, _data
+
+    torch.manual_seed(1)
+    model = _Stack(nn.Linear(8, 8), nn.Linear(8, 8), nn.Linear(8, 8))
+    model[0].requires_grad_(False)
+    q, d = _data()
+    optim = OptimSection(batch_size=8, lr=1e-2, epochs=2, warmup_ratio=0.0, max_grad_norm=0.5)
+    step_a = _StopAfter(PairStep(q, d), None)
+    step_b = _StopAfter(PairStep(q, d), stop_after)
+    stages = [Stage("a", len(q), step_a, list(model[1].parameters()), optim),
+              Stage("b", len(q), step_b, list(model[2].parameters()), optim)]
+    ckpt = CheckpointConfig(checkpoint_dir, every_steps=2) if checkpoint_dir is not None else None
+    res = train(model, stages, seed=3, accelerator=accelerator, checkpoint=ckpt, fingerprint="f")
+    return model, res
+
+
+def _second_call(model, accelerator):
+    """A later phase on the same model (CARE and HyReC run one loop per phase): the model must come back
+    from the first call ready to be wrapped and sharded again."""
+    from medadapt.training.config import OptimSection
+    from medadapt.training.loop import Stage, train
+
+    from test_loop import PairStep, _data
+
+    q, d = _data(seed=5)
+    optim = OptimSection(batch_size=8, lr=1e-2, epochs=2, warmup_ratio=0.0)
+    params = [p for m in (model[1], model[2]) for p in m.parameters()]
+    return train(model, [Stage("c", len(q), PairStep(q, d), params, optim)], seed=4, accelerator=accelerator)
+
+
+class _ProcessFsdpAccelerator(_CpuFsdpAccelerator):
+    def __init__(self, rank: int, world: int) -> None:
+        super().__init__()
+        self.process_index, self.num_processes = rank, world
+
+    def wait_for_everyone(self):
+        import torch.distributed as dist
+
+        dist.barrier()
+
+
+def _two_process_worker(rank: int, root: str) -> None:
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method=f"file://{root}/store", rank=rank, world_size=2)
+    try:
+        acc = _ProcessFsdpAccelerator(rank, 2)
+        model, res = _two_phase_run(acc, Path(root) / "whole")
+        try:  # killed in phase b, after its step-6 checkpoint, on both processes
+            _two_phase_run(_ProcessFsdpAccelerator(rank, 2), Path(root) / "resumed", stop_after=3)
+        except _Stop:
+            pass
+        resumed, res_resumed = _two_phase_run(_ProcessFsdpAccelerator(rank, 2), Path(root) / "resumed")
+        whole = {k: v.clone() for k, v in model.state_dict().items()}
+        later = _second_call(model, acc)
+        if rank == 0:
+            torch.save({"whole": whole, "resumed": resumed.state_dict(), "later": model.state_dict(),
+                        "losses": [r["loss"] for r in res.loss_history],
+                        "losses_later": [r["loss"] for r in later.loss_history],
+                        "losses_resumed": [r["loss"] for r in res_resumed.loss_history],
+                        "shards": acc.units}, f"{root}/out.pt")
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.slow
+def test_two_processes_under_fsdp_train_like_one_and_resume_like_an_uninterrupted_run(tmp_path):
+    """FULL_SHARD over 2 gloo processes: each holds half of every flat parameter. The loop's checkpoints
+    hold whole tensors and optimiser states, a run killed mid-phase resumes onto the uninterrupted one, and
+    the model comes back whole, equal to the one-process run without FSDP."""
+    import torch.multiprocessing as mp
+
+    from medadapt.training.checkpoint import latest_checkpoint, load_checkpoint
+
+    plain, res_plain = _two_phase_run(None, None)
+    unfinished = {k: v.clone() for k, v in plain.state_dict().items()}
+    later = _second_call(plain, None)
+    mp.spawn(_two_process_worker, args=(str(tmp_path),), nprocs=2, join=True)
+    out = torch.load(tmp_path / "out.pt", weights_only=True)
+    assert out["shards"] == [3, 3]  # wrapped again for the later call, sharded as the first time
+    assert out["losses_later"] == pytest.approx([r["loss"] for r in later.loss_history], abs=1e-5)
+    for name, value in plain.state_dict().items():
+        torch.testing.assert_close(out["later"][name], value, atol=1e-6, rtol=1e-5, msg=f"later: {name}")
+    expected = unfinished
+    for run in ("whole", "resumed"):
+        assert out[run].keys() == expected.keys()
+        for name, value in expected.items():
+            torch.testing.assert_close(out[run][name], value, atol=1e-6, rtol=1e-5, msg=f"{run}: {name}")
+    assert out["losses"] == pytest.approx([r["loss"] for r in res_plain.loss_history], abs=1e-5)
+    assert out["losses_resumed"] == pytest.approx(out["losses"], abs=1e-6)
+    tensors, opt, _ = load_checkpoint(latest_checkpoint(tmp_path / "whole"))
+    assert {k: tuple(v.shape) for k, v in tensors.items()} == {
+        k: tuple(v.shape) for k, v in expected.items() if not k.startswith("0.")}
+    assert len(opt["#1"]["optimizer"]["state"]) == 2  # both of phase b's parameters, whole
+
+
+@pytest.mark.slow
+def test_care_tiny_init_under_fsdp_on_two_processes_matches_the_run_without_it(tmp_path):
+    """Every CARE phase through the loop's FSDP branch (benchmarks/fsdp_cpu.py: torch's FSDP over gloo, two
+    processes, each holding half of every flat parameter): RetroMAE with its tied decoder, the unsupervised
+    phase with its learnable temperature, the tower re-wrapped phase after phase. Before the fixes the second
+    phase refused to wrap, and then trained on local gradients only."""
+    import json
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parents[1]
+    proc = subprocess.run([sys.executable, str(root / "benchmarks" / "fsdp_cpu.py"), "all", "--dir", str(tmp_path),
+                           "--recipes", "care-tiny-init", "--processes", "2"], capture_output=True, text=True,
+                          timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    rows = {r["engine"]: r for r in map(json.loads, (tmp_path / "rows.jsonl").read_text().splitlines())}
+    plain, fsdp = rows["plain"], rows["fsdp"]
+    assert len(fsdp["wraps"]) == 6 and all(units > 1 for _, units in fsdp["wraps"])
+    assert fsdp["losses"] == pytest.approx(plain["losses"], abs=1e-5)
+    assert fsdp["metrics"] == pytest.approx(plain["metrics"], abs=1e-6)

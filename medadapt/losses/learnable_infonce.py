@@ -47,6 +47,10 @@ class LearnableTemperatureInfoNCELoss(nn.Module):
     logged, detached).
     """
 
+    #: A training step calls the loss after the model's forward (on outputs gathered from every process),
+    #: so FSDP must leave its parameter alone (medadapt.training.distributed.fsdp_outside_modules).
+    called_outside_forward = True
+
     def __init__(self, temperature: float = 0.05, *, min_temperature: float = 0.01, symmetric: bool = False,
                  learnable: bool = True) -> None:
         super().__init__()

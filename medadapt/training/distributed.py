@@ -18,8 +18,9 @@ from collections.abc import Iterable
 import torch
 from torch import Tensor
 
-__all__ = ["average_gradients", "broadcast_parameters", "close_process_group", "fsdp_requested", "fsdp_wrap_policy",
-           "gather_with_grad", "is_distributed", "shard_bounds", "use_fsdp_wrap_policy"]
+__all__ = ["average_gradients", "broadcast_parameters", "close_process_group", "fsdp_outside_modules",
+           "fsdp_requested", "fsdp_wrap_policy", "gather_with_grad", "is_distributed", "shard_bounds",
+           "use_fsdp_wrap_policy"]
 
 
 def is_distributed() -> bool:
@@ -53,48 +54,72 @@ def fsdp_wrap_policy(model: torch.nn.Module):
       model *inside* ``model``. Accelerate's ``TRANSFORMER_BASED_WRAP`` reads ``_no_split_modules`` of the
       root only, which a ``SentenceTransformer`` does not have, so it wrapped nothing: the whole model was one
       flat parameter, all-gathered at once.
-    - When some parameters are frozen and others trainable (LoRA, a head on a frozen backbone), every leaf
-      module (no children) with a trainable parameter is a unit too. FSDP1 flattens a unit's parameters into
+    - When some parameters are frozen and others trainable (LoRA), every leaf module (no children) of a
+      Hugging Face model that has a trainable parameter is a unit too. FSDP1 flattens a unit's parameters into
       one tensor and gives all of it a gradient, so a LoRA matrix in a unit of frozen weights gave those
       weights float32 gradients ("equivalent to not freezing those parameters", torch's FSDP docs): on an
       H100, Pythia-410M with LoRA peaked at 4.13 GiB against 2.66 planned without them.
 
     This is the rule of PEFT's ``fsdp_auto_wrap_policy``, which Hugging Face's Trainer applies only when the
     model *is* a ``PeftModel`` and which reads ``_no_split_modules`` of the root only, applied to the models
-    inside a ``SentenceTransformer``. Only leaves are split off: a unit's parameters are gathered for its own
-    forward, and a leaf (``Linear``, ``Embedding``, a norm) reads its parameters there, while a parameter held
-    by a module with children (Med-MoE-Embed's ``alpha``) stays in the enclosing unit. A leaf whose parameter
-    another module shares (tied weights) stays there too: FSDP1 cannot put one parameter in two units. The
-    trainable set is read now: call this right before wrapping."""
+    inside a ``SentenceTransformer``. A unit's parameters are gathered for its own forward only, so only
+    modules that their Hugging Face model's forward calls are split off, and only leaves (``Linear``,
+    ``Embedding``, a norm), which read their parameters there. Everything else stays in the enclosing unit:
+    parameters of modules with children (Med-MoE-Embed's ``alpha``), heads outside the Hugging Face model, and
+    modules a training step calls directly rather than through the wrapped model (CARE's learnable
+    temperature lives in its loss: split off, it failed on CPU with an autograd view error). A layer or leaf
+    whose parameter a module outside it shares (tied weights) stays there too: the parameter would be
+    gathered for that unit only (CARE's RetroMAE head ties its decoder to the tower's word embeddings, and
+    with two processes the decoder met a 1-D shard). The trainable set is read now: call this right before
+    wrapping."""
     from torch.distributed.fsdp.wrap import CustomPolicy
 
     names: set[str] = set()
+    inside: set[int] = set()  # modules of Hugging Face models, which their model's forward calls
     for module in model.modules():
         declared = getattr(module, "_no_split_modules", None)
         if isinstance(declared, (list, tuple, set)):
             names.update(str(n) for n in declared)
-    layers = tuple({type(m) for m in model.modules() if type(m).__name__ in names})
+            inside.update(id(m) for m in module.modules() if m is not module)
     flags = {p.requires_grad for p in model.parameters()}
-    owners: dict[int, int] = {}
+    owners: dict[int, list[int]] = {}
     for module in model.modules():
         for p in module.parameters(recurse=False):
-            owners[id(p)] = owners.get(id(p), 0) + 1
-    trainable_leaves: set[int] = set()
-    if flags == {True, False}:
-        for module in model.modules():
-            mine = list(module.parameters(recurse=False))
-            leaf = next(module.children(), None) is None
-            if leaf and any(p.requires_grad for p in mine) and all(owners[id(p)] == 1 for p in mine):
-                trainable_leaves.add(id(module))
-    if not layers and not trainable_leaves:
+            owners.setdefault(id(p), []).append(id(module))
+
+    def self_contained(module: torch.nn.Module) -> bool:  # no parameter shared with a module outside it
+        subtree = {id(m) for m in module.modules()}
+        return all(o in subtree for p in module.parameters() for o in owners[id(p)])
+
+    units: set[int] = set()
+    for module in model.modules():
+        if module is model:
+            continue
+        if type(module).__name__ in names:
+            if self_contained(module):
+                units.add(id(module))
+        elif flags == {True, False} and id(module) in inside and next(module.children(), None) is None:
+            if any(p.requires_grad for p in module.parameters(recurse=False)) and self_contained(module):
+                units.add(id(module))
+    if not units:
         return None
 
     def wrap(module: torch.nn.Module) -> bool:
-        return module is not model and (isinstance(module, layers) or id(module) in trainable_leaves)
+        return id(module) in units
 
     policy = CustomPolicy(wrap)
     policy._medadapt = True  # type: ignore[attr-defined]  # use_fsdp_wrap_policy replaces it on the next wrap
     return policy
+
+
+def fsdp_outside_modules(model: torch.nn.Module) -> list[torch.nn.Module]:
+    """The modules of ``model`` that declare ``called_outside_forward = True``: a training step calls them
+    directly rather than through ``model``'s forward, e.g. a loss with a learnable temperature, called on
+    outputs gathered from every process. FSDP1 gathers a unit's parameters only around the wrapped forward; a
+    parameter read outside it is a view of FSDP's flat parameter, and on CPU CARE's unsupervised phase failed
+    there with an autograd view error. FSDP leaves these modules out (``ignored_modules``): their parameters
+    stay whole on every process, and the loop averages their gradients itself."""
+    return [m for m in model.modules() if getattr(m, "called_outside_forward", False)]
 
 
 def use_fsdp_wrap_policy(accelerator, model: torch.nn.Module) -> bool:
@@ -102,12 +127,17 @@ def use_fsdp_wrap_policy(accelerator, model: torch.nn.Module) -> bool:
     (``model``) in place of ``TRANSFORMER_BASED_WRAP`` without explicit layer classes (what
     ``recipes/accelerate/fsdp.yaml`` declares); a policy the user chose (size-based, ``NO_WRAP``, named layer
     classes) is kept. ``True`` when the policy was set. Works with an ``Accelerator`` or anything with
-    ``.state.fsdp_plugin`` (Hugging Face's Trainer: ``trainer.accelerator``)."""
+    ``.state.fsdp_plugin`` (Hugging Face's Trainer: ``trainer.accelerator``). The plugin's
+    ``ignored_modules`` become :func:`fsdp_outside_modules` (``model``) unless the user named some."""
     from torch.distributed.fsdp.wrap import transformer_auto_wrap_policy
 
     plugin = getattr(getattr(accelerator, "state", None), "fsdp_plugin", None)
     if plugin is None or int(getattr(plugin, "fsdp_version", 1) or 1) != 1:
         return False  # FSDP2 shards each parameter on its own: frozen weights never share a gradient
+    if plugin.ignored_modules is None or getattr(plugin, "_medadapt_ignored", False):
+        outside = fsdp_outside_modules(model)
+        plugin.ignored_modules = outside or None
+        plugin._medadapt_ignored = True
     current = plugin.auto_wrap_policy
     default = current is transformer_auto_wrap_policy and not getattr(plugin, "transformer_cls_names_to_wrap", None)
     if not (default or getattr(current, "_medadapt", False)):

@@ -45,8 +45,8 @@ from medadapt.errors import ConfigError, MedAdaptError, warn
 from medadapt.training.checkpoint import (CheckpointConfig, CheckpointCorruptError, all_checkpoints, latest_checkpoint,
                                          load_checkpoint, save_checkpoint)
 from medadapt.training.config import OptimSection
-from medadapt.training.distributed import (average_gradients, broadcast_parameters, gather_with_grad, shard_bounds,
-                                          use_fsdp_wrap_policy)
+from medadapt.training.distributed import (average_gradients, broadcast_parameters, fsdp_outside_modules,
+                                          gather_with_grad, shard_bounds, use_fsdp_wrap_policy)
 
 __all__ = ["Batch", "LoopResult", "Stage", "Step", "TrainingError", "train"]
 
@@ -179,6 +179,12 @@ class _Schedule:
                 self.run_model = wrapped["fsdp"]
                 self.optimizer = accelerator.prepare_optimizer(self.optimizer)
                 self.engine = self.fsdp = True
+                # FSDP leaves modules that steps call outside the forward alone: their gradients are ours
+                outside = {id(p) for m in fsdp_outside_modules(model) for p in m.parameters()}
+                mine = [p for p in params if id(p) in outside]
+                if world > 1 and mine:
+                    broadcast_parameters(mine)
+                    self.sync = lambda: average_gradients(mine)  # noqa: E731
             else:
                 self.optimizer = accelerator.prepare_optimizer(self.optimizer)
                 if world > 1:
@@ -321,11 +327,13 @@ def train(
                 _param_groups(s.params, s.optim, covered)
         _check_deepspeed(model, groups, covered)
     wrapped: dict[str, Any] = {}
+    names = {id(p): n for n, p in model.named_parameters()}  # before FSDP renames the modules it wraps
+    registry = _parameter_registry(model) if _engine(accelerator) == "fsdp" else []
     schedules = {key: _Schedule(members, accelerator, model, world, wrapped) for key, members in groups.items()}
     schedule_of = {id(s): schedules[s.schedule or f"#{i}"] for i, s in enumerate(stages)}
     last_stage_of = {id(schedule_of[id(s)]): i for i, s in enumerate(stages)}  # when a schedule is done
     ids = {id(p) for sch in schedules.values() for p in sch.params}
-    trained = {n: p for n, p in model.named_parameters() if id(p) in ids}
+    trained = {names[id(p)]: p for sch in schedules.values() for p in sch.params}
 
     resume = 0
     had_checkpoint = checkpoint is not None and latest_checkpoint(checkpoint.directory) is not None
@@ -341,11 +349,14 @@ def train(
         if missing:
             raise TrainingError(f"checkpoint {found} does not match the model's trainable parameters "
                                 f"({', '.join(missing[:3])}...)")
-        with torch.no_grad():
-            for key, tensor in tensors.items():
-                trained[key].copy_(tensor.to(trained[key].device, trained[key].dtype))
-        for key, sch in schedules.items():
-            sch.load_state_dict(opt_state[key])
+        if "fsdp" in wrapped:  # whole tensors into FSDP's shards, optimiser states resharded by FSDP
+            _fsdp_load(wrapped["fsdp"], registry, names, tensors, schedules, opt_state)
+        else:
+            with torch.no_grad():
+                for key, tensor in tensors.items():
+                    trained[key].copy_(tensor.to(trained[key].device, trained[key].dtype))
+            for key, sch in schedules.items():
+                sch.load_state_dict(opt_state[key])
         resume = int(state["step"])
         result.loss_history = list(state["loss_history"])
 
@@ -356,9 +367,13 @@ def train(
             return
         last_saved[0] = step
         _check_finite_params(trained, step)  # a finite loss can still leave inf weights (lr 1e308)
+        if "fsdp" in wrapped:  # whole tensors and optimiser states gathered from every process's shard
+            tensors, opt = _fsdp_gather(wrapped["fsdp"], registry, names, trained, schedules)
+        else:
+            tensors = {k: p.detach() for k, p in trained.items()}
+            opt = {key: sch.state_dict() for key, sch in schedules.items()}
         if rank == 0:
-            save_checkpoint(checkpoint, step, {k: p.detach() for k, p in trained.items()},
-                            {key: sch.state_dict() for key, sch in schedules.items()},
+            save_checkpoint(checkpoint, step, tensors, opt,
                             {"step": step, "total_steps": total, "fingerprint": fingerprint,
                              "loss_history": result.loss_history})
         if accelerator is not None:
@@ -421,8 +436,198 @@ def train(
                 save(0)
     finally:
         model.train(was_training)
+    if "fsdp" in wrapped:
+        _unwrap_fsdp(wrapped["fsdp"], registry, accelerator)
     result.seconds = time.perf_counter() - start_time
     return result
+
+
+def _torch_optimizer(optimizer):
+    return getattr(optimizer, "optimizer", optimizer)  # Accelerate's AcceleratedOptimizer wraps torch's
+
+
+def _fsdp_gather(root: nn.Module, registry: list[tuple[nn.Module, str, nn.Parameter]], names: dict[int, str],
+                 trained: dict[str, nn.Parameter], schedules: dict[str, _Schedule]):
+    """A checkpoint's tensors and optimiser states under FSDP1, whole: each process holds a shard of every
+    parameter and of its AdamW moments, so a checkpoint of the local views would be one process's shard in
+    flat 1-D pieces. Parameters come from FSDP's ``summon_full_params``; optimiser states from
+    :func:`_gather_optimizer` (collectives: every process calls this). The checkpoint is the one a run without
+    FSDP writes, so either kind of run resumes from it."""
+    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+
+    wanted = {id(p) for p in trained.values()}
+    tensors: dict[str, Tensor] = {}
+    with FSDP.summon_full_params(root, writeback=False):
+        for module, name, param in registry:
+            if id(param) in wanted:
+                tensors[names[id(param)]] = getattr(module, name).detach().clone()
+    shapes = {id(p): s for p, s in _shapes(registry).items()}
+    opt = {key: {"optimizer": _gather_optimizer(_torch_optimizer(sch.optimizer), shapes),
+                 "scheduler": sch.scheduler.state_dict()} for key, sch in schedules.items()}
+    return tensors, opt
+
+
+def _shapes(registry: list[tuple[nn.Module, str, nn.Parameter]]) -> dict[nn.Parameter, tuple[int, ...]]:
+    return {param: shape for (_, _, param), shape in zip(registry, registry.shapes)}  # type: ignore[attr-defined]
+
+
+def _sizes(n: int) -> list[int]:
+    """Every process's ``n``, in rank order (one process: ``[n]``)."""
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+        return [n]
+    out = [torch.zeros(1, dtype=torch.long) for _ in range(dist.get_world_size())]
+    dist.all_gather(out, torch.tensor([n], dtype=torch.long))
+    return [int(t) for t in out]
+
+
+def _gather_flat(local: Tensor, sizes: list[int], shape: tuple[int, ...]) -> Tensor:
+    """The whole tensor of shape ``shape`` from each process's piece (``sizes`` in rank order). FSDP1 lays a
+    parameter's elements out contiguously in its flat parameter and gives each process one contiguous chunk
+    of that, so the pieces in rank order are the flattened whole (all pieces whole: not sharded)."""
+    import math
+
+    import torch.distributed as dist
+
+    numel = math.prod(shape)
+    if len(sizes) == 1 or all(n == numel for n in sizes):
+        return local.detach().reshape(shape).clone()
+    if sum(sizes) != numel:
+        raise TrainingError(f"cannot reassemble a tensor of {numel} elements from FSDP pieces of {sizes}")
+    width = max(sizes)
+    padded = torch.zeros(width, dtype=local.dtype, device=local.device)
+    padded[: local.numel()] = local.detach().reshape(-1)
+    pieces = [torch.empty_like(padded) for _ in sizes]
+    dist.all_gather(pieces, padded)
+    return torch.cat([piece[:n] for piece, n in zip(pieces, sizes)]).reshape(shape)
+
+
+def _gather_optimizer(optimizer, shapes: dict[int, tuple[int, ...]]) -> dict[str, Any]:
+    """``optimizer.state_dict()`` with every state tensor whole (see :func:`_gather_flat`). Hand-written
+    because torch's ``optim_state_dict`` / ``get_optimizer_state_dict`` for FSDP1 refuse a flat parameter
+    whose members several optimisers own (HyReC's pre-training and main stage, CARE's towers: "... is not in
+    the optimizer state"), and run a zero-gradient step on an optimiser that has not stepped yet, which
+    advanced AdamW's step count in a CPU test. A process with no element of a parameter, or one that never
+    had its gradient, contributes an empty piece; scalars (``step``) are the same on every process that has
+    them and are taken from those."""
+    import torch.distributed as dist
+
+    multi = dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+    local = optimizer.state_dict()
+    params = [p for g in optimizer.param_groups for p in g["params"]]
+    state: dict[int, dict[str, Any]] = {}
+    for index, p in enumerate(params):
+        mine = optimizer.state.get(p, {})
+        keys = sorted(mine)
+        if multi:
+            gathered: list[Any] = [None] * dist.get_world_size()
+            dist.all_gather_object(gathered, keys)
+            keys = sorted({k for ks in gathered for k in ks})
+        if not keys:
+            continue
+        sizes = _sizes(p.numel())
+        entry: dict[str, Any] = {}
+        for k in keys:
+            value = mine.get(k)
+            if k == "step" or (isinstance(value, Tensor) and value.ndim == 0):
+                step = torch.tensor([float(value) if value is not None else -1.0])
+                if multi:
+                    dist.all_reduce(step, op=dist.ReduceOp.MAX)
+                entry[k] = torch.tensor(float(step))
+            else:
+                piece = value if isinstance(value, Tensor) else torch.zeros(0, dtype=p.dtype, device=p.device)
+                entry[k] = _gather_flat(piece, sizes, shapes[id(p)])
+        state[index] = entry
+    return {"state": state, "param_groups": local["param_groups"]}
+
+
+def _fsdp_load(root: nn.Module, registry: list[tuple[nn.Module, str, nn.Parameter]], names: dict[int, str],
+               tensors: dict[str, Tensor], schedules: dict[str, _Schedule], opt_state: dict[str, Any]) -> None:
+    """Resume under FSDP1: whole checkpoint tensors written into every process's shard
+    (``summon_full_params(writeback=True)``), and each optimiser state cut to this process's pieces."""
+    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+
+    with FSDP.summon_full_params(root, writeback=True), torch.no_grad():
+        for module, name, param in registry:
+            key = names.get(id(param))
+            if key in tensors:
+                target = getattr(module, name)
+                target.copy_(tensors[key].to(target.device, target.dtype))
+    import torch.distributed as dist
+
+    rank = dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
+    for key, sch in schedules.items():
+        optimizer = _torch_optimizer(sch.optimizer)
+        saved = opt_state[key]["optimizer"]
+        params = [p for g in optimizer.param_groups for p in g["params"]]
+        state = {}
+        for index, entry in saved["state"].items():
+            p = params[int(index)]
+            sizes = _sizes(p.numel())
+            lo = sum(sizes[:rank])
+            local = {}
+            for k, v in entry.items():
+                if v.ndim == 0:
+                    local[k] = v
+                elif sum(sizes) == v.numel() and len(sizes) > 1:
+                    local[k] = v.reshape(-1)[lo: lo + p.numel()].reshape(p.shape).clone()
+                else:
+                    local[k] = v.reshape(p.shape).clone()
+            state[index] = local
+        optimizer.load_state_dict({"state": state, "param_groups": saved["param_groups"]})
+        sch.scheduler.load_state_dict(opt_state[key]["scheduler"])
+
+
+class _Registry(list):
+    """``(module, name, parameter)`` triples, with ``shapes``: each parameter's shape before FSDP flattened it."""
+
+    shapes: list[tuple[int, ...]]
+
+
+def _parameter_registry(model: nn.Module) -> _Registry:
+    """Every ``(module, name, parameter)`` of ``model`` as it is before FSDP wraps it, with the shapes."""
+    out = _Registry((m, n, p) for m in model.modules() for n, p in m._parameters.items() if p is not None)
+    out.shapes = [tuple(p.shape) for _, _, p in out]
+    return out
+
+
+def _unwrap_fsdp(root: nn.Module, registry: list[tuple[nn.Module, str, nn.Parameter]], accelerator) -> None:
+    """Give the model back as it came in, after training under FSDP1: every module without its FSDP wrapper
+    and every parameter whole, on every process, as the same ``nn.Parameter`` object (optimisers and callers
+    hold them).
+
+    Outside its forward, FSDP1 (``use_orig_params``) leaves each parameter a flat view of this process's
+    shard (a 1-D tensor, empty on the processes that hold none of it), and wrapped modules stay wrapped in
+    place. Saving, evaluating or training the model in a later phase (CARE and HyReC run one loop per phase:
+    FSDP refuses to auto-wrap a model that already contains FSDP modules) needs it whole. Torch has no
+    unwrap for FSDP1, so this gathers the parameters with ``summon_full_params`` (a collective: every
+    process calls it), keeps copies, lifts the wrappers off and points each parameter at its copy. It also
+    removes FSDP's "already flattened" mark from each parameter: a later wrap skips marked parameters, which
+    then trained on each process's local gradient only (a CARE phase after another diverged from the same
+    run without FSDP at its second step, with two processes)."""
+    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+
+    full: list[Tensor] = []
+    with FSDP.summon_full_params(root, writeback=False):
+        for module, name, _ in registry:
+            full.append(getattr(module, name).detach().clone())
+    for module in list(root.modules()):
+        for child_name, child in list(module._modules.items()):
+            if isinstance(child, FSDP):
+                module._modules[child_name] = child._fsdp_wrapped_module
+    from torch.distributed.fsdp._common_utils import FSDP_FLATTENED
+
+    with torch.no_grad():
+        for (module, name, param), tensor in zip(registry, full):
+            param.data = tensor
+            param.grad = None
+            module._parameters[name] = param
+            if hasattr(param, FSDP_FLATTENED):  # FSDP skips (leaves unmanaged, unreduced) what it marked
+                delattr(param, FSDP_FLATTENED)
+    models = getattr(accelerator, "_models", None)  # Accelerate keeps what it prepared: release the wrapper
+    if isinstance(models, list) and any(m is root for m in models):
+        models[:] = [m for m in models if m is not root]
 
 
 def _one_step(stage: Stage, sch: _Schedule, items: list[int], step: int, epoch: int, seed: int, k: int, rank: int,
