@@ -427,3 +427,41 @@ def test_care_tiny_init_under_fsdp_on_two_processes_matches_the_run_without_it(t
     assert len(fsdp["wraps"]) == 6 and all(units > 1 for _, units in fsdp["wraps"])
     assert fsdp["losses"] == pytest.approx(plain["losses"], abs=1e-5)
     assert fsdp["metrics"] == pytest.approx(plain["metrics"], abs=1e-6)
+
+
+class _EmbedSquare:
+    """A step on a SentenceTransformer: mean squared embedding of the batch's texts."""
+
+    def __init__(self, model, texts: list[str]) -> None:
+        self.model, self.texts = model, texts
+
+    def forward(self, run_model, batch):
+        features = dict(self.model.tokenize([self.texts[i] for i in batch.indices]))
+        return {"e": run_model(features)["sentence_embedding"]}
+
+    def loss(self, out, batch):
+        return {"loss": out["e"].square().mean()}
+
+
+def test_lora_trained_under_fsdp_merges_like_without_it(tiny_decoder, process_group):
+    """With one process FSDP left plain-tensor views of the frozen weights as module attributes, shadowing
+    the parameters the loop handed back: PEFT's merge (CARE merges the document tower's LoRA after its
+    phase) added the update to the stale views, and the model kept its unmerged weights (1.3e-3 apart in
+    CARE's stage I, 0.09 here)."""
+    from medadapt.training.config import OptimSection
+    from medadapt.training.lora import merge_lora
+    from medadapt.training.loop import Stage, train
+
+    merged = {}
+    for mode in ("plain", "fsdp"):
+        model = _lora_decoder(tiny_decoder)
+        step = _EmbedSquare(model, ["fever and cough", "a rash", "chest pain at night", "dry eyes"] * 2)
+        params = [p for p in model.parameters() if p.requires_grad]
+        train(model, [Stage("s", 8, step, params, OptimSection(batch_size=4, lr=1e-2, epochs=1, warmup_ratio=0.0))],
+              seed=1, accelerator=_CpuFsdpAccelerator() if mode == "fsdp" else None)
+        shadowed = [n for n, m in model.named_modules() for k in m._parameters if k in m.__dict__]
+        assert not shadowed
+        assert merge_lora(model)
+        merged[mode] = model.state_dict()
+    for name, value in merged["plain"].items():
+        torch.testing.assert_close(merged["fsdp"][name], value, msg=name)

@@ -605,7 +605,10 @@ def _unwrap_fsdp(root: nn.Module, registry: list[tuple[nn.Module, str, nn.Parame
     process calls it), keeps copies, lifts the wrappers off and points each parameter at its copy. It also
     removes FSDP's "already flattened" mark from each parameter: a later wrap skips marked parameters, which
     then trained on each process's local gradient only (a CARE phase after another diverged from the same
-    run without FSDP at its second step, with two processes)."""
+    run without FSDP at its second step, with two processes). And it deletes the plain-tensor views FSDP
+    (one process, ``NO_SHARD``) leaves as instance attributes of frozen parameters' modules: they shadow the
+    registered parameter, so PEFT's merge after CARE's document phase added the LoRA update to the stale
+    view and the model kept the unmerged weights."""
     from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
 
     full: list[Tensor] = []
@@ -622,6 +625,7 @@ def _unwrap_fsdp(root: nn.Module, registry: list[tuple[nn.Module, str, nn.Parame
         for (module, name, param), tensor in zip(registry, full):
             param.data = tensor
             param.grad = None
+            module.__dict__.pop(name, None)  # a plain-tensor view FSDP left there shadows the parameter
             module._parameters[name] = param
             if hasattr(param, FSDP_FLATTENED):  # FSDP skips (leaves unmanaged, unreduced) what it marked
                 delattr(param, FSDP_FLATTENED)
