@@ -203,6 +203,10 @@ def test_use_fsdp_wrap_policy_replaces_accelerates_default_and_keeps_a_chosen_po
                         transformer_cls_names_to_wrap=["Qwen2DecoderLayer"])
     assert not use_fsdp_wrap_policy(named, model)
     assert not use_fsdp_wrap_policy(accelerator(fsdp_version=2, auto_wrap_policy="transformer_based_wrap"), model)
+    # a model with nothing to split off gets the root unit alone, and the next model its own policy again
+    assert not use_fsdp_wrap_policy(acc, nn.Linear(2, 2))
+    acc.state.fsdp_plugin.set_auto_wrap_policy(nn.Linear(2, 2))
+    assert use_fsdp_wrap_policy(acc, model)
     assert not use_fsdp_wrap_policy(SimpleNamespace(state=SimpleNamespace()), model)  # no FSDP
 
 

@@ -126,7 +126,8 @@ def use_fsdp_wrap_policy(accelerator, model: torch.nn.Module) -> bool:
     """Before ``accelerator`` wraps ``model`` with FSDP1, give its FSDP plugin :func:`fsdp_wrap_policy`
     (``model``) in place of ``TRANSFORMER_BASED_WRAP`` without explicit layer classes (what
     ``recipes/accelerate/fsdp.yaml`` declares); a policy the user chose (size-based, ``NO_WRAP``, named layer
-    classes) is kept. ``True`` when the policy was set. Works with an ``Accelerator`` or anything with
+    classes) is kept. ``True`` when the policy splits units off (a model with nothing to split off gets the
+    root unit alone). Works with an ``Accelerator`` or anything with
     ``.state.fsdp_plugin`` (Hugging Face's Trainer: ``trainer.accelerator``). The plugin's
     ``ignored_modules`` become :func:`fsdp_outside_modules` (``model``) unless the user named some."""
     from torch.distributed.fsdp.wrap import transformer_auto_wrap_policy
@@ -143,8 +144,15 @@ def use_fsdp_wrap_policy(accelerator, model: torch.nn.Module) -> bool:
     if not (default or getattr(current, "_medadapt", False)):
         return False
     policy = fsdp_wrap_policy(model)
-    plugin.auto_wrap_policy = policy if policy is not None else transformer_auto_wrap_policy
-    return policy is not None
+    if policy is None:  # nothing to split off: the root unit alone, still ours to replace at the next wrap
+        from torch.distributed.fsdp.wrap import CustomPolicy
+
+        root_only = CustomPolicy(lambda module: False)
+        root_only._medadapt = True  # type: ignore[attr-defined]
+        plugin.auto_wrap_policy = root_only
+        return False
+    plugin.auto_wrap_policy = policy
+    return True
 
 
 def close_process_group() -> None:
