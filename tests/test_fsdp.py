@@ -12,6 +12,7 @@ import torch
 from torch import nn
 
 from test_asym import build_tiny_qwen2
+from test_loop import _Stop
 
 
 @pytest.fixture()
@@ -258,25 +259,9 @@ def test_the_loop_under_fsdp_wraps_once_with_the_policy_and_trains_as_without_it
     """Two stages with separate optimisers on a frozen body: the loop hands Accelerate the wrap policy, wraps
     once, clips with FSDP's norm, and ends with the parameters of the plain loop. (FSDP's norm had included
     the other stage's gradients: losses 2e-3 apart within two epochs.)"""
-    from medadapt.training.config import OptimSection
-    from medadapt.training.loop import Stage, train
-
-    from test_loop import PairStep, _data
-
-    def run(accelerator):
-        torch.manual_seed(1)
-        model = _Stack(nn.Linear(8, 8), nn.Linear(8, 8), nn.Linear(8, 8))
-        model[0].requires_grad_(False)
-        q, d = _data()
-        optim = OptimSection(batch_size=8, lr=1e-2, epochs=2, warmup_ratio=0.0, max_grad_norm=0.5)
-        stages = [Stage("a", len(q), PairStep(q, d), list(model[1].parameters()), optim),
-                  Stage("b", len(q), PairStep(q, d), list(model[2].parameters()), optim)]
-        res = train(model, stages, seed=3, accelerator=accelerator)
-        return model, res
-
-    plain, res_plain = run(None)
+    plain, res_plain = _two_phase_run(None, None)
     acc = _CpuFsdpAccelerator()
-    sharded, res_sharded = run(acc)
+    sharded, res_sharded = _two_phase_run(acc, None)
     assert len(acc.wrapped) == 1  # once for both optimisers
     assert acc.units == [3]  # the root (frozen body) and each trainable linear layer
     assert [r["loss"] for r in res_sharded.loss_history] == pytest.approx(
@@ -288,10 +273,6 @@ def test_the_loop_under_fsdp_wraps_once_with_the_policy_and_trains_as_without_it
 
 
 # ------------------------------------------------------------------------- two processes, sharded for real
-class _Stop(Exception):
-    pass
-
-
 class _StopAfter:
     """A PairStep that raises on every process at its ``after``-th forward (the same step everywhere)."""
 

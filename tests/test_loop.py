@@ -30,6 +30,18 @@ class PairStep:
         return self.loss_fn(out["q"], out["d"])
 
 
+class _Stop(Exception):
+    """Raised to kill a run part-way (resume tests)."""
+
+
+def _kill_at(at: int):
+    """A ``progress`` callback that kills the run after its step ``at``."""
+    def kill(stage, step, total, row):
+        if step == at:
+            raise _Stop
+    return kill
+
+
 def _data(n=32, d=8, seed=0):
     g = torch.Generator().manual_seed(seed)
     q = torch.randn(n, d, generator=g)
@@ -80,15 +92,10 @@ def test_resume_equals_uninterrupted(tmp_path):
     optim = OptimSection(batch_size=8, lr=1e-2, epochs=3, warmup_ratio=0.1)
     whole, res_whole = _run(optim, dropout=0.1)
 
-    class Stop(Exception):
-        pass
-
-    def kill(stage, step, total, row):
-        if step == 5:
-            raise Stop
+    kill = _kill_at(5)
 
     ckpt = CheckpointConfig(tmp_path / "ck", every_steps=2)
-    with pytest.raises(Stop):
+    with pytest.raises(_Stop):
         _run(optim, dropout=0.1, checkpoint=ckpt, fingerprint="run-a", progress=kill)
     resumed, res = _run(optim, dropout=0.1, checkpoint=ckpt, fingerprint="run-a")
     for a, b in zip(whole.parameters(), resumed.parameters()):
@@ -187,15 +194,10 @@ def test_a_finished_schedule_frees_its_optimizer_state_and_gradients_and_resume_
     assert opt_state["#0"]["optimizer"]["state"] == {}  # the first optimizer's AdamW moments are gone
     assert len(opt_state["#1"]["optimizer"]["state"]) == 2  # the last one's are saved before it is freed
 
-    class Stop(Exception):
-        pass
-
-    def kill(stage, step, total, row):
-        if step == 11:
-            raise Stop
+    kill = _kill_at(11)
 
     ckpt = CheckpointConfig(tmp_path / "ck", every_steps=2)
-    with pytest.raises(Stop):
+    with pytest.raises(_Stop):
         run(checkpoint=ckpt, fingerprint="f", progress=kill)
     resumed, res = run(checkpoint=ckpt, fingerprint="f")
     for a, b in zip(whole.parameters(), resumed.parameters()):

@@ -328,11 +328,11 @@ def train(
         _check_deepspeed(model, groups, covered)
     wrapped: dict[str, Any] = {}
     names = {id(p): n for n, p in model.named_parameters()}  # before FSDP renames the modules it wraps
+    shapes = {id(p): tuple(p.shape) for p in model.parameters()}  # before FSDP flattens them
     registry = _parameter_registry(model) if _engine(accelerator) == "fsdp" else []
     schedules = {key: _Schedule(members, accelerator, model, world, wrapped) for key, members in groups.items()}
     schedule_of = {id(s): schedules[s.schedule or f"#{i}"] for i, s in enumerate(stages)}
     last_stage_of = {id(schedule_of[id(s)]): i for i, s in enumerate(stages)}  # when a schedule is done
-    ids = {id(p) for sch in schedules.values() for p in sch.params}
     trained = {names[id(p)]: p for sch in schedules.values() for p in sch.params}
 
     resume = 0
@@ -350,7 +350,7 @@ def train(
             raise TrainingError(f"checkpoint {found} does not match the model's trainable parameters "
                                 f"({', '.join(missing[:3])}...)")
         if "fsdp" in wrapped:  # whole tensors into FSDP's shards, optimiser states resharded by FSDP
-            _fsdp_load(wrapped["fsdp"], registry, names, tensors, schedules, opt_state)
+            _fsdp_load(names, trained, tensors, schedules, opt_state)
         else:
             with torch.no_grad():
                 for key, tensor in tensors.items():
@@ -368,7 +368,7 @@ def train(
         last_saved[0] = step
         _check_finite_params(trained, step)  # a finite loss can still leave inf weights (lr 1e308)
         if "fsdp" in wrapped:  # whole tensors and optimiser states gathered from every process's shard
-            tensors, opt = _fsdp_gather(wrapped["fsdp"], registry, names, trained, schedules)
+            tensors, opt = _fsdp_gather(shapes, names, trained, schedules)
         else:
             tensors = {k: p.detach() for k, p in trained.items()}
             opt = {key: sch.state_dict() for key, sch in schedules.items()}
@@ -446,46 +446,48 @@ def _torch_optimizer(optimizer):
     return getattr(optimizer, "optimizer", optimizer)  # Accelerate's AcceleratedOptimizer wraps torch's
 
 
-def _fsdp_gather(root: nn.Module, registry: list[tuple[nn.Module, str, nn.Parameter]], names: dict[int, str],
-                 trained: dict[str, nn.Parameter], schedules: dict[str, _Schedule]):
-    """A checkpoint's tensors and optimiser states under FSDP1, whole: each process holds a shard of every
+def _fsdp_gather(shapes: dict[int, tuple[int, ...]], names: dict[int, str], trained: dict[str, nn.Parameter],
+                 schedules: dict[str, _Schedule]):
+    """A checkpoint's tensors and optimiser states under FSDP1, whole: each process holds a piece of every
     parameter and of its AdamW moments, so a checkpoint of the local views would be one process's shard in
-    flat 1-D pieces. Parameters come from FSDP's ``summon_full_params``; optimiser states from
-    :func:`_gather_optimizer` (collectives: every process calls this). The checkpoint is the one a run without
-    FSDP writes, so either kind of run resumes from it."""
-    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
-
-    wanted = {id(p) for p in trained.values()}
-    tensors: dict[str, Tensor] = {}
-    with FSDP.summon_full_params(root, writeback=False):
-        for module, name, param in registry:
-            if id(param) in wanted:
-                tensors[names[id(param)]] = getattr(module, name).detach().clone()
-    shapes = {id(p): s for p, s in _shapes(registry).items()}
+    flat 1-D pieces. Only the trained parameters and their states are gathered (:func:`_whole`; collectives:
+    every process calls this), not the frozen weights ``summon_full_params`` would materialise on every
+    process at every checkpoint. The checkpoint is the one a run without FSDP writes, so either kind of run
+    resumes from it."""
+    params = list(trained.values())
+    sizes = _piece_sizes(params)
+    tensors = {names[id(p)]: _whole(p, n, shapes[id(p)]) for p, n in zip(params, sizes)}
     opt = {key: {"optimizer": _gather_optimizer(_torch_optimizer(sch.optimizer), shapes),
                  "scheduler": sch.scheduler.state_dict()} for key, sch in schedules.items()}
     return tensors, opt
 
 
-def _shapes(registry: list[tuple[nn.Module, str, nn.Parameter]]) -> dict[nn.Parameter, tuple[int, ...]]:
-    return {param: shape for (_, _, param), shape in zip(registry, registry.shapes)}  # type: ignore[attr-defined]
-
-
-def _sizes(n: int) -> list[int]:
-    """Every process's ``n``, in rank order (one process: ``[n]``)."""
+def _world() -> tuple[int, int]:
+    """``(rank, world size)`` of the running process group, ``(0, 1)`` without one."""
     import torch.distributed as dist
 
-    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
-        return [n]
-    out = [torch.zeros(1, dtype=torch.long) for _ in range(dist.get_world_size())]
-    dist.all_gather(out, torch.tensor([n], dtype=torch.long))
-    return [int(t) for t in out]
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    return 0, 1
 
 
-def _gather_flat(local: Tensor, sizes: list[int], shape: tuple[int, ...]) -> Tensor:
+def _piece_sizes(params: list[Tensor]) -> list[list[int]]:
+    """For each of ``params`` (this process's views), every process's number of elements, in rank order."""
+    import torch.distributed as dist
+
+    local = torch.tensor([p.numel() for p in params], dtype=torch.long)
+    _, world = _world()
+    if world == 1:
+        return [[int(n)] for n in local]
+    rows = [torch.empty_like(local) for _ in range(world)]
+    dist.all_gather(rows, local)
+    return torch.stack(rows).T.tolist()
+
+
+def _whole(local: Tensor, sizes: list[int], shape: tuple[int, ...]) -> Tensor:
     """The whole tensor of shape ``shape`` from each process's piece (``sizes`` in rank order). FSDP1 lays a
     parameter's elements out contiguously in its flat parameter and gives each process one contiguous chunk
-    of that, so the pieces in rank order are the flattened whole (all pieces whole: not sharded)."""
+    of that, so the pieces in rank order are the flattened whole (every piece whole: not sharded)."""
     import math
 
     import torch.distributed as dist
@@ -495,101 +497,84 @@ def _gather_flat(local: Tensor, sizes: list[int], shape: tuple[int, ...]) -> Ten
         return local.detach().reshape(shape).clone()
     if sum(sizes) != numel:
         raise TrainingError(f"cannot reassemble a tensor of {numel} elements from FSDP pieces of {sizes}")
-    width = max(sizes)
-    padded = torch.zeros(width, dtype=local.dtype, device=local.device)
+    padded = torch.zeros(max(sizes), dtype=local.dtype, device=local.device)
     padded[: local.numel()] = local.detach().reshape(-1)
     pieces = [torch.empty_like(padded) for _ in sizes]
     dist.all_gather(pieces, padded)
     return torch.cat([piece[:n] for piece, n in zip(pieces, sizes)]).reshape(shape)
 
 
+def _piece(whole: Tensor, sizes: list[int], like: Tensor) -> Tensor:
+    """This process's piece of ``whole``, shaped like its local view ``like`` (the inverse of :func:`_whole`)."""
+    rank, _ = _world()
+    if len(sizes) > 1 and sum(sizes) == whole.numel():
+        lo = sum(sizes[:rank])
+        return whole.reshape(-1)[lo: lo + like.numel()].reshape(like.shape).clone()
+    return whole.reshape(like.shape).clone()
+
+
 def _gather_optimizer(optimizer, shapes: dict[int, tuple[int, ...]]) -> dict[str, Any]:
-    """``optimizer.state_dict()`` with every state tensor whole (see :func:`_gather_flat`). Hand-written
-    because torch's ``optim_state_dict`` / ``get_optimizer_state_dict`` for FSDP1 refuse a flat parameter
-    whose members several optimisers own (HyReC's pre-training and main stage, CARE's towers: "... is not in
-    the optimizer state"), and run a zero-gradient step on an optimiser that has not stepped yet, which
-    advanced AdamW's step count in a CPU test. A process with no element of a parameter, or one that never
-    had its gradient, contributes an empty piece; scalars (``step``) are the same on every process that has
-    them and are taken from those."""
+    """``optimizer.state_dict()`` with every state tensor whole (see :func:`_whole`). Hand-written because
+    torch's ``optim_state_dict`` / ``get_optimizer_state_dict`` for FSDP1 refuse a flat parameter whose
+    members several optimisers own (HyReC's pre-training and main stage, CARE's towers: "... is not in the
+    optimizer state"), and run a zero-gradient step on an optimiser that has not stepped yet, which advanced
+    AdamW's step count in a CPU test. A process with no element of a parameter, or one that never had its
+    gradient, holds no state for it and contributes an empty piece; scalars (``step``) are the same on every
+    process that has them and are taken from those."""
     import torch.distributed as dist
 
-    multi = dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
-    local = optimizer.state_dict()
+    _, world = _world()
     params = [p for g in optimizer.param_groups for p in g["params"]]
+    keys = sorted({k for p in params for k in optimizer.state.get(p, {})})
+    has = torch.tensor([1.0 if optimizer.state.get(p) else 0.0 for p in params])
+    steps = torch.tensor([float(optimizer.state[p]["step"]) if optimizer.state.get(p, {}).get("step") is not None
+                          else -1.0 for p in params])
+    if world > 1:  # the same keys, flags and step counts on every process, in three collectives
+        everyone: list[Any] = [None] * world
+        dist.all_gather_object(everyone, keys)
+        keys = sorted({k for ks in everyone for k in ks})
+        dist.all_reduce(has, op=dist.ReduceOp.MAX)
+        dist.all_reduce(steps, op=dist.ReduceOp.MAX)
+    sizes = _piece_sizes(params)
     state: dict[int, dict[str, Any]] = {}
     for index, p in enumerate(params):
-        mine = optimizer.state.get(p, {})
-        keys = sorted(mine)
-        if multi:
-            gathered: list[Any] = [None] * dist.get_world_size()
-            dist.all_gather_object(gathered, keys)
-            keys = sorted({k for ks in gathered for k in ks})
-        if not keys:
+        if not has[index]:
             continue
-        sizes = _sizes(p.numel())
+        mine = optimizer.state.get(p, {})
         entry: dict[str, Any] = {}
         for k in keys:
-            value = mine.get(k)
-            if k == "step" or (isinstance(value, Tensor) and value.ndim == 0):
-                step = torch.tensor([float(value) if value is not None else -1.0])
-                if multi:
-                    dist.all_reduce(step, op=dist.ReduceOp.MAX)
-                entry[k] = torch.tensor(float(step))
+            if k == "step":
+                entry[k] = torch.tensor(float(steps[index]))
             else:
+                value = mine.get(k)
                 piece = value if isinstance(value, Tensor) else torch.zeros(0, dtype=p.dtype, device=p.device)
-                entry[k] = _gather_flat(piece, sizes, shapes[id(p)])
+                entry[k] = _whole(piece, sizes[index], shapes[id(p)])
         state[index] = entry
-    return {"state": state, "param_groups": local["param_groups"]}
+    return {"state": state, "param_groups": optimizer.state_dict()["param_groups"]}
 
 
-def _fsdp_load(root: nn.Module, registry: list[tuple[nn.Module, str, nn.Parameter]], names: dict[int, str],
-               tensors: dict[str, Tensor], schedules: dict[str, _Schedule], opt_state: dict[str, Any]) -> None:
-    """Resume under FSDP1: whole checkpoint tensors written into every process's shard
-    (``summon_full_params(writeback=True)``), and each optimiser state cut to this process's pieces."""
-    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
-
-    with FSDP.summon_full_params(root, writeback=True), torch.no_grad():
-        for module, name, param in registry:
-            key = names.get(id(param))
-            if key in tensors:
-                target = getattr(module, name)
-                target.copy_(tensors[key].to(target.device, target.dtype))
-    import torch.distributed as dist
-
-    rank = dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
+def _fsdp_load(names: dict[int, str], trained: dict[str, nn.Parameter], tensors: dict[str, Tensor],
+               schedules: dict[str, _Schedule], opt_state: dict[str, Any]) -> None:
+    """Resume under FSDP1: each process copies its pieces of the whole checkpoint tensors into its views
+    (:func:`_piece`), and cuts each optimiser state the same way."""
+    params = list(trained.values())
+    with torch.no_grad():
+        for p, sizes in zip(params, _piece_sizes(params)):
+            p.copy_(_piece(tensors[names[id(p)]].to(p.device, p.dtype), sizes, p))
     for key, sch in schedules.items():
         optimizer = _torch_optimizer(sch.optimizer)
         saved = opt_state[key]["optimizer"]
-        params = [p for g in optimizer.param_groups for p in g["params"]]
-        state = {}
-        for index, entry in saved["state"].items():
-            p = params[int(index)]
-            sizes = _sizes(p.numel())
-            lo = sum(sizes[:rank])
-            local = {}
-            for k, v in entry.items():
-                if v.ndim == 0:
-                    local[k] = v
-                elif sum(sizes) == v.numel() and len(sizes) > 1:
-                    local[k] = v.reshape(-1)[lo: lo + p.numel()].reshape(p.shape).clone()
-                else:
-                    local[k] = v.reshape(p.shape).clone()
-            state[index] = local
+        mine = [p for g in optimizer.param_groups for p in g["params"]]
+        sizes = _piece_sizes(mine)
+        state = {index: {k: (v if v.ndim == 0 else _piece(v, sizes[int(index)], mine[int(index)]))
+                         for k, v in entry.items()} for index, entry in saved["state"].items()}
         optimizer.load_state_dict({"state": state, "param_groups": saved["param_groups"]})
         sch.scheduler.load_state_dict(opt_state[key]["scheduler"])
 
 
-class _Registry(list):
-    """``(module, name, parameter)`` triples, with ``shapes``: each parameter's shape before FSDP flattened it."""
-
-    shapes: list[tuple[int, ...]]
-
-
-def _parameter_registry(model: nn.Module) -> _Registry:
-    """Every ``(module, name, parameter)`` of ``model`` as it is before FSDP wraps it, with the shapes."""
-    out = _Registry((m, n, p) for m in model.modules() for n, p in m._parameters.items() if p is not None)
-    out.shapes = [tuple(p.shape) for _, _, p in out]
-    return out
+def _parameter_registry(model: nn.Module) -> list[tuple[nn.Module, str, nn.Parameter]]:
+    """Every ``(module, name, parameter)`` of ``model`` as it is before FSDP wraps it."""
+    return [(m, n, p) for m in model.modules() for n, p in m._parameters.items() if p is not None]
 
 
 def _unwrap_fsdp(root: nn.Module, registry: list[tuple[nn.Module, str, nn.Parameter]], accelerator) -> None:
