@@ -17,7 +17,8 @@ minutes:
   synthetic stages use the deterministic ``fake`` generator, HyReC's preliminary pairs are the folder's
   train pairs scored by a random ``bge-small-zh`` shape.
 * **schedule**: each stage stops after ``--max-steps`` optimiser steps at the batch sizes in ``BATCH``
-  (no gradient accumulation, which the loop does not run under DeepSpeed / FSDP).
+  (no gradient accumulation: the loop does not run it under DeepSpeed, and the fourteenth session's runs
+  predate it under FSDP).
 
 medadapt must be installed (its recipe kinds register through entry points). Each engine is one
 ``accelerate launch`` of this file's ``run`` command (one process, one GPU): ``single``

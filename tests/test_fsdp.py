@@ -272,6 +272,19 @@ def test_the_loop_under_fsdp_wraps_once_with_the_policy_and_trains_as_without_it
         torch.testing.assert_close(b, a, msg=name)
 
 
+def test_gradcache_accumulation_under_fsdp_trains_as_without_it(process_group):
+    """GradCache under FSDP: chunks run without gradients, the loss on all of them, then each chunk again
+    through the wrapped model with its cached output gradients (dropout replayed) and FSDP's reduction at
+    every chunk backward. Refused before (CARE's accumulated paper phases had to run under DDP)."""
+    plain, res_plain = _two_phase_run(None, None, accumulation=2, dropout=0.1)
+    sharded, res_sharded = _two_phase_run(_CpuFsdpAccelerator(), None, accumulation=2, dropout=0.1)
+    assert len(res_sharded.loss_history) == len(res_plain.loss_history) == 16  # 2 stages x 2 epochs x 4 steps
+    assert [r["loss"] for r in res_sharded.loss_history] == pytest.approx(
+        [r["loss"] for r in res_plain.loss_history], abs=1e-6)
+    for (name, a), (_, b) in zip(plain.named_parameters(), sharded.named_parameters()):
+        torch.testing.assert_close(b, a, msg=name)
+
+
 # ------------------------------------------------------------------------- two processes, sharded for real
 class _StopAfter:
     """A PairStep that raises on every process at its ``after``-th forward (the same step everywhere)."""
@@ -289,9 +302,10 @@ class _StopAfter:
         return self.step.loss(out, batch)
 
 
-def _two_phase_run(accelerator, checkpoint_dir: Path | None, stop_after: int | None = None):
+def _two_phase_run(accelerator, checkpoint_dir: Path | None, stop_after: int | None = None, accumulation: int = 1,
+                   dropout: float = 0.0):
     """Two phases with separate optimisers (the first one finished and released when the second stops) on a
-    frozen first layer; checkpoints every 2 steps."""
+    frozen first layer; checkpoints every 2 steps. Global batch 8, in ``accumulation`` GradCache chunks."""
     from medadapt.training.checkpoint import CheckpointConfig
     from medadapt.training.config import OptimSection
     from medadapt.training.loop import Stage, train
@@ -302,9 +316,10 @@ def _two_phase_run(accelerator, checkpoint_dir: Path | None, stop_after: int | N
     model = _Stack(nn.Linear(8, 8), nn.Linear(8, 8), nn.Linear(8, 8))
     model[0].requires_grad_(False)
     q, d = _data()
-    optim = OptimSection(batch_size=8, lr=1e-2, epochs=2, warmup_ratio=0.0, max_grad_norm=0.5)
-    step_a = _StopAfter(PairStep(q, d), None)
-    step_b = _StopAfter(PairStep(q, d), stop_after)
+    optim = OptimSection(batch_size=8 // accumulation, gradient_accumulation_steps=accumulation, lr=1e-2, epochs=2,
+                         warmup_ratio=0.0, max_grad_norm=0.5)
+    step_a = _StopAfter(PairStep(q, d, dropout), None)
+    step_b = _StopAfter(PairStep(q, d, dropout), stop_after)
     stages = [Stage("a", len(q), step_a, list(model[1].parameters()), optim),
               Stage("b", len(q), step_b, list(model[2].parameters()), optim)]
     ckpt = CheckpointConfig(checkpoint_dir, every_steps=2) if checkpoint_dir is not None else None
@@ -349,10 +364,13 @@ def _two_process_worker(rank: int, root: str) -> None:
         except _Stop:
             pass
         resumed, res_resumed = _two_phase_run(_ProcessFsdpAccelerator(rank, 2), Path(root) / "resumed")
+        accumulated, res_accumulated = _two_phase_run(_ProcessFsdpAccelerator(rank, 2), None, accumulation=2)
         whole = {k: v.clone() for k, v in model.state_dict().items()}
         later = _second_call(model, acc)
         if rank == 0:
             torch.save({"whole": whole, "resumed": resumed.state_dict(), "later": model.state_dict(),
+                        "accumulated": accumulated.state_dict(),
+                        "losses_accumulated": [r["loss"] for r in res_accumulated.loss_history],
                         "losses": [r["loss"] for r in res.loss_history],
                         "losses_later": [r["loss"] for r in later.loss_history],
                         "losses_resumed": [r["loss"] for r in res_resumed.loss_history],
@@ -380,12 +398,13 @@ def test_two_processes_under_fsdp_train_like_one_and_resume_like_an_uninterrupte
     for name, value in plain.state_dict().items():
         torch.testing.assert_close(out["later"][name], value, atol=1e-6, rtol=1e-5, msg=f"later: {name}")
     expected = unfinished
-    for run in ("whole", "resumed"):
+    for run in ("whole", "resumed", "accumulated"):  # accumulated: 2 chunks of 4 (2 per process) = batch 8
         assert out[run].keys() == expected.keys()
         for name, value in expected.items():
             torch.testing.assert_close(out[run][name], value, atol=1e-6, rtol=1e-5, msg=f"{run}: {name}")
     assert out["losses"] == pytest.approx([r["loss"] for r in res_plain.loss_history], abs=1e-5)
     assert out["losses_resumed"] == pytest.approx(out["losses"], abs=1e-6)
+    assert out["losses_accumulated"] == pytest.approx(out["losses"], abs=1e-5)
     tensors, opt, _ = load_checkpoint(latest_checkpoint(tmp_path / "whole"))
     assert {k: tuple(v.shape) for k, v in tensors.items()} == {
         k: tuple(v.shape) for k, v in expected.items() if not k.startswith("0.")}
@@ -396,8 +415,9 @@ def test_two_processes_under_fsdp_train_like_one_and_resume_like_an_uninterrupte
 def test_care_tiny_init_under_fsdp_on_two_processes_matches_the_run_without_it(tmp_path):
     """Every CARE phase through the loop's FSDP branch (benchmarks/fsdp_cpu.py: torch's FSDP over gloo, two
     processes, each holding half of every flat parameter): RetroMAE with its tied decoder, the unsupervised
-    phase with its learnable temperature, the tower re-wrapped phase after phase. Before the fixes the second
-    phase refused to wrap, and then trained on local gradients only."""
+    phase with its learnable temperature (both with the recipe's GradCache accumulation, 2 chunks of 4), the
+    tower re-wrapped phase after phase. Before the fixes the second phase refused to wrap, and then trained on
+    local gradients only."""
     import json
     import subprocess
     import sys

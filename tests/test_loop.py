@@ -161,6 +161,10 @@ def test_deepspeed_refuses_separate_optimizers_and_untrained_parameters_before_a
               accelerator=_FakeDeepSpeed())
     with pytest.raises(ConfigError, match=r"2 are not trained by any stage \(1.weight, 1.bias"):
         train(model, [Stage("a", 32, step, first, optim)], accelerator=_FakeDeepSpeed())
+    accumulating = OptimSection(batch_size=4, gradient_accumulation_steps=2, epochs=1)
+    with pytest.raises(ConfigError, match=r"gradient_accumulation_steps > 1 \(stages: a\) is not supported under "
+                                          r"DeepSpeed.*fsdp.yaml"):
+        train(model, [Stage("a", 32, step, first + second, accumulating)], accelerator=_FakeDeepSpeed())
     assert all(torch.equal(a, b) for a, b in zip(before, model.parameters()))  # nothing moved
 
 

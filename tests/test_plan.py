@@ -194,6 +194,25 @@ def test_gradient_accumulation_keeps_the_global_batch(tmp_path):
     assert (r.micro_batch, r.accumulation) == (5, 7)  # 31 per device in 7 passes of at most 5
 
 
+def test_accumulation_fits_under_fsdp_and_is_refused_under_deepspeed_for_the_loop(tmp_path):
+    """The loop's GradCache accumulation runs under DDP and FSDP (tests/test_fsdp.py) but not DeepSpeed, whose
+    engine its chunk backward passes bypass; sentence-transformers' trainer accumulates there itself."""
+    for strategy in ("fsdp", "deepspeed"):
+        probe, spec = _tiny_plan(tmp_path, Hardware(num_gpus=2, gpu_memory_gb=64, headroom=0.0, strategy=strategy,
+                                                    shard_stage=3 if strategy == "fsdp" else 2))
+        p = probe.phases[0]
+        hw = Hardware(num_gpus=2, gpu_memory_gb=p.state_gb + p.embeddings_gb + 5.5 * p.activations_per_example_no_ckpt_gb,
+                      headroom=0.0, strategy=strategy, shard_stage=3 if strategy == "fsdp" else 2)
+        q = plan_recipe(None, hw, spec=spec, strict=False).phases[0]
+        assert q.accumulation == 8
+        if strategy == "fsdp":
+            assert q.fits
+        else:
+            assert not q.fits and "needs 8 gradient-accumulation steps" in q.reason and "fsdp.yaml" in q.reason
+            st = PlanSpec("st", spec.models, spec.phases, engine_accumulation=True)
+            assert plan_recipe(None, hw, spec=st).phases[0].fits
+
+
 def test_refuses_what_cannot_fit_with_the_reason(tmp_path):
     _, spec = _tiny_plan(tmp_path, Hardware())
     with pytest.raises(DoesNotFit, match=r"tiny cannot fit on 1 x 0.01 GB.*step: weights \+ gradients \+ "

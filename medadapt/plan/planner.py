@@ -214,10 +214,11 @@ def plan_recipe(recipe, hardware: Hardware | None = None, *, spec: PlanSpec | No
                        w / GiB, g / GiB, o / GiB, x / GiB, act / GiB, act_nockpt / GiB, embeddings_gb=emb / GiB,
                        checkpointing=ckpt)
         _fit(pp, hw, act, emb)
-        if pp.fits and pp.accumulation > 1 and hw.strategy in ("deepspeed", "fsdp") and not spec.engine_accumulation:
+        if pp.fits and pp.accumulation > 1 and hw.strategy == "deepspeed" and not spec.engine_accumulation:
             pp.fits = False
             pp.reason = (f"needs {pp.accumulation} gradient-accumulation steps, which medadapt's training loop does "
-                         f"not run under DeepSpeed / FSDP yet; launch with DDP (recipes/accelerate/multi-gpu.yaml)")
+                         "not run under DeepSpeed; launch with DDP (recipes/accelerate/multi-gpu.yaml) or FSDP "
+                         "(recipes/accelerate/fsdp.yaml)")
         if pp.fits and hw.strategy == "deepspeed" and not spec.engine_accumulation and n_optimizers > 1:
             pp.fits = False
             pp.reason = (f"medadapt's training loop trains this recipe with {n_optimizers} separate optimizers, and "

@@ -93,8 +93,9 @@ class PlanSpec:
     phases: tuple[PhaseSpec, ...]
     mixed_precision: str = "no"
     notes: tuple[str, ...] = field(default_factory=tuple)
-    #: the system's trainer accumulates gradients under DeepSpeed / FSDP engines (sentence-transformers'
-    #: trainer does; medadapt's own loop does not yet, so a phase needing accumulation there does not fit)
+    #: the system's trainer accumulates gradients under DeepSpeed (sentence-transformers' trainer does;
+    #: medadapt's own loop accumulates under DDP and FSDP only, so a phase needing accumulation does not fit
+    #: under DeepSpeed there)
     engine_accumulation: bool = False
     #: separate optimisers medadapt's own loop trains the recipe with (None: one per phase). DeepSpeed
     #: prepares one model with one optimiser, so more than one cannot run there (``engine_accumulation``

@@ -211,7 +211,16 @@ def _engine(accelerator) -> str | None:
 def _check_deepspeed(model: nn.Module, groups: dict[str, list[Stage]], ids: set[int]) -> None:
     """DeepSpeed wraps one model with one optimiser that must own every trainable parameter (ZeRO reduces
     gradients by the optimiser's parameter groups; on an H100, ZeRO-2 failed inside its gradient reduction
-    with ``IndexError`` when a stage trained part of the model). Refuse what it cannot run, before any step."""
+    with ``IndexError`` when a stage trained part of the model). Refuse what it cannot run, before any step.
+    GradCache accumulation is refused too: its chunk backwards go through ``torch.autograd.backward`` with
+    cached output gradients, which DeepSpeed's engine (its own loss scaling and accumulation boundaries,
+    ``engine.backward`` only) does not see. FSDP and plain processes accumulate."""
+    accumulating = [s.name for members in groups.values() for s in members
+                    if s.optim.gradient_accumulation_steps > 1]
+    if accumulating:
+        raise ConfigError(f"gradient_accumulation_steps > 1 (stages: {', '.join(accumulating)}) is not supported "
+                          "under DeepSpeed; raise the per-process batch, or launch with DDP "
+                          "(recipes/accelerate/multi-gpu.yaml) or FSDP (recipes/accelerate/fsdp.yaml)")
     if len(groups) > 1:
         names = [", ".join(s.name for s in members) for members in groups.values()]
         raise ConfigError(f"DeepSpeed prepares one model with one optimizer, but this run trains with {len(groups)} "
@@ -630,9 +639,6 @@ def _one_step(stage: Stage, sch: _Schedule, items: list[int], step: int, epoch: 
         batches.append(Batch(indices=chunk[lo:hi], all_indices=items, step=step, epoch=epoch, seed=seed))
     whole = Batch(indices=items, all_indices=items, step=step, epoch=epoch, seed=seed)
     sch.optimizer.zero_grad(set_to_none=True)
-    if sch.engine and n_chunks > 1:
-        raise ConfigError("gradient_accumulation_steps > 1 is not supported under DeepSpeed / FSDP engines yet; "
-                          "raise the per-process batch or use plain data parallelism")
     if n_chunks == 1:
         with autocast():
             outputs = _gather(stage.step.forward(sch.run_model, batches[0]))
