@@ -188,3 +188,43 @@ def test_words_in_training_lexical_score_and_context_union_head(tiny_bert_dir, t
     assert set(res.metrics) == {"lexical/ndcg@10", "lexical/recall@10", "lexical/q_terms", "lexical/d_terms"}
     model = HyReCModel.load(tmp_path / words)
     assert model.config.union_context == 1 and model.union_proj.context == 1
+
+
+def test_a_named_dense_miner_is_loaded_on_the_runs_device(monkeypatch, tiny_bert_dir, tiny_beir_dir):
+    """With one process too, the dense miner goes to ``ctx.device`` (the process's GPU). Left to
+    ``build_examples``, a named miner was loaded on the CPU: on an H100 machine HyReC spent 257 s encoding
+    1,024 documents before its first step. ``build_examples`` itself loads a named miner on ``device``."""
+    from types import SimpleNamespace
+
+    import medadapt.models as models
+    from medadapt.data import load_beir
+    from medadapt.hyrec.data import build_examples, share_miner_encoding
+
+    real, calls = models.load, []
+
+    def recording_load(name, device=None, **kwargs):
+        calls.append((str(name), device))
+        return real(name, device="cpu", **kwargs)  # this machine has no GPU: the device asked for is recorded
+
+    monkeypatch.setattr(models, "load", recording_load)
+    ctx = SimpleNamespace(device="cuda:3", accelerator=SimpleNamespace(num_processes=1),
+                          share_encoding=lambda *a: pytest.fail("one process has no share to encode"))
+    data = load_beir(tiny_beir_dir, ["train"])
+    miner = share_miner_encoding(ctx, data, "dense", 2, str(tiny_bert_dir))
+    assert calls == [(str(tiny_bert_dir), "cuda:3")] and not isinstance(miner, str)
+    for negatives, num in (("bm25", 2), ("dense", 0)):  # no dense mining: nothing loaded
+        assert share_miner_encoding(ctx, data, negatives, num, "name") == "name"
+    calls.clear()
+    examples = build_examples(data, "train", miner_model=str(tiny_bert_dir), window=(1, 3), num_negatives=1,
+                              device="cuda:1", show_progress=False)
+    assert calls == [(str(tiny_bert_dir), "cuda:1")] and examples and all(e.negatives for e in examples)
+
+
+def test_evaluating_a_saved_hyrec_folder_refuses_a_missing_device_before_loading(tmp_path):
+    from medadapt.errors import ModelLoadError
+    from medadapt.hyrec.evaluate import evaluate_hyrec
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA")
+    with pytest.raises(ModelLoadError, match="CUDA"):
+        evaluate_hyrec(tmp_path / "not-read", tmp_path / "not-read-either", device="cuda")

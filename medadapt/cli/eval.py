@@ -236,7 +236,7 @@ def eval_cmd(
             if mteb_output is not None and (mode or Mode.hybrid) is not Mode.dense:
                 raise MedAdaptError("--mteb-output evaluates the dense side of a HyReC model: add --mode dense")
             results = _eval_hyrec(hyrec_dir, dataset, split, mode or Mode.hybrid, metric_list or DEFAULT_METRICS,
-                                  cache_dir, no_cache, batch_size, quiet)
+                                  cache_dir, no_cache, batch_size, quiet, device)
             _report(results, model, data, split, task, output, plot, time.perf_counter() - t0)
             if mteb_output is not None:
                 import tempfile
@@ -364,7 +364,7 @@ def _run_suite(suite: str | None, data_dir: Path | None, suite_tasks: str | None
 
 
 def _eval_hyrec(folder: Path, dataset, split: str, mode: Mode, metrics: list[str], cache_dir: Path | None,
-                no_cache: bool, batch_size: int, quiet: bool) -> dict:
+                no_cache: bool, batch_size: int, quiet: bool, device: str | None = None) -> dict:
     """Retrieval metrics of a saved HyReC model (:func:`medadapt.hyrec.evaluate_hyrec`): the lexical side
     through the inverted index, the dense side through FAISS, hybrid as the normalised sum."""
     import json
@@ -380,7 +380,7 @@ def _eval_hyrec(folder: Path, dataset, split: str, mode: Mode, metrics: list[str
     try:
         cache = EmbeddingCache(tmp.name if tmp else cache_dir)
         return evaluate_hyrec(folder, dataset, split, mode.value, metrics, cache=cache, dense_source=dense_source,
-                              batch_size=batch_size, show_progress=not quiet)
+                              batch_size=batch_size, show_progress=not quiet, device=device)
     finally:
         if tmp:
             tmp.cleanup()

@@ -32,12 +32,18 @@ __all__ = ["evaluate_hyrec", "tune_dense_weight", "MODES"]
 MODES = ("lexical", "dense", "hybrid")
 
 
-def _load(model_or_dir):
+def _load(model_or_dir, device: str | None = None):
     from medadapt.hyrec.model import HyReCModel
+    from medadapt.models import check_device
 
     if isinstance(model_or_dir, HyReCModel):
         return model_or_dir
-    return HyReCModel.load(model_or_dir, device="cpu")
+    check_device(device)
+    if device is None:  # sentence-transformers' choice, as medadapt.load makes it
+        import torch
+
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    return HyReCModel.load(model_or_dir, device=device)
 
 
 def _data(dataset, split):
@@ -58,7 +64,8 @@ def evaluate_hyrec(model_or_dir, dataset, split: str = "test",
                    state_cache=None, dense_source: Literal["model", "cache", "states"] = "model",
                    fusion: Literal["nm", "minmax"] = "nm", depth: int = 100, batch_size: int = 32,
                    show_progress: bool = True, return_runs: bool = False,
-                   cached_lexicon: bool = False, dense_weights: Iterable[float] | None = None):
+                   cached_lexicon: bool = False, dense_weights: Iterable[float] | None = None,
+                   device: str | None = None):
     """Metrics of ``mode`` on ``split`` (plus ``q_terms`` / ``d_terms`` when the lexical side is used).
 
     Args:
@@ -69,6 +76,8 @@ def evaluate_hyrec(model_or_dir, dataset, split: str = "test",
         cached_lexicon: take the lexicon encoder's states from ``state_cache`` (frozen lexicon encoder only).
         dense_weights: hybrid (``nm``) only: also fuse with each of these ``dense_weight`` values, from the
             same encoding pass, as runs ``hybrid@<w>`` (see :func:`tune_dense_weight`).
+        device: where a saved folder is loaded (default: a GPU when there is one, else the CPU; it was
+            always the CPU before). A model passed in stays where it is.
     """
     from medadapt.eval.metrics import evaluate_run, parse_metric
     from medadapt.eval.search import exact_search
@@ -79,7 +88,7 @@ def evaluate_hyrec(model_or_dir, dataset, split: str = "test",
         raise ConfigError(f"unknown HyReC evaluation mode {mode!r}; valid: {', '.join(MODES)}")
     if fusion not in ("nm", "minmax"):
         raise ConfigError(f"unknown fusion {fusion!r}; valid: nm, minmax")
-    model = _load(model_or_dir)
+    model = _load(model_or_dir, device)
     data = _data(dataset, split)
     metrics = list(metrics)
     depth = max([parse_metric(m)[1] for m in metrics] + [depth])
