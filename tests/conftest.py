@@ -45,6 +45,23 @@ TOPICS = [
 ]
 
 
+def run_cli_processes(arg_lists: list[list[str]], env: dict | None = None, cwd: Path | None = None,
+                      timeout: float = 300) -> list:
+    """``python -m medadapt ARGS`` for each argument list, each in a process of its own (exit code and stderr
+    as a user sees them), up to ``os.cpu_count()`` at a time: most of a short run is importing torch, and
+    the bad-input tests run a dozen of them. Results in the order given."""
+    import subprocess
+    import sys
+    from concurrent.futures import ThreadPoolExecutor
+
+    def one(args):
+        return subprocess.run([sys.executable, "-m", "medadapt", *args], capture_output=True, text=True, env=env,
+                              timeout=timeout, cwd=cwd)
+
+    with ThreadPoolExecutor(max_workers=max(2, os.cpu_count() or 1)) as pool:
+        return list(pool.map(one, arg_lists))
+
+
 def corpus_texts() -> list[str]:
     """Texts used both to train the tiny tokenizer and to build the tiny BEIR folder."""
     texts = []

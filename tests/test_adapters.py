@@ -223,10 +223,8 @@ def test_cli_bad_adapter_inputs_give_one_clear_line_and_write_nothing(tiny_bert_
     """A disallowed composition, an unknown head type and an adapter on the wrong backbone: one line on
     stderr, exit 1, no traceback, no output folder."""
     import os
-    import subprocess
-    import sys
 
-    from conftest import build_tiny_bert
+    from conftest import build_tiny_bert, run_cli_processes
 
     recipes = Path(__file__).resolve().parents[1] / "recipes"
     model = _st(tiny_bert_dir)
@@ -239,17 +237,14 @@ def test_cli_bad_adapter_inputs_give_one_clear_line_and_write_nothing(tiny_bert_
           *[a for o in [*base, "head.route=query"] for a in ("--set", o)]], "needs an asymmetric", "r1"),
         (["train", str(recipes / "med-moe-embed-tiny.yaml"), "--output", str(tmp_path / "r2"),
           *[a for o in [*base, "head.kind=hypernet"] for a in ("--set", o)]], "head", "r2"),
-        (["eval", "--model", str(adapter), "--data", str(tiny_beir_dir), "--split", "test"], None, None),
+        (["eval", "--model", str(adapter), "--data", str(tiny_beir_dir), "--split", "test"], "backbone differs",
+         None),  # the adapter folder pointed at another base (below)
     ]
+    config = json.loads((adapter / "medadapt_adapter.json").read_text())
+    config["base_model"]["relative_path"] = os.path.relpath(other, adapter)
+    (adapter / "medadapt_adapter.json").write_text(json.dumps(config))
     env = {**os.environ, "MEDADAPT_CACHE": str(tmp_path / "cache"), "HF_HUB_OFFLINE": "1"}
-    for args, message, out in cases:
-        if message is None:  # the adapter folder onto another base
-            config = json.loads((adapter / "medadapt_adapter.json").read_text())
-            config["base_model"]["relative_path"] = os.path.relpath(other, adapter)
-            (adapter / "medadapt_adapter.json").write_text(json.dumps(config))
-            message = "backbone differs"
-        proc = subprocess.run([sys.executable, "-m", "medadapt", *args, "-q"], capture_output=True, text=True,
-                              env=env, timeout=300)
+    for (args, message, out), proc in zip(cases, run_cli_processes([[*a, "-q"] for a, _, _ in cases], env)):
         assert proc.returncode == 1, (args, proc.stdout[-2000:], proc.stderr[-2000:])
         assert "Traceback" not in proc.stderr + proc.stdout
         err_lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]

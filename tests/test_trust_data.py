@@ -339,6 +339,8 @@ def test_cli_bad_data_gives_one_clear_line_and_writes_nothing(tiny_bert_dir, tin
           "--output", str(tmp_path / "o5.json")], r"K must be at most", "o5.json"),
         (["train", str(recipe), "--output", str(tmp_path / "run")], r"bad.yaml:\d+: not valid UTF-8", "run"),
     ]
-    for args, message, out in cases:
-        _assert_one_error(_cli([*args, "-q"], env), message, args)
+    from conftest import run_cli_processes
+
+    for (args, message, out), proc in zip(cases, run_cli_processes([[*a, "-q"] for a, _, _ in cases], env)):
+        _assert_one_error(proc, message, args)
         assert not (tmp_path / out).exists(), args

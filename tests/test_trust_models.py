@@ -450,13 +450,16 @@ def test_cli_bad_device_output_factory_and_http_give_one_line_and_write_nothing(
         (["index", "--corpus", str(tiny_beir_dir), "--out", str(tmp_path / "idx_ivf"), "--model", str(tiny_bert_dir),
           "--factory", "IVF4096,Flat"], "nlist=4096", "idx_ivf"),
     ]
-    for args, message, out in cases:
-        proc = _cli([*args, "-q"], tmp_path)
+    from conftest import run_cli_processes
+
+    env = {**os.environ, "MEDADAPT_CACHE": str(tmp_path / "cli-cache"), "HF_HUB_OFFLINE": "1",
+           "TOKENIZERS_PARALLELISM": "false"}
+    for (args, message, out), proc in zip(cases, run_cli_processes([[*a, "-q"] for a, _, _ in cases], env)):
         _one_error_line(proc, message)
         if out is not None:
             assert not (tmp_path / out).exists(), args
-        assert list((tmp_path / "outdir").iterdir()) == []
-        assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")], args  # no temporary leftovers
+    assert list((tmp_path / "outdir").iterdir()) == []
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # no temporary leftovers
 
 
 def test_cli_refuses_api_key_over_plain_http_before_any_request(tmp_path):
