@@ -16,9 +16,10 @@ minutes:
   longer than every maximum sequence length, queries drawn from their document's words; BMRetriever's
   synthetic stages use the deterministic ``fake`` generator, HyReC's preliminary pairs are the folder's
   train pairs scored by a random ``bge-small-zh`` shape.
-* **schedule**: each stage stops after ``--max-steps`` optimiser steps at the batch sizes in ``BATCH``
-  (no gradient accumulation: the loop does not run it under DeepSpeed, and the fourteenth session's runs
-  predate it under FSDP).
+* **schedule**: each stage stops after ``--max-steps`` optimiser steps at the batch sizes in ``BATCH``,
+  without gradient accumulation unless ``--accumulation K`` (CARE and HyReC: K GradCache chunks of that
+  batch per step, under no engine or FSDP; the loop refuses it under DeepSpeed). With K > 1, tokens/s
+  counts each token once although GradCache runs every chunk twice.
 
 medadapt must be installed (its recipe kinds register through entry points). Each engine is one
 ``accelerate launch`` of this file's ``run`` command (one process, one GPU): ``single``
@@ -35,6 +36,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import subprocess
 import sys
@@ -340,10 +342,17 @@ def _cuda() -> bool:
     return torch.cuda.is_available()
 
 
-def overrides(recipe: str, base: Path, max_steps: int, smoke: bool) -> list[str]:
+#: sections of the recipes trained by medadapt's own loop that take ``--accumulation`` (GradCache chunks);
+#: HyReC's preliminary fine-tuning accumulates as its main stage does
+ACCUMULATION_KEYS: dict[str, list[str]] = {"care": STEP_KEYS["care"], "hyrec": ["pretrain", "training"]}
+
+
+def overrides(recipe: str, base: Path, max_steps: int, smoke: bool, accumulation: int = 1) -> list[str]:
     _, models = RECIPES[recipe]
     out = [f"{k}={base / 'models' / v}" for k, v in models.items()]
     out += BATCH[recipe] + [f"{k}.max_steps={max_steps}" for k in STEP_KEYS[recipe]]
+    if accumulation > 1 and recipe in ACCUMULATION_KEYS:  # BATCH is then the chunk: the step is K chunks
+        out += [f"{k}.gradient_accumulation_steps={accumulation}" for k in ACCUMULATION_KEYS[recipe]]
     out += ["training.checkpoint_every_steps=100000"]
     data = base / ("beir-zh" if recipe == "hyrec" else "beir-en")
     out.append(f"data.path={data}")
@@ -440,6 +449,7 @@ class Probe:
 
         def step(stage, *a, **k):
             st = probe._stage(stage.name)
+            st["accumulation"] = stage.optim.gradient_accumulation_steps
             probe.in_step = True
             try:
                 row = one_step(stage, *a, **k)
@@ -491,6 +501,8 @@ class Probe:
         for st in self.stages:
             secs = (st["t_end"] - st["t_first_end"]) if st["steps"] > 1 else None
             toks = st.get("tokens_last", 0) - st["tokens_first"]  # between the first and the last step's end
+            if st.get("accumulation", 1) > 1:  # GradCache runs each chunk twice (no-grad, then with gradients)
+                toks //= 2
             out.append(
                 {
                     "stage": st["stage"],
@@ -498,6 +510,7 @@ class Probe:
                     "seconds": round(secs, 2) if secs else None,
                     "steps_per_s": round((st["steps"] - 1) / secs, 3) if secs else None,
                     "tokens_per_s": round(toks / secs) if secs and toks else None,
+                    "accumulation": st.get("accumulation", 1),
                     "peak_gib": round(st["peak_bytes"] / 2**30, 2),
                     "reserved_gib": round(st["reserved_bytes"] / 2**30, 2),
                     "first_loss": st["first_loss"],
@@ -521,7 +534,10 @@ def _plan(recipe_file: Path, ovr: list[str], accel: Path) -> list[dict]:
             "micro_batch": p.micro_batch,
             "accumulation": p.accumulation,
             "tokens_per_step": p.tokens_per_step,
-            "plan_peak_gib": round(p.peak_gb, 2),
+            "plan_peak_gib": round(p.peak_gb, 2),  # at the micro-batch the plan picks (the largest that fits)
+            # at the run's own chunk (batch_size per device): what the run holds with --accumulation K
+            "plan_peak_run_chunk_gib": round(p.state_gb + p.embeddings_gb + math.ceil(
+                p.declared_batch_size / hw.num_gpus) * p.activations_per_example_gb, 2),
             "fits": p.fits,
             "checkpointing": p.checkpointing,
         }
@@ -562,7 +578,7 @@ def run(args) -> None:
     probe.install()
     for recipe in args.recipes:
         file = ROOT / "recipes" / RECIPES[recipe][0]
-        ovr = overrides(recipe, base, args.max_steps, args.smoke)
+        ovr = overrides(recipe, base, args.max_steps, args.smoke, args.accumulation)
         row = {
             "engine": args.engine,
             "recipe": recipe,
@@ -625,6 +641,8 @@ def launch(args, engine: str) -> int:
         str(args.rows),
         "--max-steps",
         str(args.max_steps),
+        "--accumulation",
+        str(args.accumulation),
         "--recipes",
         *args.recipes,
     ] + (["--smoke"] if args.smoke else [])
@@ -657,7 +675,7 @@ def table(rows_file: Path) -> list[dict]:
                     "tokens/s": st.get("tokens_per_s"),
                     "steps/s": st.get("steps_per_s"),
                     "peak GiB": st.get("peak_gib"),
-                    "plan GiB": p.get("plan_peak_gib"),
+                    "plan GiB": p.get("plan_peak_run_chunk_gib", p.get("plan_peak_gib")),
                     "first loss": st.get("first_loss"),
                     "last loss": st.get("last_loss"),
                     "ok": r.get("ok") if i == 0 else "",
@@ -675,6 +693,9 @@ def main() -> None:
     p.add_argument("--engines", nargs="*", default=["single"], choices=list(ENGINES))
     p.add_argument("--engine", default="single", choices=list(ENGINES))
     p.add_argument("--max-steps", type=int, default=40, help="optimiser steps per stage")
+    p.add_argument("--accumulation", type=int, default=1,
+                   help="GradCache chunks per optimiser step for the loop's recipes (care, hyrec); the batch "
+                        "sizes in BATCH are then the chunk")
     p.add_argument(
         "--docs", type=int, default=512, help="documents (= queries) in each synthetic BEIR folder"
     )
