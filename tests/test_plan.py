@@ -144,13 +144,8 @@ def _measure(cfg: dict, batch: int, seq: int, lora: bool, ckpt: bool) -> float:
 
 
 @pytest.mark.skipif(platform.system() != "Linux", reason="/proc/self/status high-water mark and glibc's malloc tunables")
-@pytest.mark.parametrize("lora,ckpt", [
-    (False, False), (False, True),
-    # Known gap (measured 2026-11-23 with the high-water mark reset after model construction): on a frozen
-    # base the backward pass's activation gradients (one layer's MLP buffers) are not modelled, so LoRA is
-    # under-estimated: 98.9 MiB vs 138 MiB measured with checkpointing, 254.7 vs 290 without.
-    pytest.param(True, True, marks=pytest.mark.xfail(strict=True, reason="LoRA backward working set not modelled")),
-], ids=["full-finetune", "full-checkpointing", "lora-checkpointing"])
+@pytest.mark.parametrize("lora,ckpt", [(False, False), (False, True), (True, True), (True, False)],
+                         ids=["full-finetune", "full-checkpointing", "lora-checkpointing", "lora"])
 def test_estimate_within_25_percent_of_measured_cpu_peak(tmp_path, lora, ckpt):
     folder = _write_config(tmp_path / "tiny-llama", TINY)
     batch, seq = 16, 256
@@ -163,9 +158,29 @@ def test_estimate_within_25_percent_of_measured_cpu_peak(tmp_path, lora, ckpt):
     measured = _measure(TINY, batch, seq, lora, ckpt)
     assert abs(estimate - measured) / measured <= 0.25, (estimate / 2**20, measured / 2**20)
     print(f"estimate {estimate / 2**20:.1f} MiB, measured {measured / 2**20:.1f} MiB")
-    # checkpointing keeps 4 layer inputs + one layer instead of 4 layers: about 3x less here
+    # checkpointing keeps 4 layer inputs + one layer instead of 4 layers: about 3x less here (2.3x with LoRA,
+    # whose backward working set, counted once, is not checkpointed)
     if ckpt:
-        assert phase.activations_no_ckpt_gb > 2.5 * phase.activations_gb
+        assert phase.activations_no_ckpt_gb > (2.2 if lora else 2.5) * phase.activations_gb
+
+
+def test_activation_bytes_by_hand(tmp_path):
+    """Per example of 256 tokens, float32, TINY (h 256, q 4 x 64, kv 2 x 64, gated I 704, RMSNorm, 4 layers)."""
+    from medadapt.plan.memory import activation_bytes
+
+    folder = _write_config(tmp_path / "tiny-llama", TINY)
+    h, q, kv, i, layers, per_token = 256, 256, 128, 704, 4, 256 * 4
+    full = ModelSpec("m", str(folder))
+    layer = 3 * 2 * h + 3 * q + 2 * kv + 4 * i  # two RMSNorms x 3 tensors, Q / attn out / o_proj in, K, V, MLP
+    assert activation_bytes(architecture(full), full, 256, None) == per_token * (layers * layer + 3 * h)
+    lora = ModelSpec("m", str(folder), lora=LoraSpec(8, 16, 0.0, ("q_proj", "v_proj")))
+    # frozen base: norm inputs, rotated Q, attention output, K, V; the attention norm's output (read by the
+    # q / v LoRA); the MLP's three; each LoRA's rank-8 intermediate
+    layer = 2 * h + 2 * q + 2 * kv + h + 3 * i + 2 * 8
+    outside = 3 * h + (3 * i + h)  # the final norm, one layer's backward working set
+    a = architecture(lora)
+    assert activation_bytes(a, lora, 256, None) == per_token * (layers * layer + outside)
+    assert activation_bytes(a, lora, 256, None, checkpointing=True) == per_token * (layers * h + layer + outside)
 
 
 def _tiny_plan(tmp_path, hw: Hardware, batch=64, accumulation=1):
