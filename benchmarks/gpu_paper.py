@@ -19,7 +19,8 @@ minutes:
 * **schedule**: each stage stops after ``--max-steps`` optimiser steps at the batch sizes in ``BATCH``,
   without gradient accumulation unless ``--accumulation K`` (CARE and HyReC: K GradCache chunks of that
   batch per step, under no engine or FSDP; the loop refuses it under DeepSpeed). With K > 1, tokens/s
-  counts each token once although GradCache runs every chunk twice.
+  counts each token once although GradCache runs every chunk twice (a step's repeated tokeniser inputs are
+  counted once).
 
 medadapt must be installed (its recipe kinds register through entry points). Each engine is one
 ``accelerate launch`` of this file's ``run`` command (one process, one GPU): ``single``
@@ -397,6 +398,7 @@ class Probe:
         self.in_step = False
         self.window: str | None = None
         self.current: dict | None = None
+        self.step_texts: set[int] = set()  # tokeniser inputs of the current step (GradCache passes counted once)
 
     def _stage(self, name: str) -> dict:
         import torch
@@ -450,6 +452,7 @@ class Probe:
         def step(stage, *a, **k):
             st = probe._stage(stage.name)
             st["accumulation"] = stage.optim.gradient_accumulation_steps
+            probe.step_texts = set()
             probe.in_step = True
             try:
                 row = one_step(stage, *a, **k)
@@ -488,6 +491,13 @@ class Probe:
 
         def tok_call(tok, *a, **k):
             enc = call(tok, *a, **k)
+            if probe.current is not None and probe.in_step and probe.current.get("accumulation", 1) > 1:
+                # GradCache runs each chunk twice; a step that tokenises a chunk in both passes (CARE) counts it
+                # once, one that tokenises the whole step once and caches it (HyReC) is counted as it is
+                key = hash(repr(a[0] if a else k.get("text")))
+                if key in probe.step_texts:
+                    return enc
+                probe.step_texts.add(key)
             if probe.current is not None and (probe.in_step or probe.window):
                 mask = enc.get("attention_mask") if hasattr(enc, "get") else None
                 if isinstance(mask, torch.Tensor):  # model inputs (lists: labels, filters, not a forward)
@@ -501,8 +511,6 @@ class Probe:
         for st in self.stages:
             secs = (st["t_end"] - st["t_first_end"]) if st["steps"] > 1 else None
             toks = st.get("tokens_last", 0) - st["tokens_first"]  # between the first and the last step's end
-            if st.get("accumulation", 1) > 1:  # GradCache runs each chunk twice (no-grad, then with gradients)
-                toks //= 2
             out.append(
                 {
                     "stage": st["stage"],

@@ -215,3 +215,110 @@ def test_two_processes_train_the_care_recipe_like_one(tiny_bert_dir, tiny_beir_d
         for key in ("first_loss", "last_loss"):
             assert two["stages"][name][key] == pytest.approx(summary[key], rel=1e-4, abs=1e-5), name
     _assert_same_curve(one.loss_history, two["loss_history"])
+
+
+# ---------------------------------------------------------------- (d) a parameter the loss reads directly
+class _EncoderWithTemperature(torch.nn.Module):
+    """An encoder and a learnable-temperature InfoNCE (CARE's unsupervised phase in small): the loss
+    module is called on the outputs gathered from every process, after the model's forward."""
+
+    def __init__(self) -> None:
+        from medadapt.losses import LearnableTemperatureInfoNCELoss
+
+        super().__init__()
+        self.encoder = torch.nn.Linear(8, 8)
+        self.temperature = LearnableTemperatureInfoNCELoss(0.1)
+
+    def forward(self, x):
+        return self.encoder(x)
+
+
+class _TemperatureStep:
+    def __init__(self, model, q, d) -> None:
+        self.model, self.q, self.d = model, q, d
+
+    def forward(self, run_model, batch):
+        return {"q": run_model(self.q[batch.indices]), "d": run_model(self.d[batch.indices])}
+
+    def loss(self, out, batch):
+        return self.model.temperature(out["q"], out["d"])
+
+
+class _GlooAccelerator:
+    """What the one loop reads of an Accelerator of plain CPU processes (gloo, no engine)."""
+
+    device = torch.device("cpu")
+    distributed_type = "MULTI_CPU"
+
+    def __init__(self, rank: int, world: int) -> None:
+        from types import SimpleNamespace
+
+        self.process_index, self.num_processes, self.state = rank, world, SimpleNamespace()
+
+    def prepare_optimizer(self, optimizer):
+        return optimizer
+
+    def autocast(self):
+        import contextlib
+
+        return contextlib.nullcontext()
+
+    def backward(self, loss):
+        loss.backward()
+
+    def wait_for_everyone(self):
+        import torch.distributed as dist
+
+        dist.barrier()
+
+
+def _temperature_run(accelerator, accumulation: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Each step's averaged gradients (encoder weight, log temperature) as the optimiser sees them."""
+    from medadapt.training.config import OptimSection
+    from medadapt.training.loop import Stage, train
+
+    torch.manual_seed(1)
+    model = _EncoderWithTemperature()
+    g = torch.Generator().manual_seed(0)
+    q = torch.randn(32, 8, generator=g)
+    d = q + 0.3 * torch.randn(32, 8, generator=g)
+    grads = []
+
+    def progress(stage, step, total, row):  # after the optimiser step, before the next zero_grad
+        grads.append((model.encoder.weight.grad.clone(), model.temperature.log_temperature.grad.clone()))
+
+    optim = OptimSection(batch_size=8 // accumulation, gradient_accumulation_steps=accumulation, lr=1e-2, epochs=1,
+                         warmup_ratio=0.0, max_grad_norm=None)
+    train(model, [Stage("a", 32, _TemperatureStep(model, q, d), list(model.parameters()), optim)], seed=3,
+          accelerator=accelerator, progress=progress)
+    return grads
+
+
+def _temperature_worker(rank: int, root: str) -> None:
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method=f"file://{root}/store", rank=rank, world_size=2)
+    try:
+        runs = {k: _temperature_run(_GlooAccelerator(rank, 2), k) for k in (1, 2)}
+        if rank == 0:
+            torch.save(runs, f"{root}/grads.pt")
+    finally:
+        dist.destroy_process_group()
+
+
+def test_two_processes_give_a_learnable_temperature_the_gradient_of_one(tmp_path):
+    """A loss computed on the gathered global batch is the same on every process. Back-propagating ``N x
+    loss`` (each process reaches only its own slice of the outputs) gave the encoder the right average, but
+    a parameter the loss reads directly got ``N`` times its gradient: 2x the temperature's here, which
+    clipping then traded against the encoder's. The local slice's gradient is scaled instead. With and
+    without GradCache accumulation, two processes now give every gradient of one."""
+    import torch.multiprocessing as mp
+
+    one = {k: _temperature_run(None, k) for k in (1, 2)}
+    mp.spawn(_temperature_worker, args=(str(tmp_path),), nprocs=2, join=True)
+    two = torch.load(tmp_path / "grads.pt", weights_only=True)
+    for k in (1, 2):
+        assert len(two[k]) == len(one[k]) == 4
+        for (w1, t1), (w2, t2) in zip(one[k], two[k]):
+            torch.testing.assert_close(w2, w1, atol=1e-6, rtol=1e-5)
+            torch.testing.assert_close(t2, t1, atol=1e-6, rtol=1e-5)

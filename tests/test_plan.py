@@ -226,6 +226,11 @@ def test_accumulation_fits_under_fsdp_and_is_refused_under_deepspeed_for_the_loo
             assert not q.fits and "needs 8 gradient-accumulation steps" in q.reason and "fsdp.yaml" in q.reason
             st = PlanSpec("st", spec.models, spec.phases, engine_accumulation=True)
             assert plan_recipe(None, hw, spec=st).phases[0].fits
+    # a declared accumulation the loop would refuse under DeepSpeed, although one pass would fit
+    ds = Hardware(num_gpus=2, gpu_memory_gb=64, headroom=0.0, strategy="deepspeed", shard_stage=2)
+    _, declared = _tiny_plan(tmp_path, ds, batch=8, accumulation=2)
+    d = plan_recipe(None, ds, spec=declared, strict=False).phases[0]
+    assert d.accumulation == 1 and not d.fits and "declares gradient_accumulation_steps=2" in d.reason
 
 
 def test_refuses_what_cannot_fit_with_the_reason(tmp_path):

@@ -206,6 +206,7 @@ def build_and_train(model, section: HyReCLexicalBranch, recipe, ctx):
         # backbone outputs), held fixed while the branch trains
         fixed = (CachedDenseInputs(cache, hy.st, queries, docs).fill(ctx.show_progress)
                  if section.loss.hybrid_weight > 0 else None)
+    del miner  # mining is done: a miner loaded here leaves the device before training
     ctx.result.encode_seconds += time.perf_counter() - t0
     ctx.log(f"HyReC lexical branch: {hy._n_shared} shared + {len(hy.lexicon)} lexicon layers on the composed "
             f"model, {len(examples)} examples")

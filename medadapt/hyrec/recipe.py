@@ -317,6 +317,7 @@ def train(recipe: HyReCRecipe, ctx):
         if view is not None:  # read once here; training steps look their rows up in memory
             cached_dense = CachedDenseInputs(cache, view, [e.query for e in examples], docs).fill(ctx.show_progress)
         pre_examples = _prefinetune_examples(pre, pairs, ctx) if pre is not None else None
+    del miner  # mining is done: a miner loaded here leaves the device before training
     ctx.result.encode_seconds += time.perf_counter() - t0
     ctx.result.details.update(train_examples=len(examples), n_terms=model.n_terms)
     ctx.log(f"training on {len(examples)} examples")

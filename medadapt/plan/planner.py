@@ -214,11 +214,13 @@ def plan_recipe(recipe, hardware: Hardware | None = None, *, spec: PlanSpec | No
                        w / GiB, g / GiB, o / GiB, x / GiB, act / GiB, act_nockpt / GiB, embeddings_gb=emb / GiB,
                        checkpointing=ckpt)
         _fit(pp, hw, act, emb)
-        if pp.fits and pp.accumulation > 1 and hw.strategy == "deepspeed" and not spec.engine_accumulation:
+        accumulating = pp.accumulation > 1 or ph.gradient_accumulation_steps > 1  # needed, or declared
+        if pp.fits and accumulating and hw.strategy == "deepspeed" and not spec.engine_accumulation:
             pp.fits = False
-            pp.reason = (f"needs {pp.accumulation} gradient-accumulation steps, which medadapt's training loop does "
-                         "not run under DeepSpeed; launch with DDP (recipes/accelerate/multi-gpu.yaml) or FSDP "
-                         "(recipes/accelerate/fsdp.yaml)")
+            what = (f"needs {pp.accumulation} gradient-accumulation steps" if pp.accumulation > 1 else
+                    f"declares gradient_accumulation_steps={ph.gradient_accumulation_steps}")
+            pp.reason = (f"{what}, which medadapt's training loop does not run under DeepSpeed; launch with DDP "
+                         "(recipes/accelerate/multi-gpu.yaml) or FSDP (recipes/accelerate/fsdp.yaml)")
         if pp.fits and hw.strategy == "deepspeed" and not spec.engine_accumulation and n_optimizers > 1:
             pp.fits = False
             pp.reason = (f"medadapt's training loop trains this recipe with {n_optimizers} separate optimizers, and "

@@ -7,9 +7,12 @@ parameters to train. The loop does the rest, identically for every system:
 
 * **sharded global batches**: each process runs ``forward`` on a contiguous shard of the global batch and
   the loop all-gathers the outputs (:func:`~medadapt.training.distributed.gather_with_grad`), so ``loss``
-  sees the global batch (in-batch negatives included) on every process; ``N x loss`` is back-propagated and
-  gradients averaged by one flat all-reduce (no DDP wrapper: a step may run the model twice and leave
-  parameters unused). DeepSpeed / FSDP engines prepared by Accelerate average their own: FSDP wraps the model
+  sees the global batch (in-batch negatives included) on every process; the gradient reaching each local
+  slice is scaled by ``N`` (the other slices are detached copies) and gradients are averaged by one flat
+  all-reduce (no DDP wrapper: a step may run the model twice and leave parameters unused). Parameters the
+  loss reads directly (a learnable temperature) see the same global loss on every process and keep their
+  plain gradient (``N x loss`` back-propagated had given them ``N`` times theirs). DeepSpeed / FSDP engines
+  prepared by Accelerate average their own: FSDP wraps the model
   once for every stage; DeepSpeed runs one optimiser that owns every trainable parameter (else refused).
 * **gradient accumulation that keeps the objective** (GradCache, Gao et al. 2021): the ``k`` chunks of a
   step are run without gradients, the loss is computed once on all of them, then each chunk is re-run with
@@ -246,8 +249,30 @@ def _release(sch: _Schedule) -> None:
         p.grad = None
 
 
-def _gather(outputs: dict[str, Tensor]) -> dict[str, Tensor]:
-    return {k: gather_with_grad(v) if isinstance(v, Tensor) else v for k, v in outputs.items()}
+class _ScaleGrad(torch.autograd.Function):
+    """Identity forward; backward multiplies the gradient by ``factor``."""
+
+    @staticmethod
+    def forward(ctx, tensor: Tensor, factor: float) -> Tensor:  # noqa: D102
+        ctx.factor = factor
+        return tensor.view_as(tensor)
+
+    @staticmethod
+    def backward(ctx, grad: Tensor):  # noqa: D102
+        return grad * ctx.factor, None
+
+
+def _gather(outputs: dict[str, Tensor], world: int = 1) -> dict[str, Tensor]:
+    """Every process's outputs, in rank order. The local slice's gradient is scaled by ``world``: the loss
+    on the global batch is computed on every process, each back-propagates only into its own slice, and
+    the average over processes then gives the global batch's gradient. Scaling here rather than the loss
+    leaves parameters the loss reads directly (a learnable temperature) with their plain gradient."""
+    def one(v: Tensor) -> Tensor:
+        if world > 1 and v.requires_grad:
+            v = _ScaleGrad.apply(v, float(world))
+        return gather_with_grad(v)
+
+    return {k: one(v) if isinstance(v, Tensor) else v for k, v in outputs.items()}
 
 
 def _cat(chunks: list[dict[str, Tensor]]) -> dict[str, Tensor]:
@@ -641,11 +666,11 @@ def _one_step(stage: Stage, sch: _Schedule, items: list[int], step: int, epoch: 
     sch.optimizer.zero_grad(set_to_none=True)
     if n_chunks == 1:
         with autocast():
-            outputs = _gather(stage.step.forward(sch.run_model, batches[0]))
+            outputs = _gather(stage.step.forward(sch.run_model, batches[0]), world)
             parts = stage.step.loss(outputs, whole)
         loss = _total(parts)
         _check_finite(parts, loss, stage.name, step)
-        _backward(loss * world if world > 1 else loss, accelerator)
+        _backward(loss, accelerator)
     else:
         # GradCache: outputs without graph, loss on all of them, then each chunk again with its cached grads
         states, leaves = [], []
@@ -657,10 +682,10 @@ def _one_step(stage: Stage, sch: _Schedule, items: list[int], step: int, epoch: 
                            for n, v in out.items()})
         after = _rng_state(device)
         with autocast():
-            parts = stage.step.loss(_cat([_gather(leaf) for leaf in leaves]), whole)
+            parts = stage.step.loss(_cat([_gather(leaf, world) for leaf in leaves]), whole)
         loss = _total(parts)
         _check_finite(parts, loss, stage.name, step)
-        _backward(loss * world if world > 1 else loss, accelerator)
+        _backward(loss, accelerator)
         for b, state, leaf in zip(batches, states, leaves):
             _set_rng_state(state, device)
             with autocast():
@@ -682,6 +707,9 @@ def _one_step(stage: Stage, sch: _Schedule, items: list[int], step: int, epoch: 
             for p in sch.run_model.parameters():
                 if p.grad is not None and id(p) not in mine:
                     p.grad = None
+            unscale = getattr(accelerator, "unscale_gradients", None)
+            if unscale is not None:  # fp16: FSDP's norm on unscaled gradients (Accelerate's clip does the same)
+                unscale()
             sch.run_model.clip_grad_norm_(stage.optim.max_grad_norm)
         elif accelerator is not None:
             accelerator.clip_grad_norm_(sch.params, stage.optim.max_grad_norm)
