@@ -48,8 +48,8 @@ TOPICS = [
 def run_cli_processes(arg_lists: list[list[str]], env: dict | None = None, cwd: Path | None = None,
                       timeout: float = 300) -> list:
     """``python -m medadapt ARGS`` for each argument list, each in a process of its own (exit code and stderr
-    as a user sees them), up to ``os.cpu_count()`` at a time: most of a short run is importing torch, and
-    the bad-input tests run a dozen of them. Results in the order given."""
+    as a user sees them), up to one per usable core (at least 2, at most 4) at a time: most of a short run is
+    importing torch, and the bad-input tests run a dozen of them. Results in the order given."""
     import subprocess
     import sys
     from concurrent.futures import ThreadPoolExecutor
@@ -58,7 +58,8 @@ def run_cli_processes(arg_lists: list[list[str]], env: dict | None = None, cwd: 
         return subprocess.run([sys.executable, "-m", "medadapt", *args], capture_output=True, text=True, env=env,
                               timeout=timeout, cwd=cwd)
 
-    with ThreadPoolExecutor(max_workers=max(2, os.cpu_count() or 1)) as pool:
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    with ThreadPoolExecutor(max_workers=min(4, max(2, cores))) as pool:
         return list(pool.map(one, arg_lists))
 
 
