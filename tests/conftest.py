@@ -45,6 +45,40 @@ TOPICS = [
 ]
 
 
+class CpuAccelerator:
+    """What medadapt's training loop reads of an ``accelerate.Accelerator`` of plain CPU processes (no engine):
+    rank, world size, device, optimiser preparation, autocast, backward and a barrier (gloo, when there is
+    more than one process). Tests drive the loop with it inside ``torch.multiprocessing`` workers, where a
+    real ``Accelerator`` would need ``accelerate launch``."""
+
+    device = __import__("torch").device("cpu")
+    distributed_type = "MULTI_CPU"
+    is_main_process = True
+
+    def __init__(self, rank: int = 0, world: int = 1) -> None:
+        from types import SimpleNamespace
+
+        self.process_index, self.num_processes, self.state = rank, world, SimpleNamespace()
+        self.is_main_process = rank == 0
+
+    def prepare_optimizer(self, optimizer):
+        return optimizer
+
+    def autocast(self):
+        import contextlib
+
+        return contextlib.nullcontext()
+
+    def backward(self, loss):
+        loss.backward()
+
+    def wait_for_everyone(self):
+        if self.num_processes > 1:
+            import torch.distributed as dist
+
+            dist.barrier()
+
+
 def run_cli_processes(arg_lists: list[list[str]], env: dict | None = None, cwd: Path | None = None,
                       timeout: float = 300) -> list:
     """``python -m medadapt ARGS`` for each argument list, each in a process of its own (exit code and stderr

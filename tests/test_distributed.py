@@ -244,34 +244,6 @@ class _TemperatureStep:
         return self.model.temperature(out["q"], out["d"])
 
 
-class _GlooAccelerator:
-    """What the one loop reads of an Accelerator of plain CPU processes (gloo, no engine)."""
-
-    device = torch.device("cpu")
-    distributed_type = "MULTI_CPU"
-
-    def __init__(self, rank: int, world: int) -> None:
-        from types import SimpleNamespace
-
-        self.process_index, self.num_processes, self.state = rank, world, SimpleNamespace()
-
-    def prepare_optimizer(self, optimizer):
-        return optimizer
-
-    def autocast(self):
-        import contextlib
-
-        return contextlib.nullcontext()
-
-    def backward(self, loss):
-        loss.backward()
-
-    def wait_for_everyone(self):
-        import torch.distributed as dist
-
-        dist.barrier()
-
-
 def _temperature_run(accelerator, accumulation: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """Each step's averaged gradients (encoder weight, log temperature) as the optimiser sees them."""
     from medadapt.training.config import OptimSection
@@ -297,9 +269,11 @@ def _temperature_run(accelerator, accumulation: int) -> list[tuple[torch.Tensor,
 def _temperature_worker(rank: int, root: str) -> None:
     import torch.distributed as dist
 
+    from conftest import CpuAccelerator
+
     dist.init_process_group("gloo", init_method=f"file://{root}/store", rank=rank, world_size=2)
     try:
-        runs = {k: _temperature_run(_GlooAccelerator(rank, 2), k) for k in (1, 2)}
+        runs = {k: _temperature_run(CpuAccelerator(rank, 2), k) for k in (1, 2)}
         if rank == 0:
             torch.save(runs, f"{root}/grads.pt")
     finally:

@@ -11,6 +11,7 @@ import pytest
 import torch
 from torch import nn
 
+from conftest import CpuAccelerator
 from test_asym import build_tiny_qwen2
 from test_loop import _Stop
 
@@ -211,18 +212,17 @@ def test_use_fsdp_wrap_policy_replaces_accelerates_default_and_keeps_a_chosen_po
     assert not use_fsdp_wrap_policy(SimpleNamespace(state=SimpleNamespace()), model)  # no FSDP
 
 
-class _CpuFsdpAccelerator:
+class _CpuFsdpAccelerator(CpuAccelerator):
     """What the one loop uses of an ``Accelerator`` launched with ``recipes/accelerate/fsdp.yaml``, with
     ``prepare_model`` doing what Accelerate's FSDP1 branch does (``set_auto_wrap_policy``, then torch's FSDP
     with the plugin's policy); Accelerate itself runs FSDP on GPUs only."""
 
-    process_index, num_processes, device = 0, 1, torch.device("cpu")
     distributed_type = "DistributedType.FSDP"
-    is_main_process = True
 
-    def __init__(self) -> None:
+    def __init__(self, rank: int = 0, world: int = 1) -> None:
         from accelerate.utils import FullyShardedDataParallelPlugin
 
+        super().__init__(rank, world)
         plugin = FullyShardedDataParallelPlugin(fsdp_version=1, auto_wrap_policy="transformer_based_wrap",
                                                 use_orig_params=True)
         self.state = SimpleNamespace(fsdp_plugin=plugin)
@@ -235,20 +235,6 @@ class _CpuFsdpAccelerator:
         self.wrapped.append(_fsdp(model, plugin.auto_wrap_policy))
         self.units.append(len(_units(self.wrapped[-1])))
         return self.wrapped[-1]
-
-    def prepare_optimizer(self, optimizer):
-        return optimizer
-
-    def autocast(self):
-        import contextlib
-
-        return contextlib.nullcontext()
-
-    def backward(self, loss):
-        loss.backward()
-
-    def wait_for_everyone(self):
-        pass
 
 
 class _Stack(nn.Sequential):
@@ -341,30 +327,19 @@ def _second_call(model, accelerator):
     return train(model, [Stage("c", len(q), PairStep(q, d), params, optim)], seed=4, accelerator=accelerator)
 
 
-class _ProcessFsdpAccelerator(_CpuFsdpAccelerator):
-    def __init__(self, rank: int, world: int) -> None:
-        super().__init__()
-        self.process_index, self.num_processes = rank, world
-
-    def wait_for_everyone(self):
-        import torch.distributed as dist
-
-        dist.barrier()
-
-
 def _two_process_worker(rank: int, root: str) -> None:
     import torch.distributed as dist
 
     dist.init_process_group("gloo", init_method=f"file://{root}/store", rank=rank, world_size=2)
     try:
-        acc = _ProcessFsdpAccelerator(rank, 2)
+        acc = _CpuFsdpAccelerator(rank, 2)
         model, res = _two_phase_run(acc, Path(root) / "whole")
         try:  # killed in phase b, after its step-6 checkpoint, on both processes
-            _two_phase_run(_ProcessFsdpAccelerator(rank, 2), Path(root) / "resumed", stop_after=3)
+            _two_phase_run(_CpuFsdpAccelerator(rank, 2), Path(root) / "resumed", stop_after=3)
         except _Stop:
             pass
-        resumed, res_resumed = _two_phase_run(_ProcessFsdpAccelerator(rank, 2), Path(root) / "resumed")
-        accumulated, res_accumulated = _two_phase_run(_ProcessFsdpAccelerator(rank, 2), None, accumulation=2)
+        resumed, res_resumed = _two_phase_run(_CpuFsdpAccelerator(rank, 2), Path(root) / "resumed")
+        accumulated, res_accumulated = _two_phase_run(_CpuFsdpAccelerator(rank, 2), None, accumulation=2)
         whole = {k: v.clone() for k, v in model.state_dict().items()}
         later = _second_call(model, acc)
         if rank == 0:

@@ -72,7 +72,6 @@ def fsdp_wrap_policy(model: torch.nn.Module):
     gathered for that unit only (CARE's RetroMAE head ties its decoder to the tower's word embeddings, and
     with two processes the decoder met a 1-D shard). The trainable set is read now: call this right before
     wrapping."""
-    from torch.distributed.fsdp.wrap import CustomPolicy
 
     names: set[str] = set()
     inside: set[int] = set()  # modules of Hugging Face models, which their model's forward calls
@@ -104,11 +103,15 @@ def fsdp_wrap_policy(model: torch.nn.Module):
     if not units:
         return None
 
-    def wrap(module: torch.nn.Module) -> bool:
-        return id(module) in units
+    return _marked_policy(lambda module: id(module) in units)
+
+
+def _marked_policy(wrap) -> object:
+    """A ``CustomPolicy`` marked as medadapt's, which :func:`use_fsdp_wrap_policy` replaces on the next wrap."""
+    from torch.distributed.fsdp.wrap import CustomPolicy
 
     policy = CustomPolicy(wrap)
-    policy._medadapt = True  # type: ignore[attr-defined]  # use_fsdp_wrap_policy replaces it on the next wrap
+    policy._medadapt = True  # type: ignore[attr-defined]
     return policy
 
 
@@ -145,11 +148,7 @@ def use_fsdp_wrap_policy(accelerator, model: torch.nn.Module) -> bool:
         return False
     policy = fsdp_wrap_policy(model)
     if policy is None:  # nothing to split off: the root unit alone, still ours to replace at the next wrap
-        from torch.distributed.fsdp.wrap import CustomPolicy
-
-        root_only = CustomPolicy(lambda module: False)
-        root_only._medadapt = True  # type: ignore[attr-defined]
-        plugin.auto_wrap_policy = root_only
+        plugin.auto_wrap_policy = _marked_policy(lambda module: False)
         return False
     plugin.auto_wrap_policy = policy
     return True

@@ -49,7 +49,7 @@ from medadapt.training.checkpoint import (CheckpointConfig, CheckpointCorruptErr
                                          load_checkpoint, save_checkpoint)
 from medadapt.training.config import OptimSection
 from medadapt.training.distributed import (average_gradients, broadcast_parameters, fsdp_outside_modules,
-                                          gather_with_grad, shard_bounds, use_fsdp_wrap_policy)
+                                          gather_with_grad, is_distributed, shard_bounds, use_fsdp_wrap_policy)
 
 __all__ = ["Batch", "LoopResult", "Stage", "Step", "TrainingError", "train"]
 
@@ -498,11 +498,11 @@ def _fsdp_gather(shapes: dict[int, tuple[int, ...]], names: dict[int, str], trai
 
 def _world() -> tuple[int, int]:
     """``(rank, world size)`` of the running process group, ``(0, 1)`` without one."""
+    if not is_distributed():
+        return 0, 1
     import torch.distributed as dist
 
-    if dist.is_available() and dist.is_initialized():
-        return dist.get_rank(), dist.get_world_size()
-    return 0, 1
+    return dist.get_rank(), dist.get_world_size()
 
 
 def _piece_sizes(params: list[Tensor]) -> list[list[int]]:
