@@ -130,16 +130,52 @@ def swap_in(new: Path, target: Path) -> None:
     first (a brief window with no folder; a crash in it leaves ``.<name>.old-*``, which
     :func:`clean_leftovers` puts back). Hand-written: no library swaps directories."""
     new, target = Path(new), Path(target)
-    if not target.exists():
+    _sync_tree(new)  # the new folder's bytes are on disk before any name points at it
+    try:
+        if not target.exists():
+            os.replace(new, target)
+            return
+        if _exchange(new, target):  # ``new`` now holds the old folder
+            shutil.rmtree(new, ignore_errors=True)
+            return
+        old = target.parent / f".{target.name}.old-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        os.replace(target, old)
         os.replace(new, target)
+        shutil.rmtree(old, ignore_errors=True)
+    finally:
+        _sync_dir(target.parent)
+
+
+def _sync_dir(folder: Path) -> None:
+    """fsync a directory (its entries: renames into it); a no-op where directories cannot be opened."""
+    try:
+        fd = os.open(folder, os.O_RDONLY)
+    except OSError:
         return
-    if _exchange(new, target):  # ``new`` now holds the old folder
-        shutil.rmtree(new, ignore_errors=True)
-        return
-    old = target.parent / f".{target.name}.old-{os.getpid()}-{uuid.uuid4().hex[:8]}"
-    os.replace(target, old)
-    os.replace(new, target)
-    shutil.rmtree(old, ignore_errors=True)
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def _sync_tree(folder: Path) -> None:
+    """fsync every file and folder under ``folder`` (writers such as ``save_pretrained`` or safetensors
+    do not), so a power loss right after the swap cannot leave the new name over unwritten data."""
+    for root, _dirs, files in os.walk(folder):
+        for name in files:
+            try:
+                fd = os.open(os.path.join(root, name), os.O_RDONLY)
+            except OSError:
+                continue
+            try:
+                os.fsync(fd)
+            except OSError:
+                pass
+            finally:
+                os.close(fd)
+        _sync_dir(Path(root))
 
 
 def _pid_alive(pid: int) -> bool:

@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
 from medadapt.errors import ModelLoadError
+from medadapt.tokenizer_id import tokenizer_fingerprint
 
 if TYPE_CHECKING:  # pragma: no cover
     from sentence_transformers import SentenceTransformer
@@ -441,7 +442,8 @@ def model_fingerprint(model, full_hash_max_params: int = 300_000_000) -> str:
 
 
 def modules_fingerprint(modules, full_hash_max_params: int = 300_000_000) -> str:
-    """:func:`model_fingerprint` of a list of modules (e.g. a model's backbone without its heads)."""
+    """:func:`model_fingerprint` of a list of modules (e.g. a model's backbone without its heads): their
+    types and configurations, the :func:`tokenizer_fingerprint` of any tokenizer they hold, and weights."""
     import torch
 
     h = hashlib.sha256()
@@ -454,6 +456,12 @@ def modules_fingerprint(modules, full_hash_max_params: int = 300_000_000) -> str
                 h.update(json.dumps(get_cfg(), sort_keys=True, default=str).encode())
             except Exception:  # noqa: BLE001 - configs with exotic values still fingerprint by weights
                 pass
+        seen: set[int] = set()  # a Router's routes each hold a Transformer with its own tokenizer
+        for sub in module.modules() if isinstance(module, torch.nn.Module) else [module]:
+            tokenizer = getattr(sub, "tokenizer", None)
+            if tokenizer is not None and id(tokenizer) not in seen:  # same weights, other tokens: other vectors
+                seen.add(id(tokenizer))
+                h.update(f"tokenizer:{tokenizer_fingerprint(tokenizer)}".encode())
     n_params = sum(p.numel() for m in modules for p in m.parameters())
     state = {f"{i}.{k}": v for i, m in enumerate(modules) for k, v in m.state_dict().items()}
     for name in sorted(state):

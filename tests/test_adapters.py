@@ -11,6 +11,8 @@ import pytest
 import torch
 
 import medadapt
+from medadapt.adapters.files import COVERED
+from medadapt.checksums import write_sums
 from medadapt.errors import ConfigError, ModelLoadError
 from medadapt.moe import MoEConfig  # importing a medadapt head config extends SentenceTransformer.add_adapter
 
@@ -112,7 +114,7 @@ def test_adapter_only_folder_round_trips_and_is_small(tiny_bert_dir, tmp_path):
     expected = _enc(model)
     out = medadapt.adapters.save_adapter(model, tmp_path / "adapter")
     files = sorted(p.name for p in out.iterdir())
-    assert files == ["README.md", "adapter_model.safetensors", "medadapt_adapter.json"]
+    assert files == ["README.md", "SHA256SUMS", "adapter_model.safetensors", "medadapt_adapter.json"]
     weights = (out / "adapter_model.safetensors").stat().st_size
     assert weights < 4 * sum(p.numel() for p in head.parameters()) + 20_000  # the head, not the backbone
     config = json.loads((out / "medadapt_adapter.json").read_text())
@@ -148,12 +150,86 @@ def test_adapter_refuses_another_or_altered_backbone_and_damaged_files(tiny_bert
     same_in_bf16 = _st(tiny_bert_dir).to(torch.bfloat16)  # same weights in another dtype: accepted
     same_in_bf16.load_adapter(str(out))
     weights = out / "adapter_model.safetensors"
-    weights.write_bytes(weights.read_bytes()[:-10])
-    with pytest.raises(ModelLoadError, match="checksum mismatch"):
+    intact = weights.read_bytes()
+    flipped = bytearray(intact)
+    flipped[-3] ^= 0x01  # inside the last tensor's data: still parses, same size; only a checksum can tell
+    weights.write_bytes(bytes(flipped))
+    with pytest.raises(ModelLoadError, match="adapter_model.safetensors: checksum differs"):
+        _st(tiny_bert_dir).load_adapter(str(out))
+    weights.write_bytes(intact[:-10])
+    with pytest.raises(ModelLoadError, match="adapter_model.safetensors: checksum differs"):
         _st(tiny_bert_dir).load_adapter(str(out))
     weights.unlink()
-    with pytest.raises(ModelLoadError, match="weights file adapter_model.safetensors is missing"):
+    with pytest.raises(ModelLoadError, match="adapter_model.safetensors is missing"):
         medadapt.load(str(out))
+
+
+def test_adapter_refuses_the_same_weights_with_another_tokenizer(tiny_bert_dir, tmp_path):
+    import shutil
+
+    model = _st(tiny_bert_dir)
+    model.add_adapter(_moe(model.get_embedding_dimension()), adapter_name="med")
+    out = medadapt.adapters.save_adapter(model, tmp_path / "adapter", base=str(tiny_bert_dir))
+    cased = tmp_path / "cased"
+    shutil.copytree(tiny_bert_dir, cased)
+    definition = json.loads((cased / "tokenizer.json").read_text())
+    definition["normalizer"]["lowercase"] = False  # weights unchanged, "ASTHMA" now another token
+    (cased / "tokenizer.json").write_text(json.dumps(definition))
+    with pytest.raises(ModelLoadError, match="backbone differs"):
+        _st(cased).load_adapter(str(out))
+    _st(shutil.copytree(tiny_bert_dir, tmp_path / "copy")).load_adapter(str(out))  # a plain copy: accepted
+
+
+@pytest.mark.parametrize("damage", ["edit-config", "drop-config-sum", "no-sums"])
+def test_an_edited_adapter_config_is_refused_before_any_head_is_built(tiny_bert_dir, tmp_path, damage):
+    """The config decides how the heads are rebuilt (``residual_scale``, widths, active heads): an edit that
+    keeps it valid JSON would otherwise load silently as another model."""
+    model = _st(tiny_bert_dir)
+    model.add_adapter(_moe(model.get_embedding_dimension()), adapter_name="med")
+    out = medadapt.adapters.save_adapter(model, tmp_path / "adapter", base=str(tiny_bert_dir))
+    path, sums = out / "medadapt_adapter.json", out / "SHA256SUMS"
+    config = json.loads(path.read_text())
+    if damage == "edit-config":
+        config["adapters"]["med"]["config"]["residual_scale"] = 0.25
+        path.write_text(json.dumps(config))
+        match = "medadapt_adapter.json: checksum differs"
+    elif damage == "drop-config-sum":
+        sums.write_text("".join(ln + "\n" for ln in sums.read_text().splitlines() if "json" not in ln))
+        match = "medadapt_adapter.json not listed in SHA256SUMS"
+    else:
+        sums.unlink()
+        match = "SHA256SUMS is missing"
+    fresh = _st(tiny_bert_dir)
+    with pytest.raises(ModelLoadError, match=match):
+        fresh.load_adapter(str(out))
+    assert medadapt.adapters.adapter_names(fresh) == []  # left untouched
+
+
+def test_an_adapter_of_format_1_still_loads_with_a_warning(tiny_bert_dir, tmp_path):
+    """Folders written before SHA256SUMS (format 1: no sums, a weights-only base fingerprint) load with a
+    warning that says how to add the sums; saving again writes format 2."""
+    from medadapt.adapters.files import base_fingerprint
+    from medadapt.errors import MedAdaptWarning
+
+    model = _st(tiny_bert_dir)
+    head = model.add_adapter(_moe(model.get_embedding_dimension()), adapter_name="med")
+    with torch.no_grad():
+        for p in head.parameters():
+            p.add_(0.05 * torch.randn_like(p))
+    expected = _enc(model)
+    out = medadapt.adapters.save_adapter(model, tmp_path / "adapter", base=str(tiny_bert_dir))
+    config = json.loads((out / "medadapt_adapter.json").read_text())
+    config["format_version"] = 1
+    config["base_model"]["fingerprint"] = base_fingerprint(model, version=1)
+    (out / "medadapt_adapter.json").write_text(json.dumps(config))
+    (out / "SHA256SUMS").unlink()
+    fresh = _st(tiny_bert_dir)
+    with pytest.warns(MedAdaptWarning, match="written before SHA256SUMS .*save it again"):
+        fresh.load_adapter(str(out))
+    np.testing.assert_array_equal(_enc(fresh), expected)
+    again = medadapt.adapters.save_adapter(fresh, tmp_path / "again", base=str(tiny_bert_dir))
+    assert json.loads((again / "medadapt_adapter.json").read_text())["format_version"] == 2
+    assert (again / "SHA256SUMS").is_file()
 
 
 def test_unknown_head_type_in_a_folder_is_one_clear_error(tiny_bert_dir, tmp_path):
@@ -163,6 +239,9 @@ def test_unknown_head_type_in_a_folder_is_one_clear_error(tiny_bert_dir, tmp_pat
     config = json.loads((out / "medadapt_adapter.json").read_text())
     config["adapters"]["med"]["type"] = "hypernet"
     (out / "medadapt_adapter.json").write_text(json.dumps(config))
+    with pytest.raises(ModelLoadError, match="medadapt_adapter.json: checksum differs from SHA256SUMS"):
+        _st(tiny_bert_dir).load_adapter(str(out))  # an edit is caught before the config is used
+    write_sums(out, COVERED)  # a folder written that way on purpose: the type is then the one error
     with pytest.raises(ConfigError, match="unknown adapter type 'hypernet' \\(valid: moe"):
         _st(tiny_bert_dir).load_adapter(str(out))
 
@@ -243,6 +322,7 @@ def test_cli_bad_adapter_inputs_give_one_clear_line_and_write_nothing(tiny_bert_
     config = json.loads((adapter / "medadapt_adapter.json").read_text())
     config["base_model"]["relative_path"] = os.path.relpath(other, adapter)
     (adapter / "medadapt_adapter.json").write_text(json.dumps(config))
+    write_sums(adapter, COVERED)  # a consistent folder pointing at another base
     env = {**os.environ, "MEDADAPT_CACHE": str(tmp_path / "cache"), "HF_HUB_OFFLINE": "1"}
     for (args, message, out), proc in zip(cases, run_cli_processes([[*a, "-q"] for a, _, _ in cases], env)):
         assert proc.returncode == 1, (args, proc.stdout[-2000:], proc.stderr[-2000:])

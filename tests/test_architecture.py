@@ -11,7 +11,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1] / "medadapt"
 SYSTEMS = ("medadapt.moe", "medadapt.asym", "medadapt.hyrec", "medadapt.bmretriever")
 NEUTRAL = ("adapters", "cards.py", "recipes", "training", "retrieval", "data", "eval", "losses", "curation", "config.py", "cache.py", "cache_shards.py",
-           "io.py", "errors.py", "models.py", "report", "plan", "encode.py", "backends.py", "plugins.py")
+           "io.py", "checksums.py", "tokenizer_id.py", "errors.py", "models.py", "report", "plan", "encode.py", "backends.py", "plugins.py")
 
 
 def _module_name(path: Path) -> str:

@@ -12,6 +12,7 @@ import random
 from pathlib import Path
 
 import pytest
+import torch
 
 from conftest import TOPICS
 from test_asym import build_tiny_qwen2
@@ -312,6 +313,18 @@ def test_tiny_recipe_trains_both_stages_saves_and_resumes(tiny_decoder_dir, tiny
     # a re-run finds the finished stage I and trains only stage II
     again = run_recipe(recipe, out, overrides + ["stage2.enabled=false"], cache=cache, evaluate=False, **QUIET)
     assert again.details["stages"] == {"stage1": {"resumed": True}}
+    stage1 = {n: p.detach().clone() for n, p in  # copies: the loaded tensors may map the file damaged below
+              load(str(checkpoints / "stage1-model"), device="cpu").named_parameters()}
+    weights = next(checkpoints.glob("stage1-model/**/model.safetensors"))
+    weights.write_bytes(weights.read_bytes()[:-8])  # a damaged stage-I model is never loaded: stage I reruns
+    from medadapt.errors import MedAdaptWarning
+
+    with pytest.warns(MedAdaptWarning, match="stage I model: .*checksum differs"):
+        redo = run_recipe(recipe, out, overrides + ["stage2.enabled=false"], cache=cache, evaluate=False, **QUIET)
+    assert redo.details["stages"]["stage1"]["steps"] == 3
+    rebuilt = load(str(checkpoints / "stage1-model"), device="cpu")
+    for n, p in rebuilt.named_parameters():
+        torch.testing.assert_close(p, stage1[n], atol=1e-6, rtol=0)  # the same stage I again
     # ... but not the stage I of another recipe
     with pytest.raises(ConfigError, match="another run"):
         run_recipe(recipe, out, overrides + ["stage2.enabled=false", "stage1.lr=0.01"], cache=cache,

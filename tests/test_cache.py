@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 
@@ -40,6 +42,33 @@ def test_cache_keys_separate_roles_prompts_and_weights(tiny_bert, tmp_path):
     assert not np.allclose(changed, q)
     # one namespace serves normalised and raw outputs; prompts and weights get their own
     assert len(list(tmp_path.glob("*/meta.json"))) == 3
+
+
+def test_cache_keys_follow_the_tokenizer_and_the_token_limit(tiny_bert_dir, tmp_path):
+    """Same weights, other tokenisation (no lowercasing) or a shorter token limit: other embeddings, so
+    another namespace; each model gets from the cache exactly what its own ``encode`` gives."""
+    import shutil
+
+    import medadapt
+
+    cache = EmbeddingCache(tmp_path / "c")
+    texts = ["ASTHMA Inhaler and wheezing", "what causes gout in the big toe joint at night"]
+    first = medadapt.load(str(tiny_bert_dir), device="cpu")
+    cached_first = cache.encode(first, texts, show_progress=False)
+    cased = tmp_path / "cased"
+    shutil.copytree(tiny_bert_dir, cased)
+    definition = json.loads((cased / "tokenizer.json").read_text())
+    definition["normalizer"]["lowercase"] = False
+    (cased / "tokenizer.json").write_text(json.dumps(definition))
+    second = medadapt.load(str(cased), device="cpu")
+    direct = second.encode(texts, convert_to_numpy=True)
+    assert not np.allclose(direct[0], cached_first[0], atol=1e-4)  # the edit matters for the first text
+    np.testing.assert_allclose(cache.encode(second, texts, show_progress=False), direct, atol=1e-5)
+    first.max_seq_length = 4  # truncates the second text much earlier
+    direct = first.encode(texts, convert_to_numpy=True)
+    assert not np.allclose(direct[1], cached_first[1], atol=1e-4)
+    np.testing.assert_allclose(cache.encode(first, texts, show_progress=False), direct, atol=1e-5)
+    assert len(list((tmp_path / "c").glob("*/meta.json"))) == 3
 
 
 def test_cache_killed_mid_run_leaves_no_partial_files(tiny_bert, tmp_path, monkeypatch):

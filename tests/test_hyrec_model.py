@@ -3,6 +3,8 @@ brute force, frozen-variant state cache."""
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 import torch
@@ -118,6 +120,43 @@ def test_save_load_round_trip_is_exact(tiny_bert_dir, tmp_path):
         HyReCModel.load(tmp_path)
 
 
+def test_a_lexical_side_of_format_1_loads_with_a_warning(tiny_bert_dir, tmp_path):
+    from medadapt.errors import MedAdaptWarning
+
+    model = make(tiny_bert_dir)
+    model.save(tmp_path / "m")
+    sub = tmp_path / "m" / "hyrec"
+    (sub / "SHA256SUMS").unlink()
+    config = json.loads((sub / "config.json").read_text())
+    (sub / "config.json").write_text(json.dumps({**config, "format_version": 1}))
+    with pytest.warns(MedAdaptWarning, match="saved before hyrec/SHA256SUMS existed"):
+        again = HyReCModel.load(tmp_path / "m")
+    assert again.encode(TEXTS, "document")[1] == model.encode(TEXTS, "document")[1]
+
+
+@pytest.mark.parametrize("damage", ["scale-lexical", "edit-config", "no-sums"])
+def test_a_damaged_lexical_side_is_refused_before_it_is_read(tiny_bert_dir, tmp_path, damage):
+    """``hyrec/`` decides the lexical scores: a file changed behind the model's back (valid, same names) must
+    not load as another model."""
+    from safetensors.torch import load_file, save_file
+
+    make(tiny_bert_dir).save(tmp_path / "m")
+    sub = tmp_path / "m" / "hyrec"
+    if damage == "scale-lexical":
+        state = load_file(str(sub / "lexical.safetensors"))
+        save_file({k: 100 * v for k, v in state.items()}, str(sub / "lexical.safetensors"))
+        match = "lexical.safetensors: checksum differs"
+    elif damage == "edit-config":
+        config = json.loads((sub / "config.json").read_text())
+        (sub / "config.json").write_text(json.dumps({**config, "min_union": 0.9}))
+        match = "config.json: checksum differs"
+    else:
+        (sub / "SHA256SUMS").unlink()
+        match = "SHA256SUMS is missing"
+    with pytest.raises(ModelLoadError, match=match):
+        HyReCModel.load(tmp_path / "m")
+
+
 def test_lexical_index_equals_brute_force(tiny_bert_dir):
     from medadapt.retrieval.lexical import LexicalIndex
 
@@ -153,6 +192,40 @@ def test_state_cache_gives_the_same_outputs(tiny_bert_dir, tmp_path):
     assert torch.equal(ids, ref["input_ids"]) and torch.equal(mask, ref["attention_mask"])
     d3, _ = model.encode(TEXTS, "document", state_cache=cache, lexical=False, cached_pooled=True)
     np.testing.assert_allclose(d2, d3, atol=1e-5)
+
+
+@pytest.mark.parametrize("damage", ["flip-a-state", "truncate", "no-checksum"])
+def test_a_damaged_state_shard_is_set_aside_and_encoded_again(tiny_bert_dir, tmp_path, damage):
+    from safetensors.torch import load_file, save_file
+
+    from medadapt.errors import MedAdaptWarning
+
+    model = make(tiny_bert_dir, variant="frozen")
+    SharedStateCache(tmp_path / "states", chunk_size=100).ensure(model, TEXTS, "document")
+    [shard] = list((tmp_path / "states").rglob("shard-*.safetensors"))
+    if damage == "flip-a-state":  # same size, still parses: only the checksum can tell
+        data = bytearray(shard.read_bytes())
+        data[-2] ^= 0x40
+        shard.write_bytes(bytes(data))
+    elif damage == "truncate":
+        shard.write_bytes(shard.read_bytes()[:-20])
+    else:
+        save_file(load_file(str(shard)), str(shard))  # the same tensors, no checksum
+    fresh = SharedStateCache(tmp_path / "states")
+    with pytest.warns(MedAdaptWarning, match="HyReC state cache: shard-.*set aside"):
+        ids, mask, states = fresh.batch(model, TEXTS, "document")
+    assert (shard.parent / f"corrupt-{shard.name}").is_file()
+    _, _, expected = SharedStateCache(None).batch(model, TEXTS, "document")
+    torch.testing.assert_close(states, expected, atol=0, rtol=0)  # encoded again, not the damaged values
+
+
+def test_state_cache_sees_weights_written_through_tensor_data(tiny_bert_dir):
+    """``.data`` writes bypass torch's version counter; the memo's norm check still sees them."""
+    model = make(tiny_bert_dir, variant="frozen")
+    cache = SharedStateCache(None)
+    before = cache.namespace(model, "document")
+    model.auto_model.embeddings.word_embeddings.weight.data.mul_(1.01)
+    assert cache.namespace(model, "document") != before
 
 
 def test_extend_vocabulary_adds_unknown_cjk_characters(tiny_bert_dir):

@@ -118,6 +118,31 @@ def test_cli_indexes_and_searches_with_a_hyrec_folder(hyrec_dir, tiny_beir_dir, 
     assert again.search(QUERIES[0], k=1).ids[0] in res.output
 
 
+def test_the_models_tuned_fusion_is_the_default_of_index_and_retriever(hyrec_dir, tiny_beir_dir, tmp_path):
+    """A HyReC folder carries the dense_weight it was trained or tuned with; ``medadapt index`` and
+    ``Retriever.build`` without fusion settings serve exactly that (its NM sum), explicit options win."""
+    from typer.testing import CliRunner
+
+    from medadapt.cli import app
+
+    model = HyReCModel.load(hyrec_dir)
+    model.config.dense_weight = 0.25  # as `eval.tune_dense_weight` would leave it
+    model.save(tmp_path / "tuned")
+    tuned = tmp_path / "tuned"
+    docs = load_documents(tiny_beir_dir)
+    assert Retriever.build(docs, model=str(tuned), kind="hybrid", show_progress=False).config.fusion.model_dump(
+        include={"method", "dense_weight"}) == {"method": "sum", "dense_weight": 0.25}
+    runner = CliRunner()
+    for extra, want in (([], ("sum", 0.25)), (["--dense-weight", "2"], ("sum", 2.0)),
+                        (["--fusion", "minmax"], ("minmax", 0.25))):
+        out = tmp_path / f"index{len(extra)}{extra[:1]}"
+        res = runner.invoke(app, ["index", "--model", str(tuned), "--corpus", str(tiny_beir_dir), "--out", str(out),
+                                  "--kind", "hybrid", "--quiet", *extra])
+        assert res.exit_code == 0, res.output
+        fusion = Retriever.load(out).config.fusion
+        assert (fusion.method, fusion.dense_weight) == want, extra
+
+
 def test_retriever_hybrid_ranks_like_evaluate_hyrec(hyrec_dir, tiny_beir_dir):
     """One hybrid score: the Retriever's ``sum`` fusion with the model's dense_weight and evaluate_hyrec's
     NM sum give the same ranking (and scores) for the same queries."""

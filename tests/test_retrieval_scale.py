@@ -195,3 +195,31 @@ def test_retriever_build_records_the_training_sample_in_the_manifest(tiny_bert, 
     assert manifest["build"] == {"n_train": 20}
     flat = Retriever.build(tiny_docs(), tiny_bert, kind="dense", model_name="tiny", show_progress=False)
     assert "build" not in json.loads((flat.save(tmp_path / "flat") / "manifest.json").read_text())
+
+
+@pytest.mark.parametrize("factory, ondisk", [("IVF16,Flat", False), ("IVF16,Flat", True), ("Flat", False),
+                                             ("HNSW16", False)])
+def test_sharded_build_equals_one_build_and_a_damaged_shard_is_refused(data, tmp_path, factory, ondisk):
+    """Three shards built from one template and merged search like one index over the whole corpus
+    (IVF: lists merged, in memory or on disk; Flat: codes appended; HNSW: searched side by side); a shard
+    that does not match its ``.sha256`` is one clear error before FAISS reads it."""
+    from medadapt.retrieval import build_shard, merge_shards, train_shard_template
+
+    x, q, truth = data
+    x = normalize_rows(x.astype(np.float32))
+    cfg = DenseConfig(factory=factory, nprobe=16, ef_search=256)
+    template = train_shard_template(x[:800], cfg, tmp_path / "template.faiss")
+    assert (tmp_path / "template.faiss.sha256").is_file()
+    cuts = [0, 1500, 2600, len(x)]
+    shards = [build_shard(template, x[a:b], a, tmp_path / f"shard-{i}.faiss")
+              for i, (a, b) in enumerate(zip(cuts, cuts[1:]))]
+    merged = merge_shards(shards, cfg, ondisk=tmp_path / "merged.ivfdata" if ondisk else None)
+    assert merged.ntotal == len(x)
+    _, found = merged.search(q, 10)
+    assert recall_at_10(found, truth) >= (1.0 if factory != "HNSW16" else 0.98)
+    shards[1].write_bytes(shards[1].read_bytes()[:-64])
+    with pytest.raises(MedAdaptError, match="shard-1.faiss: missing, or differs from shard-1.faiss.sha256"):
+        merge_shards(shards, cfg, ondisk=tmp_path / "again.ivfdata" if ondisk else None)
+    (tmp_path / "template.faiss.sha256").unlink()
+    with pytest.raises(MedAdaptError, match="no readable template.faiss.sha256"):
+        build_shard(template, x[:10], 0, tmp_path / "late.faiss")

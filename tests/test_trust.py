@@ -172,7 +172,8 @@ def _killed_at_step_5(tmp_path):
     return optim, ckpt
 
 
-@pytest.mark.parametrize("damage", ["truncate-head", "flip-optimizer-byte", "garbage-state"])
+@pytest.mark.parametrize("damage", ["truncate-head", "flip-optimizer-byte", "garbage-state", "edit-state-step",
+                                    "drop-a-sum", "no-sums"])
 def test_an_unreadable_checkpoint_falls_back_to_the_previous_one_and_the_run_stays_the_same(tmp_path, damage):
     import torch
 
@@ -188,8 +189,18 @@ def test_an_unreadable_checkpoint_falls_back_to_the_previous_one_and_the_run_sta
         data = bytearray(f.read_bytes())
         data[len(data) // 2] ^= 0x01
         f.write_bytes(bytes(data))
-    else:
+    elif damage == "garbage-state":
         (newest / "state.json").write_text("{not json")
+    elif damage == "edit-state-step":  # valid JSON, another step: a resume from it would not be the same run
+        import json
+
+        state = json.loads((newest / "state.json").read_text())
+        (newest / "state.json").write_text(json.dumps({**state, "step": state["step"] + 2}))
+    elif damage == "drop-a-sum":  # the sums file loses the head's line: the head would go unchecked
+        sums = newest / "SHA256SUMS"
+        sums.write_text("".join(ln + "\n" for ln in sums.read_text().splitlines() if "head" not in ln))
+    else:
+        (newest / "SHA256SUMS").unlink()
     whole, res_whole = _loop_run(tmp_path, optim)
     with pytest.warns(MedAdaptWarning, match="step-00000004.*resuming from the one before"):
         resumed, res = _loop_run(tmp_path, optim, checkpoint=ckpt, fingerprint="run-a")

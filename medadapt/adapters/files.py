@@ -5,17 +5,21 @@ An adapter folder holds::
     medadapt_adapter.json        # format, base model (name + weight fingerprint), heads (type, config,
                                  # location), active heads, checksum of the weights file
     adapter_model.safetensors    # "<adapter name>.<parameter>" -> tensor
+    SHA256SUMS                   # SHA-256 of the two files above (medadapt.checksums)
     README.md                    # model card (medadapt.cards)
 
 A few MB for a MoE head, against the ~90 MB of a full MiniLM folder. :func:`load_adapter` (also
-``SentenceTransformer.load_adapter(folder)``) checks the weights file's SHA-256 and the receiving model's
-base fingerprint *before* building any head, so a truncated file or a different / altered backbone is one
-clear :class:`~medadapt.errors.ModelLoadError` and the model is left untouched. Nothing in the folder is
+``SentenceTransformer.load_adapter(folder)``) checks ``SHA256SUMS`` before the config is parsed, then the
+receiving model's base fingerprint, *before* building any head, so a truncated or edited file or a
+different / altered backbone is one clear :class:`~medadapt.errors.ModelLoadError` and the model is left
+untouched. Folders of format 1 (written before ``SHA256SUMS``) still load, with a warning asking to save
+them again. Nothing in the folder is
 code: heads are rebuilt from registered types (:mod:`medadapt.adapters.types`) and JSON configs.
 
-The base fingerprint hashes the backbone's weights rounded to bfloat16 (name, shape, values; strided
-samples above 300M parameters), so the same backbone loaded in float32, bfloat16 or on another device
-matches, while any trained or swapped weight does not. No absolute path is written: the base is recorded
+The base fingerprint hashes the backbone's tokenizers (:func:`medadapt.tokenizer_id.tokenizer_fingerprint`) and
+its weights rounded to bfloat16 (name, shape, values; strided samples above 300M parameters), so the same
+backbone loaded in float32, bfloat16 or on another device matches, while any trained or swapped weight, or
+another tokenisation, does not. No absolute path is written: the base is recorded
 by the name it was loaded with (an alias such as ``minilm`` or a hub id) or, for a local folder, by its
 path relative to the adapter folder.
 """
@@ -30,15 +34,21 @@ from typing import Any
 
 from medadapt._version import __version__
 from medadapt.adapters.api import adapter_locations, set_active, stack_for
+from medadapt.checksums import SUMS, ChecksumError, verify_sums, write_sums
 from medadapt.errors import ConfigError, ModelLoadError
 from medadapt.io import atomic_write_json, replace_folder
+from medadapt.tokenizer_id import tokenizer_fingerprint
 
 __all__ = ["ADAPTER_CONFIG", "ADAPTER_WEIGHTS", "base_fingerprint", "base_name", "is_adapter_folder",
            "load_adapter", "load_adapter_model", "read_adapter_config", "save_adapter", "write_adapter"]
 
 ADAPTER_CONFIG = "medadapt_adapter.json"
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
-ADAPTER_FORMAT = 1
+ADAPTER_FORMAT = 2
+#: 1: before ``SHA256SUMS`` (loads with a warning; its base fingerprint hashes the weights only).
+READABLE_FORMATS = (1, 2)
+#: The files ``SHA256SUMS`` must cover (anything a composed model adds, e.g. ``hyrec/``, has its own sums).
+COVERED = (ADAPTER_CONFIG, ADAPTER_WEIGHTS)
 
 
 def is_adapter_folder(path: Any) -> bool:
@@ -59,14 +69,20 @@ def _base_tensors(model) -> dict[str, Any]:
     return out
 
 
-def base_fingerprint(model, full_hash_max_params: int = 300_000_000) -> str:
-    """Hash of ``model``'s backbone weights (heads excluded), dtype- and device-independent (module
-    docstring)."""
+def base_fingerprint(model, full_hash_max_params: int = 300_000_000, version: int = ADAPTER_FORMAT) -> str:
+    """Hash of ``model``'s backbone tokenizers and weights (heads excluded), dtype- and device-independent
+    (module docstring). ``version=1``: the fingerprint adapters of format 1 recorded (weights only)."""
     import torch
 
     tensors = _base_tensors(model)
     n_params = sum(t.numel() for t in tensors.values())
-    h = hashlib.sha256(b"medadapt-base-1")
+    h = hashlib.sha256(b"medadapt-base-1" if version == 1 else b"medadapt-base-2")
+    seen: set[int] = set()
+    for module in model.modules() if version != 1 else ():  # same weights, other tokens: other embeddings
+        tokenizer = getattr(module, "tokenizer", None)
+        if tokenizer is not None and id(tokenizer) not in seen:
+            seen.add(id(tokenizer))
+            h.update(f"tokenizer:{tokenizer_fingerprint(tokenizer)}".encode())
     for name in sorted(tensors):
         t = tensors[name].detach()
         h.update(f"{name}:{tuple(t.shape)}".encode())
@@ -173,6 +189,7 @@ def write_adapter(model, folder: str | Path, adapter_name: str | list[str] | Non
               "weights": {"file": ADAPTER_WEIGHTS, "sha256": digest,
                           "parameters": int(sum(t.numel() for t in tensors.values()))}}
     atomic_write_json(folder / ADAPTER_CONFIG, config)
+    write_sums(folder, COVERED)
     from medadapt.cards import write_card
 
     write_card(folder, adapter=config, descriptions=describe_heads(model),
@@ -195,8 +212,19 @@ def read_adapter_config(folder: str | Path) -> dict[str, Any]:
         config = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError) as exc:
         raise ModelLoadError(f"{path}: cannot read the adapter config ({exc})") from None
-    if not isinstance(config, dict) or config.get("format_version") != ADAPTER_FORMAT:
-        raise ModelLoadError(f"{path}: not a medadapt adapter config of format {ADAPTER_FORMAT}")
+    if not isinstance(config, dict) or config.get("format_version") not in READABLE_FORMATS:
+        raise ModelLoadError(f"{path}: not a medadapt adapter config of format "
+                             f"{' or '.join(map(str, READABLE_FORMATS))}")
+    if config["format_version"] == 1:
+        from medadapt.errors import warn
+
+        warn(f"adapter {path.parent} was written before {SUMS} existed: its config is not checked; save it again "
+             "(medadapt.save_adapter) to add them")
+    else:
+        try:  # the sums are checked before the parsed config is used
+            verify_sums(path.parent, cover=COVERED)
+        except ChecksumError as exc:
+            raise ModelLoadError(f"adapter {path.parent}: {exc}; re-download or re-train the adapter") from None
     for key in ("base_model", "adapters", "weights"):
         if not isinstance(config.get(key), dict):
             raise ModelLoadError(f"{path}: missing {key!r}")
@@ -231,7 +259,7 @@ def load_adapter(model, folder: str | Path, adapter_name: str | None = None, *, 
     config = read_adapter_config(folder)
     base = config["base_model"]
     if check_base:
-        found = base_fingerprint(model)
+        found = base_fingerprint(model, version=config["format_version"])
         if found != base.get("fingerprint"):
             named = base.get("name") or base.get("folder_name") or "its base model"
             raise ModelLoadError(

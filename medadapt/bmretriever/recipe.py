@@ -21,7 +21,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from medadapt.bmretriever.schema import BmRetrieverRecipe, BmStageSection
-from medadapt.errors import ConfigError
+from medadapt.checksums import ChecksumError, verify_sums, write_sums
+from medadapt.errors import ConfigError, warn
 from medadapt.recipes.registry import RecipeKind, register_kind
 from medadapt.recipes.run import evaluate_dense
 
@@ -169,10 +170,24 @@ def stage1_identity(recipe: BmRetrieverRecipe) -> str:
     return fingerprint(only_stage1)
 
 
+def _intact(folder: Path) -> bool:
+    """``folder`` holds a finished stage-I model whose ``SHA256SUMS`` lists every file and matches; a damaged
+    one is reported with a warning (stage I then resumes from its own checkpoints)."""
+    if not (folder / "modules.json").is_file():
+        return False
+    try:
+        verify_sums(folder, complete=True)
+    except ChecksumError as exc:
+        warn(f"stage I model: {exc}; finishing stage I from its checkpoints again")
+        return False
+    return True
+
+
 def _claim(folder: Path, identity: str, ctx: RunContext) -> None:
     """Refuse to resume ``folder`` when it holds the checkpoints of another run; record ``identity``."""
     mark = folder / "fingerprint.txt"
-    if mark.is_file() and mark.read_text().strip() != identity:
+    unmarked = not mark.is_file() and folder.is_dir() and any(folder.glob("checkpoint-*"))  # nobody's run
+    if unmarked or (mark.is_file() and mark.read_text().strip() != identity):
         raise ConfigError(f"{folder} holds checkpoints of another run (recipe, data or base model differ); "
                           "train into a new output folder, or pass --overwrite to start this one afresh")
     if ctx.is_main and not mark.is_file():
@@ -245,7 +260,7 @@ def train(recipe: BmRetrieverRecipe, ctx: RunContext):
     stage1_model = ctx.checkpoint_dir / "stage1-model"
     if recipe.stage1.enabled:
         identity = stage1_identity(recipe)
-        if (stage1_model / "modules.json").is_file():
+        if _intact(stage1_model):
             _claim(ctx.checkpoint_dir / "stage1", identity, ctx)
             log(f"stage I: finished earlier, loading {stage1_model}")
             model = load(str(stage1_model), device=device)  # trusts only sentence_transformers / medadapt
@@ -258,6 +273,7 @@ def train(recipe: BmRetrieverRecipe, ctx: RunContext):
             if ctx.is_main:
                 with replace_folder(stage1_model) as tmp:
                     model.save(str(tmp))
+                    write_sums(tmp)  # a rerun reuses it only when every file is intact
             acc.wait_for_everyone()
 
     # ---- stage II: instruction fine-tuning with hard negatives

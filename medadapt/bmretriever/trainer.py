@@ -45,7 +45,8 @@ def train_stage(model, train_data, prompts: dict[str, Any], stage: BmStageSectio
         stage: the stage's :class:`~medadapt.bmretriever.schema.BmStageSection` (optimisation, τ,
             duplicates).
         run: the recipe's ``training`` section (seed, precision, device, checkpoints, ``logging_steps``).
-        checkpoint_dir: the trainer's checkpoints; resumes from the newest one there.
+        checkpoint_dir: the trainer's checkpoints; resumes from the newest one there that reads back intact
+            (:func:`medadapt.training.guards.train_guarded`: a non-finite loss or parameters stop the stage).
     """
     import torch
     from accelerate import PartialState
@@ -56,6 +57,7 @@ def train_stage(model, train_data, prompts: dict[str, Any], stage: BmStageSectio
     from sentence_transformers.util import dot_score
 
     from medadapt.training.distributed import use_fsdp_wrap_policy
+    from medadapt.training.guards import train_guarded
 
     ckpt = Path(checkpoint_dir)
     use_cpu = run.device == "cpu" or not torch.cuda.is_available()
@@ -91,9 +93,8 @@ def train_stage(model, train_data, prompts: dict[str, Any], stage: BmStageSectio
     trainer = SentenceTransformerTrainer(model=model, args=args, train_dataset=train_data, loss=loss)
     # Under FSDP the trainer wraps a SentenceTransformer, not a PeftModel: its own LoRA wrap policy does not apply
     use_fsdp_wrap_policy(trainer.accelerator, model)
-    resume = ckpt.is_dir() and any(ckpt.glob("checkpoint-*"))
     t0 = time.perf_counter()
-    trainer.train(resume_from_checkpoint=True if resume else None)
+    train_guarded(trainer, ckpt)  # non-finite stops; checkpoints with sums; resumes the newest intact one
     return StageResult(
         steps=int(trainer.state.global_step),
         seconds=time.perf_counter() - t0,

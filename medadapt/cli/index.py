@@ -38,10 +38,13 @@ def index_cmd(
     ef_construction: Annotated[int, typer.Option(min=1, help="HNSW build breadth.")] = 40,
     ef_search: Annotated[int, typer.Option(min=1, help="HNSW search breadth.")] = 64,
     nprobe: Annotated[int, typer.Option(min=1, help="IVF lists probed per query.")] = 16,
-    fusion: Annotated[Fusion, typer.Option(help="Hybrid fusion method (sum: raw weighted sum, HyReC's NM "
-                                           "sum).")] = Fusion.minmax,
-    dense_weight: Annotated[float, typer.Option(min=0.0, help="Hybrid weight of the dense side: score = lexical + "
-                                                "dense_weight * dense (1: equal weights).")] = 1.0,
+    fusion: Annotated[Optional[Fusion], typer.Option(
+        help="Hybrid fusion method (sum: raw weighted sum, HyReC's NM sum). Default: the model's own (a HyReC "
+             "folder: sum), else minmax.")] = None,
+    dense_weight: Annotated[Optional[float], typer.Option(
+        min=0.0, help="Hybrid weight of the dense side: score = lexical + dense_weight * dense (1: equal "
+                      "weights). Default: the model's own (a HyReC folder: its trained or tuned weight), else "
+                      "1.")] = None,
     language: Annotated[str, typer.Option(help="BM25 tokenisation: auto, en, zh, none.")] = "auto",
     batch_size: Annotated[int, typer.Option(min=1, help="Encoding batch size.")] = 64,
     device: Annotated[Optional[str], typer.Option(help="cpu, cuda, mps ... (default: auto).")] = None,
@@ -70,7 +73,8 @@ def index_cmd(
                 dense={"factory": factory, "ef_construction": ef_construction, "ef_search": ef_search,
                        "nprobe": nprobe},
                 lexical={"language": language},
-                fusion={"method": fusion.value, "dense_weight": dense_weight},
+                fusion={"method": (fusion or Fusion.minmax).value,
+                        "dense_weight": 1.0 if dense_weight is None else dense_weight},
             )
         except ValidationError as exc:
             err = exc.errors()[0]
@@ -97,6 +101,12 @@ def index_cmd(
                 _share_index_encode(encoder, docs, state, batch_size, quiet)
                 if not state.is_main_process:  # the main process builds the index from the filled cache
                     return
+        defaults = getattr(encoder, "fusion_defaults", None)
+        if defaults:  # what the model was trained / tuned for, unless given on the command line
+            from medadapt.retrieval.retriever import with_fusion_defaults
+
+            config = with_fusion_defaults(config, defaults, method=fusion.value if fusion else None,
+                                          dense_weight=dense_weight)
         retriever = Retriever.build(docs, encoder, config=config, model_name=model if encoder is not None else None,
                                     show_progress=not quiet)
         retriever.save(out)

@@ -35,6 +35,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
+from medadapt.checksums import ChecksumError, verify_sums, write_sums
 from medadapt.errors import ConfigError, ModelLoadError
 from medadapt.hyrec.bagging import WordVocab, sparse_from_tokens
 from medadapt.hyrec.glae import embed, encoder_layers, extended_mask, run_layers, split_layers
@@ -44,8 +45,12 @@ from medadapt.retrieval.tokenize import cjk_characters  # noqa: F401  (the one C
 
 __all__ = ["HyReCConfig", "HyReCModel", "HYREC_FORMAT"]
 
-HYREC_FORMAT = 1
+#: 2: ``hyrec/SHA256SUMS`` covers the lexical files (a folder of format 1, written before it, loads with a
+#: warning; the config is the same).
+HYREC_FORMAT = 2
 SUBDIR = "hyrec"
+#: The lexical side's files in ``hyrec/``, covered by ``hyrec/SHA256SUMS``.
+LEXICAL_FILES = ("lexical.safetensors", "words.json", "config.json")
 Role = Literal["query", "document"]
 
 
@@ -102,9 +107,9 @@ class HyReCConfig:
     def from_dict(cls, obj: dict[str, Any]) -> HyReCConfig:
         obj = dict(obj)
         version = obj.pop("format_version", HYREC_FORMAT)
-        if version != HYREC_FORMAT:
+        if version not in (1, HYREC_FORMAT):
             raise ModelLoadError(f"unsupported HyReC format version {version} "
-                                 f"(this medadapt reads {HYREC_FORMAT})")
+                                 f"(this medadapt reads 1 and {HYREC_FORMAT})")
         known = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(obj) - known)
         if unknown:
@@ -509,6 +514,13 @@ class HyReCModel(nn.Module):
         """Dimension of the dense vectors."""
         return int(self.st.get_embedding_dimension())
 
+    @property
+    def fusion_defaults(self) -> dict[str, Any]:
+        """The hybrid fusion this model was trained (and, with ``eval.tune_dense_weight``, tuned) for: its NM
+        sum (eq. 9) at its ``dense_weight``. ``Retriever.build`` without a config and ``medadapt index``
+        without ``--fusion`` / ``--dense-weight`` use it (:class:`~medadapt.retrieval.encoders.Encoder`)."""
+        return {"method": "sum", "dense_weight": float(self.config.dense_weight)}
+
     def encoder_identity(self) -> dict[str, Any]:
         """What a retrieval index records to recognise this model: a fingerprint over every module (dense
         side, lexicon encoder, projectors) and the configuration (bagging settings, lengths)."""
@@ -571,6 +583,7 @@ class HyReCModel(nn.Module):
         tmp.replace(sub / "lexical.safetensors")
         atomic_write_json(sub / "words.json", self.words.to_json())
         atomic_write_json(sub / "config.json", self.config.to_dict())
+        write_sums(sub, LEXICAL_FILES)  # checked by load before any of them is read
 
     @classmethod
     def load(cls, folder: str | Path, device: str | None = None) -> HyReCModel:
@@ -582,6 +595,20 @@ class HyReCModel(nn.Module):
         sub = folder / SUBDIR
         if not (sub / "config.json").is_file():
             raise ModelLoadError(f"{folder}: not a HyReC model (no {SUBDIR}/config.json)")
+        try:
+            version = json.loads((sub / "config.json").read_text(encoding="utf-8")).get("format_version")
+        except (OSError, ValueError, AttributeError):
+            version = None  # unreadable: the sums check below names the problem
+        if version == 1:
+            from medadapt.errors import warn
+
+            warn(f"HyReC model {folder} was saved before {SUBDIR}/SHA256SUMS existed: its lexical files are not "
+                 "checked; save it again (HyReCModel.save) to add them")
+        else:
+            try:
+                verify_sums(sub, cover=LEXICAL_FILES)
+            except ChecksumError as exc:
+                raise ModelLoadError(f"HyReC model {folder}: {exc}; save or train it again") from None
         config = HyReCConfig.from_dict(json.loads((sub / "config.json").read_text(encoding="utf-8")))
         words = WordVocab.from_json(json.loads((sub / "words.json").read_text(encoding="utf-8")))
         st = load(str(folder), device="cpu")

@@ -36,6 +36,7 @@ from pydantic import Field, field_validator, model_validator
 from medadapt.config import Section
 from medadapt.curation.mining_config import MiningConfig
 from medadapt.errors import ConfigError
+from medadapt.io import atomic_write_text
 from medadapt.moe.sections import (HeadSection, InfoNCESection, LossSection, MoEHeadSection,
                                    MoETrainingSection, NoHead)
 from medadapt.recipes.base import DataSection, LoraSection, RecipeBase
@@ -229,6 +230,7 @@ def _train_slow(recipe: MoERecipe, model, data, ctx: RunContext) -> None:
 
     from medadapt.moe.schedule import head_training
     from medadapt.training.distributed import use_fsdp_wrap_policy
+    from medadapt.training.guards import train_guarded
     from medadapt.training.lora import attach_lora, merge_lora
     from medadapt.training.pairs import pairs_from_qrels
 
@@ -276,11 +278,10 @@ def _train_slow(recipe: MoERecipe, model, data, ctx: RunContext) -> None:
     else:
         loss = MultipleNegativesRankingLoss(model, scale=scale, gather_across_devices=True)
     trainer = SentenceTransformerTrainer(model=model, args=args, train_dataset=dataset, loss=loss)
-    resume = ckpt_dir.is_dir() and any(ckpt_dir.glob("checkpoint-*"))
     t1 = time.perf_counter()
     with head_training(head):  # a MoE head learns its full-strength correction, as on the fast path
         use_fsdp_wrap_policy(trainer.accelerator, model)  # frozen backbone layers in units without gradients
-        trainer.train(resume_from_checkpoint=True if resume else None)
+        train_guarded(trainer, ckpt_dir)  # non-finite stops; checkpoints with sums; resumes an intact one
     ctx.result.train_seconds += time.perf_counter() - t1
     merge_lora(model)  # the saved folder loads without PEFT
     ctx.result.loss_history += [{"stage": "train", "step": int(r["step"]), "loss": float(r["loss"])}
@@ -291,13 +292,12 @@ def _check_slow_checkpoints(ckpt_dir, ctx: RunContext) -> None:
     """Refuse to resume the trainer's checkpoints of another run (the fast path's loop checks the
     fingerprint itself); record this run's fingerprint next to them."""
     marker = ckpt_dir / "fingerprint.txt"
-    other = marker.is_file() and marker.read_text().strip() != ctx.fingerprint
+    other = not marker.is_file() or marker.read_text().strip() != ctx.fingerprint  # no mark: nobody's run
     if other and any(ckpt_dir.glob("checkpoint-*")):
         raise ConfigError(f"checkpoints in {ckpt_dir} belong to another run (recipe, data or base model "
                           "differ); train into a new output folder, or pass --overwrite to start afresh")
     if ctx.is_main:
-        ckpt_dir.mkdir(parents=True, exist_ok=True)
-        marker.write_text(ctx.fingerprint)
+        atomic_write_text(marker, ctx.fingerprint)
     ctx.accelerator.wait_for_everyone()
 
 

@@ -280,6 +280,11 @@ def run_recipe(
     if accelerator.is_main_process:
         import yaml
 
+        from medadapt.training.guards import check_finite_parameters
+
+        if isinstance(model, torch.nn.Module):  # whatever loop trained it, nothing non-finite is saved
+            check_finite_parameters(model, f"the model folder {output_dir}")
+
         with replace_folder(output_dir) as tmp:
             if adapter_only and hasattr(model, "save_adapter"):  # a composed model (e.g. a HyReC branch)
                 model.save_adapter(tmp, base=result.adapter_base, name=output_dir.name)

@@ -51,7 +51,11 @@ ENTRY_POINT_GROUP = "medadapt.encoders"
 # ------------------------------------------------------------------------------------------ protocols
 @runtime_checkable
 class Encoder(Protocol):
-    """Identity of an encoder: its tag (the manifest's ``encoder``) and what identifies its weights."""
+    """Identity of an encoder: its tag (the manifest's ``encoder``) and what identifies its weights.
+
+    Optional: ``fusion_defaults`` (``{"method": ..., "dense_weight": ...}``), the hybrid fusion the model was
+    trained for; ``Retriever.build`` without a config and ``medadapt index`` use it (a HyReC model: its NM
+    sum at its ``dense_weight``)."""
 
     encoder_tag: str
 

@@ -131,6 +131,18 @@ def search_queries(queries: Sequence[str], k: int) -> list[str]:
         raise ValueError("k must be >= 1")
     return list(queries)
 
+def with_fusion_defaults(config: RetrieverConfig, defaults: dict[str, Any], *, method: str | None = None,
+                         dense_weight: float | None = None) -> RetrieverConfig:
+    """``config`` with its fusion taken from an encoder's ``fusion_defaults``, except what the caller set
+    explicitly (``method`` / ``dense_weight``: e.g. ``medadapt index --fusion`` / ``--dense-weight``)."""
+    fusion = {**config.fusion.model_dump(), **{k: v for k, v in defaults.items() if k in ("method", "dense_weight")}}
+    if method is not None:
+        fusion["method"] = method
+    if dense_weight is not None:
+        fusion["dense_weight"] = dense_weight
+    return RetrieverConfig(**{**config.model_dump(), "fusion": fusion})
+
+
 class Retriever:
     """Dense, lexical or hybrid retrieval. Build with :meth:`build`, reopen with :meth:`load`."""
 
@@ -187,19 +199,24 @@ class Retriever:
                 also gives learned sparse vectors (e.g. HyReC) fills the lexical index with them instead of
                 BM25 (any kind; both sides are encoded in one pass when the encoder offers it).
             kind: ``"dense"``, ``"lexical"`` or ``"hybrid"`` (overrides ``config.kind``).
-            config: :class:`RetrieverConfig` (FAISS factory, BM25 and fusion settings).
+            config: :class:`RetrieverConfig` (FAISS factory, BM25 and fusion settings). Without one, an
+                encoder that offers ``fusion_defaults`` (a HyReC model: its NM sum at its trained or tuned
+                ``dense_weight``) sets the fusion; otherwise the defaults apply.
             cache: an :class:`~medadapt.cache.EmbeddingCache` for a SentenceTransformer's document embeddings
                 (default cache dir).
             model_name: recorded in the manifest so :meth:`load` can reload the model (default: ``model``
                 when it is a string). A local folder is recorded as its absolute path (see
                 :func:`model_reference`), so the index finds it from any working directory.
         """
+        given = config is not None
         config = (config or RetrieverConfig()).model_copy()
         if kind is not None:
             config = RetrieverConfig(**{**config.model_dump(), "kind": kind})
         if len(docs) == 0:
             raise MedAdaptError("cannot index an empty corpus")
         encoder, name = _build_encoder(model, config, cache)
+        if not given and getattr(encoder, "fusion_defaults", None):  # e.g. a HyReC model's tuned NM sum
+            config = with_fusion_defaults(config, encoder.fusion_defaults)
         model_name = model_name or name
         model_source = None
         if model_name:

@@ -15,6 +15,9 @@ Recipe (documented in ``docs/retrieval.md``):
      merges the top-k lists at query time.
 
 FAISS is used for all of it; the hand-written part is only the bookkeeping of ids, files and checks.
+The template and every shard are written atomically with a ``<file>.sha256`` beside them (``sha256sum``
+format), checked before FAISS parses the file: a truncated or half-copied shard is one clear error, not a
+FAISS crash or a silently smaller index.
 """
 
 from __future__ import annotations
@@ -25,6 +28,39 @@ from pathlib import Path
 import numpy as np
 
 from medadapt.errors import MedAdaptError
+
+
+def _write(index, out: Path) -> Path:
+    """``faiss.write_index`` to a temporary sibling, its checksum beside it, then both renamed into place."""
+    import faiss
+
+    from medadapt.checksums import sha256_file
+    from medadapt.io import atomic_write_text
+
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(f".{out.name}.tmp")
+    faiss.write_index(index, str(tmp))
+    atomic_write_text(out.with_name(out.name + ".sha256"), f"{sha256_file(tmp)}  {out.name}\n")
+    tmp.replace(out)
+    return out
+
+
+def _read(path: str | Path):
+    """``faiss.read_index`` after the file matches its ``.sha256``."""
+    import faiss
+
+    from medadapt.checksums import sha256_file
+
+    path = Path(path)
+    sums = path.with_name(path.name + ".sha256")
+    try:
+        recorded = sums.read_text(encoding="ascii").split()[0]
+    except (OSError, ValueError, IndexError):
+        raise MedAdaptError(f"{path}: no readable {sums.name} beside it (written by build_shard / "
+                            "train_shard_template); build the shard again") from None
+    if not path.is_file() or sha256_file(path) != recorded:
+        raise MedAdaptError(f"{path}: missing, or differs from {sums.name} (truncated or modified); build it again")
+    return faiss.read_index(str(path))
 from medadapt.retrieval.config import DenseConfig
 from medadapt.retrieval.dense import DenseIndex, default_train_size, new_index, normalize
 
@@ -38,10 +74,7 @@ def train_shard_template(sample: np.ndarray, config: DenseConfig, out: str | Pat
         n = config.train_size or default_train_size(index)
         x = normalize(sample[:n]) if normalized else np.ascontiguousarray(sample[:n], dtype=np.float32)
         index.train(x)
-    out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    faiss.write_index(index, str(out))
-    return out
+    return _write(index, Path(out))
 
 
 def build_shard(template: str | Path, vectors: np.ndarray, start: int, out: str | Path,
@@ -51,7 +84,7 @@ def build_shard(template: str | Path, vectors: np.ndarray, start: int, out: str 
 
     from medadapt.retrieval.dense import _hnsw
 
-    index = faiss.read_index(str(template))
+    index = _read(template)
     x = normalize(vectors) if normalized else np.ascontiguousarray(vectors, dtype=np.float32)
     ids = np.arange(start, start + len(x), dtype=np.int64)
     if faiss.try_extract_index_ivf(index) is not None:
@@ -61,11 +94,7 @@ def build_shard(template: str | Path, vectors: np.ndarray, start: int, out: str 
         if hnsw is not None:
             hnsw.efConstruction = ef_construction
         index.add(x)
-    out = Path(out)
-    tmp = out.with_name(f".{out.name}.tmp")
-    faiss.write_index(index, str(tmp))
-    tmp.replace(out)
-    return out
+    return _write(index, Path(out))
 
 
 def merge_shards(shards: Sequence[str | Path], config: DenseConfig, normalized: bool = True,
@@ -80,29 +109,31 @@ def merge_shards(shards: Sequence[str | Path], config: DenseConfig, normalized: 
 
     if not shards:
         raise MedAdaptError("no shards to merge")
-    first = faiss.read_index(str(shards[0]))
+    first = _read(shards[0])
     if faiss.try_extract_index_ivf(first) is not None:
         if ondisk is not None:
             from faiss.contrib.ondisk import merge_ondisk
 
-            merged = faiss.read_index(str(shards[0]))
+            for s in shards[1:]:  # merge_ondisk reads the files itself: check them first
+                _read(s)
+            merged = _read(shards[0])
             merged.reset()
             merge_ondisk(merged, [str(s) for s in shards], str(ondisk))
         else:
             merged = first
             for s in shards[1:]:
-                merged.merge_from(faiss.read_index(str(s)), 0)  # ids are already global positions
+                merged.merge_from(_read(s), 0)  # ids are already global positions
         return DenseIndex(merged, config, normalized)
     from medadapt.retrieval.dense import _hnsw
 
     if _hnsw(first) is None:
         merged = first
         for s in shards[1:]:
-            merged.merge_from(faiss.read_index(str(s)), 0)
+            merged.merge_from(_read(s), 0)
         return DenseIndex(merged, config, normalized)
     # HNSW graphs cannot be merged: search the shards side by side (threaded, successive ids). The
     # result is searchable but is not one file; keep the shard files as the saved form.
     combined = faiss.IndexShards(first.d, True, True)
-    for part in [first] + [faiss.read_index(str(s)) for s in shards[1:]]:
+    for part in [first] + [_read(s) for s in shards[1:]]:
         combined.add_shard(part)  # the faiss wrapper keeps a reference to each shard
     return DenseIndex(combined, config, normalized)

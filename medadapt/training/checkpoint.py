@@ -4,7 +4,8 @@ Each checkpoint is a directory ``step-XXXXXXXX`` written under a temporary name 
 a killed run leaves only complete checkpoints; :func:`latest_checkpoint` ignores temporaries. Weights go to
 ``head.safetensors``; optimizer / scheduler states go to ``optimizer.pt`` (``torch.save`` of tensors and
 plain containers, read back with ``torch.load(weights_only=True)``, which refuses arbitrary objects);
-counters and loss history go to ``state.json``, with the SHA-256 of the two other files. Hand-written
+counters and loss history go to ``state.json``; ``SHA256SUMS`` (:mod:`medadapt.checksums`) holds the SHA-256
+of all three and must list every file of the folder. Hand-written
 because Accelerate's ``save_state`` writes in place (non-atomically) and expects one optimizer per run, while
 the Med-MoE schedule has two.
 
@@ -15,7 +16,6 @@ back to the previous one.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import shutil
@@ -26,19 +26,15 @@ from typing import Any
 
 import torch
 
+from medadapt.checksums import verify_sums, write_sums
+
 PREFIX = "step-"
+#: The files of a checkpoint folder, all listed in its ``SHA256SUMS``.
+FILES = ("head.safetensors", "optimizer.pt", "state.json")
 
 
 class CheckpointCorruptError(Exception):
     """A checkpoint folder whose files are missing, unreadable or differ from their recorded checksums."""
-
-
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 @dataclass
@@ -91,8 +87,8 @@ def save_checkpoint(config: CheckpointConfig, step: int, head_state: dict[str, t
     try:
         save_file({k: v.detach().cpu().contiguous() for k, v in head_state.items()}, str(tmp / "head.safetensors"))
         torch.save(optimizer_state, tmp / "optimizer.pt")
-        checksums = {name: _sha256(tmp / name) for name in ("head.safetensors", "optimizer.pt")}
-        (tmp / "state.json").write_text(json.dumps({**state, "checksums": checksums}), encoding="utf-8")
+        (tmp / "state.json").write_text(json.dumps(state), encoding="utf-8")
+        write_sums(tmp, FILES)  # state.json too: its step and fingerprint decide what a resume does
         if final.exists():
             shutil.rmtree(final)
         os.replace(tmp, final)
@@ -109,19 +105,17 @@ def load_checkpoint(path: str | Path) -> tuple[dict[str, torch.Tensor], dict[str
     """Return ``(head_state, optimizer_state, state)`` of a checkpoint directory.
 
     Raises:
-        CheckpointCorruptError: a file is missing or unreadable, or differs from the checksum recorded in
-            ``state.json`` (checkpoints written before checksums were recorded are read without them).
+        CheckpointCorruptError: a file is missing, unlisted or unreadable, or differs from ``SHA256SUMS``
+            (which every checkpoint folder must have, so ``state.json`` is checked before it is parsed).
     """
     from safetensors.torch import load_file
 
     path = Path(path)
     try:
+        verify_sums(path, cover=FILES, complete=True)
         state = json.loads((path / "state.json").read_text(encoding="utf-8"))
         if not isinstance(state, dict) or "step" not in state:
             raise ValueError("state.json has no step")
-        for name, digest in (state.pop("checksums", None) or {}).items():
-            if _sha256(path / name) != digest:
-                raise ValueError(f"{name} differs from its recorded checksum")
         head_state = load_file(str(path / "head.safetensors"))
         optimizer_state = torch.load(path / "optimizer.pt", weights_only=True)
     except Exception as exc:  # noqa: BLE001 - safetensors, torch and json each raise their own types
