@@ -133,6 +133,9 @@ def test_matryoshka_loss_averages_nested_dims():
     assert set(mrl.last_per_dim) == {4, 8, 16}
     with pytest.raises(ValueError, match="exceeds"):
         MatryoshkaLoss(base, dims=[32])(q, p)
+    weighted = MatryoshkaLoss(base, dims=[16, 4], weights=[3, 1])  # weights follow their dims when sorted
+    expected = 0.75 * base(q, p, n)["infonce"] + 0.25 * base(q[:, :4], p[:, :4], n[:, :, :4])["infonce"]
+    torch.testing.assert_close(weighted(q, p, n)["infonce"], expected)
 
 
 def test_mrl_truncation_to_query_dimension(asym, tmp_path):

@@ -38,6 +38,10 @@ def test_metrics_match_hand_computation():
     assert r["f1@2"] == pytest.approx((0.5 + 2 / 3) / 2)
     assert r["accuracy@1"] == 0.0 and r["accuracy@2"] == 1.0
     assert r["map@10"] == pytest.approx(((1 / 2 + 2 / 3) / 2 + 1 / 2) / 2)
+    # cut-offs that cut: nDCG@2 of a keeps d9 d1 (DCG 1/log2 3; the ideal top 2 is d2 d1), b keeps d7 d3
+    cut = evaluate_run(QRELS, RUN, ["ndcg@1", "ndcg@2"])
+    assert cut["ndcg@1"] == 0.0  # d9 and d7 are not relevant
+    assert cut["ndcg@2"] == pytest.approx(((1 / math.log2(3)) / idcg_a + (1 / math.log2(3)) / idcg_b) / 2)
 
 
 def test_missing_query_in_run_counts_as_zero():

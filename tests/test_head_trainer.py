@@ -77,6 +77,19 @@ def test_train_head_learns_synthetic_task(config):
         assert sum(result.routing_stats["running_counts"]) == 2 * result.routing_stats["inputs_seen"]  # top-2
 
 
+def test_load_balancing_moves_the_gate():
+    """The Switch term reaches the optimiser: two runs that differ only in ``load_balance_weight`` end with
+    different centroids (if the term were logged but detached, both would train the same gate)."""
+    queries, docs, negatives = rotated_pairs(128, seed=0)
+    centroids = []
+    for weight in (0.0, 0.5):
+        head = fresh()
+        train_head(head, queries, docs, negatives, schedule(epochs=1, shared_epochs=0, random_routing_epochs=0),
+                   InfoNCESection(load_balance_weight=weight))
+        centroids.append(head.router.centroids.detach().clone())
+    assert not torch.allclose(centroids[0], centroids[1], atol=1e-6)
+
+
 def test_shared_stage_updates_only_shared_experts_and_reports_progress():
     queries, docs, _ = rotated_pairs(128, seed=0)
     head = fresh()

@@ -81,6 +81,31 @@ def test_plain_accumulation_would_differ():
     assert small.loss_history[0]["loss"] != pytest.approx(big.loss_history[0]["loss"], abs=1e-3)
 
 
+@pytest.mark.parametrize("accumulation", [1, 2])
+def test_gradients_reach_the_optimiser_clipped_to_max_grad_norm(accumulation):
+    """Every optimiser step sees a gradient of norm <= ``max_grad_norm`` (with GradCache too); without
+    clipping the same run's norms are larger, so the bound is not met by chance."""
+    from torch.optim.optimizer import register_optimizer_step_pre_hook
+
+    norms: dict[float | None, list[float]] = {}
+    for clip in (0.05, None):
+        seen = norms[clip] = []
+
+        def record(optimizer, args, kwargs, seen=seen):
+            grads = [p.grad for g in optimizer.param_groups for p in g["params"] if p.grad is not None]
+            seen.append(float(torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(x) for x in grads]))))
+
+        handle = register_optimizer_step_pre_hook(record)
+        try:
+            _run(OptimSection(batch_size=8 // accumulation, gradient_accumulation_steps=accumulation, lr=1e-2,
+                              epochs=1, warmup_ratio=0.0, max_grad_norm=clip))
+        finally:
+            handle.remove()
+    assert len(norms[0.05]) == len(norms[None]) == 4
+    assert max(norms[0.05]) <= 0.05 * (1 + 1e-4)
+    assert min(norms[None]) > 0.1
+
+
 def test_training_lowers_the_loss():
     _, res = _run(OptimSection(batch_size=8, lr=5e-2, epochs=10, warmup_ratio=0.0))
     first = sum(r["loss"] for r in res.loss_history[:4]) / 4

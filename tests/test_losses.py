@@ -31,6 +31,13 @@ def test_infonce_matches_hand_computed_2x2():
     parts = InfoNCELoss(temperature=1.0)(query, positive, negatives)
     assert parts["infonce"].item() == pytest.approx((row0 + row1) / 2, abs=1e-6)
 
+    # temperature 0.5 divides every cosine by 0.5 (paper eq. 3's tau)
+    t = 0.5
+    row0 = -math.log(math.exp(1 / t) / (math.exp(1 / t) + math.exp(c / t) + math.exp(0.0) + math.exp(1 / t)))
+    row1 = -math.log(math.exp(c / t) / (math.exp(0.0) + math.exp(c / t) + math.exp(1 / t) + math.exp(0.0)))
+    parts = InfoNCELoss(temperature=t)(query, positive, negatives)
+    assert parts["infonce"].item() == pytest.approx((row0 + row1) / 2, abs=1e-6)
+
 
 def test_infonce_decreases_as_embeddings_align():
     generator = torch.Generator().manual_seed(0)

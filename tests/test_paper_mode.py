@@ -89,6 +89,8 @@ def test_the_moe_paper_head_is_equation_1(tiny_bert_dir, tiny_beir_dir, tmp_path
         out_h = head.transform(v)  # learned routing: h = shared + alpha * sum_topk g_i E_i(v), eq. (1)-(2)
         routed = head._routed(v)
         torch.testing.assert_close(out_h, shared + head.alpha * routed)  # h itself, not v + h
+        head.alpha.fill_(0.5)  # a trained alpha may stay near its start: pin it so the check can fail
+        torch.testing.assert_close(head.transform(v), shared + 0.5 * routed)
         head.set_routing("off")
         torch.testing.assert_close(head.transform(v), shared)
     widths = {m.out_features for e in head.routed_experts for m in e.modules() if isinstance(m, torch.nn.Linear)}

@@ -177,6 +177,27 @@ def test_sum_fusion_scores_bm25_and_dense_candidates_exactly(tiny_bert):
         assert score == pytest.approx(lex.get(doc_id, 0.0) + 0.3 * cos, abs=1e-4)  # lexical + dense_weight * dense
 
 
+def test_minmax_fusion_in_the_retriever_weighs_dense_by_dense_weight(tiny_bert):
+    """``minmax`` hybrid: each top-``depth`` list min-max normalised, ``dense_weight * dense + lexical``
+    (missing = 0), computed here by hand from the dense and lexical retrievers' own lists."""
+    docs = tiny_docs()
+    cfg = RetrieverConfig(kind="hybrid", fusion=FusionConfig(method="minmax", dense_weight=0.3, depth=6))
+    query = "gout uric acid toe"
+    res = Retriever.build(docs, tiny_bert, config=cfg, show_progress=False).search(query, k=6)
+    dense = Retriever.build(docs, tiny_bert, kind="dense", show_progress=False).search(query, 6)
+    lexical = Retriever.build(docs, kind="lexical", config=cfg, show_progress=False).search(query, 6)
+
+    def minmax(ids, scores):
+        lo, hi = min(scores), max(scores)
+        return {i: (s - lo) / (hi - lo) for i, s in zip(ids, scores)}
+
+    d, lx = minmax(dense.ids, dense.scores), minmax(lexical.ids, lexical.scores)
+    expected = {i: 0.3 * d.get(i, 0.0) + lx.get(i, 0.0) for i in {*d, *lx}}
+    best = sorted(expected.items(), key=lambda kv: (-kv[1], kv[0]))[:6]
+    assert res.ids == [i for i, _ in best]
+    assert res.scores == pytest.approx([v for _, v in best], abs=1e-5)
+
+
 def test_mismatched_model_and_corrupted_files_refused(built, tmp_path):
     _, path = built
     other = build_tiny_bert(tmp_path / "other", seed=1)
