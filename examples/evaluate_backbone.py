@@ -4,8 +4,8 @@
     python examples/evaluate_backbone.py --medquad ../shared/data/medquad        # the full MedQuAD set
     python examples/evaluate_backbone.py --data medmini --plot metrics.png
 
-The first run encodes the corpus once (medquad-mini's 1,446 answers: about 2 minutes on a 2-core CPU; the
-full MedQuAD's 14,220: about 20 minutes) into the embedding cache (``$MEDADAPT_CACHE``); reruns take
+The first run encodes the corpus once (medquad-mini's 1,446 answers: about 50 seconds on 2 idle CPU cores;
+the full MedQuAD's 14,220: 17-25 minutes) into the embedding cache (``$MEDADAPT_CACHE``); reruns take
 seconds.
 """
 

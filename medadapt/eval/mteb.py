@@ -384,13 +384,20 @@ def _check_agreement(ours: dict[str, float], theirs: dict[str, float], console, 
                  "check the data for repeated ids and the model's prompts")
 
 
+def _verbose() -> bool:
+    """mteb draws its own tqdm bars: like every library's, the CLI shows them only with ``--verbose``."""
+    from medadapt.progress import level
+
+    return level() == "verbose"
+
+
 def cli_write_mteb(model, dataset: BeirDataset, split: str, results: dict[str, float], output: str | Path,
                    cache, batch_size: int = 64, quiet: bool = False, console=None) -> dict[str, Any]:
     """``medadapt eval ... --mteb-output DIR``: mteb evaluates ``model`` on the same split (embeddings
     through medadapt's cache, so nothing is encoded twice) and writes its result files under ``DIR``."""
     task = local_retrieval_task(dataset, split)
     result = run_mteb(model, task, output=output, use_cache=True, cache=cache, batch_size=batch_size,
-                      show_progress=not quiet)
+                      show_progress=not quiet and _verbose())
     _check_agreement(results, result["medadapt"], console)
     if console is not None:
         console.print(f"mteb {task.metadata.name} ({result['model']} @ {result['revision']}): main score "
@@ -416,7 +423,7 @@ def cli_mteb_task(name: str, model: str, data: str | None, split: str, output: s
     with tempfile.TemporaryDirectory() as tmp:
         result = run_mteb(st_model, task, output=mteb_output, use_cache=True,
                           cache=EmbeddingCache(tmp if no_cache else cache_dir), batch_size=batch_size,
-                          show_progress=not quiet)
+                          show_progress=not quiet and _verbose())
     flat = result["medadapt"] or {k: float(v) for k, v in next(iter(next(iter(result["scores"].values())).values()))
                                   .items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
     flat = {"main_score": float(result["main_score"]), **flat}
