@@ -180,7 +180,7 @@ def test_adapter_refuses_the_same_weights_with_another_tokenizer(tiny_bert_dir, 
     _st(shutil.copytree(tiny_bert_dir, tmp_path / "copy")).load_adapter(str(out))  # a plain copy: accepted
 
 
-@pytest.mark.parametrize("damage", ["edit-config", "drop-config-sum", "no-sums"])
+@pytest.mark.parametrize("damage", ["edit-config", "drop-config-sum", "no-sums", "claim-format-1"])
 def test_an_edited_adapter_config_is_refused_before_any_head_is_built(tiny_bert_dir, tmp_path, damage):
     """The config decides how the heads are rebuilt (``residual_scale``, widths, active heads): an edit that
     keeps it valid JSON would otherwise load silently as another model."""
@@ -196,9 +196,12 @@ def test_an_edited_adapter_config_is_refused_before_any_head_is_built(tiny_bert_
     elif damage == "drop-config-sum":
         sums.write_text("".join(ln + "\n" for ln in sums.read_text().splitlines() if "json" not in ln))
         match = "medadapt_adapter.json not listed in SHA256SUMS"
-    else:
+    elif damage == "no-sums":
         sums.unlink()
         match = "SHA256SUMS is missing"
+    else:  # an edit that claims the sum-less format while the sums are there: still checked
+        path.write_text(json.dumps({**config, "format_version": 1}))
+        match = "medadapt_adapter.json: checksum differs"
     fresh = _st(tiny_bert_dir)
     with pytest.raises(ModelLoadError, match=match):
         fresh.load_adapter(str(out))

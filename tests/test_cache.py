@@ -71,6 +71,22 @@ def test_cache_keys_follow_the_tokenizer_and_the_token_limit(tiny_bert_dir, tmp_
     assert len(list((tmp_path / "c").glob("*/meta.json"))) == 3
 
 
+def test_tokenizer_fingerprint_is_what_it_does_not_which_class_loaded_it(tiny_bert_dir):
+    """The same files loaded by two tokenizer classes give the same ids, so the same fingerprint (an adapter
+    saved under one transformers version loads under another); lowercasing off changes it."""
+    from transformers import AutoTokenizer, BertTokenizer
+
+    from medadapt.tokenizer_id import tokenizer_fingerprint
+
+    auto, bert = AutoTokenizer.from_pretrained(tiny_bert_dir), BertTokenizer.from_pretrained(tiny_bert_dir)
+    assert type(auto) is not type(bert)
+    assert tokenizer_fingerprint(auto) == tokenizer_fingerprint(bert)
+    auto("Some text to set the call state", truncation=True, max_length=4, padding="max_length")
+    assert tokenizer_fingerprint(auto) == tokenizer_fingerprint(bert)  # per-call state is not identity
+    auto.backend_tokenizer.normalizer.lowercase = False
+    assert tokenizer_fingerprint(auto) != tokenizer_fingerprint(bert)
+
+
 def test_cache_killed_mid_run_leaves_no_partial_files(tiny_bert, tmp_path, monkeypatch):
     cache = EmbeddingCache(tmp_path, chunk_size=3)
     texts = [f"text number {i}" for i in range(9)]

@@ -134,7 +134,7 @@ def test_a_lexical_side_of_format_1_loads_with_a_warning(tiny_bert_dir, tmp_path
     assert again.encode(TEXTS, "document")[1] == model.encode(TEXTS, "document")[1]
 
 
-@pytest.mark.parametrize("damage", ["scale-lexical", "edit-config", "no-sums"])
+@pytest.mark.parametrize("damage", ["scale-lexical", "edit-config", "no-sums", "truncate-config"])
 def test_a_damaged_lexical_side_is_refused_before_it_is_read(tiny_bert_dir, tmp_path, damage):
     """``hyrec/`` decides the lexical scores: a file changed behind the model's back (valid, same names) must
     not load as another model."""
@@ -150,11 +150,38 @@ def test_a_damaged_lexical_side_is_refused_before_it_is_read(tiny_bert_dir, tmp_
         config = json.loads((sub / "config.json").read_text())
         (sub / "config.json").write_text(json.dumps({**config, "min_union": 0.9}))
         match = "config.json: checksum differs"
-    else:
+    elif damage == "no-sums":
         (sub / "SHA256SUMS").unlink()
         match = "SHA256SUMS is missing"
+    else:
+        (sub / "config.json").write_text((sub / "config.json").read_text()[:20])
+        match = "config.json: checksum differs"
     with pytest.raises(ModelLoadError, match=match):
         HyReCModel.load(tmp_path / "m")
+    if damage == "truncate-config":  # `medadapt eval` reads the config first: one error line, no traceback
+        from typer.testing import CliRunner
+
+        from conftest import build_tiny_beir
+        from medadapt.cli import app
+
+        beir = build_tiny_beir(tmp_path / "beir")
+        res = CliRunner().invoke(app, ["eval", "--model", str(tmp_path / "m"), "--data", str(beir), "--split",
+                                       "test", "-q"])
+        assert res.exit_code == 1 and "Traceback" not in res.output and "checksum differs" in res.output
+
+
+def test_the_state_cache_key_follows_the_tokenizer(tiny_bert_dir, tmp_path):
+    """Same weights, tokenizer without lowercasing: other token ids, so another state-cache namespace."""
+    import shutil
+
+    cased = tmp_path / "cased"
+    shutil.copytree(tiny_bert_dir, cased)
+    definition = json.loads((cased / "tokenizer.json").read_text())
+    definition["normalizer"]["lowercase"] = False
+    (cased / "tokenizer.json").write_text(json.dumps(definition))
+    a, b = make(tiny_bert_dir, variant="frozen"), make(cased, variant="frozen")
+    assert a.shared_fingerprint() != b.shared_fingerprint()
+    assert SharedStateCache(None).namespace(a, "query") != SharedStateCache(None).namespace(b, "query")
 
 
 def test_lexical_index_equals_brute_force(tiny_bert_dir):

@@ -71,16 +71,42 @@ def test_trainer_checkpoints_are_summed_and_a_damaged_one_is_skipped(tiny_bert_d
         verify_sums(folder, complete=True)  # every file listed and intact
     newest = found[-1] / "model.safetensors"
     newest.write_bytes(newest.read_bytes()[:1000])  # truncated: the rerun must not read it
-    with pytest.warns(MedAdaptWarning, match="checkpoint-6: .*resuming from the one before"):
+    with pytest.warns(MedAdaptWarning, match="checkpoint-6: .*resuming from an earlier one"):
         run_recipe(RECIPE, tmp_path / "run", overrides, **QUIET)  # resumes from checkpoint-4
     resumed = _weights(tmp_path / "run")
     assert resumed.keys() == expected.keys()
     for name, value in expected.items():
         torch.testing.assert_close(resumed[name], value, atol=1e-6, rtol=0)  # the same run
-    for folder in ckpt.glob("checkpoint-*"):
-        (folder / "SHA256SUMS").unlink()
+    for folder in ckpt.glob("checkpoint-*"):  # every checkpoint damaged (sums intact): nothing to resume
+        weights = folder / "model.safetensors"
+        weights.write_bytes(weights.read_bytes()[:1000])
     with pytest.warns(MedAdaptWarning), pytest.raises(TrainingError, match="no checkpoint .* intact.*--overwrite"):
         run_recipe(RECIPE, tmp_path / "run", overrides, **QUIET)
+
+
+@pytest.mark.parametrize("unsummed", ["newest", "all"])
+def test_a_trainer_checkpoint_whose_save_did_not_finish_is_set_aside(tiny_bert_dir, tiny_beir_dir, tmp_path,
+                                                                      unsummed):
+    """The trainer writes ``checkpoint-N`` in place and the sums come last: a kill in between leaves a folder
+    without ``SHA256SUMS``. It is moved aside (the trainer would save into it again, over stale files) and
+    the run resumes from the one before, or starts afresh; either way it ends as the uninterrupted run."""
+    from medadapt.errors import MedAdaptWarning
+    from medadapt.recipes import run_recipe
+
+    overrides = _overrides(tiny_bert_dir, tiny_beir_dir)
+    run_recipe(RECIPE, tmp_path / "whole", overrides, **QUIET)
+    expected = _weights(tmp_path / "whole")
+    run_recipe(RECIPE, tmp_path / "run", overrides, **QUIET)
+    ckpt = tmp_path / "run.checkpoints"
+    names = ["checkpoint-6"] if unsummed == "newest" else ["checkpoint-4", "checkpoint-6"]
+    for name in names:
+        (ckpt / name / "SHA256SUMS").unlink()
+    with pytest.warns(MedAdaptWarning, match="checkpoint-6 has no SHA256SUMS .*set aside"):
+        run_recipe(RECIPE, tmp_path / "run", overrides, **QUIET)
+    assert all((ckpt / f"incomplete-{name}").is_dir() for name in names)
+    resumed = _weights(tmp_path / "run")
+    for name, value in expected.items():
+        torch.testing.assert_close(resumed[name], value, atol=1e-6, rtol=0)
 
 
 def test_trainer_checkpoints_without_the_run_mark_are_nobodys(tiny_bert_dir, tiny_beir_dir, tmp_path):

@@ -205,8 +205,9 @@ def describe_heads(model) -> dict[str, str]:
             for _, stack in adapter_locations(model) for name in stack.names()}
 
 
-def read_adapter_config(folder: str | Path) -> dict[str, Any]:
-    """The validated ``medadapt_adapter.json`` of ``folder``."""
+def read_adapter_config(folder: str | Path, *, warn_legacy: bool = True) -> dict[str, Any]:
+    """The validated ``medadapt_adapter.json`` of ``folder``, after ``SHA256SUMS`` is checked (a folder of
+    format 1 without sums is read with a warning, unless ``warn_legacy`` is off)."""
     path = Path(folder) / ADAPTER_CONFIG
     try:
         config = json.loads(path.read_text(encoding="utf-8"))
@@ -215,12 +216,13 @@ def read_adapter_config(folder: str | Path) -> dict[str, Any]:
     if not isinstance(config, dict) or config.get("format_version") not in READABLE_FORMATS:
         raise ModelLoadError(f"{path}: not a medadapt adapter config of format "
                              f"{' or '.join(map(str, READABLE_FORMATS))}")
-    if config["format_version"] == 1:
-        from medadapt.errors import warn
+    if config["format_version"] == 1 and not (path.parent / SUMS).is_file():
+        if warn_legacy:
+            from medadapt.errors import warn
 
-        warn(f"adapter {path.parent} was written before {SUMS} existed: its config is not checked; save it again "
-             "(medadapt.save_adapter) to add them")
-    else:
+            warn(f"adapter {path.parent} was written before {SUMS} existed: its config is not checked; save it "
+                 "again (medadapt.save_adapter) to add them")
+    else:  # format 2, or sums beside a config claiming format 1: checked either way
         try:  # the sums are checked before the parsed config is used
             verify_sums(path.parent, cover=COVERED)
         except ChecksumError as exc:
@@ -315,7 +317,7 @@ def load_adapter_model(folder: str | Path, load, base: str | None = None, device
     """Load the base model an adapter folder names (or ``base``) with ``load`` (``medadapt.load``, which
     calls this for adapter folders) and the adapter onto it."""
     folder = Path(folder)
-    record = read_adapter_config(folder)["base_model"]
+    record = read_adapter_config(folder, warn_legacy=False)["base_model"]  # load_adapter below warns once
     if base is None:
         if record.get("name"):
             base = record["name"]

@@ -367,15 +367,15 @@ def _eval_hyrec(folder: Path, dataset, split: str, mode: Mode, metrics: list[str
                 no_cache: bool, batch_size: int, quiet: bool, device: str | None = None) -> dict:
     """Retrieval metrics of a saved HyReC model (:func:`medadapt.hyrec.evaluate_hyrec`): the lexical side
     through the inverted index, the dense side through FAISS, hybrid as the normalised sum."""
-    import json
     import tempfile
 
     from medadapt.cache import EmbeddingCache
     from medadapt.hyrec.evaluate import evaluate_hyrec
+    from medadapt.hyrec.model import HyReCModel
 
-    config = json.loads((folder / "hyrec" / "config.json").read_text(encoding="utf-8"))
+    config = HyReCModel.read_config(folder)  # hyrec/SHA256SUMS checked first (a ModelLoadError otherwise)
     # a dense side saved with its own token limit is the plain sentence-transformers model: cacheable
-    dense_source = "cache" if config.get("dense_max_length") and not no_cache else "model"
+    dense_source = "cache" if config.dense_max_length and not no_cache else "model"
     tmp = tempfile.TemporaryDirectory() if no_cache else None
     try:
         cache = EmbeddingCache(tmp.name if tmp else cache_dir)

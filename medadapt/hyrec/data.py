@@ -176,7 +176,8 @@ def _versions(modules: Sequence[torch.nn.Module]) -> tuple | None:
             except RuntimeError:
                 return None
             if t.is_floating_point() and t.numel():
-                floats.append(torch.linalg.vector_norm(t.detach(), dtype=torch.float64).reshape(1).cpu())
+                wide = torch.float32 if t.device.type == "mps" else torch.float64  # MPS has no float64
+                floats.append(torch.linalg.vector_norm(t.detach(), dtype=wide).reshape(1).cpu())
     norms = tuple(torch.cat(floats).tolist()) if floats else ()
     return (tuple(out), norms)
 

@@ -35,7 +35,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from medadapt.checksums import ChecksumError, verify_sums, write_sums
+from medadapt.checksums import SUMS, ChecksumError, verify_sums, write_sums
 from medadapt.errors import ConfigError, ModelLoadError
 from medadapt.hyrec.bagging import WordVocab, sparse_from_tokens
 from medadapt.hyrec.glae import embed, encoder_layers, extended_mask, run_layers, split_layers
@@ -242,14 +242,14 @@ class HyReCModel(nn.Module):
 
     def shared_fingerprint(self) -> str:
         """Identity of the frozen sharing backbone and tokenizer (keys the shared-state cache)."""
-        from medadapt.models import modules_fingerprint
-
-        mods = [self.auto_model.embeddings, *self.shared_layers]
-        added = sorted(self.tokenizer.get_added_vocab().items())
-        tok = json.dumps({"n": len(self.tokenizer), "added": added}, ensure_ascii=False)
         import hashlib
 
-        return hashlib.sha256((modules_fingerprint(mods) + tok).encode()).hexdigest()[:24]
+        from medadapt.models import modules_fingerprint
+        from medadapt.tokenizer_id import tokenizer_fingerprint
+
+        mods = [self.auto_model.embeddings, *self.shared_layers]
+        tok = tokenizer_fingerprint(self.tokenizer)  # vocabulary (added tokens too) and what it does to text
+        return hashlib.sha256(f"{modules_fingerprint(mods)}|{tok}".encode()).hexdigest()[:24]
 
     # ------------------------------------------------------------------ tokenising
     def tokenize(self, texts: Sequence[str], role: Role, offsets: bool = False) -> dict[str, Tensor]:
@@ -585,6 +585,32 @@ class HyReCModel(nn.Module):
         atomic_write_json(sub / "config.json", self.config.to_dict())
         write_sums(sub, LEXICAL_FILES)  # checked by load before any of them is read
 
+    @staticmethod
+    def read_config(folder: str | Path) -> HyReCConfig:
+        """The :class:`HyReCConfig` of a saved folder, after ``hyrec/SHA256SUMS`` is checked (a folder of
+        format 1, saved before the sums and holding none, is read with a warning).
+
+        Raises:
+            ModelLoadError: not a HyReC folder, sums missing or not matching, an unreadable config."""
+        folder = Path(folder)
+        sub = folder / SUBDIR
+        if not (sub / "config.json").is_file():
+            raise ModelLoadError(f"{folder}: not a HyReC model (no {SUBDIR}/config.json)")
+        if (sub / SUMS).is_file() or _format_of(sub / "config.json") != 1:
+            try:
+                verify_sums(sub, cover=LEXICAL_FILES)
+            except ChecksumError as exc:
+                raise ModelLoadError(f"HyReC model {folder}: {exc}; save or train it again") from None
+        else:
+            from medadapt.errors import warn
+
+            warn(f"HyReC model {folder} was saved before {SUBDIR}/{SUMS} existed: its lexical files are not "
+                 "checked; save it again (HyReCModel.save) to add them")
+        try:
+            return HyReCConfig.from_dict(json.loads((sub / "config.json").read_text(encoding="utf-8")))
+        except (OSError, ValueError, TypeError) as exc:
+            raise ModelLoadError(f"HyReC model {folder}: cannot read {SUBDIR}/config.json ({exc})") from None
+
     @classmethod
     def load(cls, folder: str | Path, device: str | None = None) -> HyReCModel:
         from safetensors.torch import load_file
@@ -593,24 +619,11 @@ class HyReCModel(nn.Module):
 
         folder = Path(folder)
         sub = folder / SUBDIR
-        if not (sub / "config.json").is_file():
-            raise ModelLoadError(f"{folder}: not a HyReC model (no {SUBDIR}/config.json)")
+        config = cls.read_config(folder)  # the sums of hyrec/ are checked here, before anything is read
         try:
-            version = json.loads((sub / "config.json").read_text(encoding="utf-8")).get("format_version")
-        except (OSError, ValueError, AttributeError):
-            version = None  # unreadable: the sums check below names the problem
-        if version == 1:
-            from medadapt.errors import warn
-
-            warn(f"HyReC model {folder} was saved before {SUBDIR}/SHA256SUMS existed: its lexical files are not "
-                 "checked; save it again (HyReCModel.save) to add them")
-        else:
-            try:
-                verify_sums(sub, cover=LEXICAL_FILES)
-            except ChecksumError as exc:
-                raise ModelLoadError(f"HyReC model {folder}: {exc}; save or train it again") from None
-        config = HyReCConfig.from_dict(json.loads((sub / "config.json").read_text(encoding="utf-8")))
-        words = WordVocab.from_json(json.loads((sub / "words.json").read_text(encoding="utf-8")))
+            words = WordVocab.from_json(json.loads((sub / "words.json").read_text(encoding="utf-8")))
+        except (OSError, ValueError) as exc:  # format 1 folders (no sums): a damaged file is still one error
+            raise ModelLoadError(f"HyReC model {folder}: cannot read {SUBDIR}/words.json ({exc})") from None
         st = load(str(folder), device="cpu")
         model = cls(st, config, words=words)
         state = load_file(str(sub / "lexical.safetensors"))
@@ -619,6 +632,15 @@ class HyReCModel(nn.Module):
             part = {k[len(prefix):]: v for k, v in state.items() if k.startswith(prefix)}
             module.load_state_dict(part, strict=True)
         return model.to(device) if device else model
+
+
+def _format_of(path: Path) -> int | None:
+    """``format_version`` of a JSON config (``None`` when unreadable: the sums check then names the problem)."""
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return data.get("format_version") if isinstance(data, dict) else None
 
 
 def _document_route(st_model) -> list | None:

@@ -277,13 +277,12 @@ def run_recipe(
                      fingerprint=fingerprint(recipe), show_progress=show_progress, log=log)
     model = result.model = system.train(recipe, ctx)
     adapter_only = bool(result.adapter_base) and recipe.save.adapter_only
-    if accelerator.is_main_process:
-        import yaml
-
+    if isinstance(model, torch.nn.Module):  # whatever loop trained it, nothing non-finite is saved
         from medadapt.training.guards import check_finite_parameters
 
-        if isinstance(model, torch.nn.Module):  # whatever loop trained it, nothing non-finite is saved
-            check_finite_parameters(model, f"the model folder {output_dir}")
+        check_finite_parameters(model, f"the model folder {output_dir}")  # on every process: all stop together
+    if accelerator.is_main_process:
+        import yaml
 
         with replace_folder(output_dir) as tmp:
             if adapter_only and hasattr(model, "save_adapter"):  # a composed model (e.g. a HyReC branch)

@@ -49,6 +49,11 @@ def _read(path: str | Path):
     """``faiss.read_index`` after the file matches its ``.sha256``."""
     import faiss
 
+    return faiss.read_index(str(_verify(path)))
+
+
+def _verify(path: str | Path) -> Path:
+    """``path`` after it matches its ``.sha256`` (hashed, never parsed)."""
     from medadapt.checksums import sha256_file
 
     path = Path(path)
@@ -60,7 +65,7 @@ def _read(path: str | Path):
                             "train_shard_template); build the shard again") from None
     if not path.is_file() or sha256_file(path) != recorded:
         raise MedAdaptError(f"{path}: missing, or differs from {sums.name} (truncated or modified); build it again")
-    return faiss.read_index(str(path))
+    return path
 from medadapt.retrieval.config import DenseConfig
 from medadapt.retrieval.dense import DenseIndex, default_train_size, new_index, normalize
 
@@ -115,8 +120,8 @@ def merge_shards(shards: Sequence[str | Path], config: DenseConfig, normalized: 
             from faiss.contrib.ondisk import merge_ondisk
 
             for s in shards[1:]:  # merge_ondisk reads the files itself: check them first
-                _read(s)
-            merged = _read(shards[0])
+                _verify(s)
+            merged = first  # emptied: merge_ondisk fills its lists from the shard files
             merged.reset()
             merge_ondisk(merged, [str(s) for s in shards], str(ondisk))
         else:

@@ -13,8 +13,8 @@ raises :class:`~medadapt.training.loop.TrainingError` before the backward pass a
 processes agree through one all-reduce of a flag, so none is left waiting in a collective); parameters
 that became non-finite stop the run before a checkpoint is written; every checkpoint gets a
 ``SHA256SUMS`` (:mod:`medadapt.checksums`) once all processes have written it; a rerun resumes from the
-newest checkpoint whose sums verify, skipping damaged ones with a ``warning:`` line, and says so plainly
-when none does. :func:`check_finite_parameters` is the check ``medadapt train`` runs before it writes any
+newest checkpoint whose sums verify, skipping damaged ones with a ``warning:`` line (a save that did not
+finish is set aside), and says so plainly when every checkpoint is damaged. :func:`check_finite_parameters` is the check ``medadapt train`` runs before it writes any
 model folder. Hand-written because neither the trainer nor Accelerate offers these checks; they plug in
 through the trainer's own callback and a forward hook on the loss, so the training itself is the
 trainer's.
@@ -29,11 +29,11 @@ from typing import Any
 import torch
 from torch import nn
 
-from medadapt.checksums import ChecksumError, verify_sums, write_sums
+from medadapt.checksums import SUMS, ChecksumError, verify_sums, write_sums
 from medadapt.errors import warn
 from medadapt.training.loop import TrainingError
 
-__all__ = ["check_finite_parameters", "resumable_checkpoint", "train_guarded"]
+__all__ = ["check_finite_parameters", "everyone", "non_finite_parameters", "resumable_checkpoint", "train_guarded"]
 
 _CHECKPOINT = re.compile(r"^checkpoint-(\d+)$")
 
@@ -44,13 +44,19 @@ def _dist():
     return dist if dist.is_available() and dist.is_initialized() else None
 
 
-def _everyone(ok: bool, device: torch.device | str = "cpu") -> bool:
-    """``ok`` on every process (one all-reduce of a flag when several run; the tensor lives on ``device``,
-    which must suit the process group's backend: the loss's device does)."""
+def _flag_device(dist) -> torch.device:
+    """Where a flag tensor must live for the process group's backend (NCCL: this process's GPU)."""
+    if dist.get_backend() == "nccl" and torch.cuda.is_available():
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+def everyone(ok: bool) -> bool:
+    """``ok`` on every process: one all-reduce (MIN) of a flag when a process group runs, else ``ok``."""
     dist = _dist()
     if dist is None:
         return ok
-    flag = torch.tensor([1 if ok else 0], dtype=torch.int32, device=device)
+    flag = torch.tensor([1 if ok else 0], dtype=torch.int32, device=_flag_device(dist))
     dist.all_reduce(flag, op=dist.ReduceOp.MIN)
     return bool(flag.item())
 
@@ -69,11 +75,12 @@ def non_finite_parameters(module: nn.Module, trainable_only: bool = False) -> li
 
 def check_finite_parameters(module: nn.Module, where: str) -> None:
     """Raise :class:`TrainingError` naming up to three parameters of ``module`` that hold NaN / inf
-    (``where`` says what would have been written)."""
+    (``where`` says what would have been written). Collective: call it on every process; each checks its
+    own shards and all raise together, so none is left waiting."""
     bad = non_finite_parameters(module)
-    if bad:
-        raise TrainingError(f"parameters are not finite ({', '.join(bad[:3])}); {where} was not written: "
-                            "lower the learning rate or check the data")
+    if not everyone(not bad):
+        raise TrainingError(f"parameters are not finite ({', '.join(bad[:3]) or 'on another process'}); {where} "
+                            "was not written: lower the learning rate or check the data")
 
 
 def _checkpoints(directory: Path) -> list[Path]:
@@ -85,23 +92,54 @@ def _checkpoints(directory: Path) -> list[Path]:
 
 def resumable_checkpoint(directory: str | Path) -> str | None:
     """The newest trainer checkpoint in ``directory`` whose ``SHA256SUMS`` lists every file and matches
-    (``None`` when there is no checkpoint). Damaged or unlisted ones are skipped with a warning.
+    (``None`` when there is none to resume).
+
+    The trainer writes ``checkpoint-N`` in place and the sums come last, so a folder **without** a
+    ``SHA256SUMS`` is a save that did not finish (a kill while saving, or a checkpoint from before sums
+    existed): it is moved aside as ``incomplete-checkpoint-N`` with a warning (the trainer would otherwise
+    save into it again, over stale files) and the one before it is used, or the run starts afresh. A folder
+    whose sums do not match is damaged: skipped with a warning; when every checkpoint is damaged the run
+    stops. Call it on every process: they decide alike, and only the main process moves folders.
 
     Raises:
-        TrainingError: there are checkpoints but none reads back intact.
+        TrainingError: there are checkpoints with sums, but none reads back intact.
     """
+    from accelerate import PartialState
+
     directory = Path(directory)
     found = _checkpoints(directory) if directory.is_dir() else []
-    problems = []
+    chosen, damaged, incomplete = None, [], []
     for path in found:
+        if not (path / SUMS).is_file():
+            incomplete.append(path)
+            continue
         try:
             verify_sums(path, complete=True)
-            return str(path)
         except ChecksumError as exc:
-            problems.append(str(exc))
-            warn(f"checkpoint {path.name}: {exc}; resuming from the one before it")
-    if found:
-        raise TrainingError(f"no checkpoint in {directory} reads back intact ({'; '.join(problems[:2])}); pass "
+            damaged.append(f"{path.name}: {exc}")
+            continue
+        chosen = path
+        break
+    state = PartialState()
+    for path in incomplete:
+        warn(f"checkpoint {path.name} has no {SUMS} (its save did not finish, or it predates sums): set aside "
+             f"as incomplete-{path.name}")
+    state.wait_for_everyone()  # every process has decided before any folder moves
+    if state.is_main_process:
+        for path in incomplete:
+            target = path.with_name(f"incomplete-{path.name}")
+            if target.exists():
+                import shutil
+
+                shutil.rmtree(target, ignore_errors=True)
+            path.replace(target)
+    state.wait_for_everyone()
+    for problem in damaged:
+        warn(f"checkpoint {problem}; " + ("resuming from an earlier one" if chosen else "not resumed"))
+    if chosen is not None:
+        return str(chosen)
+    if damaged:
+        raise TrainingError(f"no checkpoint in {directory} reads back intact ({'; '.join(damaged[:2])}); pass "
                             "--overwrite to start the run afresh")
     return None
 
@@ -116,8 +154,7 @@ def _callback():
             if not control.should_save or model is None:
                 return
             bad = non_finite_parameters(model, trainable_only=True)
-            device = next((p.device for p in model.parameters()), torch.device("cpu"))
-            if not _everyone(not bad, device):
+            if not everyone(not bad):
                 raise TrainingError(f"parameters became non-finite ({', '.join(bad[:3]) or 'on another process'}); "
                                     "no checkpoint was written: lower the learning rate")
 
@@ -145,7 +182,7 @@ def _check_loss(_module: nn.Module, _inputs: Any, output: Any) -> None:
     loss = output[0] if isinstance(output, (tuple, list)) else output
     if not isinstance(loss, torch.Tensor):
         return
-    if not _everyone(bool(torch.isfinite(loss.detach()).all()), loss.device):
+    if not everyone(bool(torch.isfinite(loss.detach()).all())):
         raise TrainingError("the loss is not finite (on this or another process); training stopped before "
                             "this step's update: lower the learning rate or check the data")
 
