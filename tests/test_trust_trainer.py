@@ -22,6 +22,28 @@ def _overrides(bert, beir, *extra):
             "training.batch_size=4", "training.checkpoint_every_steps=2", "training.device=cpu", *extra]
 
 
+@pytest.fixture(scope="module")
+def finished(tiny_bert_dir, tmp_path_factory):
+    """One finished run with checkpoints 4 and 6, shared: ``(root, overrides, its model's weights)``."""
+    from conftest import build_tiny_beir
+    from medadapt.recipes import run_recipe
+
+    root = tmp_path_factory.mktemp("trainer")
+    overrides = _overrides(tiny_bert_dir, build_tiny_beir(root / "beir"))
+    run_recipe(RECIPE, root / "run", overrides, **QUIET)
+    return root, overrides, _weights(root / "run")
+
+
+def _copy_of(finished, tmp_path: Path) -> tuple[Path, Path]:
+    """A copy of the finished run and its checkpoints (same data, so the same run fingerprint)."""
+    import shutil
+
+    root = finished[0]
+    shutil.copytree(root / "run", tmp_path / "run")
+    shutil.copytree(root / "run.checkpoints", tmp_path / "run.checkpoints")
+    return tmp_path / "run", tmp_path / "run.checkpoints"
+
+
 def _weights(folder: Path) -> dict[str, torch.Tensor]:
     from safetensors.torch import load_file
 
@@ -53,18 +75,14 @@ def test_a_non_finite_loss_stops_the_trainer_and_writes_nothing(tiny_bert_dir, t
     assert len(calls) == 3
 
 
-def test_trainer_checkpoints_are_summed_and_a_damaged_one_is_skipped(tiny_bert_dir, tiny_beir_dir, tmp_path):
+def test_trainer_checkpoints_are_summed_and_a_damaged_one_is_skipped(finished, tmp_path):
     from medadapt.checksums import verify_sums
     from medadapt.errors import MedAdaptWarning
     from medadapt.recipes import run_recipe
     from medadapt.training import TrainingError
 
-    overrides = _overrides(tiny_bert_dir, tiny_beir_dir)
-    whole = run_recipe(RECIPE, tmp_path / "whole", overrides, **QUIET)
-    assert whole.loss_history
-    expected = _weights(tmp_path / "whole")
-    ckpt = tmp_path / "run.checkpoints"
-    run_recipe(RECIPE, tmp_path / "run", overrides, **QUIET)
+    _, overrides, expected = finished
+    out, ckpt = _copy_of(finished, tmp_path)
     found = sorted(ckpt.glob("checkpoint-*"), key=lambda p: int(p.name.split("-")[1]))
     assert [p.name for p in found] == ["checkpoint-4", "checkpoint-6"]  # save_total_limit=2
     for folder in found:
@@ -72,8 +90,8 @@ def test_trainer_checkpoints_are_summed_and_a_damaged_one_is_skipped(tiny_bert_d
     newest = found[-1] / "model.safetensors"
     newest.write_bytes(newest.read_bytes()[:1000])  # truncated: the rerun must not read it
     with pytest.warns(MedAdaptWarning, match="checkpoint-6: .*resuming from an earlier one"):
-        run_recipe(RECIPE, tmp_path / "run", overrides, **QUIET)  # resumes from checkpoint-4
-    resumed = _weights(tmp_path / "run")
+        run_recipe(RECIPE, out, overrides, **QUIET)  # resumes from checkpoint-4
+    resumed = _weights(out)
     assert resumed.keys() == expected.keys()
     for name, value in expected.items():
         torch.testing.assert_close(resumed[name], value, atol=1e-6, rtol=0)  # the same run
@@ -81,30 +99,26 @@ def test_trainer_checkpoints_are_summed_and_a_damaged_one_is_skipped(tiny_bert_d
         weights = folder / "model.safetensors"
         weights.write_bytes(weights.read_bytes()[:1000])
     with pytest.warns(MedAdaptWarning), pytest.raises(TrainingError, match="no checkpoint .* intact.*--overwrite"):
-        run_recipe(RECIPE, tmp_path / "run", overrides, **QUIET)
+        run_recipe(RECIPE, out, overrides, **QUIET)
 
 
 @pytest.mark.parametrize("unsummed", ["newest", "all"])
-def test_a_trainer_checkpoint_whose_save_did_not_finish_is_set_aside(tiny_bert_dir, tiny_beir_dir, tmp_path,
-                                                                      unsummed):
+def test_a_trainer_checkpoint_whose_save_did_not_finish_is_set_aside(finished, tmp_path, unsummed):
     """The trainer writes ``checkpoint-N`` in place and the sums come last: a kill in between leaves a folder
     without ``SHA256SUMS``. It is moved aside (the trainer would save into it again, over stale files) and
     the run resumes from the one before, or starts afresh; either way it ends as the uninterrupted run."""
     from medadapt.errors import MedAdaptWarning
     from medadapt.recipes import run_recipe
 
-    overrides = _overrides(tiny_bert_dir, tiny_beir_dir)
-    run_recipe(RECIPE, tmp_path / "whole", overrides, **QUIET)
-    expected = _weights(tmp_path / "whole")
-    run_recipe(RECIPE, tmp_path / "run", overrides, **QUIET)
-    ckpt = tmp_path / "run.checkpoints"
+    _, overrides, expected = finished
+    out, ckpt = _copy_of(finished, tmp_path)
     names = ["checkpoint-6"] if unsummed == "newest" else ["checkpoint-4", "checkpoint-6"]
     for name in names:
         (ckpt / name / "SHA256SUMS").unlink()
     with pytest.warns(MedAdaptWarning, match="checkpoint-6 has no SHA256SUMS .*set aside"):
-        run_recipe(RECIPE, tmp_path / "run", overrides, **QUIET)
+        run_recipe(RECIPE, out, overrides, **QUIET)
     assert all((ckpt / f"incomplete-{name}").is_dir() for name in names)
-    resumed = _weights(tmp_path / "run")
+    resumed = _weights(out)
     for name, value in expected.items():
         torch.testing.assert_close(resumed[name], value, atol=1e-6, rtol=0)
 
