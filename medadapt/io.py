@@ -41,8 +41,12 @@ def atomic_open(path: str | os.PathLike, mode: str = "w", encoding: str | None =
     from medadapt.errors import MedAdaptError
 
     path = Path(path)
+    if path.is_symlink():  # write through the link (replacing it would leave its target untouched)
+        path = path.resolve()
     if path.is_dir():
         raise MedAdaptError(f"cannot write {path}: it is an existing folder (give a file path)")
+    if path.exists() and not path.is_file():  # a device, a FIFO, a socket: renaming over it would destroy it
+        raise MedAdaptError(f"cannot write {path}: it is not a regular file")
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)

@@ -208,6 +208,13 @@ def _implicit_trust_hazard(folder: Path) -> str | None:
     return None
 
 
+try:  # a truncated or damaged model.safetensors raises safetensors' own error type (not an OSError)
+    from safetensors import SafetensorError as _SafetensorError
+except ImportError:  # pragma: no cover - safetensors comes with transformers
+    class _SafetensorError(Exception):
+        pass
+
+
 def check_device(device) -> None:
     """Refuse a device this machine does not have, with one clear :class:`ModelLoadError` (not torch's
     ``AssertionError: Torch not compiled with CUDA enabled`` at the first tensor move). ``None``: auto."""
@@ -369,7 +376,7 @@ def load(name_or_path: str, device: str | None = None, *, trust_remote_code: boo
         model._medadapt_base_name = str(name_or_path)  # recorded (never as an absolute path) by save_adapter
     except ModelLoadError:
         raise
-    except (OSError, ValueError, RuntimeError, KeyError, ImportError, AssertionError) as exc:
+    except (OSError, ValueError, RuntimeError, KeyError, ImportError, AssertionError, _SafetensorError) as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         hint = ("; pass trust_remote_code=True if you trust this model's code"
                 if "trust_remote_code" in str(exc) and not trust_remote_code else "")

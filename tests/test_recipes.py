@@ -53,7 +53,8 @@ def test_python_api_and_yaml_give_the_same_recipe(tmp_path):
     [
         (["model.colour=red"], "model.colour: Extra inputs are not permitted"),
         (["training.lr=fast"], "training.lr: Input should be a valid number"),
-        (["training.lr=.inf"], "training.lr: Input should be less than or equal to 10"),
+        (["training.lr=.inf"], "training: Value error, lr must be a finite number"),
+        (["training.batch_size=true"], "training: Value error, batch_size must be a number, not true"),
         (["training.lr=1e300"], "training.lr: Input should be less than or equal to 10"),
         (["head.alpha_init=.nan"], "alpha_init must be a finite number"),
         (["head.kind=banana"], "does not match any of the expected tags"),

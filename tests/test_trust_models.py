@@ -477,3 +477,66 @@ def test_cli_refuses_api_key_over_plain_http_before_any_request(tmp_path):
     proc = _cli([*base, "--allow-insecure-http"], tmp_path, env)
     assert proc.returncode == 1 and "Traceback" not in proc.stderr and "refusing" not in proc.stderr
     assert not (tmp_path / "labels.jsonl").exists()
+
+
+def test_cli_outputs_devices_and_values_found_bad_are_refused_before_any_work(tiny_bert_dir, tiny_beir_dir,
+                                                                             tmp_path):
+    """What a fuzzing pass of the CLI found: outputs under a file or on /proc, a cache folder that is a
+    file, an unknown training device, a boolean batch size, a NaN GPU size, a bad accelerate config, a
+    non-index --out, an empty query, an output that is a symlink or a device node. Each is one error line
+    before any work, and nothing is written (an existing output file stays as it was)."""
+    import stat
+
+    Retriever.build(load_documents(tiny_beir_dir), model=str(tiny_bert_dir), kind="lexical",
+                    show_progress=False).save(tmp_path / "idx")
+    (tmp_path / "afile").write_text("x")
+    (tmp_path / "notindex").mkdir()
+    (tmp_path / "notindex" / "keep.txt").write_text("keep")
+    (tmp_path / "keep.jsonl").write_text("KEEP\n")
+    (tmp_path / "acc.yaml").write_text("distributed_type: MULTI_GPU\nnum_processes: abc\n")
+    (tmp_path / "items.jsonl").write_text("".join(json.dumps({"_id": str(i), "text": f"gout {i}"}) + "\n"
+                                                  for i in range(4)))
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    recipe = str(Path(__file__).resolve().parents[1] / "recipes" / "med-moe-embed-tiny.yaml")
+    base = ["--set", f"model.backbone={tiny_bert_dir}", "--set", f"data.path={tiny_beir_dir}"]
+    cases = [
+        (["train", recipe, "--output", str(tmp_path / "afile" / "run"), *base], "afile", "afile/run"),
+        (["train", recipe, "--output", "/proc/medadapt-run", *base], "/proc", None),
+        (["train", recipe, "--output", str(tmp_path / "r1"), *base, "--set", "training.device=tpu"],
+         "training.device", "r1"),
+        (["train", recipe, "--output", str(tmp_path / "r2"), *base, "--set", "training.batch_size=true"],
+         "batch_size must be a number, not true", "r2"),
+        (["encode", "--corpus", str(tiny_beir_dir), "--model", str(tiny_bert_dir), "--cache-dir",
+          str(tmp_path / "afile")], "afile", None),
+        (["plan", recipe, "--gpu-memory", "nan"], "--gpu-memory must be a finite number", None),
+        (["plan", recipe, "--accelerate-config", str(tmp_path / "acc.yaml")], "num_processes must be a whole number",
+         None),
+        (["index", "--corpus", str(tiny_beir_dir), "--model", str(tiny_bert_dir), "--out", str(tmp_path / "notindex"),
+          "--cache-dir", str(tmp_path / "c-index")], "is not a medadapt index", None),
+        (["search", "--index", str(tmp_path / "idx"), "   "], "the query is empty", None),
+        (["data", "dedup", "--input", str(tmp_path / "items.jsonl"), "--model", str(tiny_bert_dir), "--output",
+          str(tmp_path / "keep.jsonl"), "--report", str(tmp_path / "afile" / "r.json")], "afile", None),
+        (["eval", "--model", str(tiny_bert_dir), "--data", str(tiny_beir_dir), "--output", str(fifo)],
+         "not a regular file", None),
+    ]
+    from conftest import run_cli_processes
+
+    env = {**os.environ, "MEDADAPT_CACHE": str(tmp_path / "cli-cache"), "HF_HUB_OFFLINE": "1",
+           "TOKENIZERS_PARALLELISM": "false"}
+    quiet = [[*a, *([] if a[0] == "plan" else ["-q"])] for a, _, _ in cases]  # plan prints no bars
+    for (args, message, out), proc in zip(cases, run_cli_processes(quiet, env)):
+        _one_error_line(proc, message)
+        if out is not None:
+            assert not (tmp_path / out).exists(), args
+    assert (tmp_path / "keep.jsonl").read_text() == "KEEP\n"  # dedup checked --report before writing --output
+    assert sorted(p.name for p in (tmp_path / "notindex").iterdir()) == ["keep.txt"]
+    assert not (tmp_path / "c-index").exists()  # refused before the corpus was encoded
+    assert stat.S_ISFIFO(fifo.stat().st_mode)  # the node was not replaced by a file
+    assert not (tmp_path / "r1").exists() and not (tmp_path / "r1.checkpoints").exists()
+    link = tmp_path / "link.json"
+    link.symlink_to(tmp_path / "target.json")  # an output that is a symlink: written through, link kept
+    proc = run_cli_processes([["eval", "--model", str(tiny_bert_dir), "--data", str(tiny_beir_dir), "--output",
+                               str(link), "-q"]], env)[0]
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert link.is_symlink() and json.loads((tmp_path / "target.json").read_text())

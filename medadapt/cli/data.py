@@ -111,9 +111,24 @@ def _guard(fn: Callable[[], None]) -> None:
         fail("interrupted")
 
 
-def _check_output(output: Path) -> None:
-    if output.exists() and output.is_dir():
-        raise DataError(f"--output is a folder: {output}")
+def _check_output(output: Path, *more: Path | None) -> None:
+    """Every file the command will write can be written, checked before any work (and so before any of
+    them is written): not a folder, no file on the way, a folder that takes new files."""
+    import tempfile
+
+    for path in (output, *(m for m in more if m is not None)):
+        if path.is_dir():
+            raise DataError(f"{path} is a folder; give a file path")
+        folder = path.parent
+        while not folder.exists() and folder != folder.parent:
+            folder = folder.parent
+        if not folder.is_dir():
+            raise DataError(f"cannot write {path}: {folder} is a file")
+        try:
+            with tempfile.TemporaryFile(dir=folder):
+                pass
+        except OSError as exc:
+            raise DataError(f"cannot write {path}: {exc.strerror or exc}") from None
 
 
 def _searcher(retriever: Retriever, ids: list[str], texts: list[str], model: str, device, cache_dir, language,
@@ -321,7 +336,7 @@ def dedup_cmd(
         from medadapt.io import atomic_write_json
         from medadapt.models import load
 
-        _check_output(output)
+        _check_output(output, discarded, report)
         make = DedupConfig.for_queries if kind is Kind.query else DedupConfig.for_documents
         overrides = {"k": k, "max_neighbors": max_neighbors, "seed_size": seed_size, "batch_size": batch_size,
                      "index": index}
@@ -395,7 +410,7 @@ def label_cmd(
         from medadapt.curation import PromptJudge, get_rubric, label_pairs, write_jsonl, write_training_groups
         from medadapt.io import atomic_write_json
 
-        _check_output(output)
+        _check_output(output, report)
         rub = get_rubric(rubric)
         if positive_grades:
             rub = rub.with_positive(g.strip().upper() for g in positive_grades.split(",") if g.strip())

@@ -27,6 +27,29 @@ class Fusion(str, enum.Enum):
     sum = "sum"
 
 
+def _check_index_out(out: Path) -> None:
+    """What saving would refuse (:func:`medadapt.retrieval.storage.atomic_dir`), found before the corpus is
+    read or encoded."""
+    import tempfile
+
+    from medadapt.retrieval.storage import MANIFEST
+
+    if out.exists() and not out.is_dir():
+        raise MedAdaptError(f"--out {out} exists and is not a folder")
+    if out.is_dir() and any(out.iterdir()) and not (out / MANIFEST).is_file():
+        raise MedAdaptError(f"--out {out} exists and is not a medadapt index; refusing to overwrite it")
+    folder = out.parent
+    while not folder.exists() and folder != folder.parent:
+        folder = folder.parent
+    if not folder.is_dir():
+        raise MedAdaptError(f"cannot write --out {out}: {folder} is a file")
+    try:
+        with tempfile.TemporaryFile(dir=folder):
+            pass
+    except OSError as exc:
+        raise MedAdaptError(f"cannot write --out {out}: {exc.strerror or exc}") from None
+
+
 @closes_process_group
 def index_cmd(
     corpus: Annotated[str, typer.Option(help="BEIR folder, corpus.jsonl, or builtin dataset (medmini).")],
@@ -79,6 +102,7 @@ def index_cmd(
         except ValidationError as exc:
             err = exc.errors()[0]
             raise MedAdaptError(f"{'.'.join(map(str, err['loc']))}: {err['msg']}") from None
+        _check_index_out(out)  # a file, a non-index folder or an unwritable place: refused before any work
         t0 = time.perf_counter()
         docs = load_documents(corpus)  # validate the corpus before loading a model
         from medadapt.cache import EmbeddingCache
@@ -180,6 +204,8 @@ def search_cmd(
     try:
         if (query is None) == (queries is None):
             raise MedAdaptError("give either one QUERY or --queries FILE")
+        if query is not None and not query.strip():
+            raise MedAdaptError("the query is empty")
         from medadapt.cli.eval import check_output_file
         from medadapt.models import check_device
 

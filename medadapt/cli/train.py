@@ -49,6 +49,9 @@ def train_cmd(
     except MedAdaptError as exc:
         fail(str(exc))
         return
+    except OSError as exc:  # a file system error (a cache folder that is a file, a full disk) not turned into one
+        fail(f"{exc.filename + ': ' if exc.filename else ''}{exc.strerror or exc}")
+        return
     except KeyboardInterrupt:
         fail(f"interrupted; run the same command again to resume from {output or 'runs/<name>'}.checkpoints")
         return

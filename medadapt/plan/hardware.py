@@ -19,6 +19,7 @@ FSDP HYBRID_SHARD             / GPUs per node (replicated across nodes)
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Literal
@@ -71,6 +72,10 @@ class Hardware:
 
     def with_overrides(self, *, num_gpus: int | None = None, gpu_memory_gb: float | None = None) -> Hardware:
         hw = self
+        if gpu_memory_gb is not None and not (math.isfinite(gpu_memory_gb) and gpu_memory_gb > 0):
+            raise ConfigError(f"--gpu-memory must be a finite number of GB > 0, got {gpu_memory_gb}")
+        if num_gpus is not None and num_gpus < 1:
+            raise ConfigError(f"--num-gpus must be >= 1, got {num_gpus}")
         if num_gpus is not None:
             hw = replace(hw, num_gpus=num_gpus)
         if gpu_memory_gb is not None:
@@ -81,6 +86,16 @@ class Hardware:
 _FSDP = {"FULL_SHARD": (3, False), "1": (3, False), "SHARD_GRAD_OP": (2, False), "2": (2, False),
          "NO_SHARD": (0, False), "3": (0, False), "HYBRID_SHARD": (3, True), "4": (3, True),
          "_HYBRID_SHARD_ZERO2": (2, True), "5": (2, True)}
+
+
+def _count(cfg: dict, key: str, path: Path) -> int:
+    """A positive whole number from an accelerate config (absent: 1); anything else is a ConfigError."""
+    value = cfg.get(key)
+    if value is None:
+        return 1
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ConfigError(f"{path}: {key} must be a whole number >= 1, got {value!r}")
+    return value
 
 
 def read_accelerate_config(path: str | Path) -> Hardware:
@@ -97,8 +112,7 @@ def read_accelerate_config(path: str | Path) -> Hardware:
         raise ConfigError(f"{path}: invalid YAML ({exc})") from None
     if not isinstance(cfg, dict):
         raise ConfigError(f"{path}: an accelerate config must be a YAML mapping")
-    machines = int(cfg.get("num_machines") or 1)
-    procs = int(cfg.get("num_processes") or 1)
+    machines, procs = _count(cfg, "num_machines", path), _count(cfg, "num_processes", path)
     dist = str(cfg.get("distributed_type") or "NO").upper()
     mp = cfg.get("mixed_precision")
     mp = "no" if mp in (False, None, "no") else str(mp)
@@ -110,8 +124,8 @@ def read_accelerate_config(path: str | Path) -> Hardware:
         return Hardware(**common, strategy="ddp" if procs > 1 else "single")
     if dist == "DEEPSPEED":
         ds = cfg.get("deepspeed_config") or {}
-        stage = int(ds.get("zero_stage", 0) or 0)
-        if stage not in (0, 1, 2, 3):
+        stage = ds.get("zero_stage", 0) or 0
+        if isinstance(stage, bool) or stage not in (0, 1, 2, 3):
             raise ConfigError(f"{path}: deepspeed_config.zero_stage must be 0-3, got {stage}")
         if ds.get("deepspeed_config_file"):
             raise ConfigError(f"{path}: a deepspeed_config_file is not read by the planner; put zero_stage in "

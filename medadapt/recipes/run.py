@@ -204,13 +204,27 @@ def fingerprint(recipe: RecipeBase) -> str:
 def _check_output(output_dir: Path) -> None:
     if output_dir.exists() and not output_dir.is_dir():
         raise ConfigError(f"--output {output_dir} is a file, not a folder")
+    if output_dir.resolve() in (Path.cwd().resolve(), *Path.cwd().resolve().parents):
+        raise ConfigError(f"--output {output_dir} is the current folder or one above it: it is replaced as a "
+                          "whole when the run saves; name a folder for the run (e.g. runs/NAME)")
     if output_dir.is_dir() and any(output_dir.iterdir()) and not (output_dir / "recipe.yaml").is_file():
         raise ConfigError(f"--output {output_dir} is a non-empty folder that is not a medadapt run; "
                           "choose a new or empty folder")
+    checkpoints = output_dir.with_name(output_dir.name + ".checkpoints")
+    if checkpoints.exists() and not checkpoints.is_dir():
+        raise ConfigError(f"{checkpoints} (where the run keeps its checkpoints) is a file, not a folder")
     parent = output_dir.parent
-    parent.mkdir(parents=True, exist_ok=True)
-    if not os.access(parent, os.W_OK):
-        raise ConfigError(f"cannot write into {parent}")
+    try:
+        parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:  # a file on the way, a read-only or virtual file system (/proc)
+        raise ConfigError(f"cannot create {parent}: {exc.strerror or exc}") from None
+    try:  # os.access says yes to root everywhere, even on /proc: a real file tells
+        import tempfile
+
+        with tempfile.TemporaryFile(dir=parent):
+            pass
+    except OSError as exc:
+        raise ConfigError(f"cannot write into {parent}: {exc.strerror or exc}") from None
     clean_leftovers(output_dir)  # an interrupted save
 
 
@@ -219,8 +233,15 @@ def _accelerator(recipe: RecipeBase):
     from accelerate import Accelerator
 
     device = recipe.training.device
-    if device not in (None, "cpu") and device.startswith("cuda") and not torch.cuda.is_available():
-        raise ConfigError(f"training.device is {device!r} but CUDA is not available on this machine")
+    from medadapt.errors import ModelLoadError
+    from medadapt.models import check_device
+
+    try:  # an unknown name (tpu) or a device this machine lacks (cuda, mps) stops here, before any work
+        check_device(device)
+    except ModelLoadError as exc:
+        raise ConfigError(f"training.device: {exc}") from None
+    if device not in (None, "cpu") and not str(device).startswith("cuda"):
+        raise ConfigError(f"training.device is {device!r}: medadapt trains on cpu or cuda (Accelerate)")
     from accelerate.state import AcceleratorState, PartialState
 
     shared = AcceleratorState._shared_state
