@@ -150,10 +150,11 @@ def swap_in(new: Path, target: Path) -> None:
         _sync_dir(target.parent)
 
 
-def _sync_dir(folder: Path) -> None:
-    """fsync a directory (its entries: renames into it); a no-op where directories cannot be opened."""
+def _sync_dir(path: str | os.PathLike) -> None:
+    """fsync a file or a directory (a directory's entries: renames into it); a no-op where it cannot be
+    opened or synced."""
     try:
-        fd = os.open(folder, os.O_RDONLY)
+        fd = os.open(path, os.O_RDONLY)
     except OSError:
         return
     try:
@@ -169,17 +170,32 @@ def _sync_tree(folder: Path) -> None:
     do not), so a power loss right after the swap cannot leave the new name over unwritten data."""
     for root, _dirs, files in os.walk(folder):
         for name in files:
-            try:
-                fd = os.open(os.path.join(root, name), os.O_RDONLY)
-            except OSError:
-                continue
-            try:
-                os.fsync(fd)
-            except OSError:
-                pass
-            finally:
-                os.close(fd)
-        _sync_dir(Path(root))
+            _sync_dir(os.path.join(root, name))
+        _sync_dir(root)
+
+
+def check_writable(path: str | os.PathLike, what: str = "") -> None:
+    """Refuse, before any work, a path that cannot be created: a file on the way, or a folder that takes no
+    new file. ``os.access`` is not asked (it says yes to root everywhere, even on ``/proc``): a temporary
+    file is created and removed in the nearest existing folder.
+
+    Raises:
+        MedAdaptError: ``cannot write [WHAT ]PATH: <reason>``.
+    """
+    from medadapt.errors import MedAdaptError
+
+    path = Path(path)
+    name = f"{what} {path}" if what else str(path)
+    folder = path.parent
+    while not folder.exists() and folder != folder.parent:
+        folder = folder.parent
+    if not folder.is_dir():
+        raise MedAdaptError(f"cannot write {name}: {folder} is not a folder")
+    try:
+        with tempfile.TemporaryFile(dir=folder):
+            pass
+    except OSError as exc:
+        raise MedAdaptError(f"cannot write {name}: {exc.strerror or exc}") from None
 
 
 def _pid_alive(pid: int) -> bool:

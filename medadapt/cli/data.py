@@ -114,21 +114,12 @@ def _guard(fn: Callable[[], None]) -> None:
 def _check_output(output: Path, *more: Path | None) -> None:
     """Every file the command will write can be written, checked before any work (and so before any of
     them is written): not a folder, no file on the way, a folder that takes new files."""
-    import tempfile
+    from medadapt.io import check_writable
 
     for path in (output, *(m for m in more if m is not None)):
         if path.is_dir():
             raise DataError(f"{path} is a folder; give a file path")
-        folder = path.parent
-        while not folder.exists() and folder != folder.parent:
-            folder = folder.parent
-        if not folder.is_dir():
-            raise DataError(f"cannot write {path}: {folder} is a file")
-        try:
-            with tempfile.TemporaryFile(dir=folder):
-                pass
-        except OSError as exc:
-            raise DataError(f"cannot write {path}: {exc.strerror or exc}") from None
+        check_writable(path)
 
 
 def _searcher(retriever: Retriever, ids: list[str], texts: list[str], model: str, device, cache_dir, language,

@@ -59,20 +59,14 @@ def _pool_defaults(task: Task) -> tuple[str, ...]:
 def check_output_file(path: Path | None, option: str = "--output") -> None:
     """Refuse, before any work, an output path that is a folder or that cannot be created (the write itself
     is atomic and refuses these too, but only after the evaluation)."""
-    import os
+    from medadapt.io import check_writable
 
     if path is None:
         return
     path = Path(path)
     if path.is_dir():
         raise MedAdaptError(f"{option} {path} is an existing folder; give a file path")
-    parent = path.parent
-    while not parent.exists() and parent != parent.parent:
-        parent = parent.parent
-    if not parent.is_dir():
-        raise MedAdaptError(f"cannot write {path}: {parent} is not a folder")
-    if not os.access(parent, os.W_OK | os.X_OK):
-        raise MedAdaptError(f"cannot write {path}: no write permission in {parent}")
+    check_writable(path)
 
 
 def _task_file(data: str, task: Task, split: str) -> Path:

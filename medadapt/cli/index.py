@@ -30,24 +30,14 @@ class Fusion(str, enum.Enum):
 def _check_index_out(out: Path) -> None:
     """What saving would refuse (:func:`medadapt.retrieval.storage.atomic_dir`), found before the corpus is
     read or encoded."""
-    import tempfile
-
+    from medadapt.io import check_writable
     from medadapt.retrieval.storage import MANIFEST
 
     if out.exists() and not out.is_dir():
         raise MedAdaptError(f"--out {out} exists and is not a folder")
     if out.is_dir() and any(out.iterdir()) and not (out / MANIFEST).is_file():
         raise MedAdaptError(f"--out {out} exists and is not a medadapt index; refusing to overwrite it")
-    folder = out.parent
-    while not folder.exists() and folder != folder.parent:
-        folder = folder.parent
-    if not folder.is_dir():
-        raise MedAdaptError(f"cannot write --out {out}: {folder} is a file")
-    try:
-        with tempfile.TemporaryFile(dir=folder):
-            pass
-    except OSError as exc:
-        raise MedAdaptError(f"cannot write --out {out}: {exc.strerror or exc}") from None
+    check_writable(out, "--out")
 
 
 @closes_process_group

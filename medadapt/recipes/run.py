@@ -23,8 +23,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from medadapt.errors import ConfigError
-from medadapt.io import atomic_write_json, atomic_write_text, clean_leftovers, replace_folder
+from medadapt.errors import ConfigError, MedAdaptError
+from medadapt.io import atomic_write_json, atomic_write_text, check_writable, clean_leftovers, replace_folder
 from medadapt.recipes.base import RecipeBase
 
 __all__ = ["RunContext", "RunResult", "checkpoint_dir_for", "evaluate_dense", "replace_folder", "run_recipe"]
@@ -213,18 +213,11 @@ def _check_output(output_dir: Path) -> None:
     checkpoints = output_dir.with_name(output_dir.name + ".checkpoints")
     if checkpoints.exists() and not checkpoints.is_dir():
         raise ConfigError(f"{checkpoints} (where the run keeps its checkpoints) is a file, not a folder")
-    parent = output_dir.parent
-    try:
-        parent.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:  # a file on the way, a read-only or virtual file system (/proc)
-        raise ConfigError(f"cannot create {parent}: {exc.strerror or exc}") from None
-    try:  # os.access says yes to root everywhere, even on /proc: a real file tells
-        import tempfile
-
-        with tempfile.TemporaryFile(dir=parent):
-            pass
-    except OSError as exc:
-        raise ConfigError(f"cannot write into {parent}: {exc.strerror or exc}") from None
+    try:  # a file on the way, a read-only or virtual file system (/proc): before any folder is made
+        check_writable(output_dir, "--output")
+    except MedAdaptError as exc:
+        raise ConfigError(str(exc)) from None
+    output_dir.parent.mkdir(parents=True, exist_ok=True)
     clean_leftovers(output_dir)  # an interrupted save
 
 
