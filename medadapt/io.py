@@ -2,6 +2,10 @@
 
 A killed process therefore leaves either the old file or the new one, never a half-written file.
 Hand-written because the standard library has no one-call atomic write.
+
+Every file medadapt publishes gets the mode a plain ``open()`` gives (``0o666`` less the umask): single files
+through :func:`atomic_open`, and every file of a folder swapped in by :func:`swap_in` (libraries that write
+into those folders, e.g. safetensors' ``save_file`` behind ``save_pretrained``, create owner-only 0600 files).
 """
 
 from __future__ import annotations
@@ -10,6 +14,7 @@ import contextlib
 import json
 import os
 import shutil
+import stat
 import tempfile
 import threading
 import uuid
@@ -90,6 +95,16 @@ def atomic_write_json(path: str | os.PathLike, obj: Any, indent: int = 2) -> Non
     atomic_write_text(path, text + "\n")
 
 
+def atomic_save_tensors(path: str | os.PathLike, tensors: dict, metadata: dict[str, str] | None = None) -> None:
+    """Save ``{name: torch.Tensor}`` as a safetensors file atomically, with the usual file mode (safetensors'
+    own ``save_file`` creates owner-only 0600 files). Tensors are copied to contiguous CPU memory first."""
+    from safetensors.torch import save
+
+    data = save({k: v.detach().cpu().contiguous() for k, v in tensors.items()}, metadata=metadata)
+    with atomic_open(path, "wb") as f:
+        f.write(data)
+
+
 def atomic_save_npy(path: str | os.PathLike, array) -> None:
     """Save a numpy array as ``.npy`` atomically (``allow_pickle`` is never used)."""
     import numpy as np
@@ -134,6 +149,7 @@ def swap_in(new: Path, target: Path) -> None:
     first (a brief window with no folder; a crash in it leaves ``.<name>.old-*``, which
     :func:`clean_leftovers` puts back). Hand-written: no library swaps directories."""
     new, target = Path(new), Path(target)
+    normalize_modes(new)  # what other libraries wrote into it gets the mode open() gives
     _sync_tree(new)  # the new folder's bytes are on disk before any name points at it
     try:
         if not target.exists():
@@ -148,6 +164,18 @@ def swap_in(new: Path, target: Path) -> None:
         shutil.rmtree(old, ignore_errors=True)
     finally:
         _sync_dir(target.parent)
+
+
+def normalize_modes(folder: str | os.PathLike) -> None:
+    """Give every regular file under ``folder`` the mode a plain ``open()`` gives (:func:`file_mode`).
+    Symlinks are left alone."""
+    mode = file_mode()
+    for root, _dirs, files in os.walk(folder):
+        for name in files:
+            path = os.path.join(root, name)
+            st = os.lstat(path)
+            if stat.S_ISREG(st.st_mode) and stat.S_IMODE(st.st_mode) != mode:
+                os.chmod(path, mode)
 
 
 def _sync_dir(path: str | os.PathLike) -> None:

@@ -33,6 +33,39 @@ def test_atomic_files_get_the_users_usual_mode(tmp_path, umask, expected):
     assert (tmp_path / "plain.txt").stat().st_mode & 0o777 == expected
 
 
+def _modes(folder: Path) -> dict[str, int]:
+    return {p.relative_to(folder).as_posix(): p.stat().st_mode & 0o777 for p in folder.rglob("*") if p.is_file()}
+
+
+@pytest.mark.parametrize("umask", [0o022, 0o002])
+def test_saved_folders_get_the_users_usual_mode(tmp_path, tiny_bert_dir, umask):
+    """Every file of an adapter folder (weights included: safetensors' own ``save_file`` creates 0600 files)
+    and of a full model folder swapped in by replace_folder (``save_pretrained`` writes through safetensors)
+    gets the mode a plain ``open()`` gives under the current umask."""
+    from sentence_transformers import SentenceTransformer
+
+    from medadapt.adapters.files import ADAPTER_WEIGHTS, save_adapter
+    from medadapt.moe import MoEConfig
+
+    model = SentenceTransformer(str(tiny_bert_dir), device="cpu")
+    model.add_adapter(MoEConfig.paper(dim=model.get_embedding_dimension(), expansion=2), adapter_name="med")
+    old = os.umask(umask)
+    try:
+        with open(tmp_path / "plain.txt", "w") as f:
+            f.write("x")
+        expected = (tmp_path / "plain.txt").stat().st_mode & 0o777
+        save_adapter(model, tmp_path / "adapter")
+        with mio.replace_folder(tmp_path / "full") as tmp:
+            model.save(str(tmp))
+    finally:
+        os.umask(old)
+    assert expected == 0o666 & ~umask
+    for folder, must in [(tmp_path / "adapter", ADAPTER_WEIGHTS), (tmp_path / "full", "model.safetensors")]:
+        modes = _modes(folder)
+        assert must in modes and len(modes) > 3
+        assert modes == {name: expected for name in modes}, folder
+
+
 def _write_version(folder: Path, version: int, n_files: int = 4) -> None:
     for i in range(n_files):
         (folder / f"part-{i}.txt").write_text(str(version))

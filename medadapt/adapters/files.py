@@ -36,7 +36,7 @@ from medadapt._version import __version__
 from medadapt.adapters.api import adapter_locations, set_active, stack_for
 from medadapt.checksums import SUMS, ChecksumError, verify_sums, write_sums
 from medadapt.errors import ConfigError, ModelLoadError
-from medadapt.io import atomic_write_json, replace_folder
+from medadapt.io import atomic_save_tensors, atomic_write_json, replace_folder
 from medadapt.tokenizer_id import tokenizer_fingerprint
 
 __all__ = ["ADAPTER_CONFIG", "ADAPTER_WEIGHTS", "base_fingerprint", "base_name", "is_adapter_folder",
@@ -161,8 +161,6 @@ def write_adapter(model, folder: str | Path, adapter_name: str | list[str] | Non
     be called ``name`` (the model card uses it). Returns the adapter config. ``allow_empty``: a model
     without heads is written too (a composed model whose other parts, e.g. a lexical branch, sit beside
     the base model)."""
-    from safetensors.torch import save_file
-
     folder = Path(folder)
     _refuse_peft(model)
     wanted = None if adapter_name is None else (
@@ -182,7 +180,7 @@ def write_adapter(model, folder: str | Path, adapter_name: str | list[str] | Non
         raise ConfigError(f"no medadapt adapter named {sorted(set(wanted) - set(heads))}")
     if not heads and not allow_empty:
         raise ConfigError("the model has no medadapt adapters to save (add one with model.add_adapter)")
-    save_file(tensors, str(folder / ADAPTER_WEIGHTS), metadata={"format": "pt"})
+    atomic_save_tensors(folder / ADAPTER_WEIGHTS, tensors, metadata={"format": "pt"})
     digest = hashlib.sha256((folder / ADAPTER_WEIGHTS).read_bytes()).hexdigest()
     config = {"format_version": ADAPTER_FORMAT, "library": "medadapt", "medadapt_version": __version__,
               "base_model": _base_record(model, folder, base, final=name), "adapters": heads, "active": active,

@@ -41,6 +41,7 @@ from medadapt.hyrec.bagging import WordVocab, sparse_from_tokens
 from medadapt.hyrec.glae import embed, encoder_layers, extended_mask, run_layers, split_layers
 from medadapt.hyrec.normalize import normalize_sparse
 from medadapt.hyrec.projectors import DenseProjector, UnionProjector, WeightProjector
+from medadapt.io import atomic_save_tensors, atomic_write_json
 from medadapt.retrieval.tokenize import cjk_characters  # noqa: F401  (the one CJK pattern; used below)
 
 __all__ = ["HyReCConfig", "HyReCModel", "HYREC_FORMAT"]
@@ -569,18 +570,12 @@ class HyReCModel(nn.Module):
         self._save_lexical(folder)
 
     def _save_lexical(self, folder: Path) -> None:
-        from safetensors.torch import save_file
-
-        from medadapt.io import atomic_write_json
-
         sub = folder / SUBDIR
         sub.mkdir(parents=True, exist_ok=True)
         state = {f"lexicon.{k}": v for k, v in self.lexicon.state_dict().items()}
         state.update({f"weight_proj.{k}": v for k, v in self.weight_proj.state_dict().items()})
         state.update({f"union_proj.{k}": v for k, v in self.union_proj.state_dict().items()})
-        tmp = sub / ".lexical.safetensors.tmp"
-        save_file({k: v.detach().cpu().contiguous() for k, v in state.items()}, str(tmp))
-        tmp.replace(sub / "lexical.safetensors")
+        atomic_save_tensors(sub / "lexical.safetensors", state)
         atomic_write_json(sub / "words.json", self.words.to_json())
         atomic_write_json(sub / "config.json", self.config.to_dict())
         write_sums(sub, LEXICAL_FILES)  # checked by load before any of them is read

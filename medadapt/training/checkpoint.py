@@ -27,6 +27,7 @@ from typing import Any
 import torch
 
 from medadapt.checksums import verify_sums, write_sums
+from medadapt.io import atomic_save_tensors
 
 PREFIX = "step-"
 #: The files of a checkpoint folder, all listed in its ``SHA256SUMS``.
@@ -78,14 +79,12 @@ def latest_checkpoint(directory: str | Path) -> Path | None:
 def save_checkpoint(config: CheckpointConfig, step: int, head_state: dict[str, torch.Tensor],
                     optimizer_state: dict[str, Any], state: dict[str, Any]) -> Path:
     """Write one checkpoint atomically and prune old ones; returns its path."""
-    from safetensors.torch import save_file
-
     config.directory.mkdir(parents=True, exist_ok=True)
     final = config.directory / f"{PREFIX}{step:08d}"
     tmp = config.directory / f".tmp-{uuid.uuid4().hex}"
     tmp.mkdir()
     try:
-        save_file({k: v.detach().cpu().contiguous() for k, v in head_state.items()}, str(tmp / "head.safetensors"))
+        atomic_save_tensors(tmp / "head.safetensors", head_state)
         torch.save(optimizer_state, tmp / "optimizer.pt")
         (tmp / "state.json").write_text(json.dumps(state), encoding="utf-8")
         write_sums(tmp, FILES)  # state.json too: its step and fingerprint decide what a resume does
