@@ -32,13 +32,26 @@ def _metrics_table(metrics: dict[str, float], baseline: dict[str, float] | None)
     return rows
 
 
+def _also_table(also: dict[str, dict[str, dict[str, float]]]) -> list[str]:
+    """The ``eval.also`` sets: one row per set and metric, this model beside the frozen base and the change."""
+    rows = ["| data set | metric | this model | frozen base model | change |", "|---|---|---|---|---|"]
+    for name, row in also.items():
+        for key, value in row.get("trained", {}).items():
+            base, delta = row.get("base", {}).get(key), row.get("delta", {}).get(key)
+            rows.append(f"| {name} | {key} | {value:.4f} | {'' if base is None else f'{base:.4f}'} | "
+                        f"{'' if delta is None else f'{delta:+.4f}'} |")
+    return rows
+
+
 def card_text(folder: Path, *, descriptions: dict[str, str] | None = None, adapter: dict[str, Any] | None = None,
               recipe: dict[str, Any] | None = None, metrics: dict[str, float] | None = None,
               baseline: dict[str, float] | None = None, eval_split: str | None = None,
               data: str | None = None, train_seconds: float | None = None,
-              standalone: bool = False, name: str | None = None) -> str:
+              standalone: bool = False, name: str | None = None,
+              also: dict[str, dict[str, dict[str, float]]] | None = None) -> str:
     """The medadapt card section (Markdown) for ``folder`` (called ``name`` once in place: cards are
-    written into a temporary folder that is then renamed)."""
+    written into a temporary folder that is then renamed). ``also``: the recipe's ``eval.also`` sets
+    (``{set: {"base", "trained", "delta"}}``), shown in a table of their own."""
     recipe = recipe or {}
     name = name or folder.name
     base = (adapter or {}).get("base_model", {})
@@ -80,7 +93,12 @@ def card_text(folder: Path, *, descriptions: dict[str, str] | None = None, adapt
     if train_seconds is not None:
         lines.append(f"- Training time: {train_seconds:.0f} s")
     where = f" on `{data}`, split `{eval_split}`" if data and eval_split else ""
-    lines += ["", f"## Evaluation{where}", "", *_metrics_table(metrics or {}, baseline), "", "## How to load", ""]
+    lines += ["", f"## Evaluation{where}", "", *_metrics_table(metrics or {}, baseline), ""]
+    if also:
+        lines += ["## Evaluation on other data (`eval.also`)", "",
+                  "The same metrics on sets beside the training domain: a head that gains on its own data can "
+                  "lose elsewhere.", "", *_also_table(also), ""]
+    lines += ["## How to load", ""]
     lines += _usage(name, adapter, base_label)
     if branches:
         lines += ["", "The composed model as a whole (dense + branch), evaluated or indexed in one pass:", "",

@@ -652,9 +652,16 @@ PAPER: dict[str, tuple[Any, str]] = {
     "stage2.align_weight": (0.0, "§4.2.2: stage II is eq. 4 alone (no stage-I alignment kept on)"),
 }
 
+
+def frozen_base(recipe: CareRecipe, ctx: RunContext):
+    """The frozen base a CARE run is compared with (``eval.baseline``, ``eval.also``): the document tower as
+    the recipe names it, untrained, as a symmetric model (both roles through it)."""
+    return build_document_tower(recipe.document, device=ctx.device)
+
+
 register_kind(RecipeKind("care", CareRecipe, train, evaluate,
                          summary="CARE asymmetric retrieval: small query tower aligned to a large document tower",
-                         paper=PAPER))
+                         paper=PAPER, base=frozen_base))
 
 
 def plan_spec(recipe: CareRecipe):

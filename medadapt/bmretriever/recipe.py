@@ -20,6 +20,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from medadapt.bmretriever.model import build_retriever
 from medadapt.bmretriever.schema import BmRetrieverRecipe, BmStageSection
 from medadapt.checksums import ChecksumError, verify_sums, write_sums
 from medadapt.errors import ConfigError, warn
@@ -308,8 +309,20 @@ PAPER = {
     "stage2.mining.num_negatives": (1, "§3.3: one hard negative per query"),
 }
 
+
+def frozen_base(recipe: BmRetrieverRecipe, ctx: RunContext):
+    """The frozen base a run is compared with (``eval.baseline``, ``eval.also``): the encoder :func:`train`
+    starts from, untrained, with the same inference prompts."""
+    m = recipe.model
+    model = build_retriever(m.name, m.kind, max_seq_length=m.max_seq_length, padding_side=m.padding_side,
+                            torch_dtype=m.torch_dtype, normalize=m.normalize, device=ctx.device)
+    model.prompts = {"query": recipe.eval_query_prompt(), "document": recipe.instructions.passage}
+    return model
+
+
 register_kind(RecipeKind("bmretriever", BmRetrieverRecipe, train, evaluate_dense,
-                         summary="BMRetriever: two-stage contrastive training of (decoder) retrievers", paper=PAPER))
+                         summary="BMRetriever: two-stage contrastive training of (decoder) retrievers", paper=PAPER,
+                         base=frozen_base))
 
 
 def plan_spec(recipe: BmRetrieverRecipe):

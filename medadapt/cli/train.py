@@ -45,7 +45,7 @@ def train_cmd(
         spec = load_recipe(recipe, overrides, paper=paper)  # `kind:` picks the system (medadapt.recipes.registry)
         result = run_recipe(spec, output or Path("runs") / spec.name, cache=EmbeddingCache(cache_dir),
                             show_progress=not quiet, evaluate=not no_eval, overwrite=overwrite,
-                            log=lambda m: console.print(m, highlight=False))
+                            log=lambda m: console.print(m, highlight=False, soft_wrap=True))
     except MedAdaptError as exc:
         fail(str(exc))
         return
@@ -72,33 +72,55 @@ def train_cmd(
 
 def result_table(result, title: str):
     """The run's metrics as a rich table: ``metric | frozen base | trained | change`` when the run evaluated
-    the frozen base model (``eval.baseline``), else ``metric | trained``; plus an ``expected`` column
-    (``ok`` / ``off by X``) only when the recipe sets ``eval.expected``. No column is ever left empty."""
+    the frozen base model (``eval.baseline``, ``eval.also``), else ``metric | trained``; plus an ``expected``
+    column (``ok`` / ``off by X``) only when the recipe sets ``eval.expected``. The ``eval.also`` sets follow
+    in a section of their own, one row per set and metric (``<set> <metric>``). No column is ever left
+    empty."""
     from rich.table import Table
 
     table = Table(title=title)
     table.add_column("metric")
     base = {m: result.baseline[m] for m in result.metrics if m in result.baseline}
-    if base:
+    also = getattr(result, "also", None) or {}
+    with_base = bool(base) or any(row.get("base") for row in also.values())
+    if with_base:
         table.add_column("frozen base", justify="right")
     table.add_column("trained", justify="right")
-    if base:
+    if with_base:
         table.add_column("change", justify="right")
     if result.expected:
         table.add_column("expected", justify="right")
     for metric, value in result.metrics.items():
         row = [metric]
-        if base:
+        if with_base:
             row.append(f"{base[metric]:.4f}" if metric in base else "-")
         row.append(f"{value:.4f}")
-        if base:
-            change = value - base[metric] if metric in base else None
-            row.append("-" if change is None else
-                       f"[green]{change:+.4f}[/]" if change > 5e-5 else
-                       f"[red]{change:+.4f}[/]" if change < -5e-5 else f"{change:+.4f}")
+        if with_base:
+            row.append(_change(value - base[metric] if metric in base else None))
         if result.expected:
             target = result.expected.get(metric)
             row.append("-" if target is None else "ok" if target[1] else f"off by {target[0] - value:.4f}")
         table.add_row(*row)
+    for n, (name, scores) in enumerate(also.items()):
+        if n == 0:
+            table.add_section()
+        for metric, value in scores.get("trained", {}).items():
+            b = scores.get("base", {}).get(metric)
+            row = [f"{name} {metric}"]
+            if with_base:
+                row.append("-" if b is None else f"{b:.4f}")
+            row.append(f"{value:.4f}")
+            if with_base:
+                row.append(_change(scores.get("delta", {}).get(metric)))
+            if result.expected:
+                row.append("-")
+            table.add_row(*row)
     return table
 
+
+def _change(change: float | None) -> str:
+    """A change column cell: green when up, red when down (beyond rounding), a dash when not measured."""
+    if change is None:
+        return "-"
+    return (f"[green]{change:+.4f}[/]" if change > 5e-5 else f"[red]{change:+.4f}[/]" if change < -5e-5
+            else f"{change:+.4f}")

@@ -21,8 +21,8 @@ from pydantic import Field, PrivateAttr, field_validator
 
 from medadapt.config import Section
 
-__all__ = ["SCHEMA_VERSION", "DataSection", "EvalSection", "LoraSection", "RecipeBase", "RunSection", "SaveSection",
-           "Section"]
+__all__ = ["SCHEMA_VERSION", "AlsoSection", "DataSection", "EvalSection", "LoraSection", "RecipeBase", "RunSection",
+           "SaveSection", "Section"]
 
 SCHEMA_VERSION = 1
 
@@ -51,9 +51,29 @@ class RunSection(Section):
         return "no" if v is False else v  # YAML 1.1 reads a bare `no` (e.g. --set training.mixed_precision=no) as false
 
 
+class AlsoSection(Section):
+    """One more evaluation set scored after training, beside the frozen base model: "no harm outside the
+    domain" (:mod:`medadapt.recipes.also`). ``data``: a BEIR folder (relative paths as for ``data.path``)
+    or a builtin name (``medmini``, ``medquad-mini``)."""
+
+    data: str = Field(..., min_length=1, description="BEIR folder or builtin dataset name")
+    split: str = Field("test", min_length=1)
+    label: str | None = Field(None, min_length=1, description="name in tables, metrics.json and warnings "
+                              "(default: <folder name>/<split>, e.g. questiondoctors/test)")
+
+    @property
+    def name(self) -> str:
+        """``label``, else ``<last part of data>/<split>``."""
+        if self.label:
+            return self.label
+        folder = Path(self.data.rstrip("/\\")).name or self.data
+        return f"{folder}/{self.split}"
+
+
 class EvalSection(Section):
     """Evaluation after training: on ``data`` (default: the recipe's data folder), split ``split``;
-    ``expected`` are regression targets checked within ``tolerance``."""
+    ``expected`` are regression targets checked within ``tolerance``; ``also`` are more sets, each scored
+    for the frozen base and the trained model (a warning when the trained model is below the base)."""
 
     data: str | None = None
     split: str = "test"
@@ -62,6 +82,18 @@ class EvalSection(Section):
     tolerance: float = Field(0.005, ge=0)
     baseline: bool = Field(True, description="also evaluate the frozen base model (the backbone with its "
                            "heads disabled, or model.backbone) for the model card")
+    also: list[AlsoSection] = Field(default_factory=list, description="more evaluation sets (e.g. outside "
+                                    "the training domain), each scored for the frozen base and the trained "
+                                    "model whatever ``baseline`` says")
+
+    @field_validator("also")
+    @classmethod
+    def _distinct_labels(cls, v: list[AlsoSection]) -> list[AlsoSection]:
+        names = [a.name for a in v]
+        twice = sorted({n for n in names if names.count(n) > 1})
+        if twice:
+            raise ValueError(f"two sets are named {', '.join(twice)}; give one of them a label")
+        return v
 
     @field_validator("metrics")
     @classmethod

@@ -39,6 +39,10 @@ class RecipeKind:
             reason each (``{path: (value, "paper §/eq./table")}``); ``medadapt train --paper`` /
             ``load_recipe(..., paper=True)`` applies them on top of the recipe file (``--set`` still wins).
             ``None``: the system has no paper mode.
+        base: ``base(recipe, ctx) -> model | None``: the frozen base model the trained one is compared with
+            (``eval.baseline``, ``eval.also``), evaluated with
+            :func:`~medadapt.recipes.run.evaluate_dense`. ``None``: the trained model with its medadapt heads
+            disabled when it has any, else the recipe's ``model.backbone`` when it names one.
     """
 
     kind: str
@@ -47,6 +51,7 @@ class RecipeKind:
     evaluate: Callable[[Any, Any, RunContext], dict[str, float]] | None = None
     summary: str = ""
     paper: dict[str, tuple[Any, str]] | None = None
+    base: Callable[[Any, RunContext], Any] | None = None
 
     def paper_settings(self) -> dict[str, Any]:
         """The paper settings as ``{"section.field": value}``; a kind without a paper mode is refused."""

@@ -3,7 +3,8 @@
 :func:`run_recipe` validates, builds the Accelerate ``Accelerator`` from ``recipe.training``, seeds, checks
 the output folder, hands a :class:`RunContext` to the system's registered ``train``, saves the returned
 model **as a whole folder, atomically** (written beside, swapped in by rename) together with
-``recipe.yaml`` and ``train_log.json``, then runs the system's ``evaluate`` and writes ``metrics.json``.
+``recipe.yaml`` and ``train_log.json``, then runs the system's ``evaluate`` and writes ``metrics.json``
+(with ``eval.also``: the frozen base and the trained model on each extra set, :mod:`medadapt.recipes.also`).
 Under ``accelerate launch`` only the main process logs, saves and evaluates.
 
 Checkpoints live *beside* the model folder (``<output>.checkpoints/``), so replacing the model folder
@@ -25,6 +26,7 @@ from typing import Any
 
 from medadapt.errors import ConfigError, MedAdaptError
 from medadapt.io import atomic_write_json, atomic_write_text, check_writable, clean_leftovers, replace_folder
+from medadapt.recipes.also import as_modes, check_also_sets, evaluate_also_sets, regression_warning
 from medadapt.recipes.base import RecipeBase
 
 __all__ = ["RunContext", "RunResult", "checkpoint_dir_for", "evaluate_dense", "replace_folder", "run_recipe"]
@@ -45,6 +47,9 @@ class RunResult:
         adapter_base: set by a system whose trained model is an unchanged base model plus medadapt heads
             (the base's name, e.g. ``minilm``): the folder then holds the heads alone (``save.adapter_only``).
         baseline: the frozen base model's metrics, evaluated in the same run (``eval.baseline``).
+        also: ``{set name: {"base": {...}, "trained": {...}, "delta": {...}}}`` for the recipe's ``eval.also``
+            sets (empty without them); written to ``metrics.json`` under ``"also"``.
+        warnings: the lines logged when the trained model is below the frozen base on an ``also`` set.
     """
 
     output_dir: Path
@@ -57,6 +62,8 @@ class RunResult:
     model: Any = field(default=None, repr=False)
     adapter_base: str | None = None
     baseline: dict[str, float] = field(default_factory=dict)
+    also: dict[str, dict[str, dict[str, float]]] = field(default_factory=dict)
+    warnings: list[str] = field(default_factory=list)
 
     def record_metrics(self, metrics: dict[str, float], ev, output_dir: Path | None = None) -> None:
         """Keep ``metrics``, check them against ``ev.expected`` (within ``ev.tolerance``) and, with
@@ -66,7 +73,16 @@ class RunResult:
             value = self.metrics.get(metric)
             self.expected[metric] = (target, value is not None and value >= target - ev.tolerance)
         if output_dir is not None:
-            atomic_write_json(Path(output_dir) / "metrics.json", {k: round(v, 6) for k, v in self.metrics.items()})
+            self.write_metrics(output_dir)
+
+    def write_metrics(self, output_dir: Path) -> None:
+        """``metrics.json``: the trained model's metrics (flat, ``{"ndcg@10": ...}``) and, when the recipe has
+        ``eval.also`` sets, ``"also": {set: {"base", "trained", "delta"}}``; written atomically."""
+        out: dict[str, Any] = {k: round(v, 6) for k, v in self.metrics.items()}
+        if self.also:
+            out["also"] = {name: {part: {k: round(v, 6) for k, v in values.items()}
+                                  for part, values in row.items()} for name, row in self.also.items()}
+        atomic_write_json(Path(output_dir) / "metrics.json", out)
 
 
 @dataclass
@@ -273,6 +289,8 @@ def run_recipe(
     elif overrides:
         raise ConfigError("overrides apply to a recipe file; pass a path or edit the recipe object")
     system = get_kind(recipe.kind)
+    if evaluate and system.evaluate is not None:
+        check_also_sets(recipe)  # a missing extra evaluation set stops here, not after training
     output_dir = Path(output_dir) if output_dir is not None else Path("runs") / recipe.name
     accelerator = _accelerator(recipe)
     if accelerator.is_main_process:
@@ -316,23 +334,25 @@ def run_recipe(
     accelerator.wait_for_everyone()
     if evaluate and system.evaluate is not None and accelerator.is_main_process:
         result.record_metrics(system.evaluate(recipe, model, ctx), recipe.eval, output_dir)
+        bases: dict[str, Any] = {}  # the frozen base model, loaded once for the eval split and every also set
         if recipe.eval.baseline:
-            result.baseline = _baseline_metrics(recipe, model, system, ctx)
-            if result.metrics and all("/" in k for k in result.metrics) \
-                    and not any("/" in k for k in result.baseline):  # per-mode metrics: the base is dense
-                result.baseline = {f"dense/{k}": v for k, v in result.baseline.items()}
+            result.baseline = as_modes(result.metrics, _baseline_metrics(recipe, model, system, ctx, bases))
             if result.baseline:
                 atomic_write_json(output_dir / "baseline_metrics.json",
                                   {k: round(v, 6) for k, v in result.baseline.items()})
+        if recipe.eval.also:
+            _evaluate_also(recipe, model, system, ctx, bases)
     if accelerator.is_main_process:
         _write_card(recipe, model, result, output_dir, adapter_only)
     return result
 
 
-def _baseline_metrics(recipe: RecipeBase, model, system, ctx: RunContext) -> dict[str, float]:
-    """The frozen base model's metrics on the evaluation split: the trained model with its medadapt heads
-    disabled (no re-encode: the heads run on cached backbone outputs), else ``model.backbone`` through
-    :func:`evaluate_dense`; empty when the recipe names no backbone."""
+def _baseline_metrics(recipe: RecipeBase, model, system, ctx: RunContext,
+                      bases: dict[str, Any] | None = None) -> dict[str, float]:
+    """The frozen base model's metrics on the recipe's evaluation split: the trained model with its medadapt
+    heads disabled (no re-encode: the heads run on cached backbone outputs), else the kind's ``base`` model
+    or the recipe's ``model.backbone`` through :func:`evaluate_dense`; empty when there is none. ``bases``
+    keeps a loaded base model between calls."""
     from medadapt.adapters.api import adapter_names
 
     if adapter_names(model):
@@ -341,12 +361,46 @@ def _baseline_metrics(recipe: RecipeBase, model, system, ctx: RunContext) -> dic
             return dict(system.evaluate(recipe, model, ctx))
         finally:
             model.enable_adapters()
+    bases = {} if bases is None else bases
+    if "model" not in bases:
+        bases["model"] = _base_model(recipe, system, ctx)
+    return {} if bases["model"] is None else evaluate_dense(recipe, bases["model"], ctx)
+
+
+def _base_model(recipe: RecipeBase, system, ctx: RunContext):
+    """The frozen base model of a run without medadapt heads: the kind's ``base`` hook, else the recipe's
+    ``model.backbone`` loaded; ``None`` when neither names one."""
+    if system.base is not None:
+        return system.base(recipe, ctx)
     backbone = getattr(getattr(recipe, "model", None), "backbone", None)
     if not isinstance(backbone, str):
-        return {}
+        return None
     from medadapt.models import load
 
-    return evaluate_dense(recipe, load(backbone, device=ctx.device), ctx)
+    return load(backbone, device=ctx.device)
+
+
+def _evaluate_also(recipe: RecipeBase, model, system, ctx: RunContext, bases: dict[str, Any]) -> None:
+    """Score the trained model and the frozen base on every ``eval.also`` set with the kind's own evaluation
+    (:mod:`medadapt.recipes.also`), rewrite ``metrics.json`` with them and log one warning line per set where
+    the trained model's first metric is below the base's."""
+    details = dict(ctx.result.details)  # a kind's evaluate notes its split's facts there (mode_metrics)
+    try:
+        ctx.result.also = evaluate_also_sets(
+            recipe, lambda pointed: dict(system.evaluate(pointed, model, ctx)),
+            lambda pointed: _baseline_metrics(pointed, model, system, ctx, bases))
+    finally:
+        ctx.result.details.clear()
+        ctx.result.details.update(details)
+    ctx.result.write_metrics(ctx.output_dir)
+    if not any(row["base"] for row in ctx.result.also.values()):
+        ctx.log(f"note: recipe kind {recipe.kind!r} names no frozen base model here; the eval.also sets show the "
+                "trained model alone")
+    for name, row in ctx.result.also.items():
+        line = regression_warning(name, row, recipe.eval.metrics[0])
+        if line is not None:
+            ctx.result.warnings.append(line)
+            ctx.log(line)
 
 
 def _write_card(recipe: RecipeBase, model, result: RunResult, output_dir: Path, adapter_only: bool) -> None:
@@ -364,7 +418,8 @@ def _write_card(recipe: RecipeBase, model, result: RunResult, output_dir: Path, 
     descriptions = describe_heads(inner) if hasattr(inner, "_modules") else {}
     write_card(output_dir, descriptions=descriptions, adapter=adapter, recipe=recipe.model_dump(mode="json"),
                metrics=result.metrics, baseline=result.baseline, eval_split=ev.split,
-               data=ev.data or recipe.data.path, train_seconds=result.train_seconds, standalone=not adapter_only)
+               data=ev.data or recipe.data.path, train_seconds=result.train_seconds, standalone=not adapter_only,
+               also=result.also)
 
 
 def _jsonable(obj):

@@ -1,0 +1,102 @@
+"""More evaluation sets after training (``eval.also``): "no harm outside the domain".
+
+A head that gains on its own data can lose elsewhere. For each :class:`~medadapt.recipes.base.AlsoSection`
+the runner scores the frozen base model and the trained model with the recipe's metrics, through the same
+evaluation the recipe kind runs on its own split (the recipe's ``eval`` pointed at the set: dense, asymmetric
+or per-mode hybrid alike, queries through ``encode_query`` and documents through ``encode_document``, so a
+query-only head is scored against the frozen document embeddings) and the run's embedding cache (the base's
+corpus encode is shared by the trained model wherever its document side is the base's).
+
+This module holds what does not depend on the runner: checking the sets before training, pointing a recipe
+at a set, and the ``base`` / ``trained`` / ``delta`` rows with their warning line.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from medadapt.data.beir import load_beir
+from medadapt.errors import ConfigError, MedAdaptError
+from medadapt.recipes.base import AlsoSection, RecipeBase
+
+__all__ = ["as_modes", "check_also_sets", "compare", "evaluate_also_sets", "metric_label", "primary_key",
+           "redirect", "regression_warning"]
+
+_LABELS = {"ndcg": "nDCG", "mrr": "MRR", "map": "MAP", "recall": "Recall", "precision": "P", "f1": "F1",
+           "accuracy": "Accuracy"}
+
+
+def check_also_sets(recipe: RecipeBase) -> None:
+    """Load every ``eval.also`` set (corpus, queries, the split's qrels) so that a missing folder or split
+    fails with one line before any training; raises :class:`~medadapt.errors.ConfigError`."""
+    for entry in recipe.eval.also:
+        try:
+            load_beir(recipe.resolve(entry.data), [entry.split])
+        except MedAdaptError as exc:
+            raise ConfigError(f"eval.also {entry.name}: {exc}") from None
+
+
+def redirect(recipe: RecipeBase, entry: AlsoSection) -> RecipeBase:
+    """A copy of ``recipe`` whose ``eval`` reads ``entry``'s data and split (every other eval setting, the
+    metrics and a hybrid recipe's modes included, kept; relative paths still resolve against the recipe's
+    file)."""
+    ev = recipe.eval.model_copy(update={"data": entry.data, "split": entry.split, "also": []})
+    return recipe.model_copy(update={"eval": ev})
+
+
+def as_modes(trained: dict[str, float], base: dict[str, float]) -> dict[str, float]:
+    """``base`` beside per-mode metrics (``lexical/…``, ``dense/…``, ``hybrid/…`` of a hybrid model): a plain
+    base is a dense model, so its metrics become ``dense/<metric>``; otherwise ``base`` as it is."""
+    if trained and all("/" in k for k in trained) and not any("/" in k for k in base):
+        return {f"dense/{k}": v for k, v in base.items()}
+    return dict(base)
+
+
+def compare(trained: dict[str, float], base: dict[str, float]) -> dict[str, dict[str, float]]:
+    """``{"base": ..., "trained": ..., "delta": trained - base}`` (the base aligned by :func:`as_modes`; the
+    delta on the keys both have)."""
+    base = as_modes(trained, base)
+    return {"base": base, "trained": dict(trained),
+            "delta": {k: trained[k] - base[k] for k in trained if k in base}}
+
+
+def primary_key(row: dict[str, dict[str, float]], metric: str) -> str | None:
+    """The key of ``metric`` (the recipe's first metric) in ``row``'s delta: ``metric`` itself, or for
+    per-mode results the first ``<mode>/<metric>`` the base has too (its dense mode); ``None`` if neither."""
+    delta = row.get("delta", {})
+    if metric in delta:
+        return metric
+    return next((k for k in delta if k.rsplit("/", 1)[-1] == metric), None)
+
+
+def metric_label(key: str) -> str:
+    """``ndcg@10`` -> ``nDCG@10``, ``dense/mrr@10`` -> ``dense/MRR@10`` (other names as they are)."""
+    head, _, name = key.rpartition("/")
+    base, at, k = name.partition("@")
+    name = f"{_LABELS.get(base, base)}{at}{k}"
+    return f"{head}/{name}" if head else name
+
+
+def regression_warning(label: str, row: dict[str, dict[str, float]], metric: str) -> str | None:
+    """The warning line when the trained model's ``metric`` is below the base's on set ``label``, e.g.
+    ``warning: trained model is below the frozen base on questiondoctors/test: nDCG@10 0.3751 < 0.3810
+    (-0.0059)``; ``None`` when it is not (or nothing compares)."""
+    key = primary_key(row, metric)
+    if key is None or not row["delta"][key] < 0:
+        return None
+    t, b, d = row["trained"][key], row["base"][key], row["delta"][key]
+    return (f"warning: trained model is below the frozen base on {label}: {metric_label(key)} {t:.4f} < "
+            f"{b:.4f} ({d:+.4f})")
+
+
+def evaluate_also_sets(recipe: RecipeBase, score_trained: Callable[[RecipeBase], dict[str, float]],
+                       score_base: Callable[[RecipeBase], dict[str, float]]
+                       ) -> dict[str, dict[str, dict[str, float]]]:
+    """``{set name: {"base", "trained", "delta"}}`` for every ``eval.also`` set: the trained model first, then
+    the base (each a ``score(recipe pointed at the set)``), so a base whose document side the trained model
+    shares reads the corpus from the cache."""
+    out = {}
+    for entry in recipe.eval.also:
+        pointed = redirect(recipe, entry)
+        out[entry.name] = compare(score_trained(pointed), score_base(pointed))
+    return out
