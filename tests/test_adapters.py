@@ -245,7 +245,7 @@ def test_unknown_head_type_in_a_folder_is_one_clear_error(tiny_bert_dir, tmp_pat
     with pytest.raises(ModelLoadError, match="medadapt_adapter.json: checksum differs from SHA256SUMS"):
         _st(tiny_bert_dir).load_adapter(str(out))  # an edit is caught before the config is used
     write_sums(out, COVERED)  # a folder written that way on purpose: the type is then the one error
-    with pytest.raises(ConfigError, match="unknown adapter type 'hypernet' \\(valid: moe"):
+    with pytest.raises(ConfigError, match="unknown adapter type 'hypernet' \\(valid: linear, moe, "):
         _st(tiny_bert_dir).load_adapter(str(out))
 
 
@@ -290,15 +290,19 @@ def test_composition_table_refuses_with_a_reason():
 
     for (base, component, where) in ALLOWED:
         check_composition(base, [(component, where)])
-    with pytest.raises(ConfigError, match="needs an asymmetric"):
-        check_composition("dense", [("moe", "query")])
+    for head in ("moe", "linear", "search_adaptor"):  # every head type is a "head"
+        check_composition("dense", [(head, "query")])
+    with pytest.raises(ConfigError, match="splits it into a Router"):
+        check_composition("dense", [("linear", "query"), ("hyrec_lexical", "branch")])
     with pytest.raises(ConfigError, match="not a supported combination"):
         check_composition("dense", [("prompt_tuning", "all")])
 
 
-def test_route_on_a_one_tower_model_is_refused(tiny_bert_dir):
-    with pytest.raises(ConfigError, match="needs an asymmetric model"):
-        _st(tiny_bert_dir).add_adapter(_moe(8), route="query")
+def test_unknown_route_on_a_one_tower_model_is_refused(tiny_bert_dir):
+    model = _st(tiny_bert_dir)
+    with pytest.raises(ConfigError, match="takes route 'query' or 'document'"):
+        model.add_adapter(_moe(model.get_embedding_dimension()), route="passage")
+    assert not medadapt.adapters.adapter_names(model) and len(model) == 3  # unchanged
 
 
 def test_cli_bad_adapter_inputs_give_one_clear_line_and_write_nothing(tiny_bert_dir, tiny_beir_dir, tmp_path):
@@ -316,7 +320,8 @@ def test_cli_bad_adapter_inputs_give_one_clear_line_and_write_nothing(tiny_bert_
     base = [f"model.backbone={tiny_bert_dir}", f"data.path={tiny_beir_dir}", "data.hard_negatives.window=[2, 6]"]
     cases = [
         (["train", str(recipes / "med-moe-embed-tiny.yaml"), "--output", str(tmp_path / "r1"),
-          *[a for o in [*base, "head.route=query"] for a in ("--set", o)]], "needs an asymmetric", "r1"),
+          *[a for o in [*base, "head.route=query", "branches=[{kind: hyrec_lexical}]"] for a in ("--set", o)]],
+         "splits it into a Router", "r1"),
         (["train", str(recipes / "med-moe-embed-tiny.yaml"), "--output", str(tmp_path / "r2"),
           *[a for o in [*base, "head.kind=hypernet"] for a in ("--set", o)]], "head", "r2"),
         (["eval", "--model", str(adapter), "--data", str(tiny_beir_dir), "--split", "test"], "backbone differs",

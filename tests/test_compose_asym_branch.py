@@ -56,8 +56,8 @@ def test_composition_table_allows_the_branch_on_an_asymmetric_model():
     assert ("asymmetric", "hyrec_lexical", "branch") not in REFUSED
     check_composition("asymmetric", [("hyrec_lexical", "branch"), ("moe", "query")])
     check_composition("dense", [("moe", "all"), ("hyrec_lexical", "branch")])  # unchanged
-    with pytest.raises(ConfigError, match="needs an asymmetric"):
-        check_composition("dense", [("moe", "query")])
+    with pytest.raises(ConfigError, match="splits it into a Router"):  # a query-only head splits the model
+        check_composition("dense", [("moe", "query"), ("hyrec_lexical", "branch")])
 
 
 def test_run_trains_query_tower_then_branch_into_one_folder_that_eval_serves(composed, monkeypatch):

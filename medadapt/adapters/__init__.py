@@ -16,11 +16,15 @@ methods to medadapt heads (:mod:`medadapt.adapters.api`)::
   :func:`load_adapter_model`) tied to the base model by a weight fingerprint.
 * :mod:`medadapt.adapters.compose`: composition as data (heads on routes, branches), checked against a
   table of allowed combinations.
+* :mod:`medadapt.adapters.linear`: the built-in ``linear`` and ``search_adaptor`` head types
+  (:mod:`medadapt.heads.linear`), registered when this package is imported.
 """
 
 from __future__ import annotations
 
-from medadapt.adapters.api import adapter_names, add_adapter, get_adapter, install, set_active, stack_for
+import medadapt.adapters.linear  # noqa: F401  (registers the "linear" and "search_adaptor" head types)
+from medadapt.adapters.api import (adapter_names, add_adapter, get_adapter, install, set_active, split_routes,
+                                   stack_for)
 from medadapt.adapters.files import (base_fingerprint, is_adapter_folder, load_adapter, load_adapter_model,
                                      read_adapter_config, save_adapter)
 from medadapt.adapters.stack import AdapterStack
@@ -29,6 +33,6 @@ from medadapt.adapters.types import AdapterType, adapter_type, adapter_types, re
 __all__ = ["AdapterStack", "AdapterType", "adapter_names", "adapter_type", "adapter_types", "add_adapter",
            "base_fingerprint", "get_adapter", "install", "is_adapter_folder", "load_adapter",
            "load_adapter_model", "read_adapter_config", "register_adapter_type", "save_adapter",
-           "set_active", "stack_for"]
+           "set_active", "split_routes", "stack_for"]
 
 install()

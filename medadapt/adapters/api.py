@@ -10,8 +10,11 @@ a medadapt head is handled here, anything else goes to the original method, so P
 exactly as before and both kinds can live in one model.
 
 Where a head sits: on the **pooled sentence embedding**, right before ``Normalize`` (inside an
-:class:`~medadapt.adapters.stack.AdapterStack`), or, with ``route="query"`` / ``"document"`` on an
-asymmetric (``Router``) model, at the end of that route. Semantics follow PEFT / transformers:
+:class:`~medadapt.adapters.stack.AdapterStack`), or, with ``route="query"`` / ``"document"``, at the end of
+that route of an asymmetric (``Router``) model. A one-tower model given a route is first split
+(:func:`split_routes`): its backbone modules become both routes of a ``Router`` (the same module objects,
+so one set of weights), and the head goes on one route only, e.g. a query-only adapter whose documents stay
+exactly the frozen model's embeddings. Semantics follow PEFT / transformers:
 ``add_adapter`` adds a head and makes it the active one; ``set_adapter(name or [names])`` chooses the
 active heads (several run in the given order); ``disable_adapters`` returns the plain backbone output,
 ``enable_adapters`` turns them back on.
@@ -28,7 +31,7 @@ from medadapt.adapters.types import adapter_type_of
 from medadapt.errors import ConfigError
 
 __all__ = ["ALL_ROUTES", "adapter_locations", "adapter_names", "add_adapter", "get_adapter", "install",
-           "stack_for"]
+           "shared_backbone", "split_routes", "stack_for"]
 
 ALL_ROUTES = "all"
 STACK_NAME = "medadapt_adapters"
@@ -58,6 +61,61 @@ def _route_dim(modules) -> int | None:
     return None
 
 
+def _embedding_level(module) -> bool:
+    """``Normalize`` or a module that reads and writes only the sentence embedding (the rule of
+    :func:`medadapt.cache.is_embedding_module`)."""
+    from sentence_transformers.base.modules import Normalize
+
+    return isinstance(module, Normalize) or bool(getattr(module, "operates_on_sentence_embedding", False))
+
+
+def split_routes(model):
+    """Turn the one-tower ``model`` into an asymmetric one, in place, and return its ``Router``: the backbone
+    modules (everything before the trailing ``Normalize`` / heads) become both the ``query`` and the
+    ``document`` route (``Router.for_query_document``, default route ``document``), as the *same* module
+    objects: one set of weights, which ``Router`` saves once and reloads shared. The trailing modules stay
+    after the Router. Until a head goes on a route, every output is unchanged; ``encode`` without a task
+    takes the document route. A model that already starts with a ``Router`` is returned as it is."""
+    from collections import OrderedDict
+
+    from sentence_transformers.base.modules import Router
+
+    existing = _router(model)
+    if existing is not None:
+        return existing
+    items = list(model._modules.items())
+    i = len(items)
+    while i > 0 and _embedding_level(items[i - 1][1]):
+        i -= 1
+    if i == 0:
+        raise ConfigError("cannot split the model into query and document routes: it has no backbone modules")
+    backbone = [m for _, m in items[:i]]
+    router = Router.for_query_document(query_modules=list(backbone), document_modules=list(backbone))
+    name = "0" if all(n != "0" for n, _ in items[i:]) else "router"
+    model._modules = OrderedDict([(name, router), *items[i:]])
+    return router
+
+
+def shared_backbone(model) -> list | None:
+    """For a model made by :func:`split_routes` (a leading ``Router`` whose routes all start with the same
+    module objects and add nothing after them but medadapt adapter stacks): the one-tower model's modules
+    (the shared backbone, then the modules after the Router), else ``None``. Adapter base fingerprints are
+    computed on these, so a head saved from the split model loads onto the plain base and back."""
+    router = _router(model)
+    if router is None or not router.sub_modules:
+        return None
+    routes = [list(seq) for seq in router.sub_modules.values()]
+    shared = [m for m in routes[0] if not isinstance(m, AdapterStack)]
+    if not shared:
+        return None
+    for modules in routes:
+        if len(modules) < len(shared) or any(a is not b for a, b in zip(modules, shared)):
+            return None
+        if not all(isinstance(m, AdapterStack) for m in modules[len(shared):]):
+            return None
+    return shared + list(model._modules.values())[1:]
+
+
 def adapter_locations(model) -> Iterator[tuple[str, AdapterStack]]:
     """``(location, stack)`` for every :class:`AdapterStack` of ``model``: ``"all"`` for the top level,
     the route name for one inside a ``Router`` route."""
@@ -80,9 +138,11 @@ def _location_dim(model, location: str) -> int:
             raise ConfigError("cannot add a head: the model does not report its embedding dimension")
         return int(dim)
     router = _router(model)
+    if router is None and location in ("query", "document"):  # a one-tower model: split_routes shares it
+        return _location_dim(model, ALL_ROUTES)
     if router is None or location not in router.sub_modules:
         routes = [] if router is None else list(router.sub_modules)
-        hint = routes or "none; the model has no Router, add the head without route="
+        hint = routes or "none; the model has no Router (a one-tower model takes route query or document)"
         raise ConfigError(f"route {location!r} does not exist in this model (routes: {hint})")
     dim = _route_dim(router.sub_modules[location])
     if dim is None:
@@ -91,7 +151,8 @@ def _location_dim(model, location: str) -> int:
 
 
 def stack_for(model, route: str | None = None, create: bool = False) -> AdapterStack | None:
-    """The stack at ``route`` (``None`` / ``"all"``: the top level), created on demand."""
+    """The stack at ``route`` (``None`` / ``"all"``: the top level), created on demand (a one-tower model
+    is split first for a ``query`` / ``document`` route, :func:`split_routes`)."""
     location = route or ALL_ROUTES
     for where, stack in adapter_locations(model):
         if where == location:
@@ -104,7 +165,7 @@ def stack_for(model, route: str | None = None, create: bool = False) -> AdapterS
 
         attach(model, stack, name=STACK_NAME)
     else:
-        _router(model).sub_modules[location].append(stack.to(model.device))
+        split_routes(model).sub_modules[location].append(stack.to(model.device))
     return stack
 
 
@@ -137,8 +198,9 @@ def add_adapter(model, adapter_config: Any, adapter_name: str | None = None, *, 
     """Add a fresh medadapt head built from ``adapter_config`` as ``adapter_name`` (default ``"default"``)
     and make it the active head (other medadapt heads are deactivated, as in PEFT). Returns the head.
 
-    ``route``: ``None`` puts the head on the pooled embedding before ``Normalize`` (every input); on an
-    asymmetric model ``"query"`` / ``"document"`` puts it at the end of that route only.
+    ``route``: ``None`` puts the head on the pooled embedding before ``Normalize`` (every input);
+    ``"query"`` / ``"document"`` puts it at the end of that route only (a one-tower model is split first,
+    :func:`split_routes`: the other route is then exactly the frozen model).
     """
     kind = adapter_type_of(adapter_config)
     if kind is None:
@@ -150,9 +212,9 @@ def add_adapter(model, adapter_config: Any, adapter_name: str | None = None, *, 
         raise ConfigError(f"adapter_name must be a non-empty string without '.', got {name!r}")
     if name in adapter_names(model) or name in _peft_names(model):
         raise ConfigError(f"an adapter named {name!r} already exists; choose another adapter_name")
-    if route not in (None, ALL_ROUTES) and _router(model) is None:
-        raise ConfigError(f"route={route!r} needs an asymmetric model (a Router with that route); this model "
-                          "has no Router")
+    if route not in (None, ALL_ROUTES, "query", "document") and _router(model) is None:
+        raise ConfigError(f"route={route!r} does not exist in this model: a one-tower model takes route "
+                          "'query' or 'document'")
     existing = stack_for(model, route)
     head = kind.build(adapter_config, existing.dim if existing else _location_dim(model, route or ALL_ROUTES))
     head.to(model.device)  # built and checked before the model changes: a bad config leaves it as it was

@@ -1,11 +1,12 @@
 """Composition as data: which heads and branches go together, checked against one table.
 
 A composed model is a base model plus *components*: heads on the pooled embedding of a route (``"all"``:
-every input, ``"query"`` / ``"document"``: one route of an asymmetric ``Router`` model) and *branches*
+every input, ``"query"`` / ``"document"``: one route of an asymmetric ``Router`` model, or of a one-tower
+model split into routes that share its backbone) and *branches*
 (a second output beside the dense embedding, e.g. HyReC's learned-lexical branch). Recipes describe them
 as data (the ``moe`` recipe's ``head.route`` and ``branches``); :func:`check_composition` accepts exactly
 the rows of :data:`ALLOWED` and refuses the rest with the reason from :data:`REFUSED` (or the list of what
-is allowed).
+is allowed), and pairs of components listed in :data:`REFUSED_TOGETHER`.
 
 Branches are registered by the system that provides them (:class:`BranchKind`, entry-point group
 ``medadapt.branches``); nothing here imports a system.
@@ -19,23 +20,33 @@ from typing import Any
 
 from medadapt.errors import ConfigError
 
-__all__ = ["ALLOWED", "REFUSED", "BranchKind", "base_kind", "branch_kind", "branch_kinds", "check_composition",
-           "register_branch"]
+__all__ = ["ALLOWED", "HEAD", "REFUSED", "REFUSED_TOGETHER", "BranchKind", "base_kind", "branch_kind",
+           "branch_kinds", "check_composition", "register_branch"]
+
+#: The component name of every head type (``moe``, ``linear``, ``search_adaptor`` and any other registered
+#: :class:`~medadapt.adapters.types.AdapterType`): heads compose alike, whatever they compute.
+HEAD = "head"
 
 #: (base, component, where) -> what the combination gives. ``base``: ``dense`` (one tower) or ``asymmetric``
-#: (a Router with query and document routes); ``where``: a route (``all``, ``query``, ``document``) for
-#: heads, ``branch`` for branches.
+#: (a Router with query and document routes); ``component``: ``head`` (any head type) or a branch kind;
+#: ``where``: a route (``all``, ``query``, ``document``) for heads, ``branch`` for branches.
 ALLOWED: dict[tuple[str, str, str], str] = {
-    ("dense", "moe", "all"): "MoE head on the pooled embedding of every input (queries and documents)",
-    ("asymmetric", "moe", "all"): "MoE head after the Router, on both towers' embeddings",
-    ("asymmetric", "moe", "query"): "MoE head on the query route only: the document tower, its cached "
-                                    "embeddings and any document index stay valid",
-    ("asymmetric", "moe", "document"): "MoE head on the document route only: documents are re-indexed "
-                                       "through the head, which runs on the document tower's cached "
-                                       "embeddings (no transformer pass over the corpus when that tower "
-                                       "is unchanged)",
+    ("dense", HEAD, "all"): "head on the pooled embedding of every input (queries and documents)",
+    ("dense", HEAD, "query"): "head on queries only: the one-tower model is split into a Router whose query "
+                              "and document routes share the backbone (medadapt.adapters.api.split_routes), "
+                              "so documents, their cached embeddings and any document index stay exactly the "
+                              "frozen model's",
+    ("dense", HEAD, "document"): "head on documents only (the model is split as for query): queries stay the "
+                                 "frozen model's, documents are re-indexed through the head from their cached "
+                                 "embeddings",
+    ("asymmetric", HEAD, "all"): "head after the Router, on both towers' embeddings",
+    ("asymmetric", HEAD, "query"): "head on the query route only: the document tower, its cached embeddings "
+                                   "and any document index stay valid",
+    ("asymmetric", HEAD, "document"): "head on the document route only: documents are re-indexed through the "
+                                      "head, which runs on the document tower's cached embeddings (no "
+                                      "transformer pass over the corpus when that tower is unchanged)",
     ("dense", "hyrec_lexical", "branch"): "HyReC learned-lexical branch beside the dense embedding (with or "
-                                          "without a MoE head on it): one hybrid model, one index",
+                                          "without a head on every input): one hybrid model, one index",
     ("asymmetric", "hyrec_lexical", "branch"): "HyReC learned-lexical branch on the document tower: it reads "
                                                "the document tower's token states for queries and documents "
                                                "alike (queries pay one pass through its first layers), the "
@@ -45,12 +56,17 @@ ALLOWED: dict[tuple[str, str, str], str] = {
                                                "decoder LLM towers are refused)",
 }
 
-#: combinations refused with a specific reason
-REFUSED: dict[tuple[str, str, str], str] = {
-    ("dense", "moe", "query"): "a head on the query route needs an asymmetric (Router) base model; on a "
-                               "one-tower model use route: all",
-    ("dense", "moe", "document"): "a head on the document route needs an asymmetric (Router) base model; on "
-                                  "a one-tower model use route: all",
+#: combinations refused with a specific reason (checked on the whole list of components)
+REFUSED: dict[tuple[str, str, str], str] = {}
+
+#: pairs of components refused together on one base, with the reason
+REFUSED_TOGETHER: dict[tuple[str, tuple[str, str], tuple[str, str]], str] = {
+    ("dense", (HEAD, "query"), ("hyrec_lexical", "branch")):
+        "a head on one route of a one-tower model splits it into a Router, and the learned-lexical branch is "
+        "composed on the one-tower model; put the head on route all, or start from an asymmetric model",
+    ("dense", (HEAD, "document"), ("hyrec_lexical", "branch")):
+        "a head on one route of a one-tower model splits it into a Router, and the learned-lexical branch is "
+        "composed on the one-tower model; put the head on route all, or start from an asymmetric model",
 }
 
 
@@ -65,18 +81,33 @@ def base_kind(model) -> str:
     return "dense"
 
 
+def _component(name: str) -> str:
+    """``head`` for a registered head type's name (``moe``, ``linear``, ...), else ``name``."""
+    from medadapt.adapters.types import adapter_types
+
+    return HEAD if name == HEAD or name in adapter_types() else name
+
+
 def check_composition(base: str, components: list[tuple[str, str]]) -> None:
     """Raise :class:`~medadapt.errors.ConfigError` unless every ``(component, where)`` is allowed on
-    ``base``. This is the table only: a branch kind's ``check`` then looks at the model itself (e.g. the
-    HyReC branch on an asymmetric model refuses a document tower that is not a BERT-like encoder)."""
-    for component, where in components:
+    ``base`` (a head type's name counts as ``head``) and no pair of them is in :data:`REFUSED_TOGETHER`.
+    This is the table only: a branch kind's ``check`` then looks at the model itself (e.g. the HyReC branch
+    on an asymmetric model refuses a document tower that is not a BERT-like encoder)."""
+    parts = [(_component(c), w) for c, w in components]
+    for (component, where), (named, _) in zip(parts, components):
         key = (base, component, where)
         if key in ALLOWED:
             continue
         reason = REFUSED.get(key)
         allowed = "; ".join(f"{c} on {w} ({b} base)" for (b, c, w) in ALLOWED)
-        raise ConfigError(f"cannot compose {component} ({where}) on a {base} base model: "
+        raise ConfigError(f"cannot compose {named} ({where}) on a {base} base model: "
                           f"{reason or 'not a supported combination'} (allowed: {allowed})")
+    for i, first in enumerate(parts):
+        for second in parts[i + 1:]:
+            reason = REFUSED_TOGETHER.get((base, first, second)) or REFUSED_TOGETHER.get((base, second, first))
+            if reason:
+                raise ConfigError(f"cannot compose {first[0]} ({first[1]}) with {second[0]} ({second[1]}) on a "
+                                  f"{base} base model: {reason}")
 
 
 @dataclass(frozen=True)

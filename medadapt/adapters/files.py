@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from medadapt._version import __version__
-from medadapt.adapters.api import adapter_locations, set_active, stack_for
+from medadapt.adapters.api import adapter_locations, set_active, shared_backbone, stack_for
 from medadapt.checksums import SUMS, ChecksumError, verify_sums, write_sums
 from medadapt.errors import ConfigError, ModelLoadError
 from medadapt.io import atomic_save_tensors, atomic_write_json, replace_folder
@@ -60,10 +60,18 @@ def is_adapter_folder(path: Any) -> bool:
 
 
 def _base_tensors(model) -> dict[str, Any]:
-    """The model's weights outside any :class:`~medadapt.adapters.stack.AdapterStack`."""
+    """The model's weights outside any :class:`~medadapt.adapters.stack.AdapterStack`. A one-tower model
+    split into routes that share its backbone (:func:`~medadapt.adapters.api.split_routes`) is named as
+    the one-tower model (``<position>.<parameter>``), so its heads load onto the plain base."""
     skip = {id(p) for _, stack in adapter_locations(model) for p in [*stack.parameters(), *stack.buffers()]}
+    one_tower = shared_backbone(model)
+    if one_tower is not None:
+        named = [(f"{i}.{name}", t) for i, module in enumerate(one_tower)
+                 for name, t in [*module.named_parameters(), *module.named_buffers()]]
+    else:
+        named = [*model.named_parameters(), *model.named_buffers()]
     out = {}
-    for name, t in [*model.named_parameters(), *model.named_buffers()]:
+    for name, t in named:
         if id(t) not in skip:
             out[name] = t
     return out

@@ -17,7 +17,12 @@ both checkpointing to ``<output>.checkpoints/`` (a rerun resumes):
 * **Fast path** (``model.freeze_backbone: true``, no ``peft``, a ``head``): training queries and corpus
   are encoded once into the embedding cache (main process first), hard negatives are mined on those
   embeddings, and only the head trains, on cached tensors, through the one loop with Med-MoE-Embed's
-  two-step schedule (:mod:`medadapt.moe.schedule`).
+  two-step schedule (:mod:`medadapt.moe.schedule`). ``head.kind`` is ``moe``, ``linear`` (identity-initialised
+  ``W e``, LlamaIndex / Chroma) or ``search_adaptor`` (``e + s W e``, Search-Adaptor); the last two train in
+  one stage of ``training.epochs`` (``shared_epochs`` / ``random_routing_epochs`` and an explicit
+  ``loss.load_balance_weight`` are refused for them). ``head.route: query`` adapts queries only, on any
+  backbone (a one-tower model is split into a Router sharing its backbone): the documents' cached frozen
+  embeddings are used as they are in training and evaluation.
 * **Slow path** (``freeze_backbone: false`` or a ``peft`` LoRA adapter): sentence-transformers' trainer
   with ``MultipleNegativesRankingLoss`` (``scale = 1 / temperature``; the cached variant when accumulating,
   so in-batch negatives span the whole global step), mined hard negatives as extra columns, the head (if
@@ -104,10 +109,28 @@ class MoERecipe(RecipeBase):
         return self
 
 
+def _moe_only_problem(recipe: MoERecipe) -> str | None:
+    """MoE-only options set for another head kind (``None`` when there are none)."""
+    head, t = recipe.head, recipe.training
+    if head.kind in ("none", "moe"):
+        return None
+    bad = [f"training.{name}={getattr(t, name)}" for name in ("shared_epochs", "random_routing_epochs")
+           if getattr(t, name)]
+    if "load_balance_weight" in recipe.loss.model_fields_set and recipe.loss.load_balance_weight:
+        bad.append(f"loss.load_balance_weight={recipe.loss.load_balance_weight}")
+    if not bad:
+        return None
+    return (f"{', '.join(bad)}: MoE-only options (expert stages, load balancing) for head.kind "
+            f"{head.kind}, which trains in one stage of training.epochs; remove them or set them to 0")
+
+
 def recipe_problem(recipe: MoERecipe) -> str | None:
     """Why ``recipe`` cannot train as written (``None`` when it can)."""
     if recipe.branches and not recipe.fast:
         return "branches compose onto a frozen backbone (model.freeze_backbone: true, no model.peft)"
+    moe_only = _moe_only_problem(recipe)
+    if moe_only:
+        return moe_only
     if recipe.fast:
         if recipe.head.kind == "none" and not recipe.branches:
             return ("nothing to train: the backbone is frozen, there is no model.peft adapter and head.kind "
@@ -119,10 +142,12 @@ def recipe_problem(recipe: MoERecipe) -> str | None:
     routed = isinstance(recipe.head, MoEHeadSection) and bool(recipe.head.routed_experts)
     if routed and recipe.loss.load_balance_weight:
         ignored.append(f"loss.load_balance_weight={recipe.loss.load_balance_weight}")
+    if getattr(recipe.head, "drift_weight", 0):
+        ignored.append(f"head.drift_weight={recipe.head.drift_weight}")
     if ignored:
         return (f"{', '.join(ignored)}: the backbone / LoRA path (sentence-transformers' trainer) has no "
-                "stage schedule and no load-balancing term (they apply to a head on a frozen backbone); set "
-                "them to 0")
+                "stage schedule, no load-balancing term and no drift term (they apply to a head on a frozen "
+                "backbone); set them to 0")
     return None
 
 
@@ -141,7 +166,7 @@ def train(recipe: MoERecipe, ctx: RunContext):
         model.max_seq_length = recipe.model.max_seq_length
     _check_composition(recipe, model)
     if recipe.fast:
-        if isinstance(recipe.head, MoEHeadSection):
+        if recipe.head.kind != "none":
             _train_fast(recipe, model, data, ctx)
         ctx.result.adapter_base = recipe.model.backbone
     else:
@@ -157,7 +182,7 @@ def _check_composition(recipe: MoERecipe, model) -> None:
     """The head's route and the branches against :data:`medadapt.adapters.compose.ALLOWED`."""
     from medadapt.adapters.compose import base_kind, check_composition
 
-    parts = [("moe", recipe.head.route)] if isinstance(recipe.head, MoEHeadSection) else []
+    parts = [(recipe.head.kind, recipe.head.route)] if recipe.head.kind != "none" else []
     parts += [(b.kind, "branch") for b in recipe.branches]
     check_composition(base_kind(model), parts)
     for section in recipe.branches:  # e.g. the branch's pooling against the backbone's, before any training
@@ -166,7 +191,7 @@ def _check_composition(recipe: MoERecipe, model) -> None:
         kind = branch_kind(section.kind)
         if kind.check is not None:
             kind.check(model, section, recipe)
-    if isinstance(recipe.head, MoEHeadSection) and recipe.head.route != "all" and not recipe.fast:
+    if recipe.head.kind != "none" and recipe.head.route != "all" and not recipe.fast:
         raise ConfigError("a head on one route trains on a frozen base (model.freeze_backbone: true, no peft)")
 
 
@@ -215,7 +240,8 @@ def _train_fast(recipe: MoERecipe, model, data, ctx: RunContext) -> None:
         res = ctx.train(head, stages)
     merge_routing_stats(head, ctx.accelerator)
     ctx.result.details["stage_steps"] = dict(res.stage_steps)
-    ctx.result.details["routing_stats"] = head.routing_stats()
+    if callable(getattr(head, "routing_stats", None)):  # MoE heads; linear heads do not route
+        ctx.result.details["routing_stats"] = head.routing_stats()
     ctx.result.details["expert_load"] = expert_load_log(head, stages)  # per step, for `medadapt report`
 
 
@@ -237,7 +263,7 @@ def _train_slow(recipe: MoERecipe, model, data, ctx: RunContext) -> None:
     if recipe.model.peft is not None:
         attach_lora(model, recipe.model.peft)  # only the LoRA matrices of the backbone train
     head = None
-    if isinstance(recipe.head, MoEHeadSection):
+    if recipe.head.kind != "none":
         head = model.add_adapter(recipe.head, adapter_name=ADAPTER_NAME)
     if recipe.data.hard_negatives is not None:  # mining needs the backbone's embeddings
         prepared = _prepare(recipe, model, data, ctx)
@@ -334,10 +360,11 @@ def plan_spec(recipe: MoERecipe):
     mining = recipe.data.hard_negatives
     texts = 2 + (mining.num_negatives if mining is not None else 0)
     head = 0
-    if recipe.head.kind == "moe":
-        from medadapt.moe.head import MoEHead
+    if recipe.head.kind != "none":
+        from medadapt.adapters.types import adapter_type_of
 
-        head = sum(p.numel() for p in MoEHead(recipe.head.to_config(int(cfg["hidden_size"]))).parameters())
+        built = adapter_type_of(recipe.head).build(recipe.head, int(cfg["hidden_size"]))
+        head = sum(p.numel() for p in built.parameters())
     lora = m.peft and LoraSpec(m.peft.r, m.peft.alpha, m.peft.dropout,
                                tuple(m.peft.target_modules) if m.peft.target_modules else None)
     models = [ModelSpec("backbone", m.backbone, lora=lora or None)]

@@ -8,10 +8,13 @@ inference. :func:`head_stages` gives a :class:`~medadapt.moe.head.MoEHead` three
 pre-trains them separately, in place is equivalent), ``random`` (``training.random_routing_epochs`` on all
 parameters with random routing, a warm-up feeding every routed expert) and ``learned`` (``training.epochs``
 with the learned top-k gate); the last two share one optimiser and LR schedule.
-Stages a head has nothing for are skipped; any other head trains all its parameters in one stage, ``main``.
+Stages a head has nothing for are skipped; any other head (``LinearHead``, ``SearchAdaptorHead``, your own)
+trains all its parameters in one stage, ``main``, of ``training.epochs`` (the MoE-only stages are refused).
 
 The loss of an optimiser step (:class:`MoEStep`) is InfoNCE over in-batch + hard negatives plus
-``loss.load_balance_weight`` x the Switch load-balancing loss, both on the whole gathered step. Random
+``loss.load_balance_weight`` x the Switch load-balancing loss (MoE heads), both on the whole gathered step,
+plus the parts a head's own ``penalty(frozen, adapted)`` returns on the rows it maps (Search-Adaptor's
+``drift``, :class:`~medadapt.losses.drift.DriftLoss`). Random
 routing draws one seeded set of scores per step for every row of ``batch.all_indices``, so the random stage
 is the same on 1 or N processes, with or without accumulation. :func:`head_training` trains the
 full-strength correction (``residual_scale = 1``) and restores the head's scale and routing afterwards.
@@ -59,6 +62,8 @@ class MoEStep:
         self.query, self.positive, self.negatives = query, positive, negatives
         self.n_neg = 0 if negatives is None else negatives.shape[1]
         self.infonce, self.load_balance = loss.build()
+        #: ``head.penalty(frozen, adapted) -> {name: loss part}`` of heads that regularise their output
+        self.penalty = getattr(head, "penalty", None)
         has_router = isinstance(head, MoEHead) and head.router is not None
         self.routed = has_router and routing in ("learned", "random")
         #: per optimiser step of this stage: ``{"step": 1-based step, "load": [fraction per routed expert]}``
@@ -119,9 +124,12 @@ class MoEStep:
         return self._per_item_all(rows, b)
 
     def loss(self, outputs: dict[str, Tensor], batch: Batch) -> dict[str, Tensor]:
-        """``infonce`` of the gathered step and, for a ``MoEHead``, ``load_balance`` (weighted Switch loss on
+        """``infonce`` of the gathered step, the head's ``penalty`` parts (if it has one) and, for a
+        ``MoEHead``, ``load_balance`` (weighted Switch loss on
         every row the step routed; zero when the stage does not route)."""
         parts = self.infonce(outputs["q"], outputs["p"], outputs.get("n"))
+        if callable(self.penalty):
+            parts.update(self.penalty(*self._mapped_rows(outputs, batch)))
         if isinstance(self.head, MoEHead):
             if "probs" in outputs:
                 n_experts = outputs["probs"].shape[-1]
@@ -135,6 +143,21 @@ class MoEStep:
                 aux = outputs["q"].new_zeros(())
             parts.update(self.load_balance(aux))
         return parts
+
+    def _mapped_rows(self, outputs: dict[str, Tensor], batch: Batch) -> tuple[Tensor, Tensor]:
+        """``(frozen, adapted)`` rows of the whole gathered step on the stage's route: the cached inputs of
+        ``batch.all_indices`` and the head's outputs for them."""
+        index = torch.as_tensor(batch.all_indices, dtype=torch.long)
+        q = outputs["q"]
+        frozen = {"q": self.query[index], "p": self.positive[index]}
+        adapted = {"q": q, "p": outputs["p"]}
+        if self.n_neg:
+            frozen["n"] = self.negatives[index].reshape(-1, q.shape[-1])
+            adapted["n"] = outputs["n"].reshape(-1, q.shape[-1])
+        sides = {"all": ("q", "p", "n"), "query": ("q",), "document": ("p", "n")}[self.route]
+        sides = [k for k in sides if k in adapted]
+        before = torch.cat([frozen[k] for k in sides]).to(device=q.device, dtype=torch.float32)
+        return before, torch.cat([adapted[k] for k in sides]).float()
 
     def _per_item_all(self, rows: Tensor, b: int) -> Tensor:
         """Head-input rows laid out ``[queries (b), positives (b), negatives (b * n)]`` -> per item
@@ -267,14 +290,21 @@ def _check_inputs(query: Tensor, positive: Tensor, negatives: Tensor | None) -> 
 
 
 def _fingerprint(head: nn.Module, tensors: list[Tensor | None], training: MoETrainingSection,
-                 loss: InfoNCESection) -> str:
-    """Identity of a :func:`train_head` run (configuration, head, training data), so that a checkpoint of
-    another run is refused."""
-    config = head.get_config_dict() if isinstance(head, MoEHead) else type(head).__name__
-    digest = hashlib.sha256(json.dumps(
-        [training.model_dump(mode="json", exclude={"device", "checkpoint_every_steps", "encode_batch_size"}),
-         loss.model_dump(mode="json"), config, [None if t is None else list(t.shape) for t in tensors]],
-        sort_keys=True, default=str).encode())
+                 loss: InfoNCESection, route: str = "all") -> str:
+    """Identity of a :func:`train_head` run (configuration, head, route, training data), so that a checkpoint
+    of another run is refused."""
+    get_config = getattr(head, "get_config_dict", None)
+    if isinstance(head, MoEHead):
+        config: Any = head.get_config_dict()
+    elif callable(get_config):  # LinearHead, SearchAdaptorHead: their configuration too
+        config = [type(head).__name__, get_config()]
+    else:
+        config = type(head).__name__
+    parts = [training.model_dump(mode="json", exclude={"device", "checkpoint_every_steps", "encode_batch_size"}),
+             loss.model_dump(mode="json"), config, [None if t is None else list(t.shape) for t in tensors]]
+    if route != "all":  # runs on every input keep the fingerprint they had before routes existed
+        parts.append(route)
+    digest = hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode())
     for t in tensors:
         if t is not None:
             digest.update(t.detach().cpu().contiguous().numpy().data)
@@ -284,9 +314,10 @@ def _fingerprint(head: nn.Module, tensors: list[Tensor | None], training: MoETra
 def train_head(head: nn.Module, query_emb: Tensor, pos_emb: Tensor, neg_emb: Tensor | None = None,
                training: MoETrainingSection | None = None, loss: InfoNCESection | None = None, *,
                accelerator: Any | None = None, checkpoint: CheckpointConfig | str | Path | None = None,
-               fingerprint: str | None = None,
+               fingerprint: str | None = None, route: str = "all",
                progress: Callable[[str, int, int, dict[str, Any]], None] | None = None) -> HeadTrainResult:
-    """Train ``head`` (a ``MoEHead`` or any module mapping ``features["sentence_embedding"]``) in place on
+    """Train ``head`` (a ``MoEHead``, ``LinearHead``, ``SearchAdaptorHead`` or any module mapping
+    ``features["sentence_embedding"]``) in place on
     cached raw ``(N, d)`` query / positive and optional ``(N, n, d)`` hard-negative embeddings through the
     schedule of the module docstring: the Python API of the ``moe`` recipe's fast path.
 
@@ -299,6 +330,9 @@ def train_head(head: nn.Module, query_emb: Tensor, pos_emb: Tensor, neg_emb: Ten
             ``training.checkpoint_every_steps`` steps and at stage ends); a later call resumes from it.
         fingerprint: the run's identity stored in checkpoints (default: a hash of configuration, head and
             data); a resume with another one is refused.
+        route: the side ``head`` maps: ``all`` (queries and documents), or ``query`` / ``document`` for a
+            head on one route (``add_adapter(..., route="query")``), the other side's cached embeddings used
+            as they are (a query-only head never touches the document embeddings).
         progress: ``progress(stage, step, total, row)`` after every step (main process).
 
     Returns:
@@ -320,9 +354,9 @@ def train_head(head: nn.Module, query_emb: Tensor, pos_emb: Tensor, neg_emb: Ten
         checkpoint = CheckpointConfig(Path(checkpoint), every_steps=training.checkpoint_every_steps)
     tensors = [query_emb.float(), pos_emb.float(), None if neg_emb is None else neg_emb.float()]
     if checkpoint is not None and fingerprint is None:
-        fingerprint = _fingerprint(head, tensors, training, loss)
+        fingerprint = _fingerprint(head, tensors, training, loss, route)
     with head_training(head):
-        stages = head_stages(head, *tensors, training, loss)
+        stages = head_stages(head, *tensors, training, loss, route=route)
         res = train(head, stages, seed=training.seed, accelerator=accelerator, checkpoint=checkpoint,
                     fingerprint=fingerprint, progress=progress)
     merge_routing_stats(head, accelerator)

@@ -13,6 +13,7 @@ from pydantic import Field, model_validator
 
 from medadapt.config import Section
 from medadapt.errors import ConfigError
+from medadapt.heads.linear import LinearHeadConfig, SearchAdaptorConfig
 from medadapt.moe.config import MoEConfig
 from medadapt.recipes.base import RunSection
 from medadapt.training.config import OptimSection
@@ -69,12 +70,19 @@ class MoEHeadSection(Section):
         return self
 
 
-HeadSection = Annotated[Union[NoHead, MoEHeadSection], Field(discriminator="kind")]
+#: ``head:`` of a ``moe`` recipe: ``none``, ``moe`` (:class:`MoEHeadSection`), ``linear``
+#: (:class:`~medadapt.heads.linear.LinearHeadConfig`: identity-initialised W e, LlamaIndex / Chroma) or
+#: ``search_adaptor`` (:class:`~medadapt.heads.linear.SearchAdaptorConfig`: e + s W e, W zero-initialised).
+#: Each takes ``route`` (all / query / document). Only ``moe`` has the shared / random-routing stages and the
+#: load-balancing term.
+HeadSection = Annotated[Union[NoHead, MoEHeadSection, LinearHeadConfig, SearchAdaptorConfig],
+                        Field(discriminator="kind")]
 
 
 class InfoNCESection(Section):
     """InfoNCE on cosine similarity with in-batch (and mined hard) negatives, plus the MoE Switch
-    load-balancing term weighted by ``load_balance_weight`` (:meth:`build`)."""
+    load-balancing term weighted by ``load_balance_weight`` (:meth:`build`; a head without routed experts
+    has no such term, and a ``moe`` recipe refuses an explicit non-zero weight for a non-MoE head)."""
 
     kind: Literal["infonce"] = "infonce"
     temperature: float = Field(0.05, gt=0)
@@ -99,8 +107,9 @@ class MoETrainingSection(RunSection, OptimSection):
     is the global batch (queries per optimiser step before accumulation)."""
 
     epochs: int = Field(1, ge=0, description="epochs with the learned gate (all epochs for other heads)")
-    shared_epochs: int = Field(0, ge=0, description="epochs training only the shared experts (routing off)")
-    random_routing_epochs: int = Field(0, ge=0, description="epochs of random-routing warm-up")
+    shared_epochs: int = Field(0, ge=0, description="epochs training only the shared experts (routing off; "
+                               "MoE heads only)")
+    random_routing_epochs: int = Field(0, ge=0, description="epochs of random-routing warm-up (MoE heads only)")
     batch_size: int = Field(64, ge=1)
     lr: float = Field(2e-5, gt=0, le=10.0)
     warmup_ratio: float = Field(0.0, ge=0, lt=1)
