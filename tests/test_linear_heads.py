@@ -209,3 +209,38 @@ def test_linear_heads_compose_with_moe_sections_and_bad_configs_are_one_clear_er
 
     with pytest.raises(ConfigError, match="is 16-d but the embedding is 32-d"):
         adapter_type("linear").from_dict({"dim": 16, "bias": False}, 32)
+
+
+@pytest.mark.parametrize("route", ["all", "query"])
+def test_drift_term_is_computed_on_the_whole_step_with_accumulation(route):
+    """The drift part is taken on the gathered step's mapped rows: 4 chunks of 8 give the step of one batch
+    of 32 (losses and weights), and a query-only head's drift reads the query rows alone."""
+    from medadapt.moe import InfoNCESection, MoETrainingSection, train_head
+
+    generator = torch.Generator().manual_seed(0)
+    q, p = torch.randn(64, 8, generator=generator), torch.randn(64, 8, generator=generator)
+    n = torch.randn(64, 2, 8, generator=generator)
+    runs = []
+    for batch, accumulation in ((32, 1), (8, 4)):
+        head = SearchAdaptorHead(8, drift_weight=0.5)
+        training = MoETrainingSection(epochs=2, batch_size=batch, gradient_accumulation_steps=accumulation,
+                                      lr=1e-2, seed=0)
+        runs.append((head, train_head(head, q, p, n, training, InfoNCESection(), route=route)))
+    (big, res_big), (acc, res_acc) = runs
+    assert [r["drift"] for r in res_big.loss_history][-1] > 0
+    for a, b in zip(res_acc.loss_history, res_big.loss_history):
+        for key in ("loss", "infonce", "drift"):
+            assert a[key] == pytest.approx(b[key], rel=1e-4, abs=1e-6), (key, a, b)
+    torch.testing.assert_close(acc.linear.weight, big.linear.weight, atol=1e-4, rtol=1e-3)
+    # by hand: one step over all 64 items with a perturbed head logs the mean over the mapped rows only
+    # (all: q, p and n; query: q; a mean over every row would be diluted by the untouched p and n rows)
+    head = SearchAdaptorHead(8, drift_weight=0.5)
+    _perturb(head)
+    rows = torch.cat([q, p, n.reshape(-1, 8)]) if route == "all" else q
+    with torch.no_grad():
+        adapted = head({"sentence_embedding": rows.clone()})["sentence_embedding"]
+        expected = 0.5 * (torch.nn.functional.normalize(adapted, dim=-1)
+                          - torch.nn.functional.normalize(rows, dim=-1)).pow(2).sum(-1).mean()
+    one = train_head(head, q, p, n, MoETrainingSection(epochs=1, batch_size=64, lr=1e-9), InfoNCESection(),
+                     route=route)
+    assert one.loss_history[0]["drift"] == pytest.approx(expected.item(), rel=1e-5)
