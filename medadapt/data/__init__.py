@@ -1,6 +1,7 @@
 """Data loading: BEIR retrieval folders, FlagEmbedding training groups, STS pairs, rerank lists."""
 
-from medadapt.data.beir import BeirDataset, available_splits, load_beir, load_corpus, load_qrels, load_queries
+from medadapt.data.beir import (BeirDataset, available_splits, domain_of, load_beir, load_corpus, load_qrels,
+                                load_queries, merge_beir)
 from medadapt.data.builtin import BUILTIN_DATASETS, resolve_data_dir
 from medadapt.data.jsonl import iter_jsonl
 from medadapt.data.rerank import RerankItem, load_rerank
@@ -14,6 +15,7 @@ __all__ = [
     "StsPair",
     "TrainingGroup",
     "available_splits",
+    "domain_of",
     "iter_jsonl",
     "load_beir",
     "load_corpus",
@@ -22,5 +24,6 @@ __all__ = [
     "load_rerank",
     "load_sts",
     "load_training_groups",
+    "merge_beir",
     "resolve_data_dir",
 ]

@@ -173,3 +173,31 @@ def load_beir(root: str | Path, splits: list[str] | str | None = None) -> BeirDa
             raise DataError(f"{qpath}: {len(missing_d)} document id(s) not in corpus.jsonl, e.g. {missing_d[:3]}")
         data.qrels[split] = qrels
     return data
+
+
+def merge_beir(parts: dict[str, BeirDataset]) -> BeirDataset:
+    """One dataset from several (``{"medquad": ..., "questiondoctors": ...}``): the union of corpora, queries and
+    each split's qrels, every id prefixed ``"<name>/"`` so that ids of different sets never collide and the
+    domain of a query or document is its prefix (:func:`domain_of`). Splits are those every part loaded.
+
+    Training one model on several medical domains (``data.mix`` of the ``moe`` recipe) and scoring it on the
+    union both go through this; per-domain scores come from each set alone (``eval.also``)."""
+    if not parts:
+        raise DataError("merge_beir needs at least one dataset")
+    for name in parts:
+        if not name or "/" in name or any(c.isspace() for c in name):
+            raise DataError(f"dataset name {name!r} for merge_beir must be non-empty, without '/' or spaces")
+    splits = set.intersection(*(set(d.qrels) for d in parts.values()))
+    merged = BeirDataset(corpus={}, queries={})
+    for name, data in parts.items():
+        merged.corpus.update({f"{name}/{d}": doc for d, doc in data.corpus.items()})
+        merged.queries.update({f"{name}/{q}": text for q, text in data.queries.items()})
+        for split in sorted(splits):
+            merged.qrels.setdefault(split, {}).update(
+                {f"{name}/{q}": {f"{name}/{d}": g for d, g in rel.items()} for q, rel in data.qrels[split].items()})
+    return merged
+
+
+def domain_of(merged_id: str) -> str:
+    """The set a :func:`merge_beir` id came from (``"questiondoctors/Q12" -> "questiondoctors"``)."""
+    return merged_id.split("/", 1)[0]

@@ -34,12 +34,16 @@ both checkpointing to ``<output>.checkpoints/`` (a rerun resumes):
 from __future__ import annotations
 
 import time
+from pathlib import Path
 from typing import Any, Literal
 
+import numpy as np
+import torch
 from pydantic import Field, field_validator, model_validator
 
 from medadapt.config import Section
 from medadapt.curation.mining_config import MiningConfig
+from medadapt.data import domain_of, load_beir, merge_beir
 from medadapt.errors import ConfigError
 from medadapt.io import atomic_write_text
 from medadapt.moe.sections import (HeadSection, InfoNCESection, LossSection, MoEHeadSection,
@@ -63,12 +67,42 @@ class MoEModelSection(Section):
     peft: LoraSection | None = Field(None, description="train a LoRA adapter on the backbone (slow path)")
 
 
+class MixSection(Section):
+    """One more domain trained on together with ``data.path`` (its ``train_split`` qrels and its corpus)."""
+
+    path: str = Field(..., min_length=1, description="BEIR folder or builtin dataset name")
+    name: str | None = Field(None, description="domain name (default: the folder's name)")
+
+
 class MoEDataSection(DataSection):
-    """Training pairs from the ``train_split`` qrels of a BEIR folder, with optional mined hard negatives."""
+    """Training pairs from the ``train_split`` qrels of a BEIR folder, with optional mined hard negatives.
+
+    ``mix`` trains one model on several medical domains: their train splits and corpora join ``path``'s
+    (:func:`medadapt.data.merge_beir`; hard negatives are mined in the union corpus), and ``balance: domain``
+    gives every domain the same number of pairs per epoch (the smaller ones repeated, seeded), so the largest
+    set does not decide alone what the head learns. Evaluation stays on ``path`` (``eval.data``); score the
+    other domains with ``eval.also``."""
 
     max_train_queries: int | None = Field(None, ge=1, description="train on the first N queries only")
     hard_negatives: MiningConfig | None = Field(
         None, description="mine hard negatives for each training query with the frozen backbone (dense)")
+    mix: list[MixSection] = Field(default_factory=list, description="more domains to train on together")
+    balance: Literal["none", "domain"] = Field(
+        "none", description="domain: as many pairs per epoch from every domain of a mix (smaller ones repeated)")
+
+    @model_validator(mode="after")
+    def _mix_names(self):
+        names = [domain_name(self.path)] + [m.name or domain_name(m.path) for m in self.mix]
+        if len(set(names)) != len(names):
+            raise ValueError(f"data.mix: two domains have the same name ({', '.join(names)}); set mix[].name")
+        if self.balance == "domain" and not self.mix:
+            raise ValueError("data.balance: domain needs data.mix (one domain is already balanced)")
+        return self
+
+
+def domain_name(path: str) -> str:
+    """A data set's domain name in a mix: the folder's (or builtin set's) last path component."""
+    return Path(path.rstrip("/")).name or path
 
 
 class MoERecipe(RecipeBase):
@@ -154,13 +188,14 @@ def recipe_problem(recipe: MoERecipe) -> str | None:
 def train(recipe: MoERecipe, ctx: RunContext):
     """Train what ``recipe`` describes (fast or slow path, module docstring); returns the
     SentenceTransformer (head attached before ``Normalize``) and fills ``ctx.result``."""
-    from medadapt.data import load_beir
     from medadapt.models import load
 
     problem = recipe_problem(recipe)  # again: sections may have been assigned after validation
     if problem:
         raise ConfigError(problem)
-    data = load_beir(ctx.resolve(recipe.data.path), [recipe.data.train_split])
+    if recipe.data.balance == "domain" and not recipe.fast:
+        raise ConfigError("data.balance: domain applies to a head on a frozen backbone (the fast path)")
+    data = load_training_data(recipe, ctx)
     model = load(recipe.model.backbone, device=ctx.device)
     if recipe.model.max_seq_length:
         model.max_seq_length = recipe.model.max_seq_length
@@ -176,6 +211,34 @@ def train(recipe: MoERecipe, ctx: RunContext):
 
         model = branch_kind(section.kind).build_and_train(model, section, recipe, ctx)
     return model
+
+
+def load_training_data(recipe: MoERecipe, ctx: RunContext):
+    """``data.path``'s train split, merged with every ``data.mix`` domain's (ids prefixed ``<domain>/``)."""
+    split = recipe.data.train_split
+    if not recipe.data.mix:
+        return load_beir(ctx.resolve(recipe.data.path), [split])
+    parts = {domain_name(recipe.data.path): load_beir(ctx.resolve(recipe.data.path), [split])}
+    for m in recipe.data.mix:
+        parts[m.name or domain_name(m.path)] = load_beir(ctx.resolve(m.path), [split])
+    ctx.log("training on " + ", ".join(f"{name} ({len(d.qrels[split]):,} queries, {len(d.corpus):,} documents)"
+                                       for name, d in parts.items()))
+    return merge_beir(parts)
+
+
+def balanced_pairs(prepared, seed: int) -> np.ndarray:
+    """Pair indices giving every domain of a mix as many pairs as the largest: each smaller domain's pairs
+    repeated whole, then a seeded sample of them for the remainder (every pair appears at least once)."""
+    domains = np.array([domain_of(prepared.pairs.query_ids[q]) for q in prepared.pairs.pair_query])
+    rng = np.random.default_rng(seed)
+    names = sorted(set(domains))
+    target = max(int((domains == d).sum()) for d in names)
+    out = []
+    for d in names:
+        idx = np.flatnonzero(domains == d)
+        reps, rest = divmod(target, len(idx))
+        out += [np.tile(idx, reps), rng.choice(idx, size=rest, replace=False)]
+    return np.sort(np.concatenate(out))
 
 
 def _check_composition(recipe: MoERecipe, model) -> None:
@@ -231,6 +294,13 @@ def _train_fast(recipe: MoERecipe, model, data, ctx: RunContext) -> None:
     prepared = _prepare(recipe, model, data, ctx)  # before the head exists: raw backbone embeddings
     head = model.add_adapter(recipe.head, adapter_name=ADAPTER_NAME).to(ctx.accelerator.device)
     q, p, n = prepared.tensors()
+    if recipe.data.balance == "domain":
+        keep = torch.from_numpy(balanced_pairs(prepared, recipe.training.seed))
+        q, p, n = q[keep], p[keep], None if n is None else n[keep]
+        ctx.result.details["balanced_pairs"] = len(keep)
+    if recipe.data.mix:
+        domains = [domain_of(prepared.pairs.query_ids[i]) for i in prepared.pairs.pair_query]
+        ctx.result.details["pairs_per_domain"] = {d: domains.count(d) for d in sorted(set(domains))}
     n_params = sum(x.numel() for x in head.parameters())
     ctx.log(f"training {n_params:,}-parameter head on {len(prepared.pairs):,} pairs "
             f"({'with' if n is not None else 'without'} hard negatives) on {ctx.device}")
