@@ -241,16 +241,17 @@ def _owner_pid(leftover: Path) -> int | None:
     return int(parts[1]) if len(parts) == 3 and parts[1].isdigit() else None
 
 
-def clean_leftovers(target: Path) -> None:
+def clean_leftovers(target: Path, own: bool = True) -> None:
     """Remove what an interrupted :func:`replace_folder` / :func:`swap_in` left beside ``target``
     (``.<name>.tmp-*``, ``.<name>.old-*``) when the process that made it is gone; an old folder comes back
-    to ``target`` if ``target`` is missing (a crash between the two renames of the fallback path)."""
+    to ``target`` if ``target`` is missing (a crash between the two renames of the fallback path).
+    ``own=False`` keeps this process's own leftovers too (other threads of it may be writing them)."""
     target = Path(target)
     for kind in ("old", "tmp"):
         for leftover in sorted(target.parent.glob(f".{target.name}.{kind}-*")):
             pid = _owner_pid(leftover)
-            if pid is not None and pid != os.getpid() and _pid_alive(pid):
-                continue  # another process is writing right now
+            if pid is not None and (pid != os.getpid() or not own) and _pid_alive(pid):
+                continue  # another process (or thread) is writing right now
             if kind == "old" and not target.exists():
                 os.replace(leftover, target)
             else:

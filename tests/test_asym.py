@@ -1,7 +1,7 @@
 """CARE asymmetric retrieval (medadapt.asym): towers, losses, stages, save/load, LoRA placement.
 
 Every model is tiny and random, built offline: the BERT query tower comes from ``conftest.py``, the Qwen2
-decoder document tower from :func:`build_tiny_qwen2` below (BPE tokenizer trained on the fly).
+decoder document tower from :func:`medadapt.tiny.build_tiny_qwen2` (BPE tokenizer trained on the fly).
 """
 
 from __future__ import annotations
@@ -14,30 +14,9 @@ import pytest
 import torch
 
 from conftest import corpus_texts
+from medadapt.tiny import build_tiny_qwen2  # noqa: F401 - re-exported: other tests import it from here
 
 pytestmark = pytest.mark.filterwarnings("ignore")
-
-
-def build_tiny_qwen2(path: Path, seed: int = 0, padding_side: str = "left") -> Path:
-    """A random 3-layer Qwen2 (hidden 48) with a byte-level BPE tokenizer whose EOS/pad is ``<|endoftext|>``."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2Model
-
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=300, special_tokens=["<|endoftext|>"],
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
-    tok.train_from_iterator(corpus_texts() * 3, trainer)
-    hf_tok = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|endoftext|>", pad_token="<|endoftext|>",
-                                     model_max_length=64, padding_side=padding_side)
-    torch.manual_seed(seed)
-    config = Qwen2Config(vocab_size=tok.get_vocab_size(), hidden_size=48, intermediate_size=64, num_hidden_layers=3,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128)
-    out = path / "qwen2"
-    Qwen2Model(config).save_pretrained(out)
-    hf_tok.save_pretrained(out)
-    return out
 
 
 @pytest.fixture(scope="session")

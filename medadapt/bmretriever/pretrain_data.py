@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
+from medadapt.data.builtin import resolve_data_dir
 from medadapt.errors import DataError
 
 __all__ = [
@@ -62,7 +63,7 @@ class CorpusSource:
     """One corpus for stage I.
 
     Attributes:
-        path: a JSONL file, or a BEIR folder (its ``corpus.jsonl`` is read).
+        path: a JSONL file, or a BEIR folder or builtin dataset name (its ``corpus.jsonl`` is read).
         mode: ``auto`` (title -> text when the record has a non-empty title, cropping otherwise), ``title``
             (titled records only; untitled ones are skipped), ``crop`` (always two spans of the text).
         title_field / text_field / id_field: record keys (BEIR: ``title``, ``text``, ``_id``).
@@ -78,7 +79,7 @@ class CorpusSource:
 
     @property
     def file(self) -> Path:
-        p = Path(self.path)
+        p = resolve_data_dir(self.path)
         return p / "corpus.jsonl" if p.is_dir() else p
 
 

@@ -6,11 +6,16 @@ data folder is expected.
 * ``medquad-mini``: 1,446 NIH answers and 1,450 consumer-health questions selected from MedQuAD
   (Ben Abacha & Demner-Fushman 2019, CC BY 4.0) in whole topic clusters, split by source document as the
   full set is; built by ``benchmarks/make_medquad_mini.py``. The first run's demonstration set.
+* ``tiny-beir``: 12 made-up documents and 24 queries (:func:`medadapt.tiny.build_tiny_beir`), built into the
+  medadapt cache on first use; what the ``*-tiny*`` recipes on tiny random models train on.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
+
+from medadapt.tiny import tiny_path
 
 BUILTIN_ROOT = Path(__file__).resolve().parent / "builtin"
 
@@ -20,10 +25,23 @@ BUILTIN_DATASETS: dict[str, Path] = {
     "medquad-mini": BUILTIN_ROOT / "medquad-mini",
 }
 
+#: name -> the folder of a dataset built on first use (BEIR layout)
+BUILT_DATASETS: dict[str, Callable[[], Path]] = {
+    "tiny-beir": lambda: tiny_path("tiny-beir"),
+}
+
+
+def is_builtin_dataset(name: str | Path) -> bool:
+    """Whether ``name`` is the name of a builtin dataset (shipped or built on first use)."""
+    return str(name) in BUILTIN_DATASETS or str(name) in BUILT_DATASETS
+
 
 def resolve_data_dir(name_or_path: str | Path) -> Path:
-    """Map a builtin dataset name to its folder; return other values as a ``Path`` unchanged."""
+    """Map a builtin dataset name to its folder (building it on first use); return other values as a
+    ``Path`` unchanged."""
     key = str(name_or_path)
     if key in BUILTIN_DATASETS:
         return BUILTIN_DATASETS[key]
+    if key in BUILT_DATASETS:
+        return BUILT_DATASETS[key]()
     return Path(key).expanduser()

@@ -141,9 +141,9 @@ recipe_from_dict = load_recipe
 def resolve_path(value: str, recipe_path: str | Path | None) -> Path:
     """Resolve a relative path in a recipe: against the current directory if it exists there, else
     against the recipe file's folder. Builtin dataset names (``medmini``) are returned as they are."""
-    from medadapt.data.builtin import BUILTIN_DATASETS
+    from medadapt.data.builtin import is_builtin_dataset
 
-    if str(value) in BUILTIN_DATASETS:
+    if is_builtin_dataset(value):
         return Path(value)
     p = Path(value).expanduser()
     if p.is_absolute() or p.exists() or recipe_path is None:
