@@ -22,25 +22,50 @@ def _size(folder: Path) -> str:
     return f"{total / 1e6:.1f} MB"
 
 
-def _metrics_table(metrics: dict[str, float], baseline: dict[str, float] | None) -> list[str]:
+def _cell(value: float | None) -> str:
+    return "" if value is None else f"{value:.4f}"
+
+
+def _metrics_table(metrics: dict[str, float], baseline: dict[str, float] | None,
+                   peers: dict[str, dict[str, Any]] | None = None) -> list[str]:
+    """This model beside the frozen base and, one column each, the peer baselines of ``eval.peers``."""
     if not metrics:
         return ["Not evaluated in this run (`medadapt eval --model <this folder> --data ...`)."]
-    rows = ["| metric | this model | frozen base model |", "|---|---|---|"]
+    peers = peers or {}
+    rows = ["| metric | this model | frozen base model |" + "".join(f" {p} (peer) |" for p in peers),
+            "|---|---|---|" + "---|" * len(peers)]
     for key, value in metrics.items():
         base = (baseline or {}).get(key)
-        rows.append(f"| {key} | {value:.4f} | {'' if base is None else f'{base:.4f}'} |")
+        rows.append(f"| {key} | {value:.4f} | {_cell(base)} |"
+                    + "".join(f" {_cell(p['metrics'].get(key))} |" for p in peers.values()))
     return rows
 
 
-def _also_table(also: dict[str, dict[str, dict[str, float]]]) -> list[str]:
-    """The ``eval.also`` sets: one row per set and metric, this model beside the frozen base and the change."""
-    rows = ["| data set | metric | this model | frozen base model | change |", "|---|---|---|---|---|"]
+def _also_table(also: dict[str, dict[str, dict[str, float]]],
+                peers: dict[str, dict[str, Any]] | None = None) -> list[str]:
+    """The ``eval.also`` sets: one row per set and metric, this model beside the frozen base, the change and
+    the peer baselines."""
+    peers = peers or {}
+    rows = ["| data set | metric | this model | frozen base model | change |"
+            + "".join(f" {p} (peer) |" for p in peers), "|---|---|---|---|---|" + "---|" * len(peers)]
     for name, row in also.items():
         for key, value in row.get("trained", {}).items():
             base, delta = row.get("base", {}).get(key), row.get("delta", {}).get(key)
-            rows.append(f"| {name} | {key} | {value:.4f} | {'' if base is None else f'{base:.4f}'} | "
-                        f"{'' if delta is None else f'{delta:+.4f}'} |")
+            rows.append(f"| {name} | {key} | {value:.4f} | {_cell(base)} | "
+                        f"{'' if delta is None else f'{delta:+.4f}'} |"
+                        + "".join(f" {_cell(p['also'].get(name, {}).get(key))} |" for p in peers.values()))
     return rows
+
+
+def _peers_note(peers: dict[str, dict[str, Any]]) -> list[str]:
+    """What the peer columns are (``eval.peers``): trained in the same run, not saved."""
+    if not peers:
+        return []
+    each = ", ".join(f"{label} ({row['train_seconds']:.0f} s of training)" for label, row in peers.items())
+    return ["Peer baselines (`eval.peers`): " + each + ", trained in this run on the same cached training "
+            "embeddings and scored on the same data; only their scores are kept (they are not in this "
+            "folder).",
+            ""]
 
 
 def card_text(folder: Path, *, descriptions: dict[str, str] | None = None, adapter: dict[str, Any] | None = None,
@@ -48,10 +73,12 @@ def card_text(folder: Path, *, descriptions: dict[str, str] | None = None, adapt
               baseline: dict[str, float] | None = None, eval_split: str | None = None,
               data: str | None = None, train_seconds: float | None = None,
               standalone: bool = False, name: str | None = None,
-              also: dict[str, dict[str, dict[str, float]]] | None = None) -> str:
+              also: dict[str, dict[str, dict[str, float]]] | None = None,
+              peers: dict[str, dict[str, Any]] | None = None) -> str:
     """The medadapt card section (Markdown) for ``folder`` (called ``name`` once in place: cards are
     written into a temporary folder that is then renamed). ``also``: the recipe's ``eval.also`` sets
-    (``{set: {"base", "trained", "delta"}}``), shown in a table of their own."""
+    (``{set: {"base", "trained", "delta"}}``), shown in a table of their own. ``peers``: the peer baselines of
+    ``eval.peers`` (``{label: {"metrics", "also", "train_seconds"}}``), a column each."""
     recipe = recipe or {}
     name = name or folder.name
     base = (adapter or {}).get("base_model", {})
@@ -93,11 +120,12 @@ def card_text(folder: Path, *, descriptions: dict[str, str] | None = None, adapt
     if train_seconds is not None:
         lines.append(f"- Training time: {train_seconds:.0f} s")
     where = f" on `{data}`, split `{eval_split}`" if data and eval_split else ""
-    lines += ["", f"## Evaluation{where}", "", *_metrics_table(metrics or {}, baseline), ""]
+    lines += ["", f"## Evaluation{where}", "", *_metrics_table(metrics or {}, baseline, peers), ""]
+    lines += _peers_note(peers or {}) if metrics else []
     if also:
         lines += ["## Evaluation on other data (`eval.also`)", "",
                   "The same metrics on sets beside the training domain: a head that gains on its own data can "
-                  "lose elsewhere.", "", *_also_table(also), ""]
+                  "lose elsewhere.", "", *_also_table(also, peers), ""]
     lines += ["## How to load", ""]
     lines += _usage(name, adapter, base_label)
     if branches:

@@ -73,9 +73,9 @@ def train_cmd(
 def result_table(result, title: str):
     """The run's metrics as a rich table: ``metric | frozen base | trained | change`` when the run evaluated
     the frozen base model (``eval.baseline``, ``eval.also``), else ``metric | trained``; plus an ``expected``
-    column (``ok`` / ``off by X``) only when the recipe sets ``eval.expected``. The ``eval.also`` sets follow
-    in a section of their own, one row per set and metric (``<set> <metric>``). No column is ever left
-    empty."""
+    column (``ok`` / ``off by X``) only when the recipe sets ``eval.expected``, and one column per peer
+    baseline (``eval.peers``, trained in the same run) after ``change``. The ``eval.also`` sets follow in a
+    section of their own, one row per set and metric (``<set> <metric>``). No column is ever left empty."""
     from rich.table import Table
 
     table = Table(title=title)
@@ -88,6 +88,9 @@ def result_table(result, title: str):
     table.add_column("trained", justify="right")
     if with_base:
         table.add_column("change", justify="right")
+    peers = getattr(result, "peers", None) or {}
+    for label in peers:
+        table.add_column(label, justify="right")
     if result.expected:
         table.add_column("expected", justify="right")
     for metric, value in result.metrics.items():
@@ -97,6 +100,7 @@ def result_table(result, title: str):
         row.append(f"{value:.4f}")
         if with_base:
             row.append(_change(value - base[metric] if metric in base else None))
+        row += [_cell(peer["metrics"].get(metric)) for peer in peers.values()]
         if result.expected:
             target = result.expected.get(metric)
             row.append("-" if target is None else "ok" if target[1] else f"off by {target[0] - value:.4f}")
@@ -112,10 +116,15 @@ def result_table(result, title: str):
             row.append(f"{value:.4f}")
             if with_base:
                 row.append(_change(scores.get("delta", {}).get(metric)))
+            row += [_cell(peer["also"].get(name, {}).get(metric)) for peer in peers.values()]
             if result.expected:
                 row.append("-")
             table.add_row(*row)
     return table
+
+
+def _cell(value: float | None) -> str:
+    return "-" if value is None else f"{value:.4f}"
 
 
 def _change(change: float | None) -> str:

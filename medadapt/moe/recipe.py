@@ -46,6 +46,7 @@ from medadapt.curation.mining_config import MiningConfig
 from medadapt.data import domain_of, load_beir, merge_beir
 from medadapt.errors import ConfigError
 from medadapt.io import atomic_write_text
+from medadapt.moe.peers import MoEEvalSection, peers_problem, run_peers
 from medadapt.moe.sections import (HeadSection, InfoNCESection, LossSection, MoEHeadSection,
                                    MoETrainingSection, NoHead)
 from medadapt.recipes.base import DataSection, LoraSection, RecipeBase
@@ -114,6 +115,7 @@ class MoERecipe(RecipeBase):
     head: HeadSection = Field(default_factory=NoHead)
     loss: LossSection = Field(default_factory=InfoNCESection)
     training: MoETrainingSection = Field(default_factory=MoETrainingSection)
+    eval: MoEEvalSection = Field(default_factory=MoEEvalSection)
     branches: list[Any] = Field(default_factory=list, description="branches composed beside the dense "
                                 "embedding, e.g. [{kind: hyrec_lexical, ...}] (medadapt.adapters.compose)")
 
@@ -162,7 +164,7 @@ def recipe_problem(recipe: MoERecipe) -> str | None:
     """Why ``recipe`` cannot train as written (``None`` when it can)."""
     if recipe.branches and not recipe.fast:
         return "branches compose onto a frozen backbone (model.freeze_backbone: true, no model.peft)"
-    moe_only = _moe_only_problem(recipe)
+    moe_only = _moe_only_problem(recipe) or peers_problem(recipe)
     if moe_only:
         return moe_only
     if recipe.fast:
@@ -313,6 +315,7 @@ def _train_fast(recipe: MoERecipe, model, data, ctx: RunContext) -> None:
     if callable(getattr(head, "routing_stats", None)):  # MoE heads; linear heads do not route
         ctx.result.details["routing_stats"] = head.routing_stats()
     ctx.result.details["expert_load"] = expert_load_log(head, stages)  # per step, for `medadapt report`
+    run_peers(recipe, q, p, ctx)  # eval.peers: simpler heads on the same cached rows, scored on the same sets
 
 
 def _train_slow(recipe: MoERecipe, model, data, ctx: RunContext) -> None:

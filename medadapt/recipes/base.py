@@ -17,7 +17,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field, PrivateAttr, field_validator
+from pydantic import Field, PrivateAttr, field_validator, model_validator
 
 from medadapt.config import Section
 
@@ -85,6 +85,15 @@ class EvalSection(Section):
     also: list[AlsoSection] = Field(default_factory=list, description="more evaluation sets (e.g. outside "
                                     "the training domain), each scored for the frozen base and the trained "
                                     "model whatever ``baseline`` says")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _peers_here(cls, data):
+        """``peers`` is the ``moe`` kind's (:mod:`medadapt.moe.peers`): one clear line for other kinds."""
+        if isinstance(data, dict) and "peers" in data and "peers" not in cls.model_fields:
+            raise ValueError("peer baselines (eval.peers) train on the moe recipe kind's fast path only "
+                             "(kind: moe, frozen backbone + head); remove eval.peers")
+        return data
 
     @field_validator("also")
     @classmethod

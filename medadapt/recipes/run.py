@@ -26,7 +26,8 @@ from typing import Any
 
 from medadapt.errors import ConfigError, MedAdaptError
 from medadapt.io import atomic_write_json, atomic_write_text, check_writable, clean_leftovers, replace_folder
-from medadapt.recipes.also import as_modes, check_also_sets, evaluate_also_sets, regression_warning
+from medadapt.recipes.also import (as_modes, check_also_sets, eval_set_name, evaluate_also_sets, peer_warning,
+                                   regression_warning)
 from medadapt.recipes.base import RecipeBase
 
 __all__ = ["RunContext", "RunResult", "checkpoint_dir_for", "evaluate_dense", "replace_folder", "run_recipe"]
@@ -49,7 +50,11 @@ class RunResult:
         baseline: the frozen base model's metrics, evaluated in the same run (``eval.baseline``).
         also: ``{set name: {"base": {...}, "trained": {...}, "delta": {...}}}`` for the recipe's ``eval.also``
             sets (empty without them); written to ``metrics.json`` under ``"also"``.
-        warnings: the lines logged when the trained model is below the frozen base on an ``also`` set.
+        peers: ``{label: {"metrics": {...}, "also": {set: {...}}, "train_seconds": s}}`` for the peer
+            baselines of ``eval.peers`` (``moe`` kind, fast path: :mod:`medadapt.moe.peers`), trained in the
+            same run and scored on the same sets; not saved, only their scores (``metrics.json`` ``"peers"``).
+        warnings: the lines logged when the trained model is below the frozen base on an ``also`` set, or
+            below a peer baseline.
     """
 
     output_dir: Path
@@ -63,6 +68,7 @@ class RunResult:
     adapter_base: str | None = None
     baseline: dict[str, float] = field(default_factory=dict)
     also: dict[str, dict[str, dict[str, float]]] = field(default_factory=dict)
+    peers: dict[str, dict[str, Any]] = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)
 
     def record_metrics(self, metrics: dict[str, float], ev, output_dir: Path | None = None) -> None:
@@ -77,11 +83,22 @@ class RunResult:
 
     def write_metrics(self, output_dir: Path) -> None:
         """``metrics.json``: the trained model's metrics (flat, ``{"ndcg@10": ...}``) and, when the recipe has
-        ``eval.also`` sets, ``"also": {set: {"base", "trained", "delta"}}``; written atomically."""
+        ``eval.also`` sets, ``"also": {set: {"base", "trained", "delta"}}``, and with ``eval.peers``,
+        ``"peers": {label: {<metric>: ..., "train_seconds": s, "also": {set: {<metric>: ...}}}}``; written
+        atomically."""
         out: dict[str, Any] = {k: round(v, 6) for k, v in self.metrics.items()}
         if self.also:
             out["also"] = {name: {part: {k: round(v, 6) for k, v in values.items()}
                                   for part, values in row.items()} for name, row in self.also.items()}
+        peers = {}
+        for label, row in self.peers.items():
+            peers[label] = {**{k: round(v, 6) for k, v in row["metrics"].items()},
+                            "train_seconds": round(row["train_seconds"], 2)}
+            if row["also"]:
+                peers[label]["also"] = {name: {k: round(v, 6) for k, v in values.items()}
+                                        for name, values in row["also"].items()}
+        if peers:
+            out["peers"] = peers
         atomic_write_json(Path(output_dir) / "metrics.json", out)
 
 
@@ -98,6 +115,7 @@ class RunContext:
     fingerprint: str
     show_progress: bool = True
     log: Callable[[str], None] = print
+    evaluate: bool = True  #: the run evaluates after training (``medadapt train --no-eval``: false)
 
     @property
     def device(self) -> str:
@@ -306,7 +324,8 @@ def run_recipe(
     result = RunResult(output_dir=output_dir)
     ctx = RunContext(recipe=recipe, output_dir=output_dir, checkpoint_dir=checkpoints, accelerator=accelerator,
                      cache=cache if cache is not None else EmbeddingCache(), result=result,
-                     fingerprint=fingerprint(recipe), show_progress=show_progress, log=log)
+                     fingerprint=fingerprint(recipe), show_progress=show_progress, log=log,
+                     evaluate=evaluate and system.evaluate is not None)
     model = result.model = system.train(recipe, ctx)
     adapter_only = bool(result.adapter_base) and recipe.save.adapter_only
     if isinstance(model, torch.nn.Module):  # whatever loop trained it, nothing non-finite is saved
@@ -342,6 +361,7 @@ def run_recipe(
                                   {k: round(v, 6) for k, v in result.baseline.items()})
         if recipe.eval.also:
             _evaluate_also(recipe, model, system, ctx, bases)
+        _warn_peers(recipe, ctx)
     if accelerator.is_main_process:
         _write_card(recipe, model, result, output_dir, adapter_only)
     return result
@@ -403,6 +423,21 @@ def _evaluate_also(recipe: RecipeBase, model, system, ctx: RunContext, bases: di
             ctx.log(line)
 
 
+def _warn_peers(recipe: RecipeBase, ctx: RunContext) -> None:
+    """One warning line per peer baseline (``eval.peers``) and set where it beats the trained model on the
+    recipe's first metric."""
+    metric, result = recipe.eval.metrics[0], ctx.result
+    for peer, row in result.peers.items():
+        sets = [(eval_set_name(recipe), result.metrics, row["metrics"])]
+        sets += [(name, result.also.get(name, {}).get("trained", {}), scores)
+                 for name, scores in row["also"].items()]
+        for where, trained, scores in sets:
+            line = peer_warning(peer, where, trained, scores, metric)
+            if line is not None:
+                result.warnings.append(line)
+                ctx.log(line)
+
+
 def _write_card(recipe: RecipeBase, model, result: RunResult, output_dir: Path, adapter_only: bool) -> None:
     """The model card of the run folder (:mod:`medadapt.cards`), with the metrics beside the baseline."""
     from medadapt.adapters.files import describe_heads
@@ -419,7 +454,7 @@ def _write_card(recipe: RecipeBase, model, result: RunResult, output_dir: Path, 
     write_card(output_dir, descriptions=descriptions, adapter=adapter, recipe=recipe.model_dump(mode="json"),
                metrics=result.metrics, baseline=result.baseline, eval_split=ev.split,
                data=ev.data or recipe.data.path, train_seconds=result.train_seconds, standalone=not adapter_only,
-               also=result.also)
+               also=result.also, peers=result.peers)
 
 
 def _jsonable(obj):
