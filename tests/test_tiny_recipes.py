@@ -47,7 +47,7 @@ def _run_as_written(recipes: list[Path], tmp_path: Path) -> Path:
     env = {**os.environ, "MEDADAPT_CACHE": str(cache), "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
     outs = [tmp_path / r.stem / "x" for r in recipes]
     results = run_cli_processes([["train", f"recipes/{r.name}", "--output", str(o)] for r, o in zip(recipes, outs)],
-                                env=env, cwd=ROOT, timeout=1200)
+                                env=env, cwd=ROOT, timeout=1800)
     failed = {r.name: (res.stderr or res.stdout)[-1500:] for r, res in zip(recipes, results) if res.returncode}
     assert not failed, failed
     mode = _open_mode(tmp_path)
