@@ -41,6 +41,20 @@ os.environ["HF_DATASETS_CACHE"] = os.path.join(_TEST_TMP, "hf-datasets")
 os.environ.setdefault("MEDADAPT_CACHE", os.path.join(_TEST_TMP, "embeddings"))
 atexit.register(shutil.rmtree, _TEST_TMP, ignore_errors=True)
 
+
+def build_synonym_beir(root: Path, word: int = 2, topics=None, dev: bool = False) -> Path:
+    """The synonym set: documents name a condition (``d<i>``: "<name> is a condition"); train queries
+    ``t<i>`` ("treatment of <lay>") and test queries ``q<i>`` ("symptoms of <lay>") use word ``word`` of the
+    topic, never the name, so a frozen random model has nothing to go on and a head must learn the words from
+    the train queries. ``dev``: the test queries also form a dev split."""
+    corpus, queries, train, test = {}, {}, {}, {}
+    for i, (name, words) in enumerate(TOPICS if topics is None else topics):
+        lay = words.split()[word]
+        corpus[f"d{i}"] = ("", f"{name} is a condition")
+        queries[f"t{i}"], train[f"t{i}"] = f"treatment of {lay}", {f"d{i}": 1}
+        queries[f"q{i}"], test[f"q{i}"] = f"symptoms of {lay}", {f"d{i}": 1}
+    return write_beir(root, corpus, queries, {"train": train, "test": test, **({"dev": test} if dev else {})})
+
 class CpuAccelerator:
     """What medadapt's training loop reads of an ``accelerate.Accelerator`` of plain CPU processes (no engine):
     rank, world size, device, optimiser preparation, autocast, backward and a barrier (gloo, when there is

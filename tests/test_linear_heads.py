@@ -124,15 +124,9 @@ def test_query_only_head_reads_the_frozen_models_cache(tiny_bert_dir, tmp_path):
 def synonym_beir(tmp_path):
     """Queries name a condition by a lay word the documents never use (test_train_recipe's synonym set):
     the frozen random model has nothing to go on; a head must learn the words from the train queries."""
-    from conftest import TOPICS, write_beir
+    from conftest import build_synonym_beir
 
-    corpus, queries, train, test = {}, {}, {}, {}
-    for i, (name, words) in enumerate(TOPICS):
-        lay = words.split()[2]
-        corpus[f"d{i}"] = ("", f"{name} is a condition")
-        queries[f"t{i}"], train[f"t{i}"] = f"treatment of {lay}", {f"d{i}": 1}
-        queries[f"q{i}"], test[f"q{i}"] = f"symptoms of {lay}", {f"d{i}": 1}
-    return write_beir(tmp_path / "syn", corpus, queries, {"train": train, "test": test})
+    return build_synonym_beir(tmp_path / "syn")
 
 
 def _sets(model_dir, data_dir, head):

@@ -20,24 +20,13 @@ pytestmark = pytest.mark.usefixtures("_single_thread")
 RECIPE = Path(__file__).resolve().parents[1] / "recipes" / "linear-query-demo.yaml"
 
 
-def _domain(root: Path, topics: list[tuple[str, str]], word: int) -> Path:
-    """Documents name a condition; queries use one lay word of its topic (a different word per domain)."""
-    from conftest import write_beir
-
-    corpus, queries, train, test = {}, {}, {}, {}
-    for i, (name, words) in enumerate(topics):
-        lay = words.split()[word]
-        corpus[f"d{i}"] = ("", f"{name} is a condition")
-        queries[f"t{i}"], train[f"t{i}"] = f"treatment of {lay}", {f"d{i}": 1}
-        queries[f"q{i}"], test[f"q{i}"] = f"symptoms of {lay}", {f"d{i}": 1}
-    return write_beir(root, corpus, queries, {"train": train, "dev": test, "test": test})
-
-
 @pytest.fixture
 def two_domains(tmp_path):
-    from conftest import TOPICS
+    """Two synonym sets on the same conditions, each naming them by a different lay word."""
+    from conftest import TOPICS, build_synonym_beir
 
-    return _domain(tmp_path / "alpha", TOPICS, 2), _domain(tmp_path / "beta", TOPICS[: len(TOPICS) // 2], 3)
+    return (build_synonym_beir(tmp_path / "alpha", 2, dev=True),
+            build_synonym_beir(tmp_path / "beta", 3, TOPICS[: len(TOPICS) // 2], dev=True))
 
 
 def test_merge_beir_prefixes_every_id_and_keeps_every_judgement(two_domains):

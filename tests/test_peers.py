@@ -31,15 +31,12 @@ PEERS = ("[{kind: linear_query, label: strong, lr: 3.0e-2, epochs: 30, batch_siz
 
 
 def _sets(root: Path) -> dict[str, Path]:
-    from conftest import TOPICS, write_beir
+    from conftest import TOPICS, build_synonym_beir, write_beir
 
     n = len(TOPICS)
     corpus = {f"d{i}": ("", f"{name} is a condition") for i, (name, _) in enumerate(TOPICS)}
     lay = [words.split()[2] for _, words in TOPICS]
-    syn_q = {**{f"t{i}": f"treatment of {w}" for i, w in enumerate(lay)},
-             **{f"q{i}": f"symptoms of {w}" for i, w in enumerate(lay)}}
-    syn = write_beir(root / "syn", corpus, syn_q, {"train": {f"t{i}": {f"d{i}": 1} for i in range(n)},
-                                                   "test": {f"q{i}": {f"d{i}": 1} for i in range(n)}})
+    syn = build_synonym_beir(root / "syn")
     lay_only = write_beir(root / "lay", corpus, {f"q{i}": w for i, w in enumerate(lay)},
                           {"test": {f"q{i}": {f"d{i}": 1} for i in range(n)}})
     return {"syn": syn, "lay": lay_only}

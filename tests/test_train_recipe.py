@@ -26,15 +26,9 @@ def synonym_beir_dir(tmp_path):
     """Documents name a condition; queries use a different word of the same topic, never the name. The
     frozen random model has no lexical overlap to go on; a head learns the word -> condition association
     from the train queries and must carry it over to differently phrased held-out test queries."""
-    from conftest import TOPICS, write_beir
+    from conftest import build_synonym_beir
 
-    corpus, queries, train, test = {}, {}, {}, {}
-    for i, (name, words) in enumerate(TOPICS):
-        lay = words.split()[2]
-        corpus[f"d{i}"] = ("", f"{name} is a condition")
-        queries[f"t{i}"], train[f"t{i}"] = f"treatment of {lay}", {f"d{i}": 1}
-        queries[f"q{i}"], test[f"q{i}"] = f"symptoms of {lay}", {f"d{i}": 1}
-    return write_beir(tmp_path / "syn", corpus, queries, {"train": train, "test": test})
+    return build_synonym_beir(tmp_path / "syn")
 
 
 @pytest.fixture()
