@@ -41,6 +41,11 @@ Layout (all files safetensors / JSON, never pickle)::
   (``fcntl.flock``; no lock where ``fcntl`` does not exist) and re-indexes under it, so a second process
   filling the same namespace waits and then encodes only what is still missing. Readers never lock: they
   read the snapshot of shard files :meth:`EmbeddingCache._index` listed.
+* **Threads**: every method may be called from several threads at once. Threads of one process writing one
+  namespace take turns on a lock of their own (:func:`medadapt.locks.path_lock`, before the ``flock``),
+  and every call holds the model's lock (:func:`medadapt.locks.model_lock`) while it fingerprints or
+  encodes with it: a Hugging Face tokenizer's settings are mutable state that concurrent calls corrupt.
+  Calls on one model therefore run one at a time; calls on different models run in parallel.
 * **Long texts**: a text is clipped to ``max_seq_length * CLIP_CHARS_PER_TOKEN`` characters before it is
   handed to the model (the fast tokenizer would otherwise tokenize a 10 MB document whole before
   truncating it, ~1.8 GB). The budget is widened while the clipped text yields fewer than twice
@@ -83,8 +88,9 @@ from medadapt.cache_shards import (  # noqa: F401 - re-exported: the shard forma
     torch_no_grad_lazy,
     verified_layout,
 )
-from medadapt.errors import MedAdaptError, MedAdaptWarning
+from medadapt.errors import DataError, MedAdaptError, MedAdaptWarning
 from medadapt.io import atomic_open, atomic_write_json
+from medadapt.locks import model_lock, path_lock
 
 Role = Literal["query", "document", "plain"]
 CACHE_FORMAT = 1
@@ -107,7 +113,13 @@ def default_cache_dir() -> Path:
 
 
 def text_hash(text: str) -> bytes:
-    return hashlib.blake2b(text.encode("utf-8"), digest_size=16).digest()
+    """The cache key of one text; a text UTF-8 cannot encode (a lone surrogate) is one :class:`DataError`."""
+    try:
+        data = text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise DataError(f"a text to encode holds a lone surrogate (U+{ord(text[exc.start]):04X} at character "
+                        f"{exc.start + 1}), which is not valid Unicode text") from None
+    return hashlib.blake2b(data, digest_size=16).digest()
 
 
 def effective_prompt(model, role: Role, prompt: str | None = None, prompt_name: str | None = None) -> str:
@@ -245,8 +257,17 @@ def namespace_lock(ns_dir: Path, shared: bool = False) -> Iterator[None]:
     """Exclusive advisory lock on ``<ns_dir>/.lock`` (``fcntl.flock``): writers of one namespace take turns.
     ``shared=True`` takes a shared lock instead: the processes of one distributed encode
     (:func:`medadapt.encode.encode_corpus`), which write disjoint texts, hold it together, and a plain writer
-    (exclusive) waits for all of them. A no-op where ``fcntl`` does not exist or the file system refuses
-    ``flock``. Released when the block ends or the process dies."""
+    (exclusive) waits for all of them. Threads of one process take turns first on a process-wide lock of
+    the namespace (:func:`medadapt.locks.path_lock`), so the ``flock`` only ever orders processes (and
+    threads are ordered where ``flock`` is missing too). The ``flock`` is a no-op where ``fcntl`` does not
+    exist or the file system refuses it. Released when the block ends or the process dies."""
+    with path_lock(ns_dir / ".lock"):
+        with _flock(ns_dir, shared):
+            yield
+
+
+@contextlib.contextmanager
+def _flock(ns_dir: Path, shared: bool) -> Iterator[None]:
     try:
         import fcntl
     except ImportError:  # Windows
@@ -480,6 +501,12 @@ class EmbeddingCache:
         if not texts:
             _check_role(role)
             return np.zeros((0, model.get_sentence_embedding_dimension() or 0), dtype=np.float32)
+        with model_lock(model):  # fingerprinting and encoding tokenise: one thread per model (medadapt.locks)
+            return self._encode(model, texts, role, prompt, prompt_name, normalize, batch_size, show_progress,
+                                desc, fingerprint)
+
+    def _encode(self, model, texts, role, prompt, prompt_name, normalize, batch_size, show_progress, desc,
+                fingerprint) -> np.ndarray:
         model, eff_prompt, ns_dir, meta = self._resolve(model, role, prompt, prompt_name, fingerprint)
         _ensure_namespace(ns_dir, meta)
 
@@ -505,7 +532,9 @@ class EmbeddingCache:
                       prompt_name: str | None = None) -> int:
         """How many distinct ``texts`` are not cached yet for this model and role (nothing is encoded; a
         ``Router`` model's query / document roles are looked up per route, as :meth:`encode` does)."""
-        ns, _ = self.namespace(model, role, effective_prompt(model, role, prompt, prompt_name))  # per route
+        with model_lock(model):  # the fingerprint tokenises probe texts
+            eff_prompt = effective_prompt(model, role, prompt, prompt_name)
+            ns, _ = self.namespace(model, role, eff_prompt)  # per route
         ns_dir = self.root / ns
         index = self._index(ns_dir)[0] if ns_dir.is_dir() else {}
         return len({h for h in map(text_hash, texts) if h not in index})
@@ -579,7 +608,9 @@ class EmbeddingCache:
                     prompt_name: str | None = None, fingerprint: str | None = None) -> ShardIndex:
         """The :class:`ShardIndex` of this model's namespace for ``role`` (every shard verified once per
         process, corrupt ones set aside)."""
-        ns, _ = self.namespace(model, role, effective_prompt(model, role, prompt, prompt_name), fingerprint)
+        with model_lock(model):  # the fingerprint tokenises probe texts
+            eff_prompt = effective_prompt(model, role, prompt, prompt_name)
+            ns, _ = self.namespace(model, role, eff_prompt, fingerprint)
         return ShardIndex.build(self, self.root / ns)
 
     def view(
@@ -609,25 +640,26 @@ class EmbeddingCache:
             MedAdaptError: some texts are not cached and ``encode_missing`` is false.
         """
         texts = texts if isinstance(texts, list) else list(texts)
-        model, eff_prompt, ns_dir, meta = self._resolve(model, role, prompt, prompt_name, fingerprint)
-        hashes = [text_hash(t) for t in texts]
-        keys = hash_keys(hashes)
-        for _ in range(_MAX_ROUNDS):
-            index = ShardIndex.build(self, ns_dir)
-            shard, row = index.lookup(keys)
-            missing = np.flatnonzero(shard < 0)
-            if not len(missing):
-                break
-            if not encode_missing:
-                raise MedAdaptError(
-                    f"{len(missing)} of {len(texts)} texts are not in the embedding cache {ns_dir} "
-                    f"({self.dtype}, role {role}); encode them first (`medadapt encode`, EmbeddingCache.encode) "
-                    "or pass encode_missing=True")
-            _ensure_namespace(ns_dir, meta)
-            todo = {hashes[i]: texts[i] for i in missing}
-            self._encode_missing(model, ns_dir, todo, role, eff_prompt, batch_size, show_progress, desc)
-        else:
-            raise _gave_up(ns_dir)
+        with model_lock(model):  # fingerprinting and encoding tokenise: one thread per model (medadapt.locks)
+            model, eff_prompt, ns_dir, meta = self._resolve(model, role, prompt, prompt_name, fingerprint)
+            hashes = [text_hash(t) for t in texts]
+            keys = hash_keys(hashes)
+            for _ in range(_MAX_ROUNDS):
+                index = ShardIndex.build(self, ns_dir)
+                shard, row = index.lookup(keys)
+                missing = np.flatnonzero(shard < 0)
+                if not len(missing):
+                    break
+                if not encode_missing:
+                    raise MedAdaptError(
+                        f"{len(missing)} of {len(texts)} texts are not in the embedding cache {ns_dir} "
+                        f"({self.dtype}, role {role}); encode them first (`medadapt encode`, "
+                        "EmbeddingCache.encode) or pass encode_missing=True")
+                _ensure_namespace(ns_dir, meta)
+                todo = {hashes[i]: texts[i] for i in missing}
+                self._encode_missing(model, ns_dir, todo, role, eff_prompt, batch_size, show_progress, desc)
+            else:
+                raise _gave_up(ns_dir)
         dim = index.dim or model.get_sentence_embedding_dimension() or 0
         return CachedEmbeddings(index.shards, index.layouts, shard, row, _embedding_tail(model, normalize), dim)
 

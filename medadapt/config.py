@@ -8,25 +8,45 @@ Every recipe section and every component config (training loop, heads, losses) d
 
 from __future__ import annotations
 
+import difflib
 import math
+from collections.abc import Callable
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, model_validator
+from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
+from pydantic_core import InitErrorDetails, PydanticCustomError
 
-__all__ = ["Section"]
+from medadapt.errors import ConfigError
+
+__all__ = ["UNKNOWN_KEY", "Section", "relocated_errors", "validate_each"]
+
+#: the error type of a key a section does not have (pydantic's ``extra_forbidden``, with a did-you-mean)
+UNKNOWN_KEY = "unknown_key"
+
+#: integers a field may hold: what torch, numpy and file formats can store (a 30-digit batch size is a typo)
+_INT_LIMIT = 2**63
 
 
 def _non_finite(value: Any, path: str) -> str | None:
-    if isinstance(value, float) and not math.isfinite(value):
-        return path
-    if isinstance(value, dict):
-        for k, v in value.items():
-            if (found := _non_finite(v, f"{path}.{k}" if path else str(k))) is not None:
-                return found
-    if isinstance(value, (list, tuple)):
-        for i, v in enumerate(value):
-            if (found := _non_finite(v, f"{path}[{i}]")) is not None:
-                return found
+    """The path of the first NaN / inf in ``value`` (nested dicts, lists, tuples), ``None`` if there is none.
+    Iterative, and each container is walked once however often it is shared (YAML aliases), so the cost is
+    linear in the distinct values: no deep recursion, no re-walk of an aliased list."""
+    stack: list[tuple[Any, str]] = [(value, path)]
+    seen: set[int] = set()
+    while stack:
+        item, where = stack.pop()
+        if isinstance(item, float):
+            if not math.isfinite(item):
+                return where
+            continue
+        if not isinstance(item, (dict, list, tuple)) or id(item) in seen:
+            continue
+        seen.add(id(item))
+        if isinstance(item, dict):
+            children = [(v, f"{where}.{k}" if where else str(k)) for k, v in item.items()]
+        else:
+            children = [(v, f"{where}[{i}]") for i, v in enumerate(item)]
+        stack.extend(reversed(children))  # depth first, in order: the first NaN in reading order is named
     return None
 
 
@@ -52,6 +72,58 @@ def _types(annotation: Any) -> set:
     return {annotation}
 
 
+def relocated_errors(exc: ValidationError, prefix: tuple = ()) -> list[InitErrorDetails]:
+    """``exc``'s errors as line errors for :meth:`ValidationError.from_exception_data`, their locations under
+    ``prefix`` and their messages (and a did-you-mean's fields) unchanged: how a validator re-raises the
+    errors of a section it validated itself, at the place the user wrote it."""
+    out: list[InitErrorDetails] = []
+    for err in exc.errors():
+        ctx = {k: v for k, v in (err.get("ctx") or {}).items() if isinstance(v, str) and k != "message"}
+        out.append({"type": PydanticCustomError(err["type"], "{message}", {**ctx, "message": err["msg"]}),
+                    "loc": (*prefix, *err["loc"]), "input": err.get("input")})
+    return out
+
+
+def unknown_key_error(key: str, section: type[BaseModel]) -> PydanticCustomError:
+    """``key`` is not a field of ``section``: the closest field name (difflib), else the valid ones."""
+    names = [field.alias or name for name, field in section.model_fields.items()]
+    match = difflib.get_close_matches(key, names, n=1, cutoff=0.6)
+    hint = f"did you mean {match[0]}?" if match else f"valid keys: {', '.join(names)}"
+    ctx = {"suggestion": match[0] if match else "", "choices": ", ".join(names), "hint": hint}
+    return PydanticCustomError(UNKNOWN_KEY, "unknown key ({hint})", ctx)
+
+
+def validate_each(items: Any, section_of: Callable[[dict], type[BaseModel]], what: str) -> Any:
+    """Validate each mapping of the list ``items`` with the section ``section_of(item)`` picks (a registered
+    kind; it may raise :class:`~medadapt.errors.ConfigError` for an unknown one): the errors of all items
+    together, each located at its index (``branches.1.training.lr``), and an item that is not a mapping
+    refused. Sections built in Python pass as they are; a value that is not a list is left to the field's
+    own type check."""
+    if not isinstance(items, (list, tuple)):
+        return items
+    out: list[Any] = []
+    errors: list[InitErrorDetails] = []
+    for i, item in enumerate(items):
+        if isinstance(item, BaseModel):
+            out.append(item)
+            continue
+        if not isinstance(item, dict):
+            errors.append({"type": PydanticCustomError("not_a_mapping", "{message}", {
+                "message": f"a {what} is a mapping with a kind: key, not {type(item).__name__}"}),
+                "loc": (i,), "input": item})
+            continue
+        try:
+            out.append(section_of(item).model_validate(item))
+        except ConfigError as exc:
+            errors.append({"type": PydanticCustomError("unknown_kind", "{message}", {"message": str(exc)}),
+                           "loc": (i, "kind"), "input": item.get("kind")})
+        except ValidationError as exc:
+            errors.extend(relocated_errors(exc, (i,)))
+    if errors:
+        raise ValidationError.from_exception_data(what, errors)
+    return out
+
+
 class Section(BaseModel):
     """A typed configuration section: ``extra="forbid"``, assignments validated, finite numbers only, and no
     ``true`` / ``false`` where a number is expected (pydantic would read ``batch_size: true`` as 1)."""
@@ -69,9 +141,28 @@ class Section(BaseModel):
             if isinstance(value, bool):
                 if bool not in types and types & {int, float}:
                     raise ValueError(f"{name} must be a number, not {str(value).lower()}")
+            elif isinstance(value, int) and abs(value) >= _INT_LIMIT and int in types:
+                raise ValueError(f"{name} is out of range ({len(str(abs(value)))} digits)")
             elif _non_finite_number(value) and types & {int, float}:
                 raise ValueError(f"{name} must be a finite number")  # before a bound names a misleading limit
         return data
+
+    @model_validator(mode="wrap")
+    @classmethod
+    def _unknown_keys(cls, data: Any, handler: Any) -> Any:
+        """pydantic's "Extra inputs are not permitted" for a key of this section becomes ``unknown key (did
+        you mean <field>?)``, from this section's own field names; every other error passes unchanged."""
+        try:
+            return handler(data)
+        except ValidationError as exc:
+            errors = exc.errors()
+            if not any(e["type"] == "extra_forbidden" and len(e["loc"]) == 1 for e in errors):
+                raise
+            details = relocated_errors(exc)
+            for err, detail in zip(errors, details):
+                if err["type"] == "extra_forbidden" and len(err["loc"]) == 1:
+                    detail["type"] = unknown_key_error(str(err["loc"][0]), cls)
+            raise ValidationError.from_exception_data(exc.title, details) from None
 
     @model_validator(mode="after")
     def _finite(self) -> "Section":

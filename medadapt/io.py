@@ -6,11 +6,18 @@ Hand-written because the standard library has no one-call atomic write.
 Every file medadapt publishes gets the mode a plain ``open()`` gives (``0o666`` less the umask): single files
 through :func:`atomic_open`, and every file of a folder swapped in by :func:`swap_in` (libraries that write
 into those folders, e.g. safetensors' ``save_file`` behind ``save_pretrained``, create owner-only 0600 files).
+
+One output policy for every writer (:func:`check_output`): a file output is never a folder or a device node,
+a folder output never replaces a file, the current folder or a non-empty folder of another kind, two outputs
+of one call are never the same path, and a symlink is written through. Temporary names are unique per
+process *and* thread (:func:`temp_name`), and cleanup never removes a live writer's folder (:func:`live`).
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
+import glob
 import json
 import os
 import shutil
@@ -18,9 +25,13 @@ import stat
 import tempfile
 import threading
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
+
+from medadapt.errors import ConfigError, MedAdaptError
+from medadapt.locks import path_lock
 
 
 _UMASK_LOCK = threading.Lock()
@@ -43,15 +54,10 @@ def atomic_open(path: str | os.PathLike, mode: str = "w", encoding: str | None =
         MedAdaptError: ``path`` is an existing folder, or its folder cannot be created / written
             (``cannot write PATH: <reason>``), or the final rename fails.
     """
-    from medadapt.errors import MedAdaptError
-
-    path = Path(path)
-    if path.is_symlink():  # write through the link (replacing it would leave its target untouched)
-        path = path.resolve()
-    if path.is_dir():
-        raise MedAdaptError(f"cannot write {path}: it is an existing folder (give a file path)")
-    if path.exists() and not path.is_file():  # a device, a FIFO, a socket: renaming over it would destroy it
-        raise MedAdaptError(f"cannot write {path}: it is not a regular file")
+    path = _real(Path(path))  # write through a link (replacing it would leave its target untouched)
+    problem = _file_problem(path)  # the output policy's file rules (check_output), at write time
+    if problem is not None:
+        raise MedAdaptError(f"cannot write {path}: {problem[0]}; {problem[1]}")
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
@@ -85,8 +91,6 @@ def atomic_write_json(path: str | os.PathLike, obj: Any, indent: int = 2) -> Non
     Raises:
         MedAdaptError: a non-finite float (naming the file), or see :func:`atomic_open`.
     """
-    from medadapt.errors import MedAdaptError
-
     try:
         text = json.dumps(obj, indent=indent, ensure_ascii=False, sort_keys=False, allow_nan=False)
     except ValueError as exc:  # NaN / inf (allow_nan=False), circular references
@@ -134,36 +138,49 @@ def _exchange(a: Path, b: Path) -> bool:
     if fn(_AT_FDCWD, os.fsencode(a), _AT_FDCWD, os.fsencode(b), _RENAME_EXCHANGE) == 0:
         return True
     err = ctypes.get_errno()
-    import errno
-
     if err in (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP, errno.EXDEV):
         return False
     raise OSError(err, os.strerror(err), str(a))
 
 
 def swap_in(new: Path, target: Path) -> None:
-    """Put folder ``new`` at ``target``, replacing any folder there as a whole, then delete the old one.
+    """Put folder ``new`` at ``target``, replacing any folder there as a whole, then delete the old one. A
+    symlink ``target`` is written through (the folder it points to is replaced; the link stays).
 
     Where the OS can exchange two paths atomically (Linux), a reader at any instant finds the old folder or
     the new one at ``target``, never no folder and never a mix. Elsewhere the old folder is renamed away
     first (a brief window with no folder; a crash in it leaves ``.<name>.old-*``, which
-    :func:`clean_leftovers` puts back). Hand-written: no library swaps directories."""
-    new, target = Path(new), Path(target)
+    :func:`clean_leftovers` puts back). Swaps into one target by threads of this process take turns
+    (:func:`medadapt.locks.path_lock`). Hand-written: no library swaps directories.
+
+    Raises:
+        ConfigError: ``target`` exists and is not a folder (never exchanged with a file).
+    """
+    new, target = Path(new), _real(Path(target))
     normalize_modes(new)  # what other libraries wrote into it gets the mode open() gives
     _sync_tree(new)  # the new folder's bytes are on disk before any name points at it
-    try:
-        if not target.exists():
-            os.replace(new, target)
-            return
-        if _exchange(new, target):  # ``new`` now holds the old folder
-            shutil.rmtree(new, ignore_errors=True)
-            return
-        old = target.parent / f".{target.name}.old-{os.getpid()}-{uuid.uuid4().hex[:8]}"
-        os.replace(target, old)
-        os.replace(new, target)
-        shutil.rmtree(old, ignore_errors=True)
-    finally:
-        _sync_dir(target.parent)
+    with path_lock(target):
+        try:
+            if target.exists() and not target.is_dir():
+                raise ConfigError(f"cannot write {target}: it is not a folder; give a new or empty folder "
+                                  "(it is left as it is)")
+            if not target.exists():
+                try:
+                    os.replace(new, target)
+                    return
+                except OSError as exc:  # another process put a folder there meanwhile: exchange with it
+                    if exc.errno not in (errno.ENOTEMPTY, errno.EEXIST) or not target.is_dir():
+                        raise
+            if _exchange(new, target):  # ``new`` now holds the old folder
+                shutil.rmtree(new, ignore_errors=True)
+                return
+            old = temp_name(target, "old")
+            with live(old):
+                os.replace(target, old)
+                os.replace(new, target)
+                shutil.rmtree(old, ignore_errors=True)
+        finally:
+            _sync_dir(target.parent)
 
 
 def normalize_modes(folder: str | os.PathLike) -> None:
@@ -202,28 +219,185 @@ def _sync_tree(folder: Path) -> None:
         _sync_dir(root)
 
 
-def check_writable(path: str | os.PathLike, what: str = "") -> None:
-    """Refuse, before any work, a path that cannot be created: a file on the way, or a folder that takes no
-    new file. ``os.access`` is not asked (it says yes to root everywhere, even on ``/proc``): a temporary
-    file is created and removed in the nearest existing folder.
+def _label(path: str | os.PathLike, what: str = "") -> str:
+    return f"{what} {path}" if what else str(path)
 
-    Raises:
-        MedAdaptError: ``cannot write [WHAT ]PATH: <reason>``.
-    """
-    from medadapt.errors import MedAdaptError
 
-    path = Path(path)
-    name = f"{what} {path}" if what else str(path)
+def _writable_problem(path: Path) -> str | None:
+    """Why a new file or folder cannot be created at ``path`` (a file on the way, a folder that takes no new
+    file), or ``None``. ``os.access`` is not asked (it says yes to root everywhere, even on ``/proc``): a
+    temporary file is created and removed in the nearest existing folder."""
     folder = path.parent
     while not folder.exists() and folder != folder.parent:
         folder = folder.parent
     if not folder.is_dir():
-        raise MedAdaptError(f"cannot write {name}: {folder} is not a folder")
+        return f"{folder} is not a folder"
     try:
         with tempfile.TemporaryFile(dir=folder):
             pass
     except OSError as exc:
-        raise MedAdaptError(f"cannot write {name}: {exc.strerror or exc}") from None
+        return exc.strerror or str(exc)
+    return None
+
+
+def check_writable(path: str | os.PathLike, what: str = "") -> None:
+    """Refuse, before any work, a path that cannot be created: a file on the way, or a folder that takes no
+    new file (see :func:`check_output`, which also applies the rest of the output policy).
+
+    Raises:
+        MedAdaptError: ``cannot write [WHAT ]PATH: <reason>``.
+    """
+    problem = _writable_problem(Path(path))
+    if problem is not None:
+        raise MedAdaptError(f"cannot write {_label(path, what)}: {problem}")
+
+
+# ------------------------------------------------------------------------------------------ output policy
+@dataclass(frozen=True)
+class FolderKind:
+    """A kind of folder output written as a whole (a run, an index, an adapter): an existing non-empty
+    folder is replaced only when it holds one. ``markers``: file names any one of which makes a folder one
+    of this kind; ``None``: any folder is (scratch folders medadapt names itself)."""
+
+    description: str
+    markers: tuple[str, ...] | None = None
+
+    def holds(self, folder: Path) -> bool:
+        return self.markers is None or any((folder / m).is_file() for m in self.markers)
+
+
+#: A single file written atomically (:func:`atomic_open`).
+FILE = "file"
+#: Any folder (no check of what it holds): for folders medadapt names itself, never a user's path.
+ANY_FOLDER = FolderKind("a folder")
+
+
+def _real(path: Path) -> Path:
+    """``path``, or where it points when it is a symlink: outputs are written through links (the link
+    stays)."""
+    return Path(os.path.realpath(path)) if path.is_symlink() else path
+
+
+def _same_path(a: Path, b: Path) -> bool:
+    """The same file or folder (after links, ``.`` and ``..``), existing or not."""
+    try:
+        if os.path.samefile(a, b):
+            return True
+    except OSError:  # one of them does not exist (yet)
+        pass
+    return os.path.realpath(a) == os.path.realpath(b)
+
+
+def _file_problem(real: Path) -> tuple[str, str] | None:
+    """``(reason, advice)`` when ``real`` (links followed) cannot be replaced by a file, else ``None``."""
+    if real.is_dir():
+        return "it is an existing folder", "give a file path"
+    if real.exists() and not real.is_file():  # a device, a FIFO, a socket: renaming over it would destroy it
+        return "it is not a regular file (a device, FIFO or socket)", "give the path of a regular file"
+    return None
+
+
+def _folder_problem(real: Path, kind: FolderKind) -> tuple[str, str] | None:
+    """``(reason, advice)`` when ``real`` (links followed) cannot be replaced as a whole by a folder of
+    ``kind``, else ``None``."""
+    if real.exists() and not real.is_dir():
+        what = "an existing file" if real.is_file() else "not a folder (a device, FIFO or socket)"
+        return f"it is {what}", "give a new or empty folder (it is left as it is)"
+    absolute = real.resolve()
+    if absolute in (Path.cwd().resolve(), *Path.cwd().resolve().parents):
+        return ("it is the current folder or one above it, and a folder output is replaced as a whole",
+                "name a new folder below it (e.g. runs/NAME)")
+    if real.is_dir() and not kind.holds(real) and any(real.iterdir()):
+        return (f"it is a non-empty folder that is not {kind.description}",
+                "refusing to overwrite it: give a new or empty folder (nothing in it was changed)")
+    return None
+
+
+def _named_others(others: Mapping[str, Any] | Iterable[Any]) -> list[tuple[str, Any]]:
+    if isinstance(others, Mapping):
+        return list(others.items())
+    return [("", other) for other in others]
+
+
+def check_output(path: str | os.PathLike | None, kind: str | FolderKind = FILE, *, what: str = "",
+                 others: Mapping[str, Any] | Iterable[Any] = ()) -> Path | None:
+    """The output policy of every medadapt writer (Python API and CLI), applied before any work: returns
+    the path to write to (a symlink resolved: outputs are written through links), or ``None`` for ``None``
+    (an optional output not given).
+
+    ``kind`` is :data:`FILE` (a single file, replaced atomically) or a :class:`FolderKind` (a folder
+    replaced as a whole). Refused, with ``cannot write [WHAT ]PATH: <reason>; <what to do>``:
+
+    * ``path`` is also one of ``others``, the other outputs of the same call (``{"--report": path}`` to
+      name them, or plain paths; ``None`` entries are skipped);
+    * a file: an existing folder, or a device node, FIFO or socket (never replaced);
+    * a folder: an existing file (or node); the current folder or one above it; a non-empty folder that
+      is not of ``kind`` (e.g. not a medadapt index);
+    * a place that takes no new file (a file on the way, a read-only or virtual file system).
+
+    Raises:
+        ConfigError: as above.
+    """
+    if not isinstance(kind, FolderKind) and kind != FILE:
+        raise ValueError(f"kind must be FILE or a FolderKind, got {kind!r}")
+    if path is None:
+        return None
+    given = Path(path)
+    label = _label(given, what)
+    for other_what, other in _named_others(others):
+        if other is not None and _same_path(given, Path(other)):
+            other_label = f"{other_what} ({other})" if other_what else str(other)
+            raise ConfigError(f"cannot write {label}: it is also {other_label}, another output of the same "
+                              "call; give each output its own path")
+    try:
+        real = _real(given)
+        problem = _folder_problem(real, kind) if isinstance(kind, FolderKind) else _file_problem(real)
+        if problem is None:
+            writable = _writable_problem(real)
+            problem = None if writable is None else (writable, "choose a place you can write")
+    except OSError as exc:  # a symlink loop, a folder that cannot be listed
+        problem = (exc.strerror or str(exc), "choose another path")
+    if problem is not None:
+        raise ConfigError(f"cannot write {label}: {problem[0]}; {problem[1]}")
+    return real
+
+
+def check_outputs(outputs: Mapping[str, str | os.PathLike | None], kind: str | FolderKind = FILE) -> dict:
+    """:func:`check_output` for every output of one call (``{"--output": path, "--report": None, ...}``,
+    ``None``: not given), each against the others, before any of them is written. Returns ``{name: path to
+    write}`` for those given."""
+    checked: dict[str, Path] = {}
+    for name, path in outputs.items():
+        if path is not None:  # compared with those before it: the error names the later one
+            checked[name] = check_output(path, kind, what=name, others={n: outputs[n] for n in checked})
+    return checked
+
+
+# ------------------------------------------------------------------------------ temporary names, leftovers
+_LIVE: set[str] = set()  # absolute paths of this process's temporary folders being written right now
+_LIVE_LOCK = threading.Lock()
+
+
+def temp_name(target: Path, kind: str = "tmp") -> Path:
+    """A name beside ``target`` no other writer uses: ``.<name>.<kind>-<pid>-<thread id>-<random>`` (threads
+    of one process share a process id)."""
+    target = Path(os.path.abspath(target))
+    return target.parent / (f".{target.name}.{kind}-{os.getpid()}-{threading.get_native_id()}-"
+                            f"{uuid.uuid4().hex[:8]}")
+
+
+@contextlib.contextmanager
+def live(path: Path) -> Iterator[Path]:
+    """Mark ``path`` (a :func:`temp_name`) as being written by this process while the block runs:
+    :func:`clean_leftovers` of any thread leaves it alone."""
+    key = os.path.abspath(path)
+    with _LIVE_LOCK:
+        _LIVE.add(key)
+    try:
+        yield path
+    finally:
+        with _LIVE_LOCK:
+            _LIVE.discard(key)
 
 
 def _pid_alive(pid: int) -> bool:
@@ -236,41 +410,73 @@ def _pid_alive(pid: int) -> bool:
     return True
 
 
-def _owner_pid(leftover: Path) -> int | None:
-    parts = leftover.name.rsplit("-", 2)
-    return int(parts[1]) if len(parts) == 3 and parts[1].isdigit() else None
+def _owner_pid(rest: str) -> int | None:
+    """The process id in what follows ``.<name>.<kind>-`` (``<pid>-...``)."""
+    first = rest.split("-", 1)[0]
+    return int(first) if first.isdigit() else None
+
+
+def _in_use(leftover: Path, rest: str, own: bool) -> bool:
+    with _LIVE_LOCK:
+        if os.path.abspath(leftover) in _LIVE:
+            return True  # a thread of this process is writing it
+    pid = _owner_pid(rest)
+    if pid is None:
+        return False
+    if pid == os.getpid():
+        return not own  # ours and held by no thread of ours: an earlier failure's (kept when own=False)
+    return _pid_alive(pid)  # another process's: kept while it runs
 
 
 def clean_leftovers(target: Path, own: bool = True) -> None:
     """Remove what an interrupted :func:`replace_folder` / :func:`swap_in` left beside ``target``
-    (``.<name>.tmp-*``, ``.<name>.old-*``) when the process that made it is gone; an old folder comes back
-    to ``target`` if ``target`` is missing (a crash between the two renames of the fallback path).
-    ``own=False`` keeps this process's own leftovers too (other threads of it may be writing them)."""
-    target = Path(target)
-    for kind in ("old", "tmp"):
-        for leftover in sorted(target.parent.glob(f".{target.name}.{kind}-*")):
-            pid = _owner_pid(leftover)
-            if pid is not None and (pid != os.getpid() or not own) and _pid_alive(pid):
-                continue  # another process (or thread) is writing right now
-            if kind == "old" and not target.exists():
-                os.replace(leftover, target)
-            else:
-                shutil.rmtree(leftover, ignore_errors=True)
+    (``.<name>.tmp-*``, ``.<name>.old-*``) when no live writer holds it: another running process's, and any
+    thread of this process that is writing (:func:`live`), are kept. An old folder comes back to ``target``
+    if ``target`` is missing (a crash between the two renames of the fallback path). ``own=False`` keeps
+    every leftover of this process too (for writers that name their folders without :func:`live`)."""
+    target = _real(Path(target))
+    with path_lock(target):
+        for kind in ("old", "tmp"):
+            prefix = f".{target.name}.{kind}-"
+            for leftover in sorted(target.parent.glob(glob.escape(prefix) + "*")):
+                if _in_use(leftover, leftover.name[len(prefix):], own):
+                    continue
+                if kind == "old" and not target.exists():
+                    os.replace(leftover, target)
+                else:
+                    shutil.rmtree(leftover, ignore_errors=True)
 
 
 @contextlib.contextmanager
-def replace_folder(target: Path) -> Iterator[Path]:
+def replace_folder(target: str | os.PathLike, kind: FolderKind = ANY_FOLDER, *,
+                   what: str = "") -> Iterator[Path]:
     """Yield a temporary sibling folder to write into; on success it replaces ``target`` as a whole
     (:func:`swap_in`), so a crash or a reader sees the old or the new folder, never a mix; on failure the
-    temporary folder is deleted and ``target`` is untouched. Leftovers of an earlier crash are cleaned first."""
-    target = Path(target)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    clean_leftovers(target)
-    tmp = target.parent / f".{target.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
-    tmp.mkdir()
-    try:
-        yield tmp
-        swap_in(tmp, target)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)  # the new folder, or after an exchange the old one
-        raise
+    temporary folder is deleted and ``target`` is untouched.
+
+    ``target`` is checked first with :func:`check_output` (``kind``: what an existing non-empty folder must
+    be to be replaced; ``what``: how errors name it), and again just before the swap. A symlink is written
+    through: the folder it points to is replaced and the link stays. Leftovers of an earlier crash are
+    cleaned first. Threads of one process may write the same target at once: each writes its own
+    temporary folder (:func:`temp_name`) and they swap in turn (:func:`medadapt.locks.path_lock`): the last
+    one wins, and the folder is complete at every instant.
+
+    Raises:
+        ConfigError: what :func:`check_output` refuses.
+    """
+    real = Path(os.path.abspath(check_output(target, kind, what=what)))
+    real.parent.mkdir(parents=True, exist_ok=True)
+    tmp = temp_name(real)
+    with live(tmp):
+        clean_leftovers(real)
+        tmp.mkdir()
+        try:
+            yield tmp
+            with path_lock(real):
+                problem = _folder_problem(real, kind)  # something else put there while this one wrote
+                if problem is not None:
+                    raise ConfigError(f"cannot write {_label(target, what)}: {problem[0]}; {problem[1]}")
+                swap_in(tmp, real)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)  # the new folder, or after an exchange the old one
+            raise

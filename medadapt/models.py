@@ -16,8 +16,16 @@ and a code policy: **medadapt never runs Python code shipped in a model folder**
   of ``0_Transformer/`` and other module folders: Hugging Face would import the folder's own ``*.py``), is
   refused with a :class:`~medadapt.errors.ModelLoadError` before anything is constructed, unless the caller
   passes ``trust_remote_code=True``.
+* A ``sentence_transformers.*`` name that is no module class of the installed sentence-transformers (a
+  function such as ``sentence_transformers.util.http_get``, a whole model class) is refused before anything
+  is constructed, whatever ``trust_remote_code`` says (it is resolved in the installed package only).
+* A local folder whose weights are only a **pickle** file (``pytorch_model.bin`` with no safetensors file
+  beside it; unpickling can run code) is refused unless the caller passes ``trust_remote_code=True``.
+* A ``modules.json`` / ``router_config.json`` / ``config.json`` nested too deeply to parse is one
+  :class:`~medadapt.errors.ModelLoadError`.
 * A **hub id** never gets ``trust_remote_code`` implicitly (pass ``trust_remote_code=True`` for models
-  that need it).
+  that need it). A name that looks like a path (:func:`resolve_model_path`) is never looked up on the hub:
+  a missing one is an error at once, with the closest existing folders.
 
 After construction every medadapt ``AdapterStack`` is checked against the width of the embedding it reads
 (a 32-d head on a 48-d backbone is refused at load, not at the first ``encode``).
@@ -25,8 +33,11 @@ After construction every medadapt ``AdapterStack`` is checked against the width 
 
 from __future__ import annotations
 
+import difflib
 import hashlib
 import json
+import os
+import pickle
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
@@ -61,9 +72,19 @@ ALIASES: dict[str, Callable[[], Path]] = {
 def resolve_model_path(name_or_path: str) -> str:
     """Return a local directory for an alias or path, or the name unchanged for a hub id.
 
-    Raises :class:`ModelLoadError` for a path-like name that does not exist.
+    A name that does not exist locally is a hub id only if it could be one: ``name`` or ``owner/name``
+    (Hugging Face's rules: letters, digits, ``-``, ``_``, ``.``) whose ``owner`` is not a folder here. So
+    ``./x``, ``../x``, ``/abs``, ``~/x``, ``a/b/c``, ``a\\b``, ``my model`` and ``runs/dem`` when ``runs/``
+    exists are local paths, and a missing one is one :class:`ModelLoadError` at once, naming the closest
+    existing folders (no hub lookup with its retries). The price: with a folder ``owner/`` in the working
+    directory, the hub id ``owner/name`` is read as that folder's ``name`` (run from another folder).
+
+    Raises:
+        ModelLoadError: a path-like name that does not exist, or a file.
     """
     key = str(name_or_path).strip()
+    if not key:
+        raise ModelLoadError("the model name is empty (give an alias, a folder or a hub id)")
     if key.lower() in ALIASES:
         return str(ALIASES[key.lower()]())
     path = Path(key).expanduser()
@@ -71,11 +92,54 @@ def resolve_model_path(name_or_path: str) -> str:
         if not path.is_dir():
             raise ModelLoadError(f"model path {key!r} is a file; expected a model directory")
         return str(path)
-    # Hub ids are "name" or "org/name"; anything else that does not exist is a mistyped path.
-    looks_like_path = key.startswith((".", "/", "~")) or key.count("/") > 1 or "\\" in key
-    if looks_like_path:
-        raise ModelLoadError(f"model path {key!r} does not exist (aliases: {', '.join(sorted(ALIASES))})")
+    why = _path_like(key)
+    if why is not None:
+        raise ModelLoadError(f"model path {key!r} does not exist{_closest(key, path)}{why}")
     return key
+
+
+def _path_like(key: str) -> str | None:
+    """Why ``key`` (not an existing path) is read as a local path, for the error message (``""`` when
+    plain: it starts like a path, has a separator too many, or cannot be a hub id); ``None`` for a
+    name that may be a hub id."""
+    from huggingface_hub.utils import HFValidationError, validate_repo_id
+
+    if key.startswith((".", "/", "~")) or key.count("/") > 1 or "\\" in key:
+        return ""
+    owner = key.split("/", 1)[0]
+    if "/" in key and Path(owner).is_dir():
+        return f"; {owner + '/'!r} is a folder here, so this is read as a path in it, not as a hub id"
+    try:
+        validate_repo_id(key)
+    except HFValidationError:
+        return "; it is no valid Hugging Face hub id either"
+    return None
+
+
+def _closest(key: str, path: Path, limit: int = 10_000) -> str:
+    """`` (did you mean 'runs/demo'?)``: the existing folders closest to the first missing part of ``path``
+    (difflib over the folders beside it), spelled as the user did; or the aliases when none is close."""
+    parent = path.parent
+    while not parent.exists() and parent != parent.parent:
+        parent = parent.parent
+    missing = path.relative_to(parent).parts[0] if parent != path else ""
+    names: list[str] = []
+    try:
+        with os.scandir(parent) as entries:
+            for i, entry in enumerate(entries):
+                if i >= limit:
+                    break
+                if entry.is_dir() and not entry.name.startswith("."):
+                    names.append(entry.name)
+    except OSError:  # not a folder, not readable: no suggestion
+        pass
+    close = difflib.get_close_matches(missing, names, n=3, cutoff=0.6) if missing else []
+    if not close:
+        return f" (aliases: {', '.join(sorted(ALIASES))})"
+    depth = len(path.relative_to(parent).parts)  # how many trailing parts of the key are missing
+    kept = Path(key).parts[:-depth]  # the existing part as the user spelled it ("~" unexpanded)
+    spelled = [str(Path(*kept, name)) for name in close]
+    return f" (did you mean {' or '.join(repr(s) for s in spelled)}?)"
 
 
 #: Module-class prefixes a local folder may name and still be loaded without the caller's explicit
@@ -88,6 +152,8 @@ def _read_json(path: Path):
         return json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError) as exc:
         raise ModelLoadError(f"{path}: cannot read ({exc})") from None
+    except RecursionError:  # [[[[...]]]] thousands deep: Python's parser gives up, one clear line instead
+        raise ModelLoadError(f"{path}: cannot read (JSON nested too deeply)") from None
 
 
 def module_classes(folder: str | Path) -> list[str]:
@@ -145,7 +211,7 @@ def shipped_code(folder: str | Path) -> str | None:
             continue
         try:
             data = json.loads(raw.decode("utf-8"))
-        except ValueError:  # unreadable here: refuse, Hugging Face might read it differently
+        except (ValueError, RecursionError):  # unreadable here: refuse, Hugging Face may read it otherwise
             return f"custom model code (an 'auto_map' in {path.relative_to(folder).as_posix()})"
         if _has_auto_map(data):
             return f"custom model code (auto_map in {path.relative_to(folder).as_posix()})"
@@ -195,6 +261,57 @@ def _medadapt_classes(folder: Path, name: str) -> dict[str, type]:
                                  "class of the installed medadapt")
         found[ref] = obj
     return found
+
+
+def _not_a_module_class(folder: Path) -> str | None:
+    """The first ``sentence_transformers.*`` name of ``folder`` that is not a sentence-transformers module
+    class (a function such as ``sentence_transformers.util.http_get``, a whole model class, a package),
+    described for an error; or ``None``. Sentence-transformers would call such a name's ``load`` or call
+    it with the folder; it is resolved here in the installed package only (nothing from the folder)."""
+    import inspect
+    import warnings
+
+    from sentence_transformers.util import import_from_string
+
+    try:
+        from sentence_transformers.base.modules import Module
+    except ImportError:  # pragma: no cover - older layouts: any torch module class
+        from torch.nn import Module
+    for ref in module_classes(folder):
+        if not ref.startswith("sentence_transformers."):
+            continue
+        obj = None
+        if not any(part.startswith("__") or not part for part in ref.split(".")):  # __main__ would run
+            try:
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore")  # deprecated paths (sentence_transformers.models.*)
+                    obj = import_from_string(ref)
+            except ImportError:
+                pass
+        if not (inspect.isclass(obj) and issubclass(obj, Module)):
+            return f"{ref!r}, which is not a module class of the installed sentence-transformers"
+    return None
+
+
+#: Weight files that transformers, sentence-transformers or PEFT read with ``torch.load`` (pickle), each with
+#: the safetensors files they read instead when one sits beside it.
+PICKLE_WEIGHTS = {"pytorch_model.bin": ("model.safetensors", "model.safetensors.index.json"),
+                  "pytorch_model-*.bin": ("model.safetensors", "model.safetensors.index.json"),
+                  "adapter_model.bin": ("adapter_model.safetensors",)}
+
+
+def pickled_weights(folder: str | Path) -> str | None:
+    """The first pickle weight file of ``folder`` (any depth, :data:`PICKLE_WEIGHTS`) with no safetensors
+    file beside it that loading would read instead, i.e. weights that loading would unpickle, relative to
+    ``folder``; or ``None``."""
+    import fnmatch
+
+    folder = Path(folder)
+    for path in sorted(folder.rglob("*.bin")):
+        for pattern, safe in PICKLE_WEIGHTS.items():
+            if fnmatch.fnmatchcase(path.name, pattern) and not any((path.parent / s).is_file() for s in safe):
+                return path.relative_to(folder).as_posix()
+    return None
 
 
 def _implicit_trust_hazard(folder: Path) -> str | None:
@@ -349,6 +466,9 @@ def load(name_or_path: str, device: str | None = None, *, trust_remote_code: boo
     from sentence_transformers import SentenceTransformer
 
     classes: dict[str, type] = {}
+    odd = _not_a_module_class(Path(resolved)) if local else None  # installed classes: checked even if trusted
+    if odd is not None:
+        raise ModelLoadError(f"model folder {name_or_path!r} names {odd}; nothing was loaded")
     if trust_remote_code is not True:  # None (the policy) or an explicit False: no code from the folder
         implicit = trust_remote_code is None
         trust_remote_code = False
@@ -359,6 +479,14 @@ def load(name_or_path: str, device: str | None = None, *, trust_remote_code: boo
                     f"model folder {name_or_path!r} names {foreign}, code outside sentence_transformers and "
                     "medadapt; medadapt does not run code from model folders: pass trust_remote_code=True "
                     "if you trust it"
+                )
+            pickled = pickled_weights(resolved)
+            if pickled is not None:
+                raise ModelLoadError(
+                    f"model folder {name_or_path!r} holds its weights as a pickle file ({pickled}) with no "
+                    "safetensors file beside it; unpickling can run code, so medadapt does not load it: "
+                    "save the model as safetensors where you trust it, or pass trust_remote_code=True if you "
+                    "trust it"
                 )
             if needed and hasattr(SentenceTransformer, "_load_with_module_classes"):
                 classes = _medadapt_classes(Path(resolved), str(name_or_path))  # flag stays False
@@ -380,7 +508,9 @@ def load(name_or_path: str, device: str | None = None, *, trust_remote_code: boo
         model._medadapt_base_name = str(name_or_path)  # recorded (never as an absolute path) by save_adapter
     except ModelLoadError:
         raise
-    except (OSError, ValueError, RuntimeError, KeyError, ImportError, AssertionError, _SafetensorError) as exc:
+    except (OSError, ValueError, RuntimeError, KeyError, ImportError, AssertionError, _SafetensorError,
+            pickle.UnpicklingError, AttributeError, TypeError) as exc:  # RecursionError is a RuntimeError;
+        # AttributeError / TypeError: a trusted folder naming something that is no module (``os.system``)
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         hint = ("; pass trust_remote_code=True if you trust this model's code"
                 if "trust_remote_code" in str(exc) and not trust_remote_code else "")

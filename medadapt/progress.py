@@ -33,7 +33,7 @@ import threading
 from collections.abc import Iterable, Iterator
 from typing import Any, Literal
 
-__all__ = ["Bar", "level", "progress", "set_level", "shared_progress", "release_progress"]
+__all__ = ["Bar", "level", "plain_console", "progress", "set_level", "shared_progress", "release_progress"]
 
 Level = Literal["quiet", "normal", "verbose"]
 _LEVEL: Level = "normal"
@@ -55,19 +55,30 @@ def level() -> Level:
     return _LEVEL
 
 
+def plain_console(stderr: bool = False):
+    """A rich ``Console`` that prints text as it is: no markup (``[/bold]``, ``[red]``, ``[link=x]`` in a query,
+    a title or a path stays literal and never raises ``MarkupError``) and no emoji codes (``:pill:`` stays).
+    Every console medadapt prints through is one of these (the CLI's, the progress display's); styled bits
+    are ``rich.text.Text`` objects, never markup in strings."""
+    from rich.console import Console
+
+    return Console(stderr=stderr, markup=False, emoji=False)
+
+
 def shared_progress():
     """The process's one ``rich.progress.Progress`` (started on first use); pair with
     :func:`release_progress`. Every task must carry an ``info`` field (may be empty)."""
     global _SHARED, _USERS
     with _LOCK:
         if _SHARED is None:
-            from rich.console import Console
             from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn,
                                        TimeRemainingColumn)
 
-            _SHARED = Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
-                               TextColumn("{task.fields[unit]}"), TextColumn("{task.fields[info]}"),
-                               TimeElapsedColumn(), TimeRemainingColumn(), console=Console(stderr=True))
+            # descriptions and infos hold data (file names, set names): shown literally, never read as markup
+            _SHARED = Progress(TextColumn("{task.description}", style="bold", markup=False), BarColumn(),
+                               MofNCompleteColumn(), TextColumn("{task.fields[unit]}", markup=False),
+                               TextColumn("{task.fields[info]}", markup=False), TimeElapsedColumn(),
+                               TimeRemainingColumn(), console=plain_console(stderr=True))
             _SHARED.start()
         _USERS += 1
         return _SHARED

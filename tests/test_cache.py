@@ -169,3 +169,53 @@ def test_gather_reads_the_shards_its_index_was_built_from(tiny_bert, tmp_path, m
     np.testing.assert_array_equal(got, expected)
     monkeypatch.setattr(EmbeddingCache, "_index", real_index)
     np.testing.assert_array_equal(cache.encode(tiny_bert, texts, role="document", show_progress=False), expected)
+
+
+def test_threads_encoding_with_one_model_all_succeed_and_encode_each_text_once(tiny_bert, tmp_path):
+    """Several threads of one process, one model, its three roles (one namespace each, two threads per
+    namespace), texts long enough to be clipped with the tokenizer: a fast tokenizer's settings are shared
+    mutable state, so unguarded threads corrupted each other's batches ("expected sequence of length ...").
+    Every call succeeds, returns what the model gives, and each namespace holds each text once."""
+    import threading
+
+    from safetensors.numpy import load_file
+
+    cache = EmbeddingCache(tmp_path, chunk_size=4)
+    roles = ["query", "document", "plain"]
+    texts = {(r, k): [f"{r} {k} {i} fever " + "word " * (450 if i % 2 == 0 else 2) for i in range(6)]
+             for r in roles for k in range(4)}
+    results, errors = [], []
+
+    def work(n):
+        role = roles[n % 3]
+        try:
+            for k in range(4):  # a fingerprint and an encode per call: many chances to overlap
+                results.append((role, k, cache.encode(tiny_bert, texts[role, k], role=role, batch_size=4,
+                                                      show_progress=False)))
+        except Exception as exc:  # noqa: BLE001 - any error is the failure under test
+            errors.append(repr(exc))
+
+    threads = [threading.Thread(target=work, args=(n,)) for n in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == [] and len(results) == 24
+    fn = {"query": tiny_bert.encode_query, "document": tiny_bert.encode_document, "plain": tiny_bert.encode}
+    for role, k, got in results:
+        np.testing.assert_allclose(got, fn[role](texts[role, k]), atol=1e-5)
+    namespaces = [p for p in tmp_path.iterdir() if p.is_dir()]
+    assert len(namespaces) == 3
+    for ns_dir in namespaces:
+        rows = sum(len(load_file(str(s))["hashes"]) for s in ns_dir.glob("shard-*.safetensors"))
+        assert rows == 24, ns_dir  # the other thread of a namespace waited, then found them cached
+
+
+def test_a_lone_surrogate_is_one_data_error_and_nothing_is_cached(tiny_bert, tmp_path):
+    """Python API callers bypass the loaders' text policy; the cache key refuses what UTF-8 cannot encode."""
+    from medadapt.errors import DataError
+
+    cache = EmbeddingCache(tmp_path)
+    with pytest.raises(DataError, match=r"lone surrogate \(U\+D800 at character 4\)"):
+        cache.encode(tiny_bert, ["ok", "bad\ud800"], show_progress=False)
+    assert not list(tmp_path.rglob("shard-*"))

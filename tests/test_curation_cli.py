@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import textwrap
+from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
@@ -130,3 +131,28 @@ def test_label_and_sts_with_fake_plugins(tmp_path, monkeypatch):
     rows = lines(trip)
     assert [r["score"] for r in rows] == [1.0, 0.0, 0.0]
     assert rows[0]["sentence2"] == "is high blood pressure hereditary?"
+
+
+@pytest.mark.parametrize("first, second, spelling", [
+    ("--output", "--discarded", "o.jsonl"),
+    ("--output", "--report", "./o.jsonl"),
+    ("--discarded", "--report", "link.jsonl"),
+])
+def test_dedup_refuses_two_outputs_that_are_one_file_before_any_work(tmp_path, monkeypatch, first, second,
+                                                                     spelling):
+    """`data dedup --output o.jsonl --discarded o.jsonl` reported success and left o.jsonl empty; now it is
+    one error line naming both options, before the input or the model is read (the model here does not
+    exist), and the file is as it was."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "in.jsonl").write_text(json.dumps({"_id": "1", "text": "gout"}) + "\n")
+    (tmp_path / "o.jsonl").write_text("OLD\n")
+    (tmp_path / "link.jsonl").symlink_to(tmp_path / "o.jsonl")
+    outputs = {"--output": "other.jsonl", first: "o.jsonl", second: spelling}
+    args = [x for option, path in outputs.items() for x in (option, path)]
+    res, text = invoke("dedup", "--input", "in.jsonl", "--model", "no-such-model", *args, "-q")
+    assert res.exit_code == 1 and "Traceback" not in text
+    assert [line for line in text.splitlines() if line.strip()] == [
+        f"error: cannot write {second} {Path(spelling)}: it is also {first} (o.jsonl), another output of the "
+        "same call; give each output its own path"]
+    assert (tmp_path / "o.jsonl").read_text() == "OLD\n" and (tmp_path / "link.jsonl").is_symlink()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["in.jsonl", "link.jsonl", "o.jsonl"]

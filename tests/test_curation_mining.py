@@ -68,7 +68,7 @@ def test_mining_config_presets_and_validation():
         MiningConfig.preset("ance")
     with pytest.raises(ValueError, match="window"):
         MiningConfig(window=(10, 5))
-    with pytest.raises(ValueError, match="extra"):
+    with pytest.raises(ValueError, match=r"windw\n  unknown key \(did you mean window\?\)"):
         MiningConfig(windw=(1, 2))
 
 

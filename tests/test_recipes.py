@@ -3,6 +3,7 @@ building the same configuration as YAML, and every shipped recipe validating aga
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -51,21 +52,21 @@ def test_python_api_and_yaml_give_the_same_recipe(tmp_path):
 @pytest.mark.parametrize(
     "overrides, message",
     [
-        (["model.colour=red"], "model.colour: Extra inputs are not permitted"),
-        (["training.lr=fast"], "training.lr: Input should be a valid number"),
-        (["training.lr=.inf"], "training: Value error, lr must be a finite number"),
-        (["training.batch_size=true"], "training: Value error, batch_size must be a number, not true"),
-        (["training.lr=1e300"], "training.lr: Input should be less than or equal to 10"),
-        (["head.alpha_init=.nan"], "alpha_init must be a finite number"),
-        (["head.kind=banana"], "does not match any of the expected tags"),
-        (["eval.metrics=[ndcg]"], "not of the form NAME@K"),
-        (["training.mixed_precision=fp8"], "training.mixed_precision"),
-        (["model.device=cpu"], "model.device: Extra inputs are not permitted"),  # it is training.device
-        (["nonsense"], "must look like section.field=value"),
+        (["model.colour=red"], "--set model.colour=red: unknown key model.colour (valid keys of model: backbone, "),
+        (["training.lr=fast"], "--set training.lr=fast: training.lr: Input should be a valid number"),
+        (["training.lr=.inf"], "--set training.lr=.inf: training: lr must be a finite number"),
+        (["training.batch_size=true"], "--set training.batch_size=true: training: batch_size must be a number, not true"),
+        (["training.lr=1e300"], "--set training.lr=1e300: training.lr: Input should be less than or equal to 10"),
+        (["head.alpha_init=.nan"], "--set head.alpha_init=.nan: head: alpha_init must be a finite number"),
+        (["head.kind=banana"], "--set head.kind=banana: head: Input tag 'banana' .*does not match any of the expected tags"),
+        (["eval.metrics=[ndcg]"], "--set eval.metrics=[ndcg]: eval.metrics: .*not of the form NAME@K"),
+        (["training.mixed_precision=fp8"], "--set training.mixed_precision=fp8: training.mixed_precision"),
+        (["model.device=cpu"], "--set model.device=cpu: unknown key model.device (did you mean training.device?)"),
+        (["nonsense"], "--set nonsense: must look like section.field=value"),
     ],
 )
 def test_errors_name_the_field(overrides, message):
-    with pytest.raises(ConfigError, match=message.replace("[", r"\[")):
+    with pytest.raises(ConfigError, match=re.escape(message).replace(r"\.\*", ".*")):  # .* is a wildcard
         load_recipe(MINIMAL, overrides)
     assert "colour" not in MINIMAL["model"]  # overrides never change the caller's dict
 

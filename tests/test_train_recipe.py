@@ -144,7 +144,8 @@ def test_bad_recipe_is_one_line_error(tmp_path):
     bad.write_text(TINY.read_text().replace("top_k: 2", "top_k: 9"))
     result = CliRunner().invoke(app, ["train", str(bad), "--output", str(tmp_path / "o")])
     assert result.exit_code == 1
-    assert "head.moe: Value error, top_k must be in [1, 4]" in result.output
+    line = TINY.read_text().splitlines().index("head:") + 1  # the head section, whose validator refuses it
+    assert f"bad.yaml:{line}: invalid recipe: head: top_k must be in [1, 4]" in result.output
     assert not (tmp_path / "o").exists()
 
 

@@ -444,7 +444,7 @@ def test_cli_bad_device_output_factory_and_http_give_one_line_and_write_nothing(
         (["eval", "--model", str(tiny_bert_dir), "--data", str(tiny_beir_dir), "--output", str(tmp_path / "outdir")],
          "is an existing folder", None),
         (["eval", "--model", str(tiny_bert_dir), "--data", str(tiny_beir_dir), "--output",
-          "/proc/version/m.json"], "cannot write /proc/version/m.json", None),
+          "/proc/version/m.json"], "cannot write --output /proc/version/m.json", None),
         (["search", "--index", str(tmp_path / "idx"), "--queries", str(tmp_path / "queries.tsv"), "--output",
           str(tmp_path / "outdir")], "is an existing folder", None),
         (["index", "--corpus", str(tiny_beir_dir), "--out", str(tmp_path / "idx_ivf"), "--model", str(tiny_bert_dir),

@@ -36,10 +36,13 @@ from medadapt._version import __version__
 from medadapt.adapters.api import adapter_locations, set_active, shared_backbone, stack_for
 from medadapt.checksums import SUMS, ChecksumError, verify_sums, write_sums
 from medadapt.errors import ConfigError, ModelLoadError
-from medadapt.io import atomic_save_tensors, atomic_write_json, replace_folder
+from medadapt.finite import check_finite_tensors
+from medadapt.io import FolderKind, atomic_save_tensors, atomic_write_json, replace_folder
+from medadapt.locks import model_lock
 from medadapt.tokenizer_id import tokenizer_fingerprint
 
-__all__ = ["ADAPTER_CONFIG", "ADAPTER_WEIGHTS", "base_fingerprint", "base_name", "is_adapter_folder",
+__all__ = ["ADAPTER_CONFIG", "ADAPTER_FOLDER", "ADAPTER_WEIGHTS", "base_fingerprint", "base_name",
+           "is_adapter_folder",
            "load_adapter", "load_adapter_model", "read_adapter_config", "save_adapter", "write_adapter"]
 
 ADAPTER_CONFIG = "medadapt_adapter.json"
@@ -49,6 +52,8 @@ ADAPTER_FORMAT = 2
 READABLE_FORMATS = (1, 2)
 #: The files ``SHA256SUMS`` must cover (anything a composed model adds, e.g. ``hyrec/``, has its own sums).
 COVERED = (ADAPTER_CONFIG, ADAPTER_WEIGHTS)
+#: An adapter folder: an existing non-empty folder is replaced only when it is one (:func:`save_adapter`).
+ADAPTER_FOLDER = FolderKind("a medadapt adapter folder", (ADAPTER_CONFIG,))
 
 
 def is_adapter_folder(path: Any) -> bool:
@@ -140,11 +145,18 @@ def save_adapter(model, folder: str | Path, adapter_name: str | list[str] | None
         card: extra facts for the model card (:func:`medadapt.cards.write_card`: ``recipe``, ``metrics``,
             ``baseline``, ...).
 
-    Files are written to a temporary sibling folder and swapped in as a whole.
+    Files are written to a temporary sibling folder and swapped in as a whole. ``folder`` follows the output
+    policy (:func:`medadapt.io.check_output`), checked before anything is computed: it may be new, empty or
+    an adapter folder (replaced); a symlink is written through (the link stays). Several threads may save
+    into one folder at once: the last one wins and the folder is complete at every instant.
+
+    Raises:
+        ConfigError: ``folder`` is an existing file, a non-empty folder that is not an adapter, the current
+            folder or one above it, or cannot be written (nothing is changed); or the model has no such
+            heads / carries a PEFT adapter (:func:`write_adapter`).
     """
     folder = Path(folder)
-    folder.parent.mkdir(parents=True, exist_ok=True)
-    with replace_folder(folder) as tmp:
+    with replace_folder(folder, ADAPTER_FOLDER, what="adapter folder") as tmp:
         write_adapter(model, tmp, adapter_name, base=base, name=folder.name, card=card)
     return folder
 
@@ -168,8 +180,14 @@ def write_adapter(model, folder: str | Path, adapter_name: str | list[str] | Non
     """The files of :func:`save_adapter`, written into the existing (fresh) folder ``folder``, which will
     be called ``name`` (the model card uses it). Returns the adapter config. ``allow_empty``: a model
     without heads is written too (a composed model whose other parts, e.g. a lexical branch, sit beside
-    the base model)."""
-    folder = Path(folder)
+    the base model). Holds :func:`medadapt.locks.model_lock` while it reads the model (its tokenizer is
+    used to fingerprint the base: see :mod:`medadapt.locks`)."""
+    with model_lock(model):
+        return _write_adapter(model, Path(folder), adapter_name, base=base, name=name, card=card,
+                              allow_empty=allow_empty)
+
+
+def _write_adapter(model, folder: Path, adapter_name, *, base, name, card, allow_empty) -> dict[str, Any]:
     _refuse_peft(model)
     wanted = None if adapter_name is None else (
         [adapter_name] if isinstance(adapter_name, str) else list(adapter_name))
@@ -188,6 +206,7 @@ def write_adapter(model, folder: str | Path, adapter_name: str | list[str] | Non
         raise ConfigError(f"no medadapt adapter named {sorted(set(wanted) - set(heads))}")
     if not heads and not allow_empty:
         raise ConfigError("the model has no medadapt adapters to save (add one with model.add_adapter)")
+    check_finite_tensors(tensors, f"adapter {name or folder.name}")
     atomic_save_tensors(folder / ADAPTER_WEIGHTS, tensors, metadata={"format": "pt"})
     digest = hashlib.sha256((folder / ADAPTER_WEIGHTS).read_bytes()).hexdigest()
     config = {"format_version": ADAPTER_FORMAT, "library": "medadapt", "medadapt_version": __version__,

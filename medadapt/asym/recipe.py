@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal, Union
 from pydantic import Field, field_validator, model_validator
 
 from medadapt.asym.stages import CarePhaseSection
+from medadapt.config import validate_each
 from medadapt.recipes.base import LoraSection, RecipeBase, RunSection, Section
 from medadapt.recipes.registry import RecipeKind, register_kind
 from medadapt.training.retromae import RetroMAESection
@@ -238,8 +239,7 @@ class CareRecipe(RecipeBase):
         """Each entry validated by its registered branch kind's section (``kind`` picks it)."""
         from medadapt.adapters.compose import branch_kind
 
-        return [branch_kind(str(e.get("kind"))).section.model_validate(e) if isinstance(e, dict) else e
-                for e in value or []]
+        return validate_each(value or [], lambda entry: branch_kind(str(entry.get("kind"))).section, "branch")
 
     @model_validator(mode="after")
     def _branch_tower(self) -> CareRecipe:

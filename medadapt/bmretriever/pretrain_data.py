@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Literal
 
 from medadapt.data.builtin import resolve_data_dir
+from medadapt.data.jsonl import iter_jsonl
 from medadapt.errors import DataError
 
 __all__ = [
@@ -89,24 +90,17 @@ def iter_corpus(source: CorpusSource) -> Iterator[tuple[str, str, str]]:
     if not path.is_file():
         raise DataError(f"stage I corpus not found: {path}")
     n = 0
-    with open(path, encoding="utf-8") as f:
-        for lineno, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            if source.max_docs is not None and n >= source.max_docs:
-                return
-            try:
-                obj = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise DataError(f"{path}:{lineno}: invalid JSON ({exc.msg})") from None
-            if not isinstance(obj, dict) or not isinstance(obj.get(source.text_field), str):
-                raise DataError(f"{path}:{lineno}: a record needs a string field {source.text_field!r}")
-            title = obj.get(source.title_field) or ""
-            if not isinstance(title, str):
-                raise DataError(f"{path}:{lineno}: field {source.title_field!r} must be a string")
-            doc_id = str(obj.get(source.id_field, f"{path.name}:{lineno}"))
-            n += 1
-            yield doc_id, title.strip(), obj[source.text_field].strip()
+    for lineno, obj in iter_jsonl(path, "stage I corpus"):  # the text policy of every loader, streamed
+        if source.max_docs is not None and n >= source.max_docs:
+            return
+        if not isinstance(obj.get(source.text_field), str):
+            raise DataError(f"{path}:{lineno}: a record needs a string field {source.text_field!r}")
+        title = obj.get(source.title_field) or ""
+        if not isinstance(title, str):
+            raise DataError(f"{path}:{lineno}: field {source.title_field!r} must be a string")
+        doc_id = str(obj.get(source.id_field, f"{path.name}:{lineno}"))
+        n += 1
+        yield doc_id, title.strip(), obj[source.text_field].strip()
 
 
 def crop_pair(text: str, rng: random.Random, config: CropConfig | None = None) -> tuple[str, str] | None:

@@ -11,7 +11,7 @@ import sys
 
 import typer
 
-from medadapt.cli._common import console, err_console
+from medadapt.cli._common import console, err_console, tagged
 from medadapt.cli.data import data_app
 from medadapt.cli.encode import encode_cmd
 from medadapt.cli.eval import eval_cmd
@@ -70,7 +70,7 @@ def _show_warning(message, category, filename, lineno, file=None, line=None, _de
     from medadapt.errors import MedAdaptWarning
 
     if issubclass(category, MedAdaptWarning):
-        err_console.print(f"[yellow]warning:[/] {message}", highlight=False, soft_wrap=True)
+        err_console.print(tagged("warning:", "yellow", str(message)), highlight=False, soft_wrap=True)
     else:
         _default(message, category, filename, lineno, file, line)
 
@@ -84,7 +84,7 @@ def main() -> None:
     try:
         app()
     except MedAdaptError as exc:  # pragma: no cover - raised outside a command body
-        err_console.print(f"error: {exc}")
+        err_console.print(tagged("error:", "bold red", str(exc)), highlight=False, soft_wrap=True)
         sys.exit(1)
 
 

@@ -1,4 +1,9 @@
-"""Shared CLI helpers: consoles, one-line errors, quiet third-party logging."""
+"""Shared CLI helpers: consoles, one-line errors, quiet third-party logging.
+
+Everything the CLI prints goes through :data:`console` / :data:`err_console`, which print text as it is
+(:func:`medadapt.progress.plain_console`): a query, a document title, an id, a path or a warning holding
+``[/bold]``, ``[red]`` or ``[link=x]`` is printed literally, never read as rich markup. Colour comes only
+from ``rich.text.Text`` styles (:func:`tagged`)."""
 
 from __future__ import annotations
 
@@ -7,10 +12,18 @@ import os
 from typing import Annotated
 
 import typer
-from rich.console import Console
+from rich.text import Text
 
-console = Console()
-err_console = Console(stderr=True)
+from medadapt.progress import plain_console
+
+console = plain_console()
+err_console = plain_console(stderr=True)
+
+
+def tagged(tag: str, style: str, message: str) -> Text:
+    """``tag message`` with only the tag styled (``tagged("error:", "bold red", message)``): the message,
+    whatever brackets it holds, stays literal."""
+    return Text.assemble((tag, style), " ", str(message))
 
 
 def _quiet_flag(value: bool) -> bool:
@@ -95,9 +108,7 @@ def quiet_libraries() -> None:
 
 def fail(message: str) -> None:
     """Print ``error: message`` on one stderr line and exit with code 1 (no traceback)."""
-    from rich.markup import escape
-
-    err_console.print(f"[bold red]error:[/] {escape(message)}", highlight=False, soft_wrap=True)  # "[onnx]" stays
+    err_console.print(tagged("error:", "bold red", message), highlight=False, soft_wrap=True)  # [onnx] stays
     raise typer.Exit(code=1)
 
 

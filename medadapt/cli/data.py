@@ -17,6 +17,7 @@ import typer
 
 from medadapt.cli._common import QuietOpt, VerboseOpt, console, fail, quiet_libraries
 from medadapt.errors import ConfigError, DataError, MedAdaptError
+from medadapt.io import check_output, check_outputs
 
 data_app = typer.Typer(
     name="data",
@@ -109,17 +110,6 @@ def _guard(fn: Callable[[], None]) -> None:
             fail(_message(exc))
     except KeyboardInterrupt:
         fail("interrupted")
-
-
-def _check_output(output: Path, *more: Path | None) -> None:
-    """Every file the command will write can be written, checked before any work (and so before any of
-    them is written): not a folder, no file on the way, a folder that takes new files."""
-    from medadapt.io import check_writable
-
-    for path in (output, *(m for m in more if m is not None)):
-        if path.is_dir():
-            raise DataError(f"{path} is a folder; give a file path")
-        check_writable(path)
 
 
 def _searcher(retriever: Retriever, ids: list[str], texts: list[str], model: str, device, cache_dir, language,
@@ -221,7 +211,7 @@ def mine_cmd(
         from medadapt.curation import MiningConfig, MiningReport, mine_hard_negatives, write_training_groups
         from medadapt.data import load_beir
 
-        _check_output(output)
+        check_output(output, what="--output")
         overrides: dict = {"margin": margin, "absolute_margin": absolute_margin, "seed": seed,
                            "with_scores": not no_scores, "drop_empty": not keep_empty,
                            "text_dup_threshold": text_dup_threshold or None}
@@ -272,7 +262,7 @@ def filter_cmd(
         from medadapt.curation import filter_consistent_groups, write_training_groups
         from medadapt.data import load_training_groups
 
-        _check_output(output)
+        check_output(output, what="--output")
         groups = load_training_groups(input)
         texts: dict[str, str] = {}  # text -> id
         if corpus:
@@ -327,7 +317,7 @@ def dedup_cmd(
         from medadapt.io import atomic_write_json
         from medadapt.models import load
 
-        _check_output(output, discarded, report)
+        check_outputs({"--output": output, "--discarded": discarded, "--report": report})
         make = DedupConfig.for_queries if kind is Kind.query else DedupConfig.for_documents
         overrides = {"k": k, "max_neighbors": max_neighbors, "seed_size": seed_size, "batch_size": batch_size,
                      "index": index}
@@ -401,7 +391,7 @@ def label_cmd(
         from medadapt.curation import PromptJudge, get_rubric, label_pairs, write_jsonl, write_training_groups
         from medadapt.io import atomic_write_json
 
-        _check_output(output, report)
+        check_outputs({"--output": output, "--report": report})
         rub = get_rubric(rubric)
         if positive_grades:
             rub = rub.with_positive(g.strip().upper() for g in positive_grades.split(",") if g.strip())
@@ -441,7 +431,9 @@ def _load_sentences(path: Path) -> list[str]:
         return texts
     if not path.is_file():
         raise DataError(f"sentences file not found: {path}")
-    lines = [ln.strip() for ln in path.read_text(encoding="utf-8").splitlines() if ln.strip()]
+    from medadapt.data.jsonl import iter_lines  # UTF-8 checked with the line number
+
+    lines = [ln.strip() for _, ln in iter_lines(path, "sentences file") if ln.strip()]
     if not lines:
         raise DataError(f"{path}: no sentences")
     return lines
@@ -479,7 +471,7 @@ def sts_cmd(
             write_jsonl,
         )
 
-        _check_output(output)
+        check_output(output, what="--output")
         syn = load_synonyms(synonyms)
         sents = _load_sentences(sentences)
         if generator.startswith("openai:"):

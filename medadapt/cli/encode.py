@@ -15,6 +15,7 @@ import typer
 
 from medadapt.cli._common import QuietOpt, VerboseOpt, closes_process_group, console, fail, quiet_libraries
 from medadapt.errors import MedAdaptError
+from medadapt.io import check_output
 
 
 class StorageDtype(str, enum.Enum):
@@ -45,13 +46,12 @@ def encode_cmd(
     quiet_libraries()
     try:
         from medadapt.cache import EmbeddingCache
-        from medadapt.cli.eval import check_output_file
         from medadapt.data.beir import load_beir
         from medadapt.encode import encode_corpus, launch_state, process_device
         from medadapt.models import check_device, load
 
         check_device(device)  # before reading data or loading a model
-        check_output_file(report, "--report")
+        check_output(report, what="--report")
         state = launch_state(device)
         data = load_beir(corpus, splits=[])
         st = load(model, device=process_device(state, device) or "cpu")

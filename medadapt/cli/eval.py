@@ -13,6 +13,7 @@ import typer
 from medadapt.cli._common import (BackendOption, QuietOpt, VerboseOpt, check_backend_option, closes_process_group, console,
                                   fail, quiet_libraries)
 from medadapt.errors import DataError, MedAdaptError
+from medadapt.io import check_outputs
 
 
 class Mode(str, enum.Enum):
@@ -56,27 +57,18 @@ def _pool_defaults(task: Task) -> tuple[str, ...]:
     return QA_METRICS if task is Task.qa else ENTITY_LINKING_METRICS
 
 
-def check_output_file(path: Path | None, option: str = "--output") -> None:
-    """Refuse, before any work, an output path that is a folder or that cannot be created (the write itself
-    is atomic and refuses these too, but only after the evaluation)."""
-    from medadapt.io import check_writable
-
-    if path is None:
-        return
-    path = Path(path)
-    if path.is_dir():
-        raise MedAdaptError(f"{option} {path} is an existing folder; give a file path")
-    check_writable(path)
-
-
 def _task_file(data: str, task: Task, split: str) -> Path:
     """Locate the JSONL for rerank / STS: the path itself, or ``<dir>/<task>.jsonl``, or
     ``<dir>/<task>/<split>.jsonl``."""
-    from medadapt.data import resolve_data_dir
+    from medadapt.data import builtin_names, check_split, resolve_data_dir
 
+    check_split(split)
     path = resolve_data_dir(data)
     if path.is_file():
         return path
+    if not path.exists():
+        raise DataError(f"data not found: {data} is neither a file, a folder nor a builtin dataset "
+                        f"({', '.join(builtin_names())})")
     for candidate in (path / task.value / f"{split}.jsonl", path / f"{task.value}.jsonl"):
         if candidate.is_file():
             return candidate
@@ -154,11 +146,14 @@ def eval_cmd(
         from medadapt.models import check_device
 
         check_device(device)  # before reading data or loading a model
+        if query_prompt is not None:
+            from medadapt.data.text import check_text
+
+            check_text(query_prompt, "--query-prompt")
         check_backend_option(backend, **{"--compare": compare is not None, "--mteb-task": mteb_task is not None,
                                          "--suite": suite is not None or data_dir is not None,
                                          "a HyReC model": _hyrec_dir(model) is not None})
-        check_output_file(output)
-        check_output_file(plot, "--plot")
+        check_outputs({"--output": output, "--plot": plot})  # each a file, and not the same one
         from medadapt.encode import launched_processes
 
         if launched_processes() > 1:  # `accelerate launch`: only a dense retrieval evaluation shares its encode

@@ -12,6 +12,7 @@ import typer
 from medadapt.cli._common import (BackendOption, QuietOpt, VerboseOpt, check_backend_option, closes_process_group, console,
                                   fail, quiet_libraries)
 from medadapt.errors import DataError, MedAdaptError
+from medadapt.io import check_output
 
 
 class Kind(str, enum.Enum):
@@ -25,19 +26,6 @@ class Fusion(str, enum.Enum):
     zscore = "zscore"
     rrf = "rrf"
     sum = "sum"
-
-
-def _check_index_out(out: Path) -> None:
-    """What saving would refuse (:func:`medadapt.retrieval.storage.atomic_dir`), found before the corpus is
-    read or encoded."""
-    from medadapt.io import check_writable
-    from medadapt.retrieval.storage import MANIFEST
-
-    if out.exists() and not out.is_dir():
-        raise MedAdaptError(f"--out {out} exists and is not a folder")
-    if out.is_dir() and any(out.iterdir()) and not (out / MANIFEST).is_file():
-        raise MedAdaptError(f"--out {out} exists and is not a medadapt index; refusing to overwrite it")
-    check_writable(out, "--out")
 
 
 @closes_process_group
@@ -92,7 +80,10 @@ def index_cmd(
         except ValidationError as exc:
             err = exc.errors()[0]
             raise MedAdaptError(f"{'.'.join(map(str, err['loc']))}: {err['msg']}") from None
-        _check_index_out(out)  # a file, a non-index folder or an unwritable place: refused before any work
+        from medadapt.retrieval.storage import INDEX_FOLDER
+
+        # a file, a non-index folder or an unwritable place: refused before any work
+        check_output(out, INDEX_FOLDER, what="--out")
         t0 = time.perf_counter()
         docs = load_documents(corpus)  # validate the corpus before loading a model
         from medadapt.cache import EmbeddingCache
@@ -196,12 +187,15 @@ def search_cmd(
             raise MedAdaptError("give either one QUERY or --queries FILE")
         if query is not None and not query.strip():
             raise MedAdaptError("the query is empty")
-        from medadapt.cli.eval import check_output_file
+        if query is not None:
+            from medadapt.data.text import check_text  # here: importing medadapt.data costs the CLI ~0.1 s
+
+            check_text(query, "the query")
         from medadapt.models import check_device
 
         check_device(device)
         check_backend_option(backend)
-        check_output_file(output)  # before loading the index and the model
+        check_output(output, what="--output")  # before loading the index and the model
         batch = read_queries(queries) if queries is not None else None
         from medadapt.retrieval.retriever import Retriever
 

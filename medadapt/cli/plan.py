@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
+from rich.text import Text
 
 from medadapt.cli._common import console, fail, quiet_libraries
 from medadapt.errors import MedAdaptError
@@ -78,17 +79,17 @@ def _print_tables(plan) -> None:
         act = (f"{p.activations_per_example_gb:.3f} GB / example with gradient checkpointing, "
                f"{p.activations_per_example_no_ckpt_gb:.3f} without" if p.checkpointing else
                f"{p.activations_per_example_no_ckpt_gb:.3f} GB / example (no gradient checkpointing)")
-        lines = [f"[bold]{p.name}[/]: global batch {p.global_batch}, {tokens}",
+        lines = [Text.assemble((p.name, "bold"), f": global batch {p.global_batch}, {tokens}"),
                  f"  state: weights {p.weights_gb:.2f} + gradients {p.gradients_gb:.2f} + optimizer "
                  f"{p.optimizer_gb:.2f} + other {p.extra_gb + p.embeddings_gb:.2f} GB",
                  f"  activations: {act}"]
         if p.fits:
-            lines.append(f"  micro-batch {p.micro_batch} per GPU x {p.accumulation} accumulation step(s): "
-                         f"peak {p.peak_gb:.1f} GB  [green]fits[/]")
+            lines.append(Text.assemble(f"  micro-batch {p.micro_batch} per GPU x {p.accumulation} accumulation "
+                                       f"step(s): peak {p.peak_gb:.1f} GB  ", ("fits", "green")))
             if p.accumulation > p.declared_accumulation:
                 lines.append(f"  the recipe declares {p.declared_accumulation}: set {p.recipe_fix()}")
         else:
-            lines.append(f"  [red]does not fit[/]: {p.reason}")
+            lines.append(Text.assemble("  ", ("does not fit", "red"), f": {p.reason}"))
         for line in lines:
             console.print(line, highlight=False)
     for note in plan.notes:

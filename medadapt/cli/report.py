@@ -7,8 +7,9 @@ from typing import Annotated, Optional
 
 import typer
 
-from medadapt.cli._common import QuietOpt, VerboseOpt, console, fail, quiet_libraries
+from medadapt.cli._common import QuietOpt, VerboseOpt, console, fail, quiet_libraries, tagged
 from medadapt.errors import MedAdaptError
+from medadapt.io import check_output
 
 
 def report_cmd(
@@ -33,17 +34,16 @@ def report_cmd(
     metrics vs the frozen baseline, and the queries that gained or lost most."""
     quiet_libraries()
     try:
-        from medadapt.cli.eval import check_output_file
         from medadapt.cache import EmbeddingCache
         from medadapt.report import build_report
 
-        check_output_file(output)
+        check_output(output, what="--output")
         if images is not None and images.exists() and not images.is_dir():
             raise MedAdaptError(f"--images {images} is a file; give a folder")
 
         def log(message: str) -> None:
             if not quiet:
-                console.print(f"[dim]report:[/] {message}", highlight=False, soft_wrap=True)
+                console.print(tagged("report:", "dim", message), highlight=False, soft_wrap=True)
         # the encoding bars are the embedding cache's own (shown only when the cache misses texts)
         path = build_report(run_dir, output, data=data, split=split, cache=EmbeddingCache(cache_dir), top=top,
                             top_negatives=negatives, images_dir=images, show_progress=not quiet, log=log)

@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
+from rich.text import Text
 
 from medadapt.cli._common import QuietOpt, VerboseOpt, closes_process_group, console, fail, quiet_libraries
 from medadapt.errors import MedAdaptError
@@ -127,9 +128,8 @@ def _cell(value: float | None) -> str:
     return "-" if value is None else f"{value:.4f}"
 
 
-def _change(change: float | None) -> str:
+def _change(change: float | None) -> str | Text:
     """A change column cell: green when up, red when down (beyond rounding), a dash when not measured."""
     if change is None:
         return "-"
-    return (f"[green]{change:+.4f}[/]" if change > 5e-5 else f"[red]{change:+.4f}[/]" if change < -5e-5
-            else f"{change:+.4f}")
+    return Text(f"{change:+.4f}", style="green" if change > 5e-5 else "red" if change < -5e-5 else "")

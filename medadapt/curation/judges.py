@@ -14,7 +14,7 @@ from collections.abc import Callable
 from typing import Protocol, runtime_checkable
 
 from medadapt.curation.rubrics import CMEDTEB_RUBRIC, Rubric
-from medadapt.errors import MedAdaptError
+from medadapt.errors import MedAdaptError, redact
 
 
 class JudgeError(MedAdaptError):
@@ -33,15 +33,24 @@ def judge_name(judge, index: int) -> str:
 _JSON_OBJECT = re.compile(r"\{.*\}", re.DOTALL)
 
 
-def extract_json(text: str) -> dict:
-    """The JSON object in an LLM reply (code fences and chatter around it are ignored)."""
-    match = _JSON_OBJECT.search(text or "")
+def secrets_of(complete) -> list[str]:
+    """The credential a completion function sends (``OpenAIChat.api_key``), for :func:`redact`."""
+    key = getattr(complete, "api_key", None)
+    return [key] if isinstance(key, str) else []
+
+
+def extract_json(text: str, secrets=()) -> dict:
+    """The JSON object in an LLM reply (code fences and chatter around it are ignored). A reply quoted in
+    the error is redacted (:func:`medadapt.errors.redact`, with ``secrets``: the key the request sent)."""
+    text = text or ""
+    match = _JSON_OBJECT.search(text)
     if not match:
-        raise JudgeError(f"judge reply holds no JSON object: {text[:80]!r}")
+        raise JudgeError(f"judge reply holds no JSON object: {redact(text, secrets, 80)!r}")
     try:
         obj = json.loads(match.group(0))
-    except json.JSONDecodeError as exc:
-        raise JudgeError(f"judge reply is not valid JSON ({exc.msg}): {text[:80]!r}") from None
+    except (json.JSONDecodeError, RecursionError) as exc:  # RecursionError: nested thousands deep
+        reason = exc.msg if isinstance(exc, json.JSONDecodeError) else "nested too deeply"
+        raise JudgeError(f"judge reply is not valid JSON ({reason}): {redact(text, secrets, 80)!r}") from None
     if not isinstance(obj, dict):
         raise JudgeError("judge reply is not a JSON object")
     return obj
@@ -97,7 +106,7 @@ class PromptJudge:
                 try:
                     grades.extend(parse_grades(self.complete(prompt), self.rubric, n))
                     break
-                except JudgeError:
+                except JudgeError as exc:  # a grade quoted from the reply: redacted with the key sent
                     if attempt == self.retries:
-                        raise
+                        raise JudgeError(redact(str(exc), secrets_of(self.complete))) from None
         return grades

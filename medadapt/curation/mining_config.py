@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import Field, model_validator
+
+from medadapt.config import Section
 
 MINING_CONFIG_VERSION = 1
 
@@ -18,7 +20,7 @@ PRESETS: dict[str, dict] = {
 }
 
 
-class MiningConfig(BaseModel):
+class MiningConfig(Section):
     """How to turn retrieved candidates into hard negatives.
 
     Attributes:
@@ -38,8 +40,6 @@ class MiningConfig(BaseModel):
         with_scores: write ``pos_scores`` / ``neg_scores`` in the training groups.
         drop_empty: drop queries left with no negative.
     """
-
-    model_config = ConfigDict(extra="forbid")
 
     version: int = MINING_CONFIG_VERSION
     window: tuple[int, int] = (20, 100)

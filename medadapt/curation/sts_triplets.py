@@ -21,7 +21,9 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Protocol
 
-from medadapt.curation.judges import JudgeError, extract_json
+from medadapt.curation.judges import JudgeError, extract_json, secrets_of
+from medadapt.data.jsonl import iter_lines
+from medadapt.data.text import decode_json
 from medadapt.errors import DataError
 
 STS_TEMPLATE = """\
@@ -95,7 +97,7 @@ class PromptGenerator:
 
     def __call__(self, example: SynonymExample) -> dict:
         prompt = self.template.format(input=json.dumps(example.to_prompt_input(), ensure_ascii=False))
-        return extract_json(self.complete(prompt))
+        return extract_json(self.complete(prompt), secrets_of(self.complete))
 
 
 def load_synonyms(path: str | Path) -> dict[str, list[str]]:
@@ -104,12 +106,9 @@ def load_synonyms(path: str | Path) -> dict[str, list[str]]:
     path = Path(path)
     if not path.is_file():
         raise DataError(f"synonym dictionary not found: {path}")
-    text = path.read_text(encoding="utf-8")
+    text = "".join(line for _, line in iter_lines(path, "synonym dictionary"))  # UTF-8, checked per line
     if path.suffix == ".json":
-        try:
-            obj = json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise DataError(f"{path}: invalid JSON ({exc.msg} at line {exc.lineno})") from None
+        obj = decode_json(text, path)  # bad JSON, depth, huge numbers, duplicate keys, lone surrogates
         if not isinstance(obj, dict) or not all(
             isinstance(k, str) and isinstance(v, list) and all(isinstance(s, str) for s in v)
             for k, v in obj.items()

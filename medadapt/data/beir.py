@@ -9,14 +9,28 @@ from __future__ import annotations
 
 import csv
 import math
+import re
 from dataclasses import dataclass, field as dc_field
 from pathlib import Path
 
-from medadapt.data.builtin import resolve_data_dir
-from medadapt.data.jsonl import check_id, field, iter_jsonl, iter_lines, require_file
+from medadapt.data.builtin import data_folder, resolve_data_dir
+from medadapt.data.jsonl import MAX_GRADE, check_id, field, iter_jsonl, iter_lines, require_file
 from medadapt.errors import DataError
 
 Qrels = dict[str, dict[str, int]]
+
+_SPLIT_NAME = re.compile(r"[^\W_][\w.-]{0,99}")
+
+
+def check_split(split: str) -> str:
+    """Return ``split``; raise :class:`DataError` unless it is a plain name that stays inside the data
+    folder (``qrels/<split>.tsv``, ``<task>/<split>.jsonl``): letters, digits, ``.``, ``-``, ``_``, starting
+    with a letter or digit, at most 100 characters; never a path (``../x``, ``/etc/x``, ``a/b``)."""
+    if not isinstance(split, str) or not _SPLIT_NAME.fullmatch(split):
+        shown = repr(split) if not isinstance(split, str) or len(split) <= 100 else f"{split[:100]!r}..."
+        raise DataError(f"split {shown} is not a split name: use a plain name such as 'test' or 'dev' (letters, "
+                        "digits, '.', '-', '_', starting with a letter or digit, at most 100 characters; no path)")
+    return split
 
 
 @dataclass
@@ -76,11 +90,14 @@ def load_corpus(path: str | Path) -> dict[str, dict[str, str]]:
 
 
 def load_queries(path: str | Path) -> dict[str, str]:
+    """Query id -> text; an empty or blank query text is refused (it retrieves nothing and scores 0)."""
     path = Path(path)
     queries: dict[str, str] = {}
     for lineno, obj in iter_jsonl(path, "queries file"):
         qid = check_id(str(field(obj, "_id", (str, int), path, lineno)), "query id", path, lineno)
         text = field(obj, "text", str, path, lineno)
+        if not text.strip():
+            raise DataError(f"{path}:{lineno}: query {qid!r} has an empty text")
         if qid in queries:
             raise DataError(f"{path}:{lineno}: duplicate query id {qid!r}")
         queries[qid] = text
@@ -93,9 +110,8 @@ def load_qrels(path: str | Path) -> Qrels:
     """Read a BEIR qrels TSV (``query-id  corpus-id  score``, header optional).
 
     Scores must be integer grades (``1``, ``2.0``, ``-2``) no larger than
-    :data:`~medadapt.data.jsonl.MAX_GRADE`; ids may not hold whitespace or control characters."""
-    from medadapt.data.jsonl import MAX_GRADE
-
+    :data:`~medadapt.data.jsonl.MAX_GRADE`; ids may not hold whitespace or control characters. A pair
+    judged twice with the same grade is kept once; with two different grades it is refused."""
     path = require_file(path, "qrels file")
     qrels: Qrels = {}
     for lineno, line in iter_lines(path, "qrels file"):
@@ -112,10 +128,23 @@ def load_qrels(path: str | Path) -> Qrels:
         grade = _grade(score, path, lineno)
         if grade > MAX_GRADE:
             raise DataError(f"{path}:{lineno}: relevance grade {grade} is above {MAX_GRADE}")
-        qrels.setdefault(qid, {})[did] = grade
+        judged = qrels.setdefault(qid, {})
+        if judged.get(did, grade) != grade:
+            raise DataError(f"{path}:{lineno}: query {qid!r} document {did!r} is graded {grade} here and "
+                            f"{judged[did]} on line {_first_line(path, qid, did)}")
+        judged[did] = grade
     if not qrels:
         raise DataError(f"{path}: qrels file has no judgements")
     return qrels
+
+
+def _first_line(path: Path, qid: str, did: str) -> int:
+    """The line of ``path`` that first judges ``(qid, did)`` (for the conflicting-grade error only)."""
+    for lineno, line in iter_lines(path, "qrels file"):
+        row = next(csv.reader([line], delimiter="\t"), [])
+        if len(row) >= 3 and row[0].strip() == qid and row[1].strip() == did:
+            return lineno
+    return 0
 
 
 def _grade(score: str, path: Path, lineno: int) -> int:
@@ -142,20 +171,21 @@ def load_beir(root: str | Path, splits: list[str] | str | None = None) -> BeirDa
         splits: qrels splits to load (``"test"``, ``["train", "dev"]``); ``None`` loads every split found.
 
     Raises:
-        DataError: missing files, malformed JSON (with file and line), an empty corpus, or qrels ids
-            found in no corpus / queries file.
+        DataError: a name that is neither a folder nor a builtin dataset (the error lists the builtin
+            names), a split that is not a plain name (:func:`check_split`), missing files, malformed JSON
+            (with file and line), an empty corpus, or qrels ids found in no corpus / queries file.
     """
-    root = resolve_data_dir(root)
-    if not root.is_dir():
-        raise DataError(f"data folder not found: {root}")
+    if isinstance(splits, str):
+        splits = [splits]
+    for split in splits or ():
+        check_split(split)
+    root = data_folder(root)
     corpus = load_corpus(require_file(root / "corpus.jsonl", "corpus file"))
     queries = load_queries(require_file(root / "queries.jsonl", "queries file"))
     if splits is None:
         splits = available_splits(root)
         if not splits:
             raise DataError(f"no qrels found in {root / 'qrels'}")
-    elif isinstance(splits, str):
-        splits = [splits]
     data = BeirDataset(corpus=corpus, queries=queries, root=root)
     for split in splits:
         qpath = root / "qrels" / f"{split}.tsv"

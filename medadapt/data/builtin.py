@@ -15,6 +15,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
+from medadapt.errors import DataError
 from medadapt.tiny import tiny_path
 
 BUILTIN_ROOT = Path(__file__).resolve().parent / "builtin"
@@ -45,3 +46,18 @@ def resolve_data_dir(name_or_path: str | Path) -> Path:
     if key in BUILT_DATASETS:
         return BUILT_DATASETS[key]()
     return Path(key).expanduser()
+
+
+def builtin_names() -> list[str]:
+    """The names of every builtin dataset, in the order they are documented."""
+    return [*BUILTIN_DATASETS, *BUILT_DATASETS]
+
+
+def data_folder(name_or_path: str | Path, what: str = "data folder") -> Path:
+    """:func:`resolve_data_dir`, then refuse a value that names no folder: the error lists the builtin
+    dataset names (a mistyped name is the usual cause)."""
+    root = resolve_data_dir(name_or_path)
+    if not root.is_dir():
+        raise DataError(f"{what} not found: {name_or_path} is neither a folder nor a builtin dataset "
+                        f"({', '.join(builtin_names())})")
+    return root

@@ -2,19 +2,23 @@
 
 from __future__ import annotations
 
-import json
 import re
 import unicodedata
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from medadapt.data.text import decode_json
 from medadapt.errors import DataError
 
 
 #: largest relevance grade accepted in qrels / rerank files (trec_eval allocates memory per grade level and
 #: silently scores 0, or crashes, on huge grades); :mod:`medadapt.eval.metrics` enforces it too
 MAX_GRADE = 1000
+
+#: longest line (in characters, without its newline) a data file may hold: a file with no newlines (a binary
+#: file given by mistake) is refused after this much, not read whole into memory
+MAX_LINE_CHARS = 1 << 28
 
 
 def require_file(path: str | Path, what: str) -> Path:
@@ -28,10 +32,16 @@ def iter_lines(path: str | Path, what: str = "file") -> Iterator[tuple[int, str]
     """Yield ``(line_number, line)`` of a UTF-8 text file (universal newlines; a leading BOM is dropped).
 
     Bytes that are not UTF-8 raise :class:`DataError` naming the file and the line, not a bare
-    ``UnicodeDecodeError`` from somewhere in the file."""
+    ``UnicodeDecodeError`` from somewhere in the file; so does a line longer than :data:`MAX_LINE_CHARS`
+    (read no further than that)."""
     path = require_file(path, what)
+    limit = MAX_LINE_CHARS
     with open(path, encoding="utf-8-sig", errors="surrogateescape") as f:
-        for lineno, line in enumerate(f, start=1):
+        lineno = 0
+        while line := f.readline(limit + 1):
+            lineno += 1
+            if len(line) > limit and not line.endswith("\n"):
+                raise DataError(f"{path}:{lineno}: line longer than {limit:,} characters")
             if not line.isascii():
                 check_utf8(line, path, lineno)
             yield lineno, line
@@ -70,16 +80,14 @@ def check_id(value: str, what: str, path: Path | str, lineno: int) -> str:
 
 
 def iter_jsonl(path: str | Path, what: str = "JSONL file") -> Iterator[tuple[int, dict[str, Any]]]:
-    """Yield ``(line_number, object)`` for each non-blank line; raise :class:`DataError` on bad JSON or
-    bytes that are not UTF-8."""
+    """Yield ``(line_number, object)`` for each non-blank line; raise :class:`DataError` naming the file and
+    the line on bytes that are not UTF-8 and on whatever :func:`medadapt.data.text.decode_json` refuses
+    (bad JSON, too deep, huge integers, duplicate keys, lone surrogates)."""
     path = require_file(path, what)
     for lineno, line in iter_lines(path, what):
         if not line.strip():
             continue
-        try:
-            obj = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise DataError(f"{path}:{lineno}: invalid JSON ({exc.msg} at column {exc.colno})") from None
+        obj = decode_json(line.rstrip("\n"), path, lineno)
         if not isinstance(obj, dict):
             raise DataError(f"{path}:{lineno}: expected a JSON object, got {type(obj).__name__}")
         yield lineno, obj

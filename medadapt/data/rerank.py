@@ -9,7 +9,7 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
-from medadapt.data.jsonl import field, iter_jsonl
+from medadapt.data.jsonl import MAX_GRADE, field, iter_jsonl
 from medadapt.errors import DataError
 
 
@@ -21,12 +21,14 @@ class RerankItem:
 
 
 def load_rerank(path: str | Path) -> list[RerankItem]:
-    from medadapt.data.jsonl import MAX_GRADE
-
+    """Read rerank lists; an empty or blank query, an empty candidate list or a bad grade is a
+    :class:`DataError` naming the file and the line."""
     path = Path(path)
     items = []
     for n, obj in iter_jsonl(path, "rerank file"):
         query = field(obj, "query", str, path, n)
+        if not query.strip():
+            raise DataError(f"{path}:{n}: 'query' is empty")
         cands = field(obj, "candidates", list, path, n)
         if not cands:
             raise DataError(f"{path}:{n}: 'candidates' is empty")

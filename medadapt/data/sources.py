@@ -19,7 +19,7 @@ from collections import Counter
 from pathlib import Path
 
 from medadapt.data.beir import BeirDataset, Qrels, available_splits, load_qrels
-from medadapt.data.builtin import resolve_data_dir
+from medadapt.data.builtin import data_folder
 from medadapt.data.jsonl import check_id, field, iter_jsonl, require_file
 from medadapt.errors import DataError
 
@@ -32,7 +32,7 @@ def _root(data: str | Path | BeirDataset) -> Path:
         if data.root is None:
             raise DataError("this dataset was not loaded from a folder; pass the BEIR folder instead")
         return Path(data.root)
-    return resolve_data_dir(data)
+    return data_folder(data)
 
 
 def query_sources(data: str | Path | BeirDataset) -> dict[str, str]:
@@ -102,9 +102,9 @@ def leave_one_source_out(root: str | Path, held_out: str, out_dir: str | Path) -
             ``train`` / ``dev`` / ``test`` qrels file, a judged query has no source, or a fold split would
             be empty. Nothing is written then.
     """
-    from medadapt.io import atomic_write_json, replace_folder
+    from medadapt.io import FolderKind, atomic_write_json, replace_folder
 
-    root = resolve_data_dir(root)
+    root = data_folder(root)
     out_dir = Path(out_dir)
     sources = query_sources(root)
     names = sorted(set(sources.values()))
@@ -135,7 +135,7 @@ def leave_one_source_out(root: str | Path, held_out: str, out_dir: str | Path) -
         raise DataError(f"holding out {held_out!r} leaves the fold split(s) {', '.join(empty)} empty")
     counts = {s: {"queries": len(q), "judgements": sum(len(r) for r in q.values()),
                   "per_source": dict(sorted(Counter(sources[x] for x in q).items()))} for s, q in fold.items()}
-    with replace_folder(out_dir) as tmp:
+    with replace_folder(out_dir, FolderKind("a leave-one-source-out fold", ("fold.json",))) as tmp:
         _link(root / "corpus.jsonl", tmp / "corpus.jsonl")
         _link(root / "queries.jsonl", tmp / "queries.jsonl")
         (tmp / "qrels").mkdir()

@@ -51,6 +51,8 @@ def load_training_groups(path: str | Path) -> list[TrainingGroup]:
     groups = []
     for lineno, obj in iter_jsonl(path, "training file"):
         query = field(obj, "query", str, path, lineno)
+        if not query.strip():
+            raise DataError(f"{path}:{lineno}: field 'query' is empty")
         pos = _str_list(obj, "pos", path, lineno, required=True)
         if not pos:
             raise DataError(f"{path}:{lineno}: field 'pos' must hold at least one passage")

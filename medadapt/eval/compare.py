@@ -18,12 +18,12 @@ Runs are TREC run files (``qid Q0 docid rank score tag``, as ``medadapt search``
 
 from __future__ import annotations
 
-import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import numpy as np
 
+from medadapt.data.text import decode_json
 from medadapt.errors import DataError
 from medadapt.eval.metrics import Qrels, Run, _safe_qrels, parse_metric, truncate_run
 
@@ -162,10 +162,7 @@ def read_run(path: str | Path) -> Run:
     except OSError as exc:
         raise DataError(f"{path}: cannot read ({exc.strerror or exc})") from None
     if text.lstrip().startswith("{"):
-        try:
-            data = json.loads(text)
-        except ValueError as exc:
-            raise DataError(f"{path}: not valid JSON ({exc})") from None
+        data = decode_json(text, path)  # bad JSON, depth, huge numbers, duplicate keys, lone surrogates
         if not isinstance(data, dict):
             raise DataError(f"{path}: expected a JSON object {{qid: {{docid: score}}}}")
         run: Run = {}
@@ -206,11 +203,12 @@ def _finite(value, path, qid) -> float:
 
 
 def comparison_table(result: PairedComparison, title: str | None = None):
-    """A rich ``Table`` of the comparison."""
+    """A rich ``Table`` of the comparison (``rich.text.Text`` cells: run names are never read as markup)."""
     from rich.table import Table
+    from rich.text import Text
 
     a, b = result.names
-    table = Table(title=title or f"paired comparison, {result.metric} ({result.queries} queries)")
+    table = Table(title=Text(title or f"paired comparison, {result.metric} ({result.queries} queries)"))
     table.add_column("")
     table.add_column("value", justify="right")
     pct = f"{result.confidence:.0%}"
@@ -220,8 +218,8 @@ def comparison_table(result: PairedComparison, title: str | None = None):
             ("paired t-test p-value", f"{result.p_value:.4g}"),
             ("wins / ties / losses (B vs A)", f"{result.wins} / {result.ties} / {result.losses}"),
             ("significant (CI excludes 0)", "yes" if result.significant else "no")]
-    for row in rows:
-        table.add_row(*row)
+    for label, value in rows:
+        table.add_row(Text(label), Text(value))  # "[-0.01, +0.02]" is a value, not markup
     return table
 
 

@@ -10,17 +10,19 @@ Results = dict[str, float]
 
 
 def results_table(results: dict[str, Results], task: str, title: str | None = None):
-    """A rich ``Table`` with one row per (model/dataset, metric)."""
+    """A rich ``Table`` with one row per (model/dataset, metric). Names are ``rich.text.Text``: printed
+    literally on any console (a run named ``[/bold]`` is no markup)."""
     from rich.table import Table
+    from rich.text import Text
 
-    table = Table(title=title, show_lines=False)
+    table = Table(title=None if title is None else Text(title), show_lines=False)
     table.add_column("task")
     table.add_column("run")
     table.add_column("metric")
     table.add_column("value", justify="right")
     for run_name, metrics in results.items():
         for metric, value in metrics.items():
-            table.add_row(task, run_name, metric, f"{value:.4f}")
+            table.add_row(Text(task), Text(run_name), Text(metric), f"{value:.4f}")
     return table
 
 

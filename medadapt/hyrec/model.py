@@ -41,7 +41,7 @@ from medadapt.hyrec.bagging import WordVocab, sparse_from_tokens
 from medadapt.hyrec.glae import embed, encoder_layers, extended_mask, run_layers, split_layers
 from medadapt.hyrec.normalize import normalize_sparse
 from medadapt.hyrec.projectors import DenseProjector, UnionProjector, WeightProjector
-from medadapt.io import atomic_save_tensors, atomic_write_json
+from medadapt.io import atomic_save_tensors, atomic_write_json, replace_folder
 from medadapt.retrieval.tokenize import cjk_characters  # noqa: F401  (the one CJK pattern; used below)
 
 __all__ = ["HyReCConfig", "HyReCModel", "HYREC_FORMAT"]
@@ -561,13 +561,21 @@ class HyReCModel(nn.Module):
         """Adapter-only save of a model whose backbone is unchanged (a composed model: frozen base + medadapt
         dense heads + this lexical branch): the dense heads as an adapter folder tied to ``base``
         (:mod:`medadapt.adapters.files`) plus ``hyrec/``. :meth:`load` (and ``medadapt.load`` for the dense
-        side) loads the base model and puts both back."""
-        from medadapt.adapters.files import write_adapter
+        side) loads the base model and puts both back.
+
+        Written to a temporary sibling and swapped in as a whole, under the output policy of
+        :func:`medadapt.io.check_output`: ``folder`` may be new, empty or an adapter folder (replaced); a
+        symlink is written through.
+
+        Raises:
+            ConfigError: ``folder`` is a file, a non-empty folder that is not an adapter, the current folder
+                or one above it, or cannot be written; nothing is changed."""
+        from medadapt.adapters.files import ADAPTER_FOLDER, write_adapter
 
         folder = Path(folder)
-        folder.mkdir(parents=True, exist_ok=True)
-        write_adapter(self.st, folder, base=base, name=name, allow_empty=True)
-        self._save_lexical(folder)
+        with replace_folder(folder, ADAPTER_FOLDER, what="adapter folder") as tmp:
+            write_adapter(self.st, tmp, base=base, name=name or folder.name, allow_empty=True)
+            self._save_lexical(tmp)
 
     def _save_lexical(self, folder: Path) -> None:
         sub = folder / SUBDIR

@@ -41,7 +41,7 @@ import numpy as np
 import torch
 from pydantic import Field, field_validator, model_validator
 
-from medadapt.config import Section
+from medadapt.config import Section, validate_each
 from medadapt.curation.mining_config import MiningConfig
 from medadapt.data import domain_of, load_beir, merge_beir
 from medadapt.errors import ConfigError
@@ -125,12 +125,7 @@ class MoERecipe(RecipeBase):
         """Each entry validated by its registered branch kind's section (``kind`` picks it)."""
         from medadapt.adapters.compose import branch_kind
 
-        out = []
-        for entry in value or []:
-            if isinstance(entry, dict):
-                entry = branch_kind(str(entry.get("kind"))).section.model_validate(entry)
-            out.append(entry)
-        return out
+        return validate_each(value or [], lambda entry: branch_kind(str(entry.get("kind"))).section, "branch")
 
     @property
     def fast(self) -> bool:
@@ -160,11 +155,29 @@ def _moe_only_problem(recipe: MoERecipe) -> str | None:
             f"{head.kind}, which trains in one stage of training.epochs; remove them or set them to 0")
 
 
+def _no_epochs_problem(recipe: MoERecipe) -> str | None:
+    """A head or backbone that would train for 0 epochs (every stage it has at 0): a no-op run that would
+    save the untrained weights as if trained (``None`` when something trains)."""
+    head, t = recipe.head, recipe.training
+    if recipe.fast and head.kind == "none":
+        return None  # only branches train, with their own epochs (or recipe_problem says there are none)
+    epochs = t.epochs
+    if recipe.fast and isinstance(head, MoEHeadSection):  # the stages moe.schedule runs for this head
+        epochs += t.shared_epochs if head.shared_experts else 0
+        epochs += t.random_routing_epochs if head.routed_experts else 0
+    if epochs:
+        return None
+    stages = ("training.epochs, training.shared_epochs and training.random_routing_epochs are 0"
+              if recipe.fast and isinstance(head, MoEHeadSection) else "training.epochs is 0")
+    return (f"{stages}: nothing would train and the untrained {'head' if recipe.fast else 'model'} would be "
+            "saved; train at least 1 epoch (to score a model without training, use medadapt eval)")
+
+
 def recipe_problem(recipe: MoERecipe) -> str | None:
     """Why ``recipe`` cannot train as written (``None`` when it can)."""
     if recipe.branches and not recipe.fast:
         return "branches compose onto a frozen backbone (model.freeze_backbone: true, no model.peft)"
-    moe_only = _moe_only_problem(recipe) or peers_problem(recipe)
+    moe_only = _moe_only_problem(recipe) or peers_problem(recipe) or _no_epochs_problem(recipe)
     if moe_only:
         return moe_only
     if recipe.fast:

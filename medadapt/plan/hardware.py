@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Literal
 
 from medadapt.errors import ConfigError
+from medadapt.yaml_input import read_yaml
 
 __all__ = ["Hardware", "read_accelerate_config"]
 
@@ -101,15 +102,10 @@ def _count(cfg: dict, key: str, path: Path) -> int:
 def read_accelerate_config(path: str | Path) -> Hardware:
     """The :class:`Hardware` an Accelerate config file describes (GPU memory stays at the default 80 GB;
     pass ``--gpu-memory``). An unknown ``distributed_type`` or sharding strategy is an error."""
-    import yaml
-
     path = Path(path)
     if not path.is_file():
         raise ConfigError(f"accelerate config not found: {path}")
-    try:
-        cfg = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"{path}: invalid YAML ({exc})") from None
+    cfg = read_yaml(path)[0] or {}  # the YAML input policy: one error line with the line number
     if not isinstance(cfg, dict):
         raise ConfigError(f"{path}: an accelerate config must be a YAML mapping")
     machines, procs = _count(cfg, "num_machines", path), _count(cfg, "num_processes", path)

@@ -1,40 +1,66 @@
 """Load a recipe YAML (any registered kind), with ``--set a.b=c`` overrides and
-errors that name the file and the field."""
+errors that name the file and line, or the ``--set`` flag, and the field.
+
+Recipe files and ``--set`` values are read under the YAML input policy of :mod:`medadapt.yaml_input`
+(aliases bounded in expansion before anything is validated, nesting bounded, duplicate keys, lone
+surrogates and unreadable numbers refused with their line); unknown keys get a did-you-mean from the schema.
+"""
 
 from __future__ import annotations
 
 import copy
+import re
+import typing
 from pathlib import Path
 from typing import Any, TypeVar
 
 import yaml
 from pydantic import BaseModel, ValidationError
+from yaml.nodes import Node
 
+from medadapt.config import UNKNOWN_KEY
 from medadapt.errors import ConfigError
+from medadapt.yaml_input import PolicyLoader, YamlPolicyError, first_clause, has_surrogate, line_of, read_yaml
 
 M = TypeVar("M", bound=BaseModel)
 
 
+# ------------------------------------------------------------------------------------------------ overrides
 def parse_override(item: str) -> tuple[list[str], Any]:
-    """``"training.lr=1e-4"`` -> ``(["training", "lr"], 0.0001)``; the value is parsed as YAML."""
+    """``"training.lr=1e-4"`` -> ``(["training", "lr"], 0.0001)``; the value is parsed as YAML (text that is
+    not valid YAML is taken as it is). A malformed item, or a value that breaks the YAML input policy, is a
+    :class:`~medadapt.errors.ConfigError` naming ``--set <item>``."""
+    flag = f"--set {item}"
+    if has_surrogate(item):  # undecodable bytes on the command line arrive as lone surrogates
+        raise ConfigError(f"{flag!r}: not valid UTF-8 text")
     if "=" not in item:
-        raise ConfigError(f"override {item!r} must look like section.field=value")
+        raise ConfigError(f"{flag}: must look like section.field=value")
     key, raw = item.split("=", 1)
     parts = [p for p in key.strip().split(".")]
     if not all(parts):
-        raise ConfigError(f"override {item!r} has an empty key part")
+        raise ConfigError(f"{flag}: the key {key.strip()!r} has an empty part")
+    if not raw.strip():
+        return parts, ""
+    loader = None
     try:
-        value = yaml.safe_load(raw) if raw.strip() else ""
+        loader = PolicyLoader(raw)
+        return parts, loader.get_single_data()
+    except YamlPolicyError as exc:
+        raise ConfigError(f"{flag}: {exc.problem}") from None
     except yaml.YAMLError:
-        value = raw
-    return parts, value
+        return parts, raw
+    except (ValueError, OverflowError, RecursionError) as exc:
+        raise ConfigError(f"{flag}: {first_clause(exc)}") from None
+    finally:
+        if loader is not None:
+            loader.dispose()
 
 
 def apply_overrides(data: dict, overrides: list[str]) -> dict:
     """Set ``section.field=value`` items in ``data``; a number indexes a list (``branches.0.training.lr``)."""
     for item in overrides:
         parts, value = parse_override(item)
-        _assign(data, parts, value, item)
+        _assign(data, parts, value, f"--set {item}")
     return data
 
 
@@ -48,7 +74,7 @@ def apply_settings(data: dict, settings: dict[str, Any]) -> dict:
 def _assign(data: dict, parts: list[str], value: Any, item: str) -> None:
     """Set ``value`` at the path ``parts`` of ``data`` (``item``: the override, for errors)."""
     node = data
-    for p in parts[:-1]:
+    for depth, p in enumerate(parts[:-1]):
         if isinstance(node, list):
             node = _list_item(node, p, item)
             continue
@@ -56,7 +82,8 @@ def _assign(data: dict, parts: list[str], value: Any, item: str) -> None:
         if child is None:
             child = node[p] = {}
         if not isinstance(child, (dict, list)):
-            raise ConfigError(f"override {item!r}: {p!r} is not a section")
+            where = ".".join(parts[:depth + 1])
+            raise ConfigError(f"{item}: {where} is a value ({child!r}), not a section")
         node = child
     if isinstance(node, list):
         node[_list_index(node, parts[-1], item)] = value
@@ -66,71 +93,189 @@ def _assign(data: dict, parts: list[str], value: Any, item: str) -> None:
 
 def _list_index(items: list, part: str, item: str) -> int:
     if not part.isdigit() or int(part) >= len(items):
-        raise ConfigError(f"override {item!r}: {part!r} is not an index of a {len(items)}-item list")
+        raise ConfigError(f"{item}: {part!r} is not an index of a {len(items)}-item list")
     return int(part)
 
 
 def _list_item(items: list, part: str, item: str):
     child = items[_list_index(items, part, item)]
     if not isinstance(child, (dict, list)):
-        raise ConfigError(f"override {item!r}: item {part} is not a section")
+        raise ConfigError(f"{item}: item {part} is not a section")
     return child
 
 
-def format_validation_error(source: str, exc: ValidationError) -> str:
-    msgs = []
+# ------------------------------------------------------------------------------------------------ errors
+def user_path(loc: tuple, data: Any) -> list:
+    """A pydantic error location as the user wrote the key path: walking ``data`` (the input), a segment
+    that is not a key but the ``kind`` of the mapping it sits in is the tag pydantic adds for a discriminated
+    union (``head.moe.residual_scal`` -> ``head.residual_scal``) and is dropped."""
+    out: list = []
+    node = data
+    for i, seg in enumerate(loc):
+        last = i == len(loc) - 1
+        if isinstance(node, dict):
+            if seg in node:
+                out.append(seg)
+                node = node[seg]
+                continue
+            if isinstance(seg, str) and node.get("kind") == seg:
+                continue  # also last: an error of the union member's own validator (head.moe -> head)
+        elif isinstance(node, str) and not last and seg == node:
+            continue  # a bare name standing for {kind: name} (eval.peers: [linear_query])
+        elif isinstance(node, (list, tuple)) and isinstance(seg, int) and 0 <= seg < len(node):
+            out.append(seg)
+            node = node[seg]
+            continue
+        out.append(seg)
+        node = None
+    return out
+
+
+def _node_at(data: Any, path: list) -> Any:
+    """The value at ``path`` (keys and list indices) of ``data``, ``None`` when there is none."""
+    for part in path:
+        found = (isinstance(data, dict) and part in data) or (
+            isinstance(data, list) and isinstance(part, int) and 0 <= part < len(data))
+        if not found:
+            return None
+        data = data[part]
+    return data
+
+
+def _sections(schema: type[BaseModel] | None) -> dict[str, type[BaseModel]]:
+    """The top-level fields of ``schema`` that are one section class (``X`` or ``X | None``)."""
+    out = {}
+    for name, field in (schema.model_fields if schema is not None else {}).items():
+        kinds = [a for a in (typing.get_args(field.annotation) or (field.annotation,)) if a is not type(None)]
+        if len(kinds) == 1 and isinstance(kinds[0], type) and issubclass(kinds[0], BaseModel):
+            out[name] = kinds[0]
+    return out
+
+
+def _describe(err: dict, path: list, data: Any = None, schema: type[BaseModel] | None = None) -> str:
+    """One error as a line fragment: ``unknown key head.x (did you mean head.y?)`` or ``path: message``. An
+    unknown key with no close match in its own section is looked up among the other sections' fields
+    (``model.device`` -> ``training.device``), else the section's valid keys are listed."""
+    dotted = ".".join(str(p) for p in path)
+    if err["type"] in (UNKNOWN_KEY, "extra_forbidden"):
+        ctx = err.get("ctx") or {}
+        parent = ".".join(str(p) for p in path[:-1])
+        key = str(path[-1]) if path else ""
+        elsewhere = [f"{name}.{key}" for name, section in _sections(schema).items()
+                     if key in section.model_fields and name != (path[0] if len(path) > 1 else None)]
+        if ctx.get("suggestion"):
+            hint = f"did you mean {parent + '.' if parent else ''}{ctx['suggestion']}?"
+        elif elsewhere:
+            hint = f"did you mean {' or '.join(elsewhere)}?"
+        elif ctx.get("choices"):
+            kind = _node_at(data, path[:-1])
+            kind = kind.get("kind") if isinstance(kind, dict) else None
+            of = f" of {parent}" + (f" (kind {kind})" if isinstance(kind, str) else "") if parent else ""
+            hint = f"valid keys{of}: {ctx['choices']}"
+        else:
+            hint = "not a field here"
+        return f"unknown key {dotted} ({hint})"
+    msg = err["msg"]
+    for prefix in ("Value error, ", "Assertion failed, "):
+        msg = msg.removeprefix(prefix)
+    return f"{dotted}: {msg}" if dotted else msg  # an error of the whole recipe names its fields itself
+
+
+def _override_for(path: list, msg: str, unknown: bool, overrides: list[tuple[list[str], str]]) -> str | None:
+    """The ``--set`` item (the last one) that an error at ``path`` is about: it set ``path`` or a section
+    holding it; or it set something inside ``path`` and ``path`` is an ``unknown`` key (the item made it up:
+    ``--set trainin.lr=1``) or the message names the field the item set (``training: lr must be ...``)."""
+    keys = [str(p) for p in path]
+    if not keys:
+        return None  # an error of the whole recipe (fields that do not go together): not one item's
+    for parts, item in reversed(overrides):
+        if keys[:len(parts)] == parts:
+            return item
+        if parts[:len(keys)] == keys and (unknown or re.search(rf"\b{re.escape(parts[len(keys)])}\b", msg)):
+            return item
+    return None
+
+
+def format_validation_error(source: str, exc: ValidationError, data: Any = None, *, root: Node | None = None,
+                            overrides: list[str] = (), schema: type[BaseModel] | None = None) -> str:
+    """``exc`` as one line. Errors caused by a ``--set`` item come first, each as ``--set <item>: ...``; the
+    rest as ``<source>[:line]: invalid recipe: ...`` (``(line N)`` after an error on another line). Key paths
+    are the ones the user wrote (``data``: the validated input), unknown keys get a did-you-mean (from their
+    section, else from ``schema``'s other sections)."""
+    parsed = []
+    for item in overrides:
+        key = item.split("=", 1)[0].strip()
+        parsed.append(([p for p in key.split(".")], item))
+    from_set: list[str] = []
+    from_file: list[tuple[int | None, str]] = []
     for err in exc.errors():
-        loc = ".".join(str(x) for x in err["loc"])
-        msgs.append(f"{loc or '<root>'}: {err['msg']}")
-    return f"{source}: invalid recipe: " + "; ".join(msgs)
+        path = user_path(tuple(err["loc"]), data)
+        text = _describe(err, path, data, schema)
+        item = _override_for(path, text, err["type"] in (UNKNOWN_KEY, "extra_forbidden"), parsed)
+        if item is not None:
+            from_set.append(f"--set {item}: {text}")
+            continue
+        named = [f"--set {i}" for parts, i in parsed if not path and len(parts) > 1 and re.search(
+            rf"(?<![\w.]){re.escape('.'.join(parts))}(?![\w])", text)]  # a field path, not a word like "head"
+        if named:  # an error of the whole recipe that names fields a --set item changed
+            text += f" (with {', '.join(named)})"
+        from_file.append((line_of(root, path), text))
+    from_file.sort(key=lambda e: (e[0] is None, e[0] or 0))  # reading order: the first line heads the message
+    first_line = from_file[0][0] if from_file else None
+    parts = list(from_set)
+    if from_file:
+        texts = [text if line is None or line == first_line else f"{text} (line {line})"
+                 for line, text in from_file]
+        parts.append(f"{source}{f':{first_line}' if first_line else ''}: invalid recipe: " + "; ".join(texts))
+    return "; ".join(parts)
 
 
-def read_recipe_yaml(path: str | Path) -> dict:
-    """The YAML mapping of a recipe file; a missing file, bytes that are not UTF-8, invalid YAML (with its
-    line) or a non-mapping raises :class:`~medadapt.errors.ConfigError`. Shared by every recipe kind."""
+# ------------------------------------------------------------------------------------------------ loading
+def _read_recipe(path: str | Path) -> tuple[dict, Node | None]:
     path = Path(path)
     if not path.is_file():
         raise ConfigError(f"recipe not found: {path}")
-    raw = path.read_bytes()
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        line = raw.count(b"\n", 0, exc.start) + 1
-        raise ConfigError(f"{path}:{line}: not valid UTF-8 (byte offset {exc.start}); "
-                          "save the recipe as UTF-8") from None
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f":{mark.line + 1}" if mark is not None else ""
-        raise ConfigError(f"{path}{where}: invalid YAML ({getattr(exc, 'problem', exc)})") from None
+    data, root = read_yaml(path)
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: a recipe must be a YAML mapping of sections")
-    return data
+    return data, root
+
+
+def read_recipe_yaml(path: str | Path) -> dict:
+    """The YAML mapping of a recipe file; a missing or oversized file, bytes that are not UTF-8, invalid YAML
+    or YAML that breaks the input policy (:mod:`medadapt.yaml_input`), with its line, or a non-mapping raises
+    :class:`~medadapt.errors.ConfigError`. Shared by every recipe kind."""
+    return _read_recipe(path)[0]
 
 
 def load_recipe(path_or_data: str | Path | dict, overrides: list[str] | None = None, *,
                 expect: type[M] | None = None, paper: bool = False) -> M:
-    """Read a recipe (a YAML file or a dict), apply ``section.field=value`` overrides and validate it against
-    the schema its ``kind:`` registered (:mod:`medadapt.recipes.registry`); ``expect`` additionally
-    requires that schema. ``paper=True`` first applies the kind's paper settings
+    """Read a recipe (a YAML file or a dict), apply ``section.field=value`` overrides (``--set`` items) and
+    validate it against the schema its ``kind:`` registered (:mod:`medadapt.recipes.registry`); ``expect``
+    additionally requires that schema. ``paper=True`` first applies the kind's paper settings
     (:attr:`~medadapt.recipes.registry.RecipeKind.paper`: the paper's equations and hyperparameters), then
-    ``overrides``. Every problem is one :class:`~medadapt.errors.ConfigError` naming the file and the
-    field."""
+    ``overrides``. Every problem is one :class:`~medadapt.errors.ConfigError` naming the file and line, or the
+    ``--set`` item, and the field; an unknown key gets a did-you-mean from the schema."""
     from medadapt.recipes.registry import get_kind
 
     source = "<dict>" if isinstance(path_or_data, dict) else str(path_or_data)
-    data = copy.deepcopy(path_or_data) if isinstance(path_or_data, dict) else read_recipe_yaml(path_or_data)
+    if isinstance(path_or_data, dict):
+        data, root = copy.deepcopy(path_or_data), None
+    else:
+        data, root = _read_recipe(path_or_data)
     if paper:
         data = apply_settings(data, get_kind(data.get("kind"), source).paper_settings())
-    data = apply_overrides(data, list(overrides or []))
-    schema = get_kind(data.get("kind"), source).schema
+    items = list(overrides or [])
+    data = apply_overrides(data, items)
+    kind_set = [i for i in items if i.split("=", 1)[0].strip() == "kind"]
+    schema = get_kind(data.get("kind"), f"--set {kind_set[-1]}" if kind_set else source).schema
     if expect is not None and not issubclass(schema, expect):
         raise ConfigError(f"{source}: a {data.get('kind')!r} recipe, not a {expect.__name__}")
     try:
         recipe = schema.model_validate(data)
     except ValidationError as exc:
-        raise ConfigError(format_validation_error(source, exc)) from None
+        raise ConfigError(format_validation_error(source, exc, data, root=root, overrides=items,
+                                                          schema=schema)) from None
     recipe._source = None if isinstance(path_or_data, dict) else str(path_or_data)
     return recipe
 

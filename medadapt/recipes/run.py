@@ -24,8 +24,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from medadapt.errors import ConfigError, MedAdaptError
-from medadapt.io import atomic_write_json, atomic_write_text, check_writable, clean_leftovers, replace_folder
+from medadapt.errors import ConfigError
+from medadapt.io import (FolderKind, atomic_write_json, atomic_write_text, check_output, clean_leftovers,
+                         replace_folder)
 from medadapt.recipes.also import (as_modes, check_also_sets, eval_set_name, evaluate_also_sets, peer_warning,
                                    regression_warning)
 from medadapt.recipes.base import RecipeBase
@@ -235,22 +236,17 @@ def fingerprint(recipe: RecipeBase) -> str:
     return hashlib.sha256(blob.encode()).hexdigest()[:32]
 
 
+#: A run folder (``medadapt train --output``): an existing non-empty folder is replaced only when it is a run.
+RUN_FOLDER = FolderKind("a medadapt run", ("recipe.yaml",))
+
+
 def _check_output(output_dir: Path) -> None:
-    if output_dir.exists() and not output_dir.is_dir():
-        raise ConfigError(f"--output {output_dir} is a file, not a folder")
-    if output_dir.resolve() in (Path.cwd().resolve(), *Path.cwd().resolve().parents):
-        raise ConfigError(f"--output {output_dir} is the current folder or one above it: it is replaced as a "
-                          "whole when the run saves; name a folder for the run (e.g. runs/NAME)")
-    if output_dir.is_dir() and any(output_dir.iterdir()) and not (output_dir / "recipe.yaml").is_file():
-        raise ConfigError(f"--output {output_dir} is a non-empty folder that is not a medadapt run; "
-                          "choose a new or empty folder")
+    """The output policy (:func:`medadapt.io.check_output`) for the run folder, and its checkpoints folder
+    beside it, before any work; leftovers of an interrupted save are cleaned."""
+    check_output(output_dir, RUN_FOLDER, what="--output")
     checkpoints = output_dir.with_name(output_dir.name + ".checkpoints")
     if checkpoints.exists() and not checkpoints.is_dir():
         raise ConfigError(f"{checkpoints} (where the run keeps its checkpoints) is a file, not a folder")
-    try:  # a file on the way, a read-only or virtual file system (/proc): before any folder is made
-        check_writable(output_dir, "--output")
-    except MedAdaptError as exc:
-        raise ConfigError(str(exc)) from None
     output_dir.parent.mkdir(parents=True, exist_ok=True)
     clean_leftovers(output_dir)  # an interrupted save
 
@@ -335,7 +331,7 @@ def run_recipe(
     if accelerator.is_main_process:
         import yaml
 
-        with replace_folder(output_dir) as tmp:
+        with replace_folder(output_dir, RUN_FOLDER, what="--output") as tmp:
             if adapter_only and hasattr(model, "save_adapter"):  # a composed model (e.g. a HyReC branch)
                 model.save_adapter(tmp, base=result.adapter_base, name=output_dir.name)
             elif adapter_only:

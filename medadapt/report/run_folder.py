@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from medadapt.errors import MedAdaptError
+from medadapt.yaml_input import read_yaml
 
 __all__ = ["LossRow", "RunFolder", "read_run"]
 
@@ -156,8 +157,6 @@ def read_run(path: str | Path) -> RunFolder:
         MedAdaptError: ``path`` is not a folder, or holds no ``recipe.yaml`` / ``train_log.json`` (not a
             run of ``medadapt train``), or those two cannot be read.
     """
-    import yaml
-
     path = Path(path)
     if not path.is_dir():
         raise MedAdaptError(f"{path} is not a folder; give a run folder written by `medadapt train`")
@@ -166,8 +165,8 @@ def read_run(path: str | Path) -> RunFolder:
         raise MedAdaptError(f"{path} is not a medadapt run folder (no {' or '.join(missing)}); give a folder "
                             "written by `medadapt train`")
     try:
-        recipe = yaml.safe_load((path / "recipe.yaml").read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
+        recipe = read_yaml(path / "recipe.yaml")[0]  # the YAML input policy: a ConfigError with file:line
+    except OSError as exc:
         raise MedAdaptError(f"cannot read {path / 'recipe.yaml'}: {type(exc).__name__}") from None
     try:
         log = json.loads((path / "train_log.json").read_text(encoding="utf-8"))

@@ -15,7 +15,7 @@ def load_documents(source: str | Path) -> Documents:
     Raises:
         DataError: the path does not exist, holds no ``corpus.jsonl``, or the file is malformed.
     """
-    from medadapt.data import load_corpus, resolve_data_dir
+    from medadapt.data import builtin_names, load_corpus, resolve_data_dir
 
     path = resolve_data_dir(source)
     if path.is_dir():
@@ -23,6 +23,7 @@ def load_documents(source: str | Path) -> Documents:
         if not path.is_file():
             raise DataError(f"no corpus.jsonl in {path.parent} (expected a BEIR folder, a corpus.jsonl or 'medmini')")
     elif not path.is_file():
-        raise DataError(f"corpus not found: {source} (expected a BEIR folder, a corpus.jsonl or 'medmini')")
+        raise DataError(f"corpus not found: {source} (expected a BEIR folder, a corpus.jsonl or a builtin "
+                        f"dataset: {', '.join(builtin_names())})")
     corpus = load_corpus(path)
     return Documents(list(corpus), [d["text"] for d in corpus.values()], [d["title"] for d in corpus.values()])

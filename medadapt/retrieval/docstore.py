@@ -38,10 +38,15 @@ class Documents:
         if len(set(self.ids)) != len(self.ids):
             raise ValueError("document ids must be unique")
         from medadapt.data.jsonl import check_id, has_bad_id_chars
+        from medadapt.data.text import check_text
 
         for n, did in enumerate(self.ids, start=1):
             if has_bad_id_chars(did):  # they would split TREC run lines written from this index
                 check_id(did, "document id", "documents", n)
+        for n, doc in enumerate(zip(self.ids, self.titles, self.texts)):  # lone surrogates crash hashing later
+            for what, value in zip(("id", "title", "text"), doc):
+                if isinstance(value, str):
+                    check_text(value, f"documents[{n}].{what}")
 
     def __len__(self) -> int:
         return len(self.ids)

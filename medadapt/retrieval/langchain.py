@@ -3,7 +3,10 @@
 * :class:`MedAdaptRetriever` wraps a :class:`~medadapt.retrieval.Retriever` (or a
   :class:`~medadapt.retrieval.vectordb.QdrantRetriever`) as a LangChain
   ``BaseRetriever``; ``invoke`` / ``ainvoke`` return ``Document`` objects whose ``id`` is the corpus id and
-  whose metadata holds ``id``, ``score``, ``rank``, ``title`` and the retriever ``kind``.
+  whose metadata holds ``id``, ``score``, ``rank``, ``title`` and the retriever ``kind``. An empty or blank
+  query (``invoke("")``, ``invoke("  ")``) or one that is not a string raises
+  :class:`~medadapt.errors.DataError` (a ``MedAdaptError``) before anything is encoded, whatever the
+  wrapped retriever would do with it.
 * :class:`MedAdaptEmbeddings` exposes a SentenceTransformer as LangChain ``Embeddings`` using
   ``encode_query`` for queries and ``encode_document`` for documents (asymmetric models stay correct).
 
@@ -28,6 +31,18 @@ except ImportError as exc:  # pragma: no cover - exercised only without the extr
     raise MedAdaptError("the LangChain adapters need langchain-core: pip install 'medadapt[langchain]'") from exc
 
 from pydantic import ConfigDict, Field
+
+from medadapt.errors import DataError
+
+
+def _checked(query: Any) -> str:
+    """``query`` if it is a non-blank string; else :class:`DataError` (an empty query would retrieve the
+    documents closest to nothing: arbitrary ones, or an encoder's error)."""
+    if not isinstance(query, str):
+        raise DataError(f"the query must be a string, not {type(query).__name__}")
+    if not query.strip():
+        raise DataError("the query is empty")
+    return query
 
 
 class MedAdaptRetriever(BaseRetriever):
@@ -64,13 +79,13 @@ class MedAdaptRetriever(BaseRetriever):
         ]
 
     def _get_relevant_documents(self, query: str, *, run_manager: CallbackManagerForRetrieverRun) -> list[Document]:
-        return self._to_documents(self.retriever.search(query, self.k))
+        return self._to_documents(self.retriever.search(_checked(query), self.k))
 
     async def _aget_relevant_documents(
         self, query: str, *, run_manager: AsyncCallbackManagerForRetrieverRun
     ) -> list[Document]:
         # Retriever.search is thread-safe, so a worker thread keeps the event loop free.
-        result = await asyncio.to_thread(self.retriever.search, query, self.k)
+        result = await asyncio.to_thread(self.retriever.search, _checked(query), self.k)
         return self._to_documents(result)
 
 

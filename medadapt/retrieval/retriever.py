@@ -31,7 +31,8 @@ from typing import Any
 
 import numpy as np
 
-from medadapt.errors import MedAdaptError
+from medadapt.data.text import check_text
+from medadapt.errors import DataError, MedAdaptError
 from medadapt.retrieval.config import RetrieverConfig
 from medadapt.retrieval.dense import DenseIndex, embedding_dim, uses_cosine
 from medadapt.retrieval.docstore import Documents, DocStore
@@ -124,12 +125,19 @@ def describe_model(model, name: str, source: str | None = None) -> ModelInfo:
 
 
 def search_queries(queries: Sequence[str], k: int) -> list[str]:
-    """The argument check of every ``batch_search``: a list of queries (not one string) and ``k >= 1``."""
+    """The argument check of every ``batch_search``: a list of queries (not one string) and ``k >= 1``; an
+    empty or blank query, or one that is not valid Unicode text, is a :class:`~medadapt.errors.DataError`."""
     if isinstance(queries, str):
         raise TypeError("batch_search takes a list of queries; use search() for one query")
     if k < 1:
         raise ValueError("k must be >= 1")
-    return list(queries)
+    queries = list(queries)
+    for n, query in enumerate(queries):
+        if isinstance(query, str):
+            if not query.strip():
+                raise DataError(f"query {n} is empty" if len(queries) > 1 else "the query is empty")
+            check_text(query, f"query {n}" if len(queries) > 1 else "the query")
+    return queries
 
 def with_fusion_defaults(config: RetrieverConfig, defaults: dict[str, Any], *, method: str | None = None,
                          dense_weight: float | None = None) -> RetrieverConfig:
@@ -363,7 +371,12 @@ class Retriever:
 
     # ------------------------------------------------------------------ persistence
     def save(self, folder: str | Path) -> Path:
-        """Write the index folder atomically: manifest, documents, ``dense.faiss`` and/or lexical files."""
+        """Write the index folder atomically: manifest, documents, ``dense.faiss`` and/or lexical files. A
+        symlink ``folder`` is written through (the link stays).
+
+        Raises:
+            ConfigError: ``folder`` is a file, a non-empty folder that is not an index, the current folder or
+                one above it, or cannot be written (:func:`medadapt.io.check_output`); nothing is changed."""
         if self.manifest is None:
             raise MedAdaptError("this retriever has no manifest")
         folder = Path(folder)

@@ -24,7 +24,7 @@ from typing import Any, Optional
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from medadapt.errors import MedAdaptError
-from medadapt.io import atomic_open, replace_folder
+from medadapt.io import FolderKind, atomic_open, replace_folder
 from medadapt.retrieval.errors import IndexCorruptError
 
 MANIFEST = "manifest.json"
@@ -38,6 +38,9 @@ FORMAT = 3
 READABLE_FORMATS = (1, 2, 3)
 #: The first format whose folders must have ``manifest.sha256``.
 CHECKSUM_FORMAT = 3
+#: An index folder (``medadapt index --out``, ``Retriever.save``): an existing non-empty folder is replaced
+#: only when it is an index.
+INDEX_FOLDER = FolderKind("a medadapt index", (MANIFEST,))
 
 
 class ModelInfo(BaseModel):
@@ -177,12 +180,12 @@ def load_manifest(folder: str | Path, verify: bool = True) -> tuple[Manifest, st
 
 
 @contextlib.contextmanager
-def atomic_dir(target: str | Path) -> Iterator[Path]:
-    """Yield a fresh temporary folder; on success it replaces ``target`` (an existing index only)."""
-    target = Path(target)
-    if target.exists() and not target.is_dir():
-        raise MedAdaptError(f"{target} exists and is not a folder")
-    if target.is_dir() and any(target.iterdir()) and not (target / MANIFEST).is_file():
-        raise MedAdaptError(f"{target} exists and is not a medadapt index; refusing to overwrite it")
-    with replace_folder(target) as tmp:
+def atomic_dir(target: str | Path, what: str = "") -> Iterator[Path]:
+    """Yield a fresh temporary folder; on success it replaces ``target`` (an existing index only: the output
+    policy of :func:`medadapt.io.check_output` with :data:`INDEX_FOLDER`; a symlink is written through).
+
+    Raises:
+        ConfigError: ``target`` is a file, a non-empty folder that is not an index, the current folder or
+            one above it, or cannot be written."""
+    with replace_folder(target, INDEX_FOLDER, what=what) as tmp:
         yield tmp

@@ -11,13 +11,16 @@ the Med-MoE schedule has two.
 
 A checkpoint that cannot be read back (truncated, bit-flipped, edited) is reported by
 :func:`load_checkpoint` as :class:`CheckpointCorruptError`; :func:`readable_checkpoints` lets the loop fall
-back to the previous one.
+back to the previous one. A checkpoint that cannot be *written* (a full disk, a quota, a read-only file
+system) is one :class:`CheckpointWriteError` line (``cannot write checkpoint PATH: No space left on
+device``); the half-written temporary folder is removed and the previous checkpoints stay as they were.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import uuid
 from dataclasses import dataclass
@@ -27,7 +30,14 @@ from typing import Any
 import torch
 
 from medadapt.checksums import verify_sums, write_sums
+from medadapt.errors import MedAdaptError
 from medadapt.io import atomic_save_tensors
+
+try:  # safetensors' writer raises its own type for a failed write (not an OSError)
+    from safetensors import SafetensorError
+except ImportError:  # pragma: no cover - safetensors comes with transformers
+    class SafetensorError(Exception):  # type: ignore[no-redef]
+        pass
 
 PREFIX = "step-"
 #: The files of a checkpoint folder, all listed in its ``SHA256SUMS``.
@@ -36,6 +46,29 @@ FILES = ("head.safetensors", "optimizer.pt", "state.json")
 
 class CheckpointCorruptError(Exception):
     """A checkpoint folder whose files are missing, unreadable or differ from their recorded checksums."""
+
+
+class CheckpointWriteError(MedAdaptError):
+    """A checkpoint could not be written (a full disk, a quota, a read-only file system)."""
+
+
+#: What writing a checkpoint raises when the file system refuses: ``OSError`` (Python's writes),
+#: ``RuntimeError`` (``torch.save``: "PytorchStreamWriter failed writing file"), ``SafetensorError``
+#: (safetensors' ``save_file`` behind ``save_pretrained``) and medadapt's own ``cannot write`` errors.
+WRITE_ERRORS = (OSError, RuntimeError, SafetensorError, MedAdaptError)
+
+
+def checkpoint_write_error(path: str | Path, exc: BaseException) -> CheckpointWriteError:
+    """``cannot write checkpoint PATH: REASON`` for an error raised while writing a checkpoint: the reason
+    of an ``OSError`` (``No space left on device``), the message safetensors wraps in
+    ``IoError(Os { ..., message: "..." })``, else the first line of the error."""
+    if isinstance(exc, OSError) and exc.strerror:
+        reason = exc.strerror
+    else:
+        text = str(exc).strip()
+        found = re.search(r'message: "([^"]+)"', text) or re.search(r"cannot write [^:]+: (.+)", text)
+        reason = found.group(1) if found else (text.splitlines() or [type(exc).__name__])[0]
+    return CheckpointWriteError(f"cannot write checkpoint {path}: {reason}")
 
 
 @dataclass
@@ -78,11 +111,19 @@ def latest_checkpoint(directory: str | Path) -> Path | None:
 
 def save_checkpoint(config: CheckpointConfig, step: int, head_state: dict[str, torch.Tensor],
                     optimizer_state: dict[str, Any], state: dict[str, Any]) -> Path:
-    """Write one checkpoint atomically and prune old ones; returns its path."""
-    config.directory.mkdir(parents=True, exist_ok=True)
+    """Write one checkpoint atomically and prune old ones; returns its path.
+
+    Raises:
+        CheckpointWriteError: the file system refused a write (nothing of this checkpoint is left; the
+            previous ones are untouched).
+    """
     final = config.directory / f"{PREFIX}{step:08d}"
     tmp = config.directory / f".tmp-{uuid.uuid4().hex}"
-    tmp.mkdir()
+    try:
+        config.directory.mkdir(parents=True, exist_ok=True)
+        tmp.mkdir()
+    except OSError as exc:
+        raise checkpoint_write_error(final, exc) from exc
     try:
         atomic_save_tensors(tmp / "head.safetensors", head_state)
         torch.save(optimizer_state, tmp / "optimizer.pt")
@@ -91,6 +132,9 @@ def save_checkpoint(config: CheckpointConfig, step: int, head_state: dict[str, t
         if final.exists():
             shutil.rmtree(final)
         os.replace(tmp, final)
+    except WRITE_ERRORS as exc:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise checkpoint_write_error(final, exc) from exc
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise

@@ -21,7 +21,8 @@ class OptimSection(Section):
     """AdamW + warm-up/decay schedule of one training stage.
 
     Attributes:
-        epochs: passes over the stage's items.
+        epochs: passes over the stage's items, at least 1 (a stage of 0 epochs would train nothing; to skip a
+            stage, leave it out: ``enabled: false`` / ``null`` in a recipe).
         max_steps: stop after this many optimiser steps (``None``: all epochs).
         batch_size: items per forward pass, global (split over processes).
         gradient_accumulation_steps: forward passes per optimiser step. The loss is computed on all
@@ -35,7 +36,7 @@ class OptimSection(Section):
         max_grad_norm: gradient-norm clipping (``None``: off).
     """
 
-    epochs: int = Field(1, ge=0)
+    epochs: int = Field(1, ge=1)
     max_steps: int | None = Field(None, ge=1)
     batch_size: int = Field(32, ge=1)
     gradient_accumulation_steps: int = Field(1, ge=1)

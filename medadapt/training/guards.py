@@ -14,8 +14,10 @@ processes agree through one all-reduce of a flag, so none is left waiting in a c
 that became non-finite stop the run before a checkpoint is written; every checkpoint gets a
 ``SHA256SUMS`` (:mod:`medadapt.checksums`) once all processes have written it; a rerun resumes from the
 newest checkpoint whose sums verify, skipping damaged ones with a ``warning:`` line (a save that did not
-finish is set aside), and says so plainly when every checkpoint is damaged. :func:`check_finite_parameters` is the check ``medadapt train`` runs before it writes any
-model folder. Hand-written because neither the trainer nor Accelerate offers these checks; they plug in
+finish is set aside), and says so plainly when every checkpoint is damaged; a checkpoint the file system
+refuses to take (a full disk) is one ``cannot write checkpoint PATH: REASON`` error (the earlier
+checkpoints stay; the partial one is set aside by the next run). :func:`check_finite_parameters` is the
+check ``medadapt train`` runs before it writes any model folder. Hand-written because neither the trainer nor Accelerate offers these checks; they plug in
 through the trainer's own callback and a forward hook on the loss, so the training itself is the
 trainer's.
 """
@@ -31,6 +33,7 @@ from torch import nn
 
 from medadapt.checksums import SUMS, ChecksumError, verify_sums, write_sums
 from medadapt.errors import warn
+from medadapt.training.checkpoint import WRITE_ERRORS, checkpoint_write_error
 from medadapt.training.loop import TrainingError
 
 __all__ = ["check_finite_parameters", "everyone", "non_finite_parameters", "resumable_checkpoint", "train_guarded"]
@@ -195,9 +198,25 @@ def train_guarded(trainer, checkpoint_dir: str | Path) -> None:
     hooks = [loss.register_forward_hook(_check_loss) for loss in losses if isinstance(loss, nn.Module)]
     guard = _callback()
     trainer.add_callback(guard)
+    save = getattr(trainer, "_save_checkpoint", None)  # the trainer's one place that writes checkpoint-N
+    own = vars(trainer).get("_save_checkpoint")  # someone's instance-level replacement, put back afterwards
+    if callable(save):
+        def save_or_say_why(*args, **kwargs):
+            try:
+                return save(*args, **kwargs)
+            except WRITE_ERRORS as exc:  # a full disk: safetensors' SafetensorError, torch's RuntimeError ...
+                folder = Path(trainer.args.output_dir) / f"checkpoint-{trainer.state.global_step}"
+                raise checkpoint_write_error(folder, exc) from exc
+
+        trainer._save_checkpoint = save_or_say_why
     try:
         trainer.train(resume_from_checkpoint=resume)
     finally:
         for h in hooks:
             h.remove()
         trainer.remove_callback(guard)
+        if callable(save):
+            if own is None:
+                del trainer._save_checkpoint  # the class's method again
+            else:
+                trainer._save_checkpoint = own

@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from medadapt.data.beir import check_split
 from medadapt.errors import DataError, MedAdaptError, warn
 
 Kind = Literal["retrieval", "rerank", "sts", "pool", "recommendation"]
@@ -200,6 +201,7 @@ def load_suite(spec: SuiteSpec, data_dir: str | Path, split: str = "test",
     Raises:
         DataError: the folder is missing, a task is missing, a split has no qrels, a file is malformed.
     """
+    check_split(split)
     folder = Path(data_dir).expanduser()
     if not folder.is_dir():
         raise DataError(f"suite data folder not found: {folder}")

@@ -12,22 +12,24 @@ __all__ = ["plot_suite", "suite_table", "write_suite_json"]
 
 
 def suite_table(result: SuiteResult, title: str | None = None):
-    """One row per task and query language (main score first, then the other metrics), then the averages."""
+    """One row per task and query language (main score first, then the other metrics), then the averages.
+    Names are ``rich.text.Text``: printed literally on any console (never read as markup)."""
     from rich.table import Table
+    from rich.text import Text
 
-    table = Table(title=title or f"{result.title}: {result.model} on {result.split}")
+    table = Table(title=Text(title or f"{result.title}: {result.model} on {result.split}"))
     for col, kw in (("task", {}), ("family", {}), ("queries->corpus", {}), ("main metric", {}),
                     ("score", {"justify": "right"}), ("other metrics", {})):
         table.add_column(col, **kw)
     for r in result.rows:
         others = "  ".join(f"{k} {v:.4f}" for k, v in r.metrics.items() if k != r.main_metric)
-        table.add_row(r.task, r.family, f"{r.query_language}->{r.corpus_language}", r.main_metric,
-                      f"{r.main_score:.4f}", others)
+        table.add_row(Text(r.task), Text(r.family), Text(f"{r.query_language}->{r.corpus_language}"),
+                      Text(r.main_metric), f"{r.main_score:.4f}", Text(others))
     if result.averages:
         table.add_section()
         for name, value in result.averages.items():
-            table.add_row(f"average {name}", "", "", "", "n/a" if value is None else f"{value:.4f}",
-                          result.average_definitions.get(name, ""))
+            table.add_row(Text(f"average {name}"), "", "", "", "n/a" if value is None else f"{value:.4f}",
+                          Text(result.average_definitions.get(name, "")))
     return table
 
 

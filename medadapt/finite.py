@@ -1,0 +1,54 @@
+"""Nothing non-finite is written: the check every tensor writer runs before it writes (adapter weights,
+checkpoints, HyReC's lexical weights go through :func:`medadapt.io.atomic_save_tensors`).
+
+A head whose weights hold NaN or infinity encodes every text to NaN; saved, it would poison every model that
+loads it and every cache namespace it fills. Training already stops before such weights are written
+(:mod:`medadapt.training.guards`); this covers the Python API too (``save_adapter`` of a model edited or
+trained elsewhere). Integer and boolean tensors are always finite and skipped; a tensor is checked where it
+lives (no copy to the CPU first).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from medadapt.errors import MedAdaptError
+
+__all__ = ["check_finite_tensors", "non_finite_tensors"]
+
+
+def _finite(value: Any) -> bool:
+    """``value`` (a torch tensor, a numpy array, or anything else: taken as finite) holds no NaN / inf."""
+    if hasattr(value, "is_floating_point") and hasattr(value, "isfinite"):  # torch
+        if not (value.is_floating_point() or value.is_complex()) or value.numel() == 0:
+            return True
+        return bool(value.detach().isfinite().all())
+    dtype = getattr(value, "dtype", None)
+    if dtype is not None and getattr(dtype, "kind", "") in "fc" and hasattr(value, "size"):  # numpy
+        import numpy as np
+
+        return value.size == 0 or bool(np.isfinite(value).all())
+    return True
+
+
+def non_finite_tensors(tensors: Mapping[str, Any]) -> list[str]:
+    """The names of the tensors (torch or numpy) in ``tensors`` that hold NaN or infinity, in order."""
+    return [name for name, value in tensors.items() if not _finite(value)]
+
+
+def check_finite_tensors(tensors: Mapping[str, Any], where: str) -> None:
+    """Refuse to write ``tensors`` to ``where`` (a path or a description, for the message) when any holds NaN
+    or infinity.
+
+    Raises:
+        MedAdaptError: ``cannot write WHERE: NAME, NAME (and N more) hold NaN or infinity ...``, naming up to
+            three tensors.
+    """
+    bad = non_finite_tensors(tensors)
+    if not bad:
+        return
+    names = ", ".join(bad[:3]) + (f" (and {len(bad) - 3} more)" if len(bad) > 3 else "")
+    verb = "holds" if len(bad) == 1 else "hold"
+    raise MedAdaptError(f"cannot write {where}: {names} {verb} NaN or infinity (weights that encode every "
+                        "text to NaN); nothing was written")
