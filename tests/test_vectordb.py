@@ -122,11 +122,11 @@ def test_unfinished_export_is_refused_and_resumes(tiny_bert):
     assert client.get_collection("tiny").points_count == 24 and len(again.search("gout", 24)) == 24
 
 
-def test_bm25_and_bad_vectors_are_refused(tiny_bert):
+def test_bad_vectors_are_refused_and_a_dense_model_gets_bm25(tiny_bert):
     docs = tiny_docs()
     client = QdrantClient(":memory:")
-    with pytest.raises(MedAdaptError, match="needs a learned sparse encoder"):
-        export_to_qdrant(client, "x", docs, tiny_bert, kind="hybrid")
+    export_to_qdrant(client, "x", docs, tiny_bert, kind="hybrid")  # BM25 sparse vectors (tests/test_retrieval_qdrant_fusion.py)
+    assert client.get_collection("x").config.params.sparse_vectors["sparse"].modifier == models.Modifier.IDF
     emb = tiny_bert.encode_document(docs.indexed_texts())
     with pytest.raises(MedAdaptError, match="dimension 16 but the model gives 32"):
         export_to_qdrant(client, "y", docs, tiny_bert, vectors=emb[:, :16])

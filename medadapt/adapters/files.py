@@ -2,11 +2,13 @@
 
 An adapter folder holds::
 
-    medadapt_adapter.json        # format, base model (name + weight fingerprint), heads (type, config,
+    medadapt_adapter.json        # format, base model (name or relative path + weight fingerprint; also as
+                                 # PEFT's base_model_name_or_path / revision), heads (type, config,
                                  # location), active heads, checksum of the weights file
     adapter_model.safetensors    # "<adapter name>.<parameter>" -> tensor
     SHA256SUMS                   # SHA-256 of the two files above (medadapt.checksums)
-    README.md                    # model card (medadapt.cards)
+    README.md                    # model card (medadapt.cards), hub front matter
+    adapter_config.json          # a stub for PEFT: says that medadapt loads this folder (PEFT_STUB)
 
 A few MB for a MoE head, against the ~90 MB of a full MiniLM folder. :func:`load_adapter` (also
 ``SentenceTransformer.load_adapter(folder)``) checks ``SHA256SUMS`` before the config is parsed, then the
@@ -21,7 +23,8 @@ its weights rounded to bfloat16 (name, shape, values; strided samples above 300M
 backbone loaded in float32, bfloat16 or on another device matches, while any trained or swapped weight, or
 another tokenisation, does not. No absolute path is written: the base is recorded
 by the name it was loaded with (an alias such as ``minilm`` or a hub id) or, for a local folder, by its
-path relative to the adapter folder.
+path relative to the adapter folder (:func:`base_name` finds it for a plain ``SentenceTransformer(path)``
+too; a packaged alias's folder is recorded as the alias).
 """
 
 from __future__ import annotations
@@ -34,15 +37,17 @@ from typing import Any
 
 from medadapt._version import __version__
 from medadapt.adapters.api import adapter_locations, set_active, shared_backbone, stack_for
+from medadapt.adapters.stack import AdapterStack
 from medadapt.checksums import SUMS, ChecksumError, verify_sums, write_sums
-from medadapt.errors import ConfigError, ModelLoadError
+from medadapt.errors import ConfigError, MedAdaptError, ModelLoadError, warn
 from medadapt.finite import check_finite_tensors
 from medadapt.io import FolderKind, atomic_save_tensors, atomic_write_json, replace_folder
 from medadapt.locks import model_lock
+from medadapt.model_names import ALIAS_NAMES, ALIASES, module_classes
 from medadapt.tokenizer_id import tokenizer_fingerprint
 
-__all__ = ["ADAPTER_CONFIG", "ADAPTER_FOLDER", "ADAPTER_WEIGHTS", "base_fingerprint", "base_name",
-           "is_adapter_folder",
+__all__ = ["ADAPTER_CONFIG", "ADAPTER_FOLDER", "ADAPTER_WEIGHTS", "PEFT_STUB", "base_fingerprint",
+           "base_name", "is_adapter_folder",
            "load_adapter", "load_adapter_model", "read_adapter_config", "save_adapter", "write_adapter"]
 
 ADAPTER_CONFIG = "medadapt_adapter.json"
@@ -54,6 +59,15 @@ READABLE_FORMATS = (1, 2)
 COVERED = (ADAPTER_CONFIG, ADAPTER_WEIGHTS)
 #: An adapter folder: an existing non-empty folder is replaced only when it is one (:func:`save_adapter`).
 ADAPTER_FOLDER = FolderKind("a medadapt adapter folder", (ADAPTER_CONFIG,))
+#: PEFT's config file name. Without medadapt imported, ``SentenceTransformer.load_adapter(folder)`` (and
+#: ``SentenceTransformer(folder)``, ``PeftConfig.from_pretrained``) read it first; the stub written there
+#: names no real ``peft_type``, so PEFT stops at once with :data:`PEFT_STUB_MESSAGE` (a ``KeyError``)
+#: instead of "adapter model file not found". It names no ``base_model_name_or_path`` (transformers would
+#: download that base before failing) and is not in ``SHA256SUMS`` (medadapt never reads it).
+PEFT_STUB = "adapter_config.json"
+PEFT_STUB_MESSAGE = ("this folder holds a medadapt adapter, not a PEFT one (medadapt_adapter.json): load it "
+                     "with medadapt.load(folder), or run `import medadapt.adapters` before "
+                     "SentenceTransformer.load_adapter(folder)")
 
 
 def is_adapter_folder(path: Any) -> bool:
@@ -109,13 +123,72 @@ def base_fingerprint(model, full_hash_max_params: int = 300_000_000, version: in
 
 
 def base_name(model) -> str | None:
-    """The name ``model`` was loaded with (``medadapt.load`` records it), else sentence-transformers'
-    ``model_card_data.base_model``."""
+    """The name or folder of ``model``'s base: the name ``medadapt.load`` was given, else
+    sentence-transformers' ``model_card_data.base_model`` (a hub id it verified), else the folder (or hub
+    model in the local Hugging Face cache) its transformer was loaded from (:func:`_loaded_from`); ``None``
+    when none is known (a model built in memory, or its folder is gone)."""
     name = getattr(model, "_medadapt_base_name", None)
     if name:
         return str(name)
     card = getattr(model, "model_card_data", None)
-    return getattr(card, "base_model", None) or None
+    return getattr(card, "base_model", None) or _loaded_from(model)
+
+
+def _loaded_from(model) -> str | None:
+    """Where a plain ``SentenceTransformer(path)`` came from: its transformer's ``config._name_or_path``, kept
+    only when that is the whole model, i.e. a one-tower model (or one split by
+    :func:`~medadapt.adapters.api.split_routes`) whose modules, heads aside, are those the folder builds, and
+    the folder exists (or, for a hub id, is in the local Hugging Face cache). An asymmetric model built in
+    memory is not its first tower's folder."""
+    modules = shared_backbone(model) or list(getattr(model, "_modules", {}).values())
+    if not modules or type(modules[0]).__name__ != "Transformer":
+        return None
+    transformer = getattr(modules[0], "auto_model", None) or getattr(modules[0], "model", None)
+    source = str(getattr(getattr(transformer, "config", None), "_name_or_path", "") or "")
+    if not source:
+        return None
+    types = [type(m).__name__ for m in modules if not isinstance(m, AdapterStack)]
+    path = Path(source).expanduser()
+    if path.is_dir():
+        return source if _builds(path, types) else None
+    try:
+        from huggingface_hub import try_to_load_from_cache
+
+        cached = try_to_load_from_cache(source, "config.json")
+    except Exception:  # noqa: BLE001 - not a valid hub id, no cache: not identified
+        return None
+    return source if isinstance(cached, str) and _builds(Path(cached).parent, types) else None
+
+
+def _builds(folder: Path, types: list[str]) -> bool:
+    """Whether loading ``folder`` builds modules of classes ``types`` (heads aside): its ``modules.json``, or
+    sentence-transformers' default for a plain transformers folder (``Transformer``, ``Pooling``)."""
+    if not (folder / "modules.json").is_file():
+        return types == ["Transformer", "Pooling"]
+    try:
+        listed = [c.rsplit(".", 1)[-1] for c in module_classes(folder)]
+    except MedAdaptError:
+        return False
+    return [c for c in listed if c != "AdapterStack"] == types
+
+
+def _alias_of(path: Path) -> str | None:
+    """The alias whose packaged folder ``path`` is (``minilm``): recorded by that name, which loads offline
+    wherever medadapt is installed. Only the aliases of packaged weights
+    (:data:`~medadapt.models.ALIAS_NAMES`) are resolved: nothing is built."""
+    for alias in ALIAS_NAMES:
+        try:
+            if os.path.samefile(ALIASES[alias](), path):
+                return alias
+        except (MedAdaptError, OSError, KeyError):
+            continue
+    return None
+
+
+def _aliases_named(name: str) -> list[str]:
+    """The aliases whose public name (hub id) is ``name``: a folder recording that hub id tries them first
+    (offline, packaged; kept only when the fingerprint matches)."""
+    return [alias for alias, public in ALIAS_NAMES.items() if public == name and alias in ALIASES][:1]
 
 
 def _base_record(model, folder: Path, name: str | None, final: str | None = None) -> dict[str, Any]:
@@ -127,6 +200,8 @@ def _base_record(model, folder: Path, name: str | None, final: str | None = None
         path = Path(name).expanduser()
         if not path.exists():
             record["name"] = str(name)  # an alias (minilm) or a hub id
+        elif (alias := _alias_of(path)) is not None:
+            record["name"] = alias  # a packaged alias's folder: its name, not a path into site-packages
         else:  # a local folder: recorded relative to the adapter folder, never absolute
             home = folder.resolve().parent / (final or folder.name)
             record["relative_path"] = os.path.relpath(path.resolve(), home)
@@ -134,6 +209,21 @@ def _base_record(model, folder: Path, name: str | None, final: str | None = None
     record["fingerprint"] = base_fingerprint(model)
     record["embedding_dim"] = model.get_embedding_dimension()
     return record
+
+
+def _peft_keys(model, record: dict[str, Any]) -> dict[str, Any]:
+    """PEFT's names for the base: ``base_model_name_or_path`` (an alias's public hub id, a hub id, or the
+    relative path) and ``revision`` (the hub revision sentence-transformers recorded for that hub id, not
+    medadapt's weights fingerprint, which :func:`medadapt.models.set_identity` puts in the same card
+    field)."""
+    name = record.get("name")
+    card = getattr(model, "model_card_data", None)
+    revision = getattr(card, "base_model_revision", None)
+    if not (name and revision and getattr(card, "base_model", None) == name
+            and revision != getattr(model, "medadapt_revision", None)):
+        revision = None
+    public = ALIAS_NAMES.get(name.lower(), name) if name else record.get("relative_path")
+    return {"base_model_name_or_path": public, "revision": revision}
 
 
 def save_adapter(model, folder: str | Path, adapter_name: str | list[str] | None = None, *,
@@ -209,12 +299,20 @@ def _write_adapter(model, folder: Path, adapter_name, *, base, name, card, allow
     check_finite_tensors(tensors, f"adapter {name or folder.name}")
     atomic_save_tensors(folder / ADAPTER_WEIGHTS, tensors, metadata={"format": "pt"})
     digest = hashlib.sha256((folder / ADAPTER_WEIGHTS).read_bytes()).hexdigest()
+    record = _base_record(model, folder, base, final=name)
+    if not record["name"] and not record["relative_path"]:
+        warn(f"adapter {name or folder.name} records no base model: the model has no name or folder to "
+             "record (built in memory, or its folder is gone), so the folder loads only onto a model you hold "
+             "(model.load_adapter) or with medadapt.load(folder, base=...); pass base=<the base's name or "
+             "folder> to save_adapter to record it")
     config = {"format_version": ADAPTER_FORMAT, "library": "medadapt", "medadapt_version": __version__,
-              "base_model": _base_record(model, folder, base, final=name), "adapters": heads, "active": active,
+              **_peft_keys(model, record), "base_model": record, "adapters": heads, "active": active,
               "weights": {"file": ADAPTER_WEIGHTS, "sha256": digest,
                           "parameters": int(sum(t.numel() for t in tensors.values()))}}
     atomic_write_json(folder / ADAPTER_CONFIG, config)
     write_sums(folder, COVERED)
+    atomic_write_json(folder / PEFT_STUB, {"peft_type": PEFT_STUB_MESSAGE, "library": "medadapt",
+                                           "medadapt_config": ADAPTER_CONFIG})
     from medadapt.cards import write_card
 
     write_card(folder, adapter=config, descriptions=describe_heads(model),
@@ -339,22 +437,45 @@ def _config_dim(config: dict[str, Any]) -> int:
     return dim
 
 
+def _base_candidates(folder: Path, record: dict[str, Any]) -> list[str]:
+    """Where the recorded base is looked for, in order: the folder at its relative path, an alias whose
+    public name is the recorded hub id (packaged, offline), the recorded name."""
+    found = []
+    relative = record.get("relative_path")
+    if relative and (folder / relative).is_dir():
+        found.append(str((folder / relative).resolve()))
+    name = record.get("name")
+    if name:
+        found += [*_aliases_named(str(name)), str(name)]
+    return found
+
+
 def load_adapter_model(folder: str | Path, load, base: str | None = None, device: str | None = None,
                        **kwargs):
     """Load the base model an adapter folder names (or ``base``) with ``load`` (``medadapt.load``, which
-    calls this for adapter folders) and the adapter onto it."""
+    calls this for adapter folders) and the adapter onto it. Of several places the base may be
+    (:func:`_base_candidates`), the first whose fingerprint matches is used."""
     folder = Path(folder)
-    record = read_adapter_config(folder, warn_legacy=False)["base_model"]  # load_adapter below warns once
-    if base is None:
-        if record.get("name"):
-            base = record["name"]
-        elif record.get("relative_path") and (folder / record["relative_path"]).is_dir():
-            base = str((folder / record["relative_path"]).resolve())
-        else:
+    config = read_adapter_config(folder, warn_legacy=False)  # load_adapter below warns once
+    record = config["base_model"]
+    candidates = [base] if base is not None else _base_candidates(folder, record)
+    if not candidates:
+        if record.get("relative_path"):
             raise ModelLoadError(
                 f"adapter {folder} was trained on a local model folder "
                 f"({record.get('folder_name') or record.get('relative_path')}) that is not at its recorded "
                 "place; pass base=<that folder>")
-    model = load(base, device=device, **kwargs)
+        raise ModelLoadError(f"adapter {folder} records no base model (it was saved from a model without a "
+                             "name or folder); pass base=<the base model's name or folder>")
+    for i, candidate in enumerate(candidates):
+        last = i == len(candidates) - 1
+        try:
+            model = load(candidate, device=device, **kwargs)
+        except ModelLoadError:
+            if last:
+                raise
+            continue
+        if last or base_fingerprint(model, version=config["format_version"]) == record.get("fingerprint"):
+            break
     load_adapter(model, folder)
     return model

@@ -5,7 +5,8 @@
 * Stage I data (§3.2): :mod:`~medadapt.bmretriever.pretrain_data` (title -> abstract pairs, two disjoint
   random spans for untitled documents, streaming).
 * Stage II data (§3.3): :mod:`~medadapt.bmretriever.finetune_data` (hard negatives from the curation tools),
-  :mod:`~medadapt.bmretriever.synthetic` (pluggable query / task generators, consistency filter).
+  :mod:`~medadapt.bmretriever.synthetic` (pluggable query / task generators, Appendix A.1 prompts with sampled
+  attributes, consistency filter, generate-N-keep-what-passes accounting).
 * Training: :func:`train_stage` (sentence-transformers trainer on Accelerate, InfoNCE at scale 1/τ,
   negatives gathered across processes, global batches split over processes), configured by the recipe's
   :class:`BmStageSection`.
@@ -40,12 +41,16 @@ from medadapt.bmretriever.pretrain_data import (
 from medadapt.bmretriever.recipe import stage1_dataset, stage2_datasets
 from medadapt.bmretriever.schema import BmRetrieverRecipe, BmStageSection
 from medadapt.bmretriever.synthetic import (
+    TASK_ATTRIBUTES,
     FakeQueryGenerator,
     FakeTaskGenerator,
     QueryGenerator,
+    SyntheticReport,
     TaskExample,
     TaskGenerator,
     TransformersQueryGenerator,
+    generate_instance_data,
+    generate_task_data,
     synthesize_query_groups,
     synthesize_task_groups,
 )
@@ -53,9 +58,10 @@ from medadapt.bmretriever.trainer import StageResult, train_stage
 
 __all__ = [
     "EVAL_INSTRUCTIONS", "FINETUNE_INSTRUCTIONS", "PASSAGE_PROMPT", "PRETRAIN_QUERY_PROMPT", "QUERY_TEMPLATE",
-    "SYNTHETIC_INSTRUCTIONS", "BmRetrieverRecipe", "BmStageSection", "CorpusSource", "CropConfig",
-    "FakeQueryGenerator", "FakeTaskGenerator", "QueryGenerator", "StageResult", "TaskExample", "TaskGenerator",
-    "TransformersQueryGenerator", "beir_groups", "build_retriever", "crop_pair", "groups_to_dataset",
+    "SYNTHETIC_INSTRUCTIONS", "TASK_ATTRIBUTES", "BmRetrieverRecipe", "BmStageSection", "CorpusSource",
+    "CropConfig", "FakeQueryGenerator", "FakeTaskGenerator", "QueryGenerator", "StageResult", "SyntheticReport",
+    "TaskExample", "TaskGenerator", "TransformersQueryGenerator", "beir_groups", "build_retriever", "crop_pair",
+    "generate_instance_data", "generate_task_data", "groups_to_dataset",
     "iter_corpus", "iter_pretrain_pairs", "pretrain_dataset", "query_prompt", "stage1_dataset", "stage2_datasets",
     "subsample_groups", "synthesize_query_groups", "synthesize_task_groups", "train_stage",
 ]

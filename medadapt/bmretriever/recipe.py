@@ -5,7 +5,9 @@ one runner (:func:`medadapt.recipes.run_recipe`, ``medadapt train``, also under 
 **stage I** (§3.2: title -> text / cropped pairs, in-batch negatives; the merged model is saved to
 ``<output>.checkpoints/stage1-model`` so a re-run skips a finished stage I) and **stage II** (§3.3: per task
 (query, positive, hard negative) rows, the negative one random passage of the base retriever's top 100,
-optional consistency-filtered synthetic pairs), each with a fresh LoRA adapter merged afterwards, on
+optional synthetic data: instance-level sources consistency-filtered and task-level examples, each generated
+until its target is kept or its cap reached, with generated / kept per source in
+``ctx.result.details["synthetic"]``, i.e. ``train_log.json``), each with a fresh LoRA adapter merged afterwards, on
 sentence-transformers' trainer (:func:`~medadapt.bmretriever.trainer.train_stage`; checkpoints in
 ``<output>.checkpoints/stage1`` and ``stage2``, each folder claimed by the fingerprint of what decides its
 weights, so a re-run with another recipe or data is refused). It returns the model with the ``query``
@@ -50,17 +52,19 @@ def stage1_dataset(recipe: BmRetrieverRecipe):
 
 
 def stage2_datasets(recipe: BmRetrieverRecipe, *, cache=None, device: str | None = None,
-                    show_progress: bool = True, log: Callable[[str], None] = print, base=None):
+                    show_progress: bool = True, log: Callable[[str], None] = print, base=None,
+                    report: dict | None = None):
     """``(datasets, prompts)`` for stage II: ``{task: Dataset}`` and ST prompts
     ``{task: {column: prompt}}``. ``base``: the mining retriever, already loaded (default: loaded here from
-    ``stage2.base_retriever`` when a task mines)."""
+    ``stage2.base_retriever`` when a task mines). ``report``: filled with each synthetic source's
+    :meth:`~medadapt.bmretriever.synthetic.SyntheticReport.as_dict` (generated / kept), by source name."""
     import random
 
     from medadapt.bmretriever.finetune_data import beir_groups, groups_to_dataset, subsample_groups
     from medadapt.bmretriever.instructions import query_prompt
     from medadapt.bmretriever.synthetic import (FakeQueryGenerator, FakeTaskGenerator, LLMQueryGenerator,
-                                                LLMTaskGenerator, filter_task_groups, synthesize_query_groups,
-                                                synthesize_task_groups)
+                                                LLMTaskGenerator, filter_task_groups, generate_instance_data,
+                                                generate_task_data)
     from medadapt.curation import DenseSearcher
     from medadapt.data import load_beir
     from medadapt.data.beir import BeirDataset
@@ -99,30 +103,44 @@ def stage2_datasets(recipe: BmRetrieverRecipe, *, cache=None, device: str | None
                                       tr.seed)
         add(task.name, groups, instruction)
         log(f"stage II task {task.name}: {len(out[task.name])} rows from {len(groups)} groups")
+    reports = report if report is not None else {}
+
+    def record(rep, **details) -> None:
+        rep.details.update(details)
+        reports[rep.name] = rep.as_dict()
+        log(rep.summary())
+        if rep.kept < rep.target:
+            warn(f"synthetic {rep.level} level {rep.name}: kept {rep.kept:,}, fewer than the target "
+                 f"{rep.target:,} ({rep.stopped}); raise the cap (max_generated, overgenerate) or lower the target")
+
     if s2.synthetic is not None:
         syn = s2.synthetic
-        path = _resolve(recipe, syn.corpus or recipe.data.path)
-        data = load_beir(path, [])
-        searcher = searcher_for(path, data)
-        instruction = ins.synthetic.get(syn.instruction, syn.instruction)
-        ids = data.doc_ids
-        picked = sorted(random.Random(tr.seed).sample(range(len(ids)), min(syn.passages, len(ids))))
-        passages = [data.doc_text(ids[i]) for i in picked]
         gen = (FakeQueryGenerator(noise=syn.noise, seed=tr.seed) if syn.generator == "fake"
                else LLMQueryGenerator(chat_client(syn, device), max_new_tokens=syn.max_new_tokens or 48))
-        text_to_id = {data.doc_text(d): d for d in ids}
-        kept = synthesize_query_groups(passages, gen, instruction, searcher, text_to_id, top_k=syn.top_k,
-                                       show_progress=show_progress)
-        log(f"synthetic: kept {len(kept)} of {len(passages)} generated pairs (consistency top-{syn.top_k})")
-        if kept:  # mine negatives for the kept pairs like labelled data, on a temporary BEIR view of them
-            queries = {f"syn{i}": g.query for i, g in enumerate(kept)}
-            qrels = {f"syn{i}": {text_to_id[g.pos[0]]: 1} for i, g in enumerate(kept)}
-            view = BeirDataset(corpus=data.corpus, queries=queries, qrels={"synthetic": qrels},
-                               root=data.root)
-            groups = beir_groups(view, "synthetic", searcher, mining, seed=tr.seed,
-                                 show_progress=show_progress)
-            add(syn.name, [TrainingGroup(query=g.query, pos=g.pos, neg=g.neg, prompt=instruction)
-                           for g in groups], instruction)
+        for source in syn.sources:
+            path = _resolve(recipe, source.corpus or recipe.data.path)
+            data = load_beir(path, [])
+            searcher = searcher_for(path, data)
+            instruction = ins.synthetic.get(source.instruction, source.instruction)
+            ids = data.doc_ids
+            cap = syn.cap(source)
+            picked = random.Random(tr.seed).sample(range(len(ids)), min(cap, len(ids)))  # a seeded order
+            passages = [data.doc_text(ids[i]) for i in picked]
+            text_to_id = {data.doc_text(d): d for d in ids}
+            kept, rep = generate_instance_data(passages, gen, instruction, searcher, text_to_id,
+                                               target=source.passages, max_generated=cap, top_k=syn.top_k,
+                                               name=source.name, show_progress=show_progress)
+            record(rep, corpus=source.corpus or recipe.data.path, corpus_passages=len(ids),
+                   instruction=instruction, top_k=syn.top_k)
+            if kept:  # mine negatives for the kept pairs like labelled data, on a temporary BEIR view of them
+                queries = {f"syn{i}": g.query for i, g in enumerate(kept)}
+                qrels = {f"syn{i}": {text_to_id[g.pos[0]]: 1} for i, g in enumerate(kept)}
+                view = BeirDataset(corpus=data.corpus, queries=queries, qrels={"synthetic": qrels},
+                                   root=data.root)
+                groups = beir_groups(view, "synthetic", searcher, mining, seed=tr.seed,
+                                     show_progress=show_progress)
+                add(source.name, [TrainingGroup(query=g.query, pos=g.pos, neg=g.neg, prompt=instruction)
+                               for g in groups], instruction)
     if s2.task_synthetic is not None:
         ts = s2.task_synthetic
         if ts.generator == "fake":
@@ -132,14 +150,17 @@ def stage2_datasets(recipe: BmRetrieverRecipe, *, cache=None, device: str | None
         else:
             task_gen = LLMTaskGenerator(chat_client(ts, device), per_call=ts.per_call,
                                         max_new_tokens=ts.max_new_tokens or 512)
-        made = synthesize_task_groups(task_gen, ts.tasks)
-        kept = made
-        if ts.filter and made:
+
+        def positive_above_negative(groups):
+            nonlocal base
             if base is None:
                 base = load(s2.base_retriever, device=device)
-            kept = filter_task_groups(made, base, batch_size=tr.encode_batch_size)
-        log(f"task-level synthetic: {len(made)} examples from {ts.tasks} tasks, kept {len(kept)}"
-            + (" (base retriever ranks the positive above the negative)" if ts.filter else ""))
+            return filter_task_groups(groups, base, batch_size=tr.encode_batch_size)
+
+        kept, rep = generate_task_data(task_gen, tasks=ts.tasks, examples_per_task=ts.examples_per_task,
+                                       max_generated_per_task=ts.cap_per_task, seed=tr.seed,
+                                       keep=positive_above_negative if ts.filter else None, name=ts.name)
+        record(rep, filter="positive above negative (base retriever)" if ts.filter else None)
         if kept:  # each example carries its own task instruction: applied to its query, no dataset prompt
             out[ts.name] = groups_to_dataset(kept, hard_negatives=s2.hard_negatives,
                                              query_template=ins.query_template)
@@ -155,8 +176,9 @@ def chat_client(section, device: str | None = None):
     from medadapt.bmretriever.synthetic import OpenAICompatibleClient, TransformersChatClient
 
     if section.generator == "openai":
-        return OpenAICompatibleClient(section.model, base_url=section.endpoint, api_key_env=section.api_key_env)
-    return TransformersChatClient(section.model, device=device)
+        return OpenAICompatibleClient(section.model, base_url=section.endpoint,
+                                      api_key_env=section.api_key_env, temperature=section.temperature)
+    return TransformersChatClient(section.model, device=device, temperature=section.temperature)
 
 
 def stage1_identity(recipe: BmRetrieverRecipe) -> str:
@@ -281,9 +303,12 @@ def train(recipe: BmRetrieverRecipe, ctx: RunContext):
     if recipe.stage2.enabled:
         t0 = time.perf_counter()
         base = _share_mining_encode(recipe, ctx)
+        synthetic: dict[str, Any] = {}
         with acc.main_process_first():  # the main process fills the embedding cache, the others read it
             data2, prompts2 = stage2_datasets(recipe, cache=ctx.cache, device=device, show_progress=show,
-                                              log=log, base=base)
+                                              log=log, base=base, report=synthetic)
+        if synthetic:  # generated / kept per synthetic source, in train_log.json
+            ctx.result.details["synthetic"] = synthetic
         ctx.result.encode_seconds += time.perf_counter() - t0
         run_stage("stage2", recipe.stage2, data2, prompts2, ctx.fingerprint)
 
@@ -350,13 +375,48 @@ def plan_spec(recipe: BmRetrieverRecipe):
                                 (Usage("retriever", 2 + negatives, seq),)))
     notes = [f"stage II mining runs {s2.base_retriever} for inference only before training (not planned)"] \
         if s2.enabled and s2.hard_negatives else []
-    for syn in (s2.synthetic, s2.task_synthetic) if s2.enabled else ():
-        if syn is not None and syn.generator != "fake":
-            notes.append(f"{syn.name}: written by {syn.model} ({syn.generator}) before training (not planned)")
+    if s2.enabled and (s2.synthetic is not None or s2.task_synthetic is not None):
+        notes.append("synthetic data is generated before training (its generator's memory is not planned)")
     if len({s.lora for s in stages}) > 1:
         notes.append("one stage trains through LoRA and the other fully: planned as LoRA throughout")
     return PlanSpec(recipe.name, (spec,), tuple(phases), recipe.training.mixed_precision, tuple(notes),
-                    engine_accumulation=True)  # sentence-transformers' trainer (CachedMNRL) under DeepSpeed / FSDP
+                    engine_accumulation=True,  # sentence-transformers' trainer (CachedMNRL), DeepSpeed / FSDP
+                    data=tuple(synthetic_plan(recipe)))
+
+
+def synthetic_plan(recipe: BmRetrieverRecipe) -> list[str]:
+    """The synthetic-data accounting of a recipe, one line per source, before anything is generated: what
+    each source keeps (the target) of at most how many generated (the cap), from what, by which generator
+    and filter; the instance level's total when it has several sources (``medadapt plan`` prints these)."""
+    s2 = recipe.stage2
+    if not s2.enabled:
+        return []
+    lines = []
+
+    def by(section) -> str:
+        return "the fake generator" if section.generator == "fake" else \
+            f"{section.model} ({section.generator})"
+
+    if s2.synthetic is not None:
+        syn = s2.synthetic
+        for source in syn.sources:
+            corpus = source.corpus or recipe.data.path
+            lines.append(f"synthetic instance level {source.name}: keep {source.passages:,} (query, passage) "
+                         f"pairs of at most {syn.cap(source):,} queries generated by {by(syn)} for passages "
+                         f"of {corpus} (instruction {source.instruction!r}); kept when the passage is in "
+                         f"{s2.base_retriever}'s top {syn.top_k}")
+        if len(syn.sources) > 1:
+            keep, cap = sum(s.passages for s in syn.sources), sum(syn.cap(s) for s in syn.sources)
+            lines.append(f"synthetic instance level, all sources: keep {keep:,} of at most {cap:,} generated")
+    if s2.task_synthetic is not None:
+        ts = s2.task_synthetic
+        check = (f"kept when {s2.base_retriever} scores the positive above the negative" if ts.filter
+                 else "no filter")
+        keep, cap = ts.tasks * ts.examples_per_task, ts.tasks * ts.cap_per_task
+        lines.append(f"synthetic task level {ts.name}: {ts.tasks:,} tasks x {ts.examples_per_task:,} "
+                     f"examples = keep {keep:,} of at most {cap:,} generated by {by(ts)} (tasks brainstormed "
+                     f"{ts.per_call} per call, Appendix A.1 prompts with sampled attributes; {check})")
+    return lines
 
 
 def _register_planner() -> None:

@@ -20,6 +20,7 @@ as it is to :func:`~medadapt.bmretriever.trainer.train_stage`; hard-negative min
 
 from __future__ import annotations
 
+import math
 from typing import Any, Literal
 
 from pydantic import Field, model_validator
@@ -32,7 +33,8 @@ from medadapt.training.config import OptimSection
 
 __all__ = ["BmEvalSection", "BmRetrieverRecipe", "BmStageSection", "BmTrainingSection",
            "CorpusSourceSection", "InstructionsSection", "RetrieverModelSection", "Stage1Section",
-           "Stage2Section", "SyntheticSection", "TaskSection"]
+           "Stage2Section", "SyntheticSection", "SyntheticSourceSection", "TaskSection",
+           "TaskSyntheticSection"]
 
 
 class RetrieverModelSection(Section):
@@ -161,6 +163,11 @@ class GeneratorFields(Section):
                              description="openai: environment variable holding the API key")
     max_new_tokens: int | None = Field(None, ge=1, description="reply length limit (default: 48 tokens per "
                                        "query, 512 per task-level reply)")
+    temperature: float = Field(0.0, ge=0, le=2, description="sampling temperature (0: greedy decoding; the "
+                               "paper gives none)")
+    overgenerate: float = Field(1.2, ge=1, le=100, description="default generation cap: at most this many "
+                                "times the examples to keep (the paper generated 500K queries to keep ~420K: "
+                                "1.19)")
 
     @model_validator(mode="after")
     def _model(self):
@@ -169,29 +176,93 @@ class GeneratorFields(Section):
         return self
 
 
-class SyntheticSection(GeneratorFields):
-    """Instance-level synthetic queries (§3.3) for passages of ``corpus`` (default ``data.path``),
-    consistency-filtered (top-k)."""
+class SyntheticSourceSection(Section):
+    """One instance-level source (Appendix B.2: PubMed and Meadow, the COVID-19 corpus, each with its own
+    instruction): passages of ``corpus`` get one generated query each; its kept pairs form the stage II data
+    set ``name``."""
 
-    name: str = "synthetic"
+    name: str = Field(..., description="stage II data set of this source's pairs")
     corpus: str | None = Field(None, description="BEIR folder whose passages get queries (default data.path)")
-    instruction: str = "pubmed"
-    passages: int = Field(100, ge=1, description="corpus passages sampled for generation")
+    instruction: str = Field("pubmed", description="an instructions.synthetic name or the instruction itself")
+    passages: int = Field(100, ge=1, description="(query, passage) pairs to KEEP after consistency filtering")
+    max_generated: int | None = Field(None, ge=1, description="most queries to generate (default: passages x "
+                                      "the section's overgenerate, rounded up)")
+
+    @model_validator(mode="after")
+    def _cap(self) -> "SyntheticSourceSection":
+        if self.max_generated is not None and self.max_generated < self.passages:
+            raise ValueError(f"source {self.name!r}: max_generated ({self.max_generated}) must be >= "
+                             f"passages ({self.passages}), the pairs to keep")
+        return self
+
+
+class SyntheticSection(GeneratorFields):
+    """Instance-level synthetic queries (§3.3, Appendix B.2) for one or more ``sources``, each
+    consistency-filtered (the passage in the base retriever's top ``top_k`` for its query) and generated
+    until its ``passages`` pairs are kept or its cap is reached. The one-source shorthand ``{corpus,
+    instruction, passages, name}`` at this level still reads as ``sources: [{name: synthetic, ...}]``."""
+
+    sources: list[SyntheticSourceSection] = Field(
+        default_factory=lambda: [SyntheticSourceSection(name="synthetic")], min_length=1)
     top_k: int = Field(3, ge=1, description="keep a pair when its passage is in the base retriever's top k")
     noise: float = Field(0.0, ge=0, le=1, description="fake generator only: share of off-topic queries")
 
+    @model_validator(mode="before")
+    @classmethod
+    def _one_source(cls, data: Any) -> Any:
+        if not isinstance(data, dict):
+            return data
+        legacy = {k: data[k] for k in ("name", "corpus", "instruction", "passages") if k in data}
+        if "sources" in data:
+            if legacy:
+                raise ValueError(f"give sources, or {', '.join(legacy)} for one source, not both")
+            return data
+        rest = {k: v for k, v in data.items() if k not in legacy}
+        return {**rest, "sources": [{"name": "synthetic", **legacy}]}
+
+    @model_validator(mode="after")
+    def _names(self) -> "SyntheticSection":
+        names = [s.name for s in self.sources]
+        if len(set(names)) != len(names):
+            raise ValueError(f"synthetic source names must be unique, got {names}")
+        return self
+
+    def cap(self, source: SyntheticSourceSection) -> int:
+        """The most queries generated for ``source``: its ``max_generated``, else ``passages x
+        overgenerate`` rounded up."""
+        return source.max_generated or math.ceil(source.passages * self.overgenerate)
+
 
 class TaskSyntheticSection(GeneratorFields):
-    """Task-level synthetic examples (§3.3; the paper: ~20K from GPT-4): brainstormed retrieval tasks, one
-    (query, positive, hard negative) example each, written with the task's own instruction. Filtered by the
-    base retriever (positive scored above negative). The fake generator's topics are the titles and texts
-    of ``data.path``'s corpus."""
+    """Task-level synthetic examples (§3.3, Appendix A.1): ``tasks`` distinct retrieval tasks brainstormed
+    ``per_call`` at a time, then ``examples_per_task`` (query, positive, hard negative) examples kept per
+    task, each written from Listing 2 with sampled diversity attributes and trained with its task's
+    instruction (the paper: ~200 tasks, 20,000 examples, from GPT-4). Generation stops when a task has its
+    examples or ``cap_per_task`` were generated for it. With ``filter``, an example is kept only when the base
+    retriever scores its positive above its negative (ours; the paper describes no task-level filter). The
+    fake generator's topics are the titles and texts of ``data.path``'s corpus."""
 
     name: str = "synthetic-task"
-    tasks: int = Field(100, ge=1, description="task instructions to brainstorm (one example each)")
-    per_call: int = Field(20, ge=1, description="tasks asked for per brainstorm call")
+    tasks: int = Field(100, ge=1, description="distinct task instructions to brainstorm (paper: ~200)")
+    examples_per_task: int = Field(1, ge=1, description="examples to KEEP per task (paper: 20,000 over ~200 "
+                                   "tasks, ~100)")
+    max_generated_per_task: int | None = Field(None, ge=1, description="most examples generated per task "
+                                               "(default: examples_per_task x overgenerate, rounded up)")
+    per_call: int = Field(20, ge=1, description="tasks asked for per brainstorm call (Listing 1: about 20)")
     filter: bool = Field(True, description="keep an example only when the base retriever scores its positive "
-                         "above its negative")
+                         "above its negative (not in the paper)")
+
+    @model_validator(mode="after")
+    def _cap(self) -> "TaskSyntheticSection":
+        if self.max_generated_per_task is not None and self.max_generated_per_task < self.examples_per_task:
+            raise ValueError(f"max_generated_per_task ({self.max_generated_per_task}) must be >= "
+                             f"examples_per_task ({self.examples_per_task})")
+        return self
+
+    @property
+    def cap_per_task(self) -> int:
+        """The most examples generated per task."""
+        return self.max_generated_per_task or math.ceil(self.examples_per_task * self.overgenerate)
 
 
 class Stage2Section(BmStageSection):
@@ -209,7 +280,9 @@ class Stage2Section(BmStageSection):
     def _tasks(self) -> "Stage2Section":
         if self.enabled and not self.tasks and self.synthetic is None and self.task_synthetic is None:
             raise ValueError("stage2 needs at least one task (or synthetic data)")
-        names = [t.name for t in self.tasks] + [x.name for x in (self.synthetic, self.task_synthetic) if x]
+        names = [t.name for t in self.tasks]
+        names += [s.name for s in self.synthetic.sources] if self.synthetic else []
+        names += [self.task_synthetic.name] if self.task_synthetic else []
         if len(set(names)) != len(names):
             raise ValueError(f"stage2 task names must be unique, got {names}")
         return self

@@ -1,43 +1,63 @@
-"""Synthetic training data (BMRetriever §3.3, "Synthetic Data Augmentation with LLMs"), pluggable generators.
+"""Synthetic training data (BMRetriever §3.3 "Synthetic Data Augmentation with LLMs", Appendices A.1 and
+B.2), pluggable generators, generate-N-keep-what-passes accounting.
 
 Two levels, each a small ``Protocol`` so any LLM client plugs in:
 
-* **Instance level** (:class:`QueryGenerator`): given passages of a corpus, write one relevant query per
-  passage (the paper: GPT-3.5 on PubMed / Meadow passages). The prompt is :data:`INSTANCE_PROMPT`.
-* **Task level** (:class:`TaskGenerator`): brainstorm retrieval *scenarios* (:data:`TASK_BRAINSTORM_PROMPT`),
-  then one example per scenario with a query, a positive and a hard-negative passage
-  (:data:`TASK_EXAMPLE_PROMPT`; the paper: GPT-4, 20,000 tasks).
+* **Instance level** (:class:`QueryGenerator`): one query per passage of a corpus. The paper: GPT-3.5
+  (``gpt-3.5-turbo-1106``) on passages of PubMed and of Meadow (medalpaca/medical_meadow_cord19, the COVID-19
+  corpus), each source with its own instruction (Appendix B.2; ``instructions.synthetic``). The paper prints
+  those instructions, not the prompt around them: :data:`INSTANCE_PROMPT` is ours.
+* **Task level** (:class:`TaskGenerator`): brainstorm retrieval tasks (:data:`TASK_BRAINSTORM_PROMPT`,
+  Appendix A.1 Listing 1), then examples per task, each a query, a positive and a hard-negative document
+  (:data:`TASK_EXAMPLE_PROMPT`, Listing 2), every example prompt filled with diversity attributes drawn
+  from :data:`TASK_ATTRIBUTES` (Listing 2's value lists: query type, query length, clarity, number of words,
+  difficulty). The paper: GPT-4 (``gpt-4-turbo-1106``), ~200 tasks (Figure 2: "Synthetic Retrieval Data (200
+  Tasks)") and 20,000 examples in all (Appendix B.2), so about 100 per task (the per-task number is not
+  printed).
 
-Instance-level pairs are noisy, so :func:`synthesize_query_groups` keeps a pair only when a base retriever
-ranks its passage in the top 3 for the generated query (consistency filtering,
-:func:`medadapt.curation.filter_consistent_groups`).
+**Generate N, keep what passes.** :func:`generate_instance_data` and :func:`generate_task_data` take the
+number to KEEP and a cap on what is generated; they generate in rounds (each next round sized by the keep
+rate so far) until the target is kept, the cap is reached or the candidates run out, and return a
+:class:`SyntheticReport` (generated, rejected, duplicates, filtered, kept, why it stopped). The paper
+generated 500K queries and kept ~420K after consistency filtering (Appendix B.2).
 
-Task-level examples are filtered the same way in spirit: one is kept only when the base retriever scores
-its positive above its hard negative for its query (:func:`filter_task_groups`; the paper filters
-instance-level pairs only, this check is ours).
+Filters: an instance-level pair is kept only when a base retriever ranks its passage in its top 3 for the
+generated query (§3.3 consistency filtering, :func:`medadapt.curation.filter_consistent_groups`). A task-level
+example may be checked by :func:`filter_task_groups` (the base retriever scores its positive above its hard
+negative): the paper describes no filter for the task level; this check is ours and optional.
+
+**Where the paper is silent** (our choices): the instance-level prompt; which passages get queries (ours: a
+seeded uniform sample) and how the 500K / 420K split between PubMed and Meadow; whether it generated a fixed
+number or until a target was kept (ours: until the target, under a cap); the examples per task (~100 is
+20,000 / 200); decoding temperature; how attributes are drawn (ours: each uniformly and independently per
+example, seeded by the task and the attempt); replies that are not the JSON asked for and examples whose
+query their task already has (ours: dropped and counted).
 
 Shipped generators: :class:`FakeQueryGenerator` / :class:`FakeTaskGenerator` (deterministic, offline; what
 the tests and the tiny recipe use), and :class:`LLMQueryGenerator` / :class:`LLMTaskGenerator` over a
 :class:`ChatClient`: :class:`TransformersChatClient` (a local ``transformers`` causal / chat LM) or
 :class:`OpenAICompatibleClient` (any ``/chat/completions`` endpoint: OpenAI, vLLM, TGI, llama.cpp server).
 The API key is read from an environment variable at each request (the recipe names the variable, never the
-key); it is not stored on the client, written to disk, logged, or echoed in errors. The prompt templates
-paraphrase §3.3; the paper does not print its prompts.
+key); it is not stored on the client, written to disk, logged, or echoed in errors.
 """
 
 from __future__ import annotations
 
+import ast
 import json
+import math
 import random
 import re
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import asdict, dataclass, field
 from typing import Protocol, runtime_checkable
 
+from medadapt.curation.consistency import filter_consistent_groups
 from medadapt.data.training import TrainingGroup
 
 __all__ = [
     "INSTANCE_PROMPT",
+    "TASK_ATTRIBUTES",
     "TASK_BRAINSTORM_PROMPT",
     "TASK_EXAMPLE_PROMPT",
     "ChatClient",
@@ -47,31 +67,71 @@ __all__ = [
     "LLMTaskGenerator",
     "OpenAICompatibleClient",
     "QueryGenerator",
+    "SyntheticReport",
     "TaskExample",
     "TaskGenerator",
     "TransformersChatClient",
     "TransformersQueryGenerator",
     "filter_task_groups",
+    "generate_instance_data",
+    "generate_task_data",
+    "sample_attributes",
     "synthesize_query_groups",
     "synthesize_task_groups",
 ]
 
+#: Instance level (ours: the paper prints the instructions of Appendix B.2, not the prompt around them).
 INSTANCE_PROMPT = (
     "Task: {instruction}\n"
     "Read the biomedical passage below and write one query that a user could ask and that this passage "
     "answers. Reply with the query only.\n\nPassage: {passage}\n\nQuery:"
 )
+#: Appendix A.1, Listing 1 (the paper asks for "about 20" tasks per call: ``{n}``, ``per_call``).
 TASK_BRAINSTORM_PROMPT = (
-    "Brainstorm a list of {n} potentially useful biomedical text retrieval tasks. Each task is one sentence "
-    "that starts with 'Given a' and says what the query is and what passages to retrieve. Reply with a JSON "
-    "list of strings."
+    "Brainstorm a list of potentially useful biomedical text retrieval tasks.\n"
+    "Here are a few examples for your reference:\n"
+    "1. Provided a scientific claim as query, retrieve documents that help verify or refute the claim.\n"
+    "2. Search for documents that answers a FAQ-style query on children's nutrition.\n"
+    "Please adhere to the following guidelines:\n"
+    "1. Specify what the query is, and what the desired documents are.\n"
+    "2. Each retrieval task should cover a wide range of queries, and should not be too specific.\n"
+    "3. Focus on biomedical related topics.\n"
+    "Your output should always be a python list of strings only, with about {n} elements, and each element "
+    "corresponds to a distinct retrieval task in one sentence.\n"
+    "Do not explain yourself or output anything else. Be creative!"
 )
+#: Appendix A.1, Listing 2; ``{task}`` and the :data:`TASK_ATTRIBUTES` names are filled per example. As
+#: printed, "at least {num_words} words long" with the value "50 words" reads "at least 50 words words long".
 TASK_EXAMPLE_PROMPT = (
-    "You have been assigned a retrieval task: {task}\n"
-    "Write one example for this task as a JSON object with the keys \"query\" (the user query), \"positive\" "
-    "(a relevant passage of at least 50 words) and \"negative\" (a hard negative: a passage that looks "
-    "relevant but does not satisfy the query)."
+    "You have been assigned a biomedical retrieval task: {task}\n"
+    "Your mission is to write one biomedical text retrieval example for this task in JSON format. The JSON "
+    "object must contain the following keys:\n"
+    '1. "user_query": a string, a random user search query specified by the retrieval task.\n'
+    '2. "positive_document": a string, a relevant document for the user query.\n'
+    '3. "hard_negative_document": a string, a hard negative document that only appears relevant to the '
+    "query.\n"
+    "Please adhere to the following guidelines:\n"
+    '1. The "user_query" should be {query_type}, {query_length}, {clarity}, and diverse in topic.\n'
+    "2. All documents should be at least {num_words} words long.\n"
+    "3. Both the query and documents should be in English.\n"
+    "4. Both the query and documents require {difficulty} level education to understand.\n"
+    "Your output must always be a JSON object only, do not explain yourself or output anything else. Be "
+    "creative!"
 )
+#: Appendix A.1: the values each attribute of :data:`TASK_EXAMPLE_PROMPT` is "randomly sampled from".
+TASK_ATTRIBUTES: dict[str, tuple[str, ...]] = {
+    "query_type": ("extremely long-tail", "long-tail", "common"),
+    "query_length": ("less than 5 words", "5-10 words", "at least 10 words"),
+    "clarity": ("clear", "understandable with some effort", "ambiguous"),
+    "num_words": ("50 words", "50-100 words", "200 words", "300 words", "400 words"),
+    "difficulty": ("high school", "college", "PhD"),
+}
+
+
+def sample_attributes(rng: random.Random) -> dict[str, str]:
+    """One draw of :data:`TASK_ATTRIBUTES`: each attribute uniformly and independently (the paper: "randomly
+    sampled")."""
+    return {name: rng.choice(values) for name, values in TASK_ATTRIBUTES.items()}
 
 
 @runtime_checkable
@@ -93,11 +153,12 @@ class TaskExample:
 
 @runtime_checkable
 class TaskGenerator(Protocol):
-    """Task-level augmentation: brainstorm ``n`` task instructions, then write one example per task."""
+    """Task-level augmentation: brainstorm ``n`` task instructions, then write one example for a task whose
+    prompt carries ``attributes`` (one draw of :data:`TASK_ATTRIBUTES`, :func:`sample_attributes`)."""
 
     def brainstorm_tasks(self, n: int) -> list[str]: ...
 
-    def generate_example(self, task: str) -> TaskExample: ...
+    def generate_example(self, task: str, attributes: Mapping[str, str] | None = None) -> TaskExample: ...
 
 
 _WORD = re.compile(r"[A-Za-z][A-Za-z\-]{3,}")
@@ -126,7 +187,12 @@ class FakeQueryGenerator:
 
 
 class FakeTaskGenerator:
-    """Offline task-level generator: tasks and examples built from a fixed list of topics."""
+    """Offline task-level generator: tasks and examples built from a fixed list of ``(topic, description)``.
+
+    Tasks are distinct: one per topic, then the same topics in further phrasings (``variant 2``, ...). An
+    example's query names its task's topic and, given attributes, spells them out (so examples of one task
+    differ as their attribute draws do); the positive is the topic's description, the negative the next
+    topic's."""
 
     def __init__(self, topics: Sequence[tuple[str, str]], seed: int = 0):
         if not topics:
@@ -135,14 +201,22 @@ class FakeTaskGenerator:
 
     def brainstorm_tasks(self, n: int) -> list[str]:
         names = [t for t, _ in self.topics]
-        return [f"Given a question about {names[i % len(names)]}, retrieve passages that answer it"
-                for i in range(n)]
+        out = []
+        for i in range(n):
+            round_ = i // len(names)
+            suffix = f" (variant {round_ + 1})" if round_ else ""
+            out.append(f"Given a question about {names[i % len(names)]}, retrieve passages that answer "
+                       f"it{suffix}")
+        return out
 
-    def generate_example(self, task: str) -> TaskExample:
+    def generate_example(self, task: str, attributes: Mapping[str, str] | None = None) -> TaskExample:
         k = next((i for i, (t, _) in enumerate(self.topics) if t in task), 0)
         topic, desc = self.topics[k]
         other, other_desc = self.topics[(k + 1) % len(self.topics)]
-        return TaskExample(task=task, query=f"what is {topic}?", positive=f"{topic}: {desc}",
+        query = f"what is {topic}?"
+        if attributes:
+            query += " (" + "; ".join(attributes[a] for a in TASK_ATTRIBUTES if a in attributes) + ")"
+        return TaskExample(task=task, query=query, positive=f"{topic}: {desc}",
                            negative=f"{other}: {other_desc}")
 
 
@@ -154,27 +228,32 @@ class ChatClient(Protocol):
 
 
 class TransformersChatClient:
-    """A local ``transformers`` text-generation pipeline (any causal or chat LM), greedy decoding. Models
-    with a chat template get each prompt as one user message. Not run in tests (it needs a real model)."""
+    """A local ``transformers`` text-generation pipeline (any causal or chat LM): greedy decoding at
+    ``temperature`` 0, sampling above. Models with a chat template get each prompt as one user message. Not
+    run in tests (it needs a real model)."""
 
-    def __init__(self, model: str, *, device: str | None = None, batch_size: int = 8):
+    def __init__(self, model: str, *, device: str | None = None, batch_size: int = 8,
+                 temperature: float = 0.0):
         from transformers import pipeline
 
         self.pipe = pipeline("text-generation", model=model, device=device)
-        self.batch_size = batch_size
+        self.batch_size, self.temperature = batch_size, temperature
         self.chat = getattr(self.pipe.tokenizer, "chat_template", None) is not None
 
     def complete(self, prompts: Sequence[str], max_new_tokens: int) -> list[str]:
         inputs = [[{"role": "user", "content": p}] for p in prompts] if self.chat else list(prompts)
-        outputs = self.pipe(inputs, max_new_tokens=max_new_tokens, batch_size=self.batch_size, do_sample=False,
-                            return_full_text=False)
+        sampling = {"do_sample": True, "temperature": self.temperature} if self.temperature > 0 else \
+            {"do_sample": False}
+        outputs = self.pipe(inputs, max_new_tokens=max_new_tokens, batch_size=self.batch_size,
+                            return_full_text=False, **sampling)
         return [str(o[0]["generated_text"] if not isinstance(o[0]["generated_text"], list)
                     else o[0]["generated_text"][-1]["content"]).strip() for o in outputs]
 
 
 class OpenAICompatibleClient:
     """Any OpenAI-compatible ``POST {base_url}/chat/completions`` endpoint (OpenAI, Azure-style gateways,
-    vLLM, TGI, llama.cpp server), through ``httpx``; one request per prompt, temperature 0.
+    vLLM, TGI, llama.cpp server), through ``httpx``; one request per prompt, at ``temperature`` (default 0:
+    greedy, the same reply for the same prompt).
 
     ``api_key_env`` names the environment variable holding the key; the key is read at each request and
     sent as a bearer token only: it is not kept on the object, logged, or put in any error message. An
@@ -183,9 +262,10 @@ class OpenAICompatibleClient:
     Hugging Face stack."""
 
     def __init__(self, model: str, *, base_url: str = "https://api.openai.com/v1",
-                 api_key_env: str = "OPENAI_API_KEY", timeout: float = 120.0, retries: int = 2):
+                 api_key_env: str = "OPENAI_API_KEY", timeout: float = 120.0, retries: int = 2,
+                 temperature: float = 0.0):
         self.model, self.base_url, self.api_key_env = model, base_url.rstrip("/"), api_key_env
-        self.timeout, self.retries = timeout, retries
+        self.timeout, self.retries, self.temperature = timeout, retries, temperature
         self._http = None  # one pooled httpx client for every call (the task level calls once per example)
 
     def __repr__(self) -> str:
@@ -210,7 +290,7 @@ class OpenAICompatibleClient:
         client = self._http
         for prompt in prompts:
             body = {"model": self.model, "messages": [{"role": "user", "content": prompt}],
-                    "max_tokens": max_new_tokens, "temperature": 0}
+                    "max_tokens": max_new_tokens, "temperature": self.temperature}
             for attempt in range(self.retries + 1):
                 try:
                     r = client.post(url, json=body, headers=headers)
@@ -263,9 +343,13 @@ class TransformersQueryGenerator(LLMQueryGenerator):
 
 class LLMTaskGenerator:
     """Task-level generator over any :class:`ChatClient` (the paper: GPT-4). Tasks are brainstormed
-    ``per_call`` at a time (:data:`TASK_BRAINSTORM_PROMPT`, a JSON list), duplicates dropped; each example is
-    one JSON object (:data:`TASK_EXAMPLE_PROMPT`). A reply that is not the JSON asked for yields nothing
-    (counted in ``rejected``) rather than stopping a long generation."""
+    ``per_call`` at a time (:data:`TASK_BRAINSTORM_PROMPT`, Listing 1: a python / JSON list of about 20),
+    duplicates dropped, at most ``max_calls`` calls (default: three times the calls ``n`` needs); each
+    example is one JSON object (:data:`TASK_EXAMPLE_PROMPT`, Listing 2, with the given attributes; keys
+    ``user_query``, ``positive_document``, ``hard_negative_document``, or ``query`` / ``positive`` /
+    ``negative``). A reply that is not what was asked for yields nothing (counted in ``rejected``) rather
+    than stopping a long generation. At temperature 0 every brainstorm call gets the same reply: use a
+    sampling temperature to brainstorm more than one call's tasks."""
 
     def __init__(self, client: ChatClient, *, per_call: int = 20, max_new_tokens: int = 512,
                  max_calls: int | None = None):
@@ -277,8 +361,8 @@ class LLMTaskGenerator:
         calls, limit = 0, self.max_calls if self.max_calls is not None else 3 * (n // self.per_call + 1)
         while len(tasks) < n and calls < limit:
             calls += 1
-            reply = self.client.complete([TASK_BRAINSTORM_PROMPT.format(n=min(self.per_call, n - len(tasks)))],
-                                         self.max_new_tokens)[0]
+            prompt = TASK_BRAINSTORM_PROMPT.format(n=self.per_call)
+            reply = self.client.complete([prompt], self.max_new_tokens)[0]
             try:
                 items = parse_json_reply(reply)
             except ValueError:
@@ -289,15 +373,26 @@ class LLMTaskGenerator:
                     tasks.append(t.strip())
         return tasks[:n]
 
-    def generate_example(self, task: str) -> TaskExample:
-        reply = self.client.complete([TASK_EXAMPLE_PROMPT.format(task=task)], self.max_new_tokens)[0]
+    def generate_example(self, task: str, attributes: Mapping[str, str] | None = None) -> TaskExample:
+        attributes = attributes if attributes is not None else sample_attributes(random.Random(task))
+        prompt = TASK_EXAMPLE_PROMPT.format(task=task, **attributes)
+        reply = self.client.complete([prompt], self.max_new_tokens)[0]
         try:
             obj = parse_json_reply(reply)
-            return TaskExample(task=task, query=str(obj["query"]), positive=str(obj["positive"]),
-                               negative=str(obj["negative"]))
+            return TaskExample(task=task, query=str(_field(obj, "user_query", "query")),
+                               positive=str(_field(obj, "positive_document", "positive")),
+                               negative=str(_field(obj, "hard_negative_document", "negative")))
         except (ValueError, KeyError, TypeError):
             self.rejected += 1
             return TaskExample(task=task, query="", positive="", negative="")
+
+
+def _field(obj, *names: str):
+    """The first of ``names`` in the reply object (Listing 2's key, then the short one)."""
+    for name in names:
+        if name in obj:
+            return obj[name]
+    raise KeyError(names[0])
 
 
 def synthesize_query_groups(
@@ -327,15 +422,179 @@ def synthesize_query_groups(
     return filter_consistent_groups(groups, searcher, text_to_id, top_k=top_k, show_progress=show_progress)
 
 
-def synthesize_task_groups(generator: TaskGenerator, n_tasks: int) -> list[TrainingGroup]:
-    """Task-level augmentation: ``n_tasks`` scenarios, one (query, positive, hard negative) example each;
-    each group's ``prompt`` is its task instruction. Examples with an empty field are dropped."""
-    groups = []
-    for task in generator.brainstorm_tasks(n_tasks):
-        ex = generator.generate_example(task)
-        if ex.query.strip() and ex.positive.strip() and ex.negative.strip():
-            groups.append(TrainingGroup(query=ex.query, pos=[ex.positive], neg=[ex.negative], prompt=ex.task))
-    return groups
+def synthesize_task_groups(generator: TaskGenerator, n_tasks: int, examples_per_task: int = 1, *,
+                           seed: int = 0) -> list[TrainingGroup]:
+    """Task-level augmentation without a filter: ``n_tasks`` distinct tasks, ``examples_per_task``
+    (query, positive, hard negative) examples each (one attempt per example); each group's ``prompt`` is its
+    task instruction. :func:`generate_task_data` with its report, a filter and over-generation."""
+    return generate_task_data(generator, tasks=n_tasks, examples_per_task=examples_per_task, seed=seed)[0]
+
+
+@dataclass
+class SyntheticReport:
+    """What one synthetic source produced (generate N, keep what passes).
+
+    ``target``: examples to keep; ``max_generated``: the most generations asked for (the cap). Of the
+    ``generated`` ones, ``rejected`` were empty or not the JSON asked for, ``duplicates`` repeated a query
+    their task already had (task level), ``filtered`` failed the filter and ``passed`` passed it; ``kept``
+    (at most ``target``) go to training, the rest of the last round is surplus. ``stopped``: ``target``
+    (kept it), ``cap`` (reached ``max_generated`` first) or ``exhausted`` (no passages or tasks left).
+    ``details``: what the source was (corpus, instruction, tasks, ...)."""
+
+    name: str
+    level: str  # "instance" or "task"
+    target: int
+    max_generated: int
+    generated: int = 0
+    rejected: int = 0
+    duplicates: int = 0
+    filtered: int = 0
+    passed: int = 0
+    kept: int = 0
+    rounds: int = 0
+    stopped: str = ""
+    details: dict = field(default_factory=dict)
+
+    def as_dict(self) -> dict:
+        """JSON-ready (``train_log.json`` under ``synthetic``), with ``kept_per_generated``."""
+        out = asdict(self)
+        out["kept_per_generated"] = round(self.kept / self.generated, 4) if self.generated else None
+        return out
+
+    def summary(self) -> str:
+        """One log line: kept / generated, the target and cap, why it stopped."""
+        why = {"target": "target reached", "cap": "generation cap reached",
+               "exhausted": "no passages left" if self.level == "instance" else "no tasks left"}
+        counts = ((self.rejected, "rejected replies"), (self.duplicates, "duplicates"),
+                  (self.filtered, "filtered out"))
+        parts = "".join(f"; {n:,} {what}" for n, what in counts if n)
+        return (f"synthetic {self.level} level {self.name}: kept {self.kept:,} of {self.generated:,} "
+                f"generated (target {self.target:,}, at most {self.max_generated:,}{parts}); "
+                f"{why.get(self.stopped, self.stopped)}")
+
+
+def _round_size(need: int, generated: int, passed: int, room: int) -> int:
+    """How many to generate next for ``need`` more to keep: ``need`` at first, then ``need`` over the keep
+    rate so far (twice what was generated, when nothing has passed yet); at least 1, at most ``room``."""
+    if generated == 0:
+        size = need
+    elif passed == 0:
+        size = max(need, 2 * generated)
+    else:
+        size = math.ceil(need * generated / passed)
+    return max(1, min(size, room))
+
+
+def generate_instance_data(
+    passages: Sequence[str],
+    generator: QueryGenerator,
+    instruction: str,
+    searcher,
+    text_to_id: dict[str, str],
+    *,
+    target: int,
+    max_generated: int | None = None,
+    top_k: int = 3,
+    name: str = "synthetic",
+    show_progress: bool = True,
+) -> tuple[list[TrainingGroup], SyntheticReport]:
+    """Instance level, generate N and keep what passes: queries for ``passages`` taken in the order given
+    (pass a seeded sample), in rounds, until ``target`` pairs pass consistency filtering (the passage in
+    ``searcher``'s top ``top_k`` for its query, :func:`synthesize_query_groups`' rule), ``max_generated``
+    queries were asked for, or the passages run out. Returns the first ``target`` kept groups (passage order;
+    ``instruction`` as their ``prompt``, no negatives yet) and the :class:`SyntheticReport`."""
+    if target < 1:
+        raise ValueError(f"target must be >= 1, got {target}")
+    passages = list(passages)
+    cap = len(passages) if max_generated is None else min(max_generated, len(passages))
+    report = SyntheticReport(name, "instance", target, max_generated if max_generated is not None else cap)
+    kept: list[TrainingGroup] = []
+    while len(kept) < target and report.generated < cap:
+        size = _round_size(target - len(kept), report.generated, report.passed, cap - report.generated)
+        batch = passages[report.generated:report.generated + size]
+        queries = generator.generate_queries(batch, instruction)
+        if len(queries) != len(batch):
+            raise ValueError(f"the generator returned {len(queries)} queries for {len(batch)} passages")
+        groups = [TrainingGroup(query=q, pos=[p], prompt=instruction)
+                  for q, p in zip(queries, batch) if q.strip()]
+        passed = filter_consistent_groups(groups, searcher, text_to_id, top_k=top_k,
+                                          show_progress=show_progress) if groups else []
+        report.generated += len(batch)
+        report.rejected += len(batch) - len(groups)
+        report.filtered += len(groups) - len(passed)
+        report.passed += len(passed)
+        report.rounds += 1
+        kept += passed[:target - len(kept)]
+    report.kept = len(kept)
+    capped = max_generated is not None and report.generated >= max_generated
+    report.stopped = "target" if report.kept >= target else "cap" if capped else "exhausted"
+    return kept, report
+
+
+def generate_task_data(
+    generator: TaskGenerator,
+    *,
+    tasks: int,
+    examples_per_task: int = 1,
+    max_generated_per_task: int | None = None,
+    seed: int = 0,
+    keep: Callable[[list[TrainingGroup]], list[TrainingGroup]] | None = None,
+    name: str = "synthetic-task",
+) -> tuple[list[TrainingGroup], SyntheticReport]:
+    """Task level, generate N and keep what passes: brainstorm ``tasks`` distinct tasks, then, in rounds,
+    examples per task until ``examples_per_task`` are kept or ``max_generated_per_task`` (default
+    ``examples_per_task``) were asked for. Each example's prompt gets its own attribute draw
+    (:func:`sample_attributes`, seeded by ``seed``, the task and the attempt). An example with an empty field
+    is rejected, one whose query its task already has is a duplicate, and ``keep`` (e.g.
+    :func:`filter_task_groups` with the base retriever; ``None``: keep all) filters each round's examples.
+    Returns the kept groups (task by task; each group's ``prompt`` is its task) and the
+    :class:`SyntheticReport` (``details``: tasks asked for and brainstormed)."""
+    if tasks < 1 or examples_per_task < 1:
+        raise ValueError("tasks and examples_per_task must be >= 1")
+    per_task = max_generated_per_task if max_generated_per_task is not None else examples_per_task
+    if per_task < examples_per_task:
+        raise ValueError("max_generated_per_task must be >= examples_per_task")
+    brainstormed = (t.strip() for t in generator.brainstorm_tasks(tasks) if t and t.strip())
+    names = list(dict.fromkeys(brainstormed))[:tasks]
+    report = SyntheticReport(name, "task", tasks * examples_per_task, tasks * per_task,
+                             details={"tasks_asked": tasks, "tasks": len(names),
+                                      "examples_per_task": examples_per_task})
+    kept: dict[str, list[TrainingGroup]] = {t: [] for t in names}
+    seen: dict[str, set[str]] = {t: set() for t in names}
+    tried = dict.fromkeys(names, 0)
+    while True:
+        active = [t for t in names if len(kept[t]) < examples_per_task and tried[t] < per_task]
+        if not active:
+            break
+        generated, passed = report.generated, report.passed  # the keep rate before this round
+        candidates = []
+        for t in active:
+            need = examples_per_task - len(kept[t])
+            for _ in range(_round_size(need, generated, passed, per_task - tried[t])):
+                attributes = sample_attributes(random.Random(f"{seed}\x00{t}\x00{tried[t]}"))
+                tried[t] += 1
+                report.generated += 1
+                ex = generator.generate_example(t, attributes)
+                if not (ex.query.strip() and ex.positive.strip() and ex.negative.strip()):
+                    report.rejected += 1
+                elif ex.query.strip() in seen[t]:
+                    report.duplicates += 1
+                else:
+                    seen[t].add(ex.query.strip())
+                    candidates.append(TrainingGroup(query=ex.query, pos=[ex.positive], neg=[ex.negative],
+                                                    prompt=t))
+        good = keep(candidates) if keep is not None and candidates else candidates
+        report.filtered += len(candidates) - len(good)
+        report.passed += len(good)
+        report.rounds += 1
+        for g in good:
+            if len(kept[g.prompt]) < examples_per_task:
+                kept[g.prompt].append(g)
+    groups = [g for t in names for g in kept[t]]
+    report.kept = len(groups)
+    out_of_tasks = len(names) < tasks and all(len(kept[t]) >= examples_per_task for t in names)
+    report.stopped = "target" if report.kept >= report.target else "exhausted" if out_of_tasks else "cap"
+    return groups, report
 
 
 def filter_task_groups(groups: Sequence[TrainingGroup], model, *, batch_size: int = 64) -> list[TrainingGroup]:
@@ -358,8 +617,16 @@ def filter_task_groups(groups: Sequence[TrainingGroup], model, *, batch_size: in
 
 
 def parse_json_reply(text: str):
-    """Parse the first JSON value in an LLM reply (code fences and prose around it are ignored)."""
+    """Parse the first JSON value in an LLM reply (code fences and prose around it are ignored); a python
+    literal list (Listing 1 asks for "a python list of strings") is read with ``ast.literal_eval``."""
     start = min((i for i in (text.find("["), text.find("{")) if i >= 0), default=-1)
     if start < 0:
         raise ValueError(f"no JSON in reply: {text[:80]!r}")
-    return json.JSONDecoder().raw_decode(text[start:])[0]
+    try:
+        return json.JSONDecoder().raw_decode(text[start:])[0]
+    except json.JSONDecodeError:
+        end = text.rfind("]" if text[start] == "[" else "}")
+        try:
+            return ast.literal_eval(text[start:end + 1])
+        except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
+            raise ValueError(f"no JSON in reply: {text[:80]!r}") from None

@@ -15,7 +15,7 @@ from medadapt.cli._common import console, err_console, tagged
 from medadapt.cli.data import data_app
 from medadapt.cli.encode import encode_cmd
 from medadapt.cli.eval import eval_cmd
-from medadapt.cli.index import index_cmd, search_cmd
+from medadapt.cli.index import index_app, search_cmd
 from medadapt.cli.plan import plan_cmd
 from medadapt.cli.report import report_cmd
 from medadapt.cli.train import train_cmd
@@ -30,7 +30,7 @@ app = typer.Typer(
 )
 app.command("eval")(eval_cmd)
 app.command("train")(train_cmd)
-app.command("index")(index_cmd)
+app.add_typer(index_app, name="index")
 app.command("search")(search_cmd)
 app.command("encode")(encode_cmd)
 app.command("plan")(plan_cmd)

@@ -36,6 +36,14 @@ class StsSimilarity(str, enum.Enum):
     model = "model"
 
 
+class Instructions(str, enum.Enum):
+    """Suites: the papers' task instructions for every model, none, or only an instruction-aware one."""
+
+    auto = "auto"
+    on = "on"
+    off = "off"
+
+
 class Route(str, enum.Enum):
     query = "query"
     document = "document"
@@ -119,9 +127,13 @@ def eval_cmd(
     suite_tasks: Annotated[
         Optional[str], typer.Option(help="Comma-separated subset of the suite's tasks (default: all).")
     ] = None,
+    instructions: Annotated[
+        Optional[Instructions], typer.Option(help="Suites: the papers' task instructions as query prompts: auto "
+                                                  "(default; only for a model whose saved query prompt is an "
+                                                  "instruction prompt), on, or off (the model's own prompts).")
+    ] = None,
     no_instructions: Annotated[
-        bool, typer.Option("--no-instructions", help="Suites: keep the model's own prompts instead of the "
-                                                     "papers' task instructions.")
+        bool, typer.Option("--no-instructions", help="Suites: same as --instructions off.")
     ] = False,
     mteb_output: Annotated[
         Optional[Path], typer.Option(help="Also evaluate with the mteb package itself (same embeddings, through "
@@ -154,6 +166,10 @@ def eval_cmd(
                                          "--suite": suite is not None or data_dir is not None,
                                          "a HyReC model": _hyrec_dir(model) is not None})
         check_outputs({"--output": output, "--plot": plot})  # each a file, and not the same one
+        if (instructions is not None or no_instructions) and suite is None and data_dir is None:
+            raise MedAdaptError("--instructions / --no-instructions apply to --suite only")
+        if no_instructions and instructions not in (None, Instructions.off):
+            raise MedAdaptError(f"--no-instructions contradicts --instructions {instructions.value}: give one")
         from medadapt.encode import launched_processes
 
         if launched_processes() > 1:  # `accelerate launch`: only a dense retrieval evaluation shares its encode
@@ -186,7 +202,8 @@ def eval_cmd(
             if task is not Task.retrieval or mteb_output is not None:
                 raise MedAdaptError("--task and --mteb-output do not apply to --suite (each suite fixes its tasks)")
             _run_suite(suite, data_dir, suite_tasks, model, split, output, plot, metrics, mode, query_prompt,
-                       batch_size, device, cache_dir, no_cache, quiet, not no_instructions)
+                       batch_size, device, cache_dir, no_cache, quiet,
+                       "off" if no_instructions else (instructions or Instructions.auto).value)
             return
 
         metric_list = [m.strip() for m in metrics.split(",") if m.strip()] if metrics else None
@@ -236,7 +253,8 @@ def eval_cmd(
 
                 with tempfile.TemporaryDirectory() as tmp:
                     cli_write_mteb(load(str(hyrec_dir), device=device), dataset, split, results, mteb_output,
-                                   EmbeddingCache(tmp if no_cache else cache_dir), batch_size, quiet, console)
+                                   EmbeddingCache(tmp if no_cache else cache_dir), batch_size, quiet, console,
+                                   source=str(hyrec_dir))
             return
         from medadapt.encode import launch_state, launched_processes, process_device
         from medadapt.models import load
@@ -274,7 +292,8 @@ def eval_cmd(
                     from medadapt.eval.mteb import cli_write_mteb
 
                     _report(results, model, data, split, task, output, plot, time.perf_counter() - t0)
-                    cli_write_mteb(st_model, dataset, split, results, mteb_output, cache, batch_size, quiet, console)
+                    cli_write_mteb(st_model, dataset, split, results, mteb_output, cache, batch_size, quiet, console,
+                                   source=model)
                     return
             finally:
                 if tmp:
@@ -313,7 +332,7 @@ def eval_cmd(
 def _run_suite(suite: str | None, data_dir: Path | None, suite_tasks: str | None, model: str, split: str,
                output: Path | None, plot: Path | None, metrics: str | None, mode, query_prompt: str | None,
                batch_size: int, device: str | None, cache_dir: Path | None, no_cache: bool, quiet: bool,
-               instructions: bool) -> None:
+               instructions: str) -> None:
     """``--suite NAME --data-dir DIR``: every task of the suite (files checked before the model loads), the
     per-task table and the paper's averages (:mod:`medadapt.eval.suites`)."""
     import tempfile
@@ -325,7 +344,7 @@ def _run_suite(suite: str | None, data_dir: Path | None, suite_tasks: str | None
     for flag, value in (("--metrics", metrics), ("--mode", mode), ("--query-prompt", query_prompt)):
         if value is not None:
             raise MedAdaptError(f"{flag} does not apply to --suite (each task uses its paper's metrics and "
-                                "instruction; --no-instructions keeps the model's own prompts)")
+                                "instruction; --instructions off keeps the model's own prompts)")
     spec = get_suite(suite)
     tasks = [t.strip() for t in suite_tasks.split(",") if t.strip()] if suite_tasks else None
     loaded = load_suite(spec, data_dir, split, tasks)

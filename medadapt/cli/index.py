@@ -28,10 +28,17 @@ class Fusion(str, enum.Enum):
     sum = "sum"
 
 
+index_app = typer.Typer(no_args_is_help=False)
+
+
+@index_app.callback(invoke_without_command=True)
 @closes_process_group
 def index_cmd(
-    corpus: Annotated[str, typer.Option(help="BEIR folder, corpus.jsonl, or builtin dataset (medmini).")],
-    out: Annotated[Path, typer.Option(help="Index folder to write (replaced atomically if it is an index).")],
+    ctx: typer.Context,
+    corpus: Annotated[Optional[str], typer.Option(help="BEIR folder, corpus.jsonl, or builtin dataset (medmini). "
+                                                       "Required to build.")] = None,
+    out: Annotated[Optional[Path], typer.Option(help="Index folder to write (replaced atomically if it is an "
+                                                     "index). Required to build.")] = None,
     model: Annotated[str, typer.Option(help="Model alias (minilm), saved model folder, or hub id; a HyReC "
                                        "folder gives learned lexical vectors too.")] = "minilm",
     kind: Annotated[Kind, typer.Option(help="dense (FAISS), lexical (BM25) or hybrid (both, fused).")] = Kind.dense,
@@ -54,7 +61,18 @@ def index_cmd(
     verbose: VerboseOpt = False,
     backend: BackendOption = "torch",
 ) -> None:
-    """Build a dense, lexical or hybrid index over a corpus and save it as a checked folder."""
+    """Build a dense, lexical or hybrid index over a corpus and save it as a checked folder (`medadapt index
+    upgrade-queries`: give a built index a new query encoder)."""
+    if ctx.invoked_subcommand is not None:  # `index upgrade-queries ...`: its options follow its name
+        given = [p.opts[0] for p in ctx.command.params
+                 if getattr(ctx.get_parameter_source(p.name), "name", None) == "COMMANDLINE"]
+        if given:
+            ctx.fail(f"{', '.join(given)} build an index; give the options of `index {ctx.invoked_subcommand}` "
+                     "after its name")
+        return
+    for option, value in (("--corpus", corpus), ("--out", out)):
+        if value is None:  # required to build (the group takes none, so Typer cannot require them)
+            ctx.fail(f"Missing option '{option}'.")
     quiet_libraries()
     try:
         from pydantic import ValidationError
@@ -123,6 +141,63 @@ def index_cmd(
         fail(f"{exc.filename + ': ' if exc.filename else ''}{exc.strerror or exc}")
     except KeyboardInterrupt:
         fail("interrupted")
+
+
+@index_app.command("upgrade-queries")
+def upgrade_queries_cmd(
+    model: Annotated[str, typer.Option(help="The new model: a run or model folder, an adapter folder, an alias or a "
+                                       "hub id, trained against the index's document encoder (a query-route "
+                                       "head, a CARE query tower).")],
+    index: Annotated[Optional[Path], typer.Option(help="Index folder written by `medadapt index` (swapped in as "
+                                                       "a whole; its document files keep their bytes).")] = None,
+    qdrant: Annotated[Optional[str], typer.Option(help="Instead of --index: a Qdrant database, an embedded "
+                                                       "database folder or a server URL (http://...), with "
+                                                       "--collection.")] = None,
+    collection: Annotated[Optional[str], typer.Option(help="The Qdrant collection (with --qdrant).")] = None,
+    device: Annotated[Optional[str], typer.Option(help="cpu, cuda, mps ... (default: auto).")] = None,
+    quiet: QuietOpt = False,
+    verbose: VerboseOpt = False,
+) -> None:
+    """Swap the query encoder of a built index for a model with the same document encoder (a query-route head,
+    a CARE query tower); no document is re-encoded, a model with another document encoder is refused."""
+    quiet_libraries()
+    try:
+        if (index is None) == (qdrant is None):
+            raise MedAdaptError("give --index FOLDER or --qdrant PATH_OR_URL --collection NAME (one of them)")
+        if (qdrant is None) != (collection is None):
+            raise MedAdaptError("--collection goes with --qdrant, and --qdrant needs --collection")
+        from medadapt.models import check_device
+
+        check_device(device)  # before loading the index's or the new model
+        from medadapt.retrieval.upgrade import upgrade_qdrant_queries, upgrade_queries
+
+        if index is not None:
+            result = upgrade_queries(index, model, device=device, what="--index")
+        else:
+            from medadapt.retrieval.vectordb import open_qdrant
+
+            client = open_qdrant(qdrant)
+            try:
+                result = upgrade_qdrant_queries(client, collection, model, device=device)
+            finally:
+                client.close()
+        if not result.changed:
+            console.print(f"{result.target} already encodes its queries with {_model_label(result.new)}; "
+                          "nothing changed", soft_wrap=True)
+            return
+        console.print(f"upgraded the query encoder of {result.target}: {_model_label(result.old)} -> "
+                      f"{_model_label(result.new)}; {result.n_docs} documents untouched (document encoder "
+                      f"{result.document_fingerprint}, nothing re-encoded) in {result.seconds:.1f} s", soft_wrap=True)
+    except MedAdaptError as exc:
+        fail(str(exc))
+    except OSError as exc:  # a file system error not turned into a MedAdaptError
+        fail(f"{exc.filename + ': ' if exc.filename else ''}{exc.strerror or exc}")
+    except KeyboardInterrupt:
+        fail("interrupted")
+
+
+def _model_label(info) -> str:
+    return f"{info.name or '(unnamed model)'} (fingerprint {info.fingerprint})"
 
 
 def _share_index_encode(encoder, docs, state, batch_size: int, quiet: bool) -> None:

@@ -94,3 +94,5 @@ def _print_tables(plan) -> None:
             console.print(line, highlight=False)
     for note in plan.notes:
         console.print(f"note: {note}", highlight=False)
+    for line in plan.data:
+        console.print(f"data: {line}", highlight=False)

@@ -39,7 +39,7 @@ def per_query_scores(qrels: Qrels, run: Run, metric: str = "ndcg@10") -> dict[st
     scores 0), the per-query values whose mean :func:`medadapt.eval.metrics.evaluate_run` reports."""
     import pytrec_eval
 
-    base, k = parse_metric(metric)
+    base, k = parse_metric(metric, per_query=True)  # the paper metrics have no per-query value
     qrels = _safe_qrels(qrels)
     if not qrels:
         raise DataError("the qrels are empty")
@@ -256,7 +256,7 @@ def cli_compare(runs: tuple[str, str], data: str, split: str, metrics: str | Non
     if len(wanted) != 1:
         raise MedAdaptError("--compare takes one metric (--metrics ndcg@10, the default)")
     try:
-        parse_metric(wanted[0])
+        parse_metric(wanted[0], per_query=True)
     except ValueError as exc:
         raise MedAdaptError(str(exc)) from None
     dataset = load_beir(data, [split])

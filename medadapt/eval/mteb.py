@@ -16,9 +16,15 @@ mteb (>= 2) does the evaluation here; medadapt only hands it what it cannot fetc
   ``encode_document`` with the model's ``query`` / ``document`` prompts, exactly as mteb runs any
   Sentence-Transformers model. Its :class:`ModelMeta <mteb.models.ModelMeta>` carries the model's name
   (``model_card_data.model_name``, set by :func:`medadapt.load`) and a revision (the weights fingerprint),
-  so mteb's result cache keeps two models apart.
+  so mteb's result cache keeps two models apart, its embedding width, similarity and prompts, and where it
+  comes from (:func:`model_provenance`, read from the run folder): ``adapted_from`` (the frozen base) and
+  ``training_datasets`` (the recipe's training data as MTEB task names, :func:`mteb_tasks_for`: MedQuAD ->
+  ``MedicalQARetrieval``).
+* :func:`leak_message`: mteb's own zero-shot test (``ModelMeta.is_zero_shot_on``); :func:`run_mteb` warns
+  once when the task it scores is in the model's training data.
 * :func:`run_mteb` runs ``mteb.evaluate`` and returns its scores; with ``output=DIR`` mteb writes its result
-  files under ``DIR`` (``results/<model>/<revision>/<task>.json``, the layout of ``mteb.ResultCache``).
+  files under ``DIR`` (``results/<model>/<revision>/<task>.json`` and ``model_meta.json``, the layout of
+  ``mteb.ResultCache``, with medadapt's ``medadapt_provenance.yaml`` beside them).
   ``use_cache=True`` reads embeddings through medadapt's embedding cache (:class:`CachedEncoder`): the
   same vectors the model's ``encode_query`` / ``encode_document`` give, without re-encoding a corpus that
   ``medadapt eval`` already encoded; mteb still does the search, the scoring and the files.
@@ -28,20 +34,30 @@ Only the glue is written here; retrieval, scoring, prompts and result files are 
 
 from __future__ import annotations
 
+import functools
 import hashlib
+import json
 import re
 import time
 import warnings
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from medadapt.errors import DataError, MedAdaptError
+import yaml
+
+from medadapt.adapters.files import ADAPTER_CONFIG
+from medadapt.errors import ConfigError, DataError, MedAdaptError, warn
+from medadapt.io import atomic_write_text
+from medadapt.models import ALIAS_NAMES, ALIASES, model_name_for
+from medadapt.yaml_input import load_yaml, read_yaml
 
 if TYPE_CHECKING:  # pragma: no cover
     from medadapt.data.beir import BeirDataset
 
-__all__ = ["local_retrieval_task", "medadapt_scores", "model_identity", "mteb_model", "named_task", "require_mteb", "result_path",
-           "run_mteb", "task_name_for"]
+__all__ = ["MTEB_SOURCES", "PROVENANCE_FILE", "Provenance", "leak_message", "local_retrieval_task", "medadapt_scores",
+           "model_identity", "model_provenance", "mteb_model", "mteb_tasks_for", "named_task", "recipe_base_model",
+           "recipe_training_data", "require_mteb", "result_path", "run_mteb", "task_name_for"]
 
 #: Scores of mteb's retrieval result (``ndcg_at_10``) under medadapt's metric names (``ndcg@10``).
 _MTEB_PREFIXES = {"ndcg_at_": "ndcg", "recall_at_": "recall", "map_at_": "map", "mrr_at_": "mrr",
@@ -218,6 +234,252 @@ def named_task(name: str, data: str | Path | None = None, split: str | None = No
     return task
 
 
+#: MTEB tasks built from a data set medadapt trains on, keyed by the data set's name in lower case with
+#: letters and digits only (:func:`mteb_tasks_for`). A name missing here is looked up among MTEB's own task
+#: names (``nfcorpus`` -> ``NFCorpus``, ``msmarco`` -> ``MSMARCO``).
+MTEB_SOURCES: dict[str, tuple[str, ...]] = {
+    # MedicalQARetrieval is MedQuAD's question / answer pairs (its reference: Ben Abacha & Demner-Fushman 2019)
+    "medquad": ("MedicalQARetrieval",),
+    "medquadmini": ("MedicalQARetrieval",),  # the builtin medquad-mini: MedQuAD topic clusters
+    # ChatDoctorRetrieval is ChatDoctor_HealthCareMagic (BMRetriever's "healthcaremagic" fine-tuning set)
+    "healthcaremagic": ("ChatDoctorRetrieval",),
+    "chatdoctor": ("ChatDoctorRetrieval",),
+    "chatdoctorhealthcaremagic": ("ChatDoctorRetrieval",),
+    # cMedQA v1 / v2 (CMedTEB's rerank sets); mteb itself relates CmedqaRetrieval to CMedQAv2-reranking
+    "cmedqa": ("CMedQAv1-reranking",),
+    "cmedqav1": ("CMedQAv1-reranking",),
+    "cmedqa2": ("CMedQAv2-reranking",),
+    "cmedqav2": ("CMedQAv2-reranking",),
+    "cure": ("CUREv1",),  # clinia/CUREv1
+}
+
+#: The file medadapt writes beside ``model_meta.json`` (not ``*.json``: mteb's result cache reads every
+#: ``<model>/<revision>/*.json`` but ``model_meta.json`` as a task result).
+PROVENANCE_FILE = "medadapt_provenance.yaml"
+
+
+def _norm(name: str) -> str:
+    return re.sub(r"[^a-z0-9]", "", name.lower())
+
+
+@functools.lru_cache(maxsize=1)
+def _registered_tasks() -> dict[str, str]:
+    """MTEB's task names by :func:`_norm` (the tasks ``mteb.get_tasks`` lists, superseded ones included)."""
+    mteb = require_mteb()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        tasks = mteb.get_tasks(exclude_superseded=False)
+    return {_norm(task.metadata.name): task.metadata.name for task in tasks}
+
+
+def mteb_tasks_for(name: str) -> tuple[str, ...]:
+    """The MTEB tasks built from the data set ``name`` (a builtin name, a folder or a file as a recipe names it:
+    ``medquad-mini``, ``../data/medquad``, ``finetune/medquad.jsonl``): :data:`MTEB_SOURCES`, else the MTEB
+    task of the same name (case, ``-`` and ``_`` aside); ``()`` when the data set is no MTEB task's."""
+    stem = Path(str(name).strip().rstrip("/\\")).name
+    for suffix in (".gz", ".jsonl", ".json", ".tsv", ".parquet", ".csv"):
+        stem = stem[: -len(suffix)] if stem.lower().endswith(suffix) else stem
+    key = _norm(stem)
+    if not key:
+        return ()
+    if key in MTEB_SOURCES:
+        return MTEB_SOURCES[key]
+    found = _registered_tasks().get(key)
+    return (found,) if found else ()
+
+
+def _read_recipe(path: Path) -> dict:
+    """A run folder's ``recipe.yaml`` as a mapping, read with the YAML input policy (:mod:`medadapt.yaml_input`)."""
+    recipe, _ = read_yaml(path)
+    if not isinstance(recipe, dict):
+        raise ConfigError(f"{path}: not a recipe (a YAML mapping of sections)")
+    return recipe
+
+
+def _dict(value: Any) -> dict:
+    return value if isinstance(value, dict) else {}
+
+
+def _mapping(obj: Any, key: str) -> dict:
+    """``obj[key]`` when both are mappings, else ``{}`` (a hand-edited recipe.yaml may hold anything)."""
+    return _dict(_dict(obj).get(key))
+
+
+def recipe_training_data(recipe: dict) -> list[str]:
+    """The data sets a recipe (a ``recipe.yaml`` mapping) trains on, as the recipe names them: ``data.path``
+    and ``data.mix`` (every kind), HyReC's ``pretrain.data`` / ``prefinetune.data``, BMRetriever's
+    ``stage1.sources``, ``stage2.tasks`` and ``stage2.synthetic.corpus``. The evaluation sets (``eval``) are
+    not training data. A set a disabled stage would read still counts: a false leak warning is cheaper than a
+    missed one."""
+    found: list[str] = []
+
+    def add(value: Any) -> None:
+        if isinstance(value, str) and value.strip() and value not in found:
+            found.append(value)
+
+    data = _mapping(recipe, "data")
+    add(data.get("path"))
+    for entry in data.get("mix") or []:
+        add(_dict(entry).get("path"))
+    for section in ("pretrain", "prefinetune"):
+        add(_mapping(recipe, section).get("data"))
+    for entry in _mapping(recipe, "stage1").get("sources") or []:
+        add(_dict(entry).get("path"))
+    stage2 = _mapping(recipe, "stage2")
+    for entry in stage2.get("tasks") or []:  # a task without a path reads data.path
+        add(_dict(entry).get("path"))
+    add(_mapping(stage2, "synthetic").get("corpus"))
+    return found
+
+
+def recipe_base_model(recipe: dict) -> str | None:
+    """The pretrained model a recipe starts from: ``model.backbone`` (moe, hyrec), ``model.name``
+    (bmretriever), else the document tower's ``document.model`` (CARE: the query tower is aligned to it),
+    else ``query.model``."""
+    for value in (_mapping(recipe, "model").get("backbone"), _mapping(recipe, "model").get("name"),
+                  _mapping(recipe, "document").get("model"), _mapping(recipe, "query").get("model")):
+        if isinstance(value, str) and value.strip():
+            return value.strip()
+    return None
+
+
+def _model_label(value: str, folder: Path | None = None) -> str:
+    """The MTEB name of the model ``value`` names (as a recipe or an adapter config does): the name
+    :func:`medadapt.load` gives it (an alias's hub id, ``local/<folder>`` or ``medadapt/<folder>``; a relative
+    folder is looked for from the current folder, then from ``folder``), a hub id as it is, and
+    ``local/<name>`` for a local folder that is no longer there."""
+    key = value.strip()
+    if key.lower() in ALIAS_NAMES:
+        return ALIAS_NAMES[key.lower()]
+    if key.lower() in ALIASES:  # medadapt's tiny random models: named without building them
+        return f"medadapt/{key.lower()}"
+    path = Path(key).expanduser()
+    for candidate in ([path] if path.is_absolute() or folder is None else [path, folder / path]):
+        if candidate.is_dir():
+            return model_name_for(str(candidate), str(candidate))
+    if key.count("/") == 1 and not key.startswith((".", "/", "~")):
+        return key  # a hub id
+    return f"local/{path.name or key}"
+
+
+def _adapter_base(config: dict, folder: Path) -> str | None:
+    """The base model an adapter folder's ``medadapt_adapter.json`` records (PEFT's
+    ``base_model_name_or_path`` where written, else its ``base_model`` entry), as :func:`_model_label`."""
+    base = _mapping(config, "base_model")
+    relative = base.get("relative_path")
+    if isinstance(relative, str) and (folder / relative).is_dir():
+        return _model_label(str(folder / relative))
+    for value in (config.get("base_model_name_or_path"), base.get("name")):
+        if isinstance(value, str) and value.strip():
+            return _model_label(value, folder)
+    if isinstance(base.get("folder_name"), str):
+        return f"local/{base['folder_name']}"
+    return None
+
+
+def _card_base(folder: Path) -> str | None:
+    """``base_model:`` of the model card's front matter (``README.md``), read with the YAML input policy."""
+    path = folder / "README.md"
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError):
+        return None
+    match = re.match(r"---\r?\n(.*?)\r?\n---\r?\n", text, re.S)
+    if not match:
+        return None
+    try:
+        front, _ = load_yaml(match.group(1), str(path))
+    except ConfigError:
+        return None
+    base = front.get("base_model") if isinstance(front, dict) else None
+    base = base[0] if isinstance(base, list) and base else base
+    return _model_label(base, folder) if isinstance(base, str) and base.strip() else None
+
+
+@dataclass(frozen=True)
+class Provenance:
+    """Where a model comes from, for MTEB's ``ModelMeta``: ``adapted_from`` (the model it was trained from),
+    ``training_data`` (each data set as its recipe names it -> the MTEB tasks built from it, ``()`` for local
+    data that is no MTEB task's; ``None``: unknown), ``source`` (the folder read) and ``read`` (its files
+    that said so).
+
+    MTEB's ``training_datasets`` holds MTEB task names only (it is what mteb compares task names with), and
+    ``ModelMeta`` refuses fields of its own (mteb re-validates ``model_meta.json`` when it reads results
+    back, and a file with an unknown key loses its metadata): the names of local data that is no MTEB task
+    are therefore kept in medadapt's own record, :attr:`local_training_data` (``run_mteb``'s ``provenance``
+    and ``medadapt_provenance.yaml`` beside ``model_meta.json``)."""
+
+    adapted_from: str | None = None
+    training_data: dict[str, tuple[str, ...]] | None = None
+    source: str | None = None
+    read: tuple[str, ...] = ()
+
+    @property
+    def training_datasets(self) -> set[str] | None:
+        """MTEB's ``training_datasets``: the MTEB tasks of the training data (``None``: unknown)."""
+        if self.training_data is None:
+            return None
+        return {task for tasks in self.training_data.values() for task in tasks}
+
+    @property
+    def local_training_data(self) -> list[str]:
+        """The training data sets that are no MTEB task's, as their recipe names them."""
+        return [name for name, tasks in (self.training_data or {}).items() if not tasks]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"source": self.source, "read": list(self.read), "adapted_from": self.adapted_from,
+                "training_data": None if self.training_data is None else
+                {name: list(tasks) for name, tasks in self.training_data.items()},
+                "training_datasets": None if self.training_data is None else sorted(self.training_datasets),
+                "local_training_data": self.local_training_data}
+
+
+def model_provenance(source: str | Path | None, model=None) -> Provenance:
+    """The :class:`Provenance` of the model loaded from ``source`` (what was passed to :func:`medadapt.load`).
+
+    A folder is read: ``medadapt_adapter.json`` (the base an adapter's heads sit on), ``recipe.yaml`` (the
+    training data, :func:`recipe_training_data`, and the base when there is no adapter config,
+    :func:`recipe_base_model`) and the model card's ``base_model:``. Without a folder (an alias, a hub id,
+    ``None``) only ``model``'s card says where it comes from (``model_card_data.base_model``, what mteb reads
+    itself) and the training data is unknown. A ``recipe.yaml`` that cannot be read is a warning (the metadata
+    then records no training data), not an error: the model itself loaded."""
+    folder = Path(str(source)).expanduser() if source is not None else None
+    if folder is not None and not folder.is_dir():
+        folder = None
+    adapted, data, read = None, None, []
+    if folder is not None:
+        config_path = folder / ADAPTER_CONFIG
+        if config_path.is_file():
+            try:
+                config = json.loads(config_path.read_text(encoding="utf-8"))
+            except (OSError, ValueError):
+                config = None
+            if isinstance(config, dict):
+                adapted = _adapter_base(config, folder)
+                read.append(ADAPTER_CONFIG)
+        recipe_path = folder / "recipe.yaml"
+        if recipe_path.is_file():
+            try:
+                recipe = _read_recipe(recipe_path)
+            except ConfigError as exc:
+                warn(f"{exc}; the MTEB metadata of {folder.name} records no training data")
+            else:
+                data = {name: mteb_tasks_for(name) for name in recipe_training_data(recipe)}
+                backbone = recipe_base_model(recipe)
+                adapted = adapted or (_model_label(backbone, folder) if backbone else None)
+                read.append("recipe.yaml")
+        if adapted is None:
+            adapted = _card_base(folder)
+            if adapted is not None:
+                read.append("README.md")
+    if adapted is None and model is not None:
+        base = getattr(getattr(model, "model_card_data", None), "base_model", None)
+        adapted = base if isinstance(base, str) and base.strip() else None
+    return Provenance(adapted_from=adapted, training_data=data,
+                      source=None if source is None else str(source), read=tuple(read))
+
+
+
 def model_identity(model, name: str | None = None, revision: str | None = None) -> tuple[str, str]:
     """``(name, revision)`` of ``model`` in mteb's results.
 
@@ -238,12 +500,22 @@ def model_identity(model, name: str | None = None, revision: str | None = None) 
 
 
 def mteb_model(model, *, name: str | None = None, revision: str | None = None, use_cache: bool = False,
-               cache=None, batch_size: int = 64):
+               cache=None, batch_size: int = 64, source: str | Path | None = None,
+               provenance: Provenance | None = None):
     """mteb's ``SentenceTransformerEncoderWrapper`` around ``model`` (queries through ``encode_query``,
-    documents through ``encode_document``, the model's ``query`` / ``document`` prompts), its ``ModelMeta``
-    carrying :func:`model_identity`. ``use_cache=True``: a :class:`CachedEncoder` reading embeddings
-    through medadapt's embedding cache (``cache``, default ``$MEDADAPT_CACHE``)."""
-    require_mteb()
+    documents through ``encode_document``, the model's ``query`` / ``document`` prompts). ``use_cache=True``:
+    a :class:`CachedEncoder` reading embeddings through medadapt's embedding cache (``cache``, default
+    ``$MEDADAPT_CACHE``).
+
+    Its :class:`ModelMeta <mteb.models.ModelMeta>` (what mteb writes as ``model_meta.json``) carries
+    :func:`model_identity` (name, weights-fingerprint revision), the embedding width, the similarity, the
+    parameter count, ``use_instructions`` (the model has a non-empty ``query`` / ``document`` prompt; the
+    prompts themselves as ``loader_kwargs["model_prompts"]``, as mteb's registry records them) and the
+    model's :class:`Provenance` (``provenance``, else :func:`model_provenance` of ``source``, the folder or
+    name the model was loaded from): ``adapted_from`` and ``training_datasets``. A model that is no medadapt
+    run (an alias, a hub id) and that mteb's model registry knows by its name takes the registry's
+    ``training_datasets`` and ``adapted_from``."""
+    mteb = require_mteb()
     from mteb.models import SentenceTransformerEncoderWrapper
 
     model_name, model_revision = model_identity(model, name, revision)
@@ -251,8 +523,29 @@ def mteb_model(model, *, name: str | None = None, revision: str | None = None, u
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # mteb warns about its own deprecated arguments here
         wrapper = cls(model)
-    wrapper.mteb_model_meta = wrapper.mteb_model_meta.model_copy(update={"name": model_name,
-                                                                          "revision": model_revision})
+    prov = provenance if provenance is not None else model_provenance(source, model)
+    training, adapted = prov.training_datasets, prov.adapted_from
+    if training is None and not prov.read:  # no medadapt run: a model mteb's registry knows (an alias, a hub id)?
+        try:
+            known = mteb.get_model_meta(model_name)
+        except (KeyError, ValueError):
+            known = None
+        if known is not None:
+            training, adapted = known.training_datasets, known.adapted_from or adapted
+    meta = wrapper.mteb_model_meta
+    prompts = {key: value for key, value in (wrapper.model_prompts or {}).items() if value}
+    update: dict[str, Any] = {"name": model_name, "revision": model_revision, "use_instructions": bool(prompts),
+                              "training_datasets": training,
+                              "n_parameters": int(sum(p.numel() for p in model.parameters()))}
+    if adapted:
+        update["adapted_from"] = adapted
+    if prompts:
+        update["loader_kwargs"] = {**(meta.loader_kwargs or {}), "model_prompts": prompts}
+    if meta.embed_dim is None:
+        update["embed_dim"] = model.get_embedding_dimension() if hasattr(model, "get_embedding_dimension") \
+            else model.get_sentence_embedding_dimension()
+    wrapper.mteb_model_meta = meta.model_copy(update=update)
+    wrapper.medadapt_provenance = prov
     if use_cache:
         from medadapt.cache import EmbeddingCache
 
@@ -310,9 +603,40 @@ def medadapt_scores(task_scores: dict[str, Any]) -> dict[str, float]:
     return out
 
 
+def _expanded(meta, tasks: set[str] | None, adapted_from: str | None = None) -> set[str]:
+    """mteb's own reading of training data (``ModelMeta.get_training_datasets``): ``tasks``, the tasks mteb
+    relates to them (``adapted_from`` / ``superseded_by`` of its task metadata) and, with ``adapted_from``,
+    the training data mteb's model registry lists for that model."""
+    return meta.model_copy(update={"training_datasets": set(tasks or ()), "adapted_from": adapted_from}) \
+        .get_training_datasets() or set()
+
+
+def leak_message(meta, task, provenance: Provenance | None = None) -> str | None:
+    """A line saying that ``task`` is in the training data of the model ``meta`` describes, or ``None``.
+
+    The test is mteb's own, ``ModelMeta.is_zero_shot_on``: the task is in ``training_datasets``, in a task
+    mteb relates to them, or in what mteb's model registry lists for ``adapted_from`` (the base model). The
+    line says which (the recipe's data set names, when ``provenance`` has them)."""
+    if meta.is_zero_shot_on([task]) is not False:
+        return None
+    name = task.metadata.name
+    given = [data for data, tasks in ((provenance.training_data if provenance else None) or {}).items()
+             if tasks and name in _expanded(meta, set(tasks))]
+    if given:
+        why = f"the run trained on {', '.join(given)}"
+    elif name in _expanded(meta, meta.training_datasets):
+        why = "its training_datasets list it, or a task mteb derives it from"
+    else:
+        why = f"its base model {meta.adapted_from} was trained on it, per mteb's model registry"
+    return (f"MTEB task {name} is in the training data of {meta.name} ({why}): its score is not zero-shot "
+            "(model_meta.json's training_datasets says so)")
+
+
+
 def run_mteb(model, task, *, output: str | Path | None = None, name: str | None = None,
              revision: str | None = None, use_cache: bool = False, cache=None, batch_size: int = 64,
-             overwrite: bool = True, show_progress: bool = False) -> dict[str, Any]:
+             overwrite: bool = True, show_progress: bool = False, source: str | Path | None = None,
+             provenance: Provenance | None = None) -> dict[str, Any]:
     """Evaluate ``model`` (a SentenceTransformer, or an mteb encoder from :func:`mteb_model`) on ``task``
     (an mteb task: :func:`local_retrieval_task`, :func:`named_task`, ``mteb.get_task(...)``) with
     ``mteb.evaluate``.
@@ -322,16 +646,30 @@ def run_mteb(model, task, *, output: str | Path | None = None, name: str | None 
             ``output/results/<model name>/<revision>/<task>.json`` with ``model_meta.json``; ``None``: none.
         overwrite: re-run even when ``output`` already holds a result for this model, revision and task
             (``False``: mteb's ``only-missing``, the cached result is returned).
+        source, provenance: where the model comes from (:func:`mteb_model`): the folder it was loaded from
+            (``adapted_from`` and ``training_datasets`` are read there), or the :class:`Provenance` itself.
+
+    A task in the model's training data (mteb's ``ModelMeta.is_zero_shot_on``: training on MedQuAD, then
+    scoring ``MedicalQARetrieval``) gives one warning (:func:`leak_message`) before mteb runs. With
+    ``output``, ``medadapt_provenance.yaml`` beside ``model_meta.json`` keeps the provenance as medadapt read
+    it (the training data by the recipe's names, local data included).
 
     Returns ``{"task", "model", "revision", "seconds", "scores": {split: {subset: mteb scores}},
-    "main_score", "medadapt": {metric: value}}`` (``medadapt``: the first split and subset's scores under
-    medadapt's metric names).
+    "main_score", "medadapt": {metric: value}, "zero_shot", "provenance"}`` (``medadapt``: the first split
+    and subset's scores under medadapt's metric names; ``zero_shot``: mteb's ``is_zero_shot_on``, ``None``
+    when the training data is unknown; ``provenance``: :meth:`Provenance.to_dict`).
     """
     mteb = require_mteb()
     from sentence_transformers import SentenceTransformer
 
     wrapped = mteb_model(model, name=name, revision=revision, use_cache=use_cache, cache=cache,
-                         batch_size=batch_size) if isinstance(model, SentenceTransformer) else model
+                         batch_size=batch_size, source=source, provenance=provenance) \
+        if isinstance(model, SentenceTransformer) else model
+    prov = getattr(wrapped, "medadapt_provenance", None) or provenance
+    meta = wrapped.mteb_model_meta
+    leak = leak_message(meta, task, prov)
+    if leak is not None:
+        warn(leak)
     result_cache = None
     if output is not None:
         Path(output).mkdir(parents=True, exist_ok=True)
@@ -359,9 +697,15 @@ def run_mteb(model, task, *, output: str | Path | None = None, name: str | None 
     scores = {split: {entry["hf_subset"]: dict(entry) for entry in entries}
               for split, entries in task_result.scores.items()}
     first = next(iter(next(iter(scores.values())).values()))
-    meta = wrapped.mteb_model_meta
-    return {"task": task.metadata.name, "model": meta.name, "revision": meta.revision, "seconds": seconds,
-            "scores": scores, "main_score": first.get("main_score"), "medadapt": medadapt_scores(first)}
+    result = {"task": task.metadata.name, "model": meta.name, "revision": meta.revision, "seconds": seconds,
+              "scores": scores, "main_score": first.get("main_score"), "medadapt": medadapt_scores(first),
+              "zero_shot": meta.is_zero_shot_on([task]), "provenance": prov.to_dict() if prov else None}
+    if output is not None and prov is not None:
+        text = ("# Where medadapt read the provenance in model_meta.json (adapted_from, training_datasets); the\n"
+                "# training data by its recipe's names, local data that is no MTEB task included.\n"
+                + yaml.safe_dump(prov.to_dict(), sort_keys=False, allow_unicode=True))
+        atomic_write_text(result_path(output, result).parent / PROVENANCE_FILE, text)
+    return result
 
 
 def result_path(output: str | Path, result: dict[str, Any]) -> Path:
@@ -391,13 +735,30 @@ def _verbose() -> bool:
     return level() == "verbose"
 
 
+def _dense_side_note(source: str | Path | None) -> str | None:
+    """For a model folder with a side mteb cannot score (a HyReC or composed model's learned-lexical branch:
+    mteb's retrieval is dense), the line saying that mteb scores its dense side; else ``None``."""
+    from medadapt.retrieval.encoders import detect_encoder_kind
+
+    kind = detect_encoder_kind(source) if source is not None else None
+    if kind is None:
+        return None
+    return (f"note: {Path(str(source)).name} is a hybrid model ({kind.tag}: dense + learned-lexical); mteb scores "
+            "its dense side, the model medadapt.load gives (medadapt eval --mode hybrid scores both)")
+
+
 def cli_write_mteb(model, dataset: BeirDataset, split: str, results: dict[str, float], output: str | Path,
-                   cache, batch_size: int = 64, quiet: bool = False, console=None) -> dict[str, Any]:
-    """``medadapt eval ... --mteb-output DIR``: mteb evaluates ``model`` on the same split (embeddings
-    through medadapt's cache, so nothing is encoded twice) and writes its result files under ``DIR``."""
+                   cache, batch_size: int = 64, quiet: bool = False, console=None,
+                   source: str | Path | None = None) -> dict[str, Any]:
+    """``medadapt eval ... --mteb-output DIR``: mteb evaluates ``model`` (loaded from ``source``: its
+    provenance goes into ``model_meta.json``) on the same split (embeddings through medadapt's cache, so
+    nothing is encoded twice) and writes its result files under ``DIR``."""
     task = local_retrieval_task(dataset, split)
+    note = _dense_side_note(source)
+    if note is not None and console is not None:
+        console.print(note, highlight=False, soft_wrap=True)
     result = run_mteb(model, task, output=output, use_cache=True, cache=cache, batch_size=batch_size,
-                      show_progress=not quiet and _verbose())
+                      show_progress=not quiet and _verbose(), source=source)
     _check_agreement(results, result["medadapt"], console)
     if console is not None:
         console.print(f"mteb {task.metadata.name} ({result['model']} @ {result['revision']}): main score "
@@ -410,7 +771,9 @@ def cli_mteb_task(name: str, model: str, data: str | None, split: str, output: s
                   batch_size: int = 64, quiet: bool = False, console=None) -> dict[str, Any]:
     """``medadapt eval --mteb-task NAME --data DIR``: the registered MTEB task on local data (``--data``
     left at its default ``medmini`` means no folder: mteb's own loader, offline), a table of its scores,
-    ``--output`` as a flat JSON of them, ``--mteb-output`` for mteb's result files."""
+    ``--output`` as a flat JSON of them, ``--mteb-output`` for mteb's result files. Any model
+    :func:`medadapt.load` reads: a head (adapter-only or full), a CARE ``Router`` (queries and documents
+    through their towers), the dense side of a hybrid (HyReC / composed) model, said in one ``note:`` line."""
     import tempfile
 
     from medadapt.cache import EmbeddingCache
@@ -420,10 +783,13 @@ def cli_mteb_task(name: str, model: str, data: str | None, split: str, output: s
     local = None if data in (None, "medmini") else data
     task = named_task(name, local, split)
     st_model = load(model, device=device)
+    note = _dense_side_note(model)
+    if note is not None and console is not None:
+        console.print(note, highlight=False, soft_wrap=True)
     with tempfile.TemporaryDirectory() as tmp:
         result = run_mteb(st_model, task, output=mteb_output, use_cache=True,
                           cache=EmbeddingCache(tmp if no_cache else cache_dir), batch_size=batch_size,
-                          show_progress=not quiet and _verbose())
+                          show_progress=not quiet and _verbose(), source=model)
     flat = result["medadapt"] or {k: float(v) for k, v in next(iter(next(iter(result["scores"].values())).values()))
                                   .items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
     flat = {"main_score": float(result["main_score"]), **flat}

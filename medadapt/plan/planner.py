@@ -99,6 +99,7 @@ class Plan:
     models: list[ModelPlan]
     phases: list[PhasePlan]
     notes: list[str] = field(default_factory=list)
+    data: list[str] = field(default_factory=list)  # PlanSpec.data: what the recipe's training data will be
 
     @property
     def fits(self) -> bool:
@@ -112,7 +113,7 @@ class Plan:
         return {"recipe": self.recipe, "hardware": self.hardware, "usable_gb_per_device": self.usable_gb,
                 "fits": self.fits, "peak_gb_per_device": self.peak_gb,
                 "models": [asdict(m) for m in self.models], "phases": [asdict(p) for p in self.phases],
-                "notes": list(self.notes)}
+                "notes": list(self.notes), "data": list(self.data)}
 
     def to_markdown(self) -> str:
         """Two tables (models, phases) and the notes, as pasted into docs/recipes.md."""
@@ -137,6 +138,7 @@ class Plan:
                   f"(recipe: {p.declared_accumulation}): `{p.recipe_fix()}`"
                   for p in self.phases if p.fits and p.accumulation > p.declared_accumulation]
         lines += [f"- {n}" for n in self.notes]
+        lines += [f"- data: {d}" for d in self.data]
         return "\n".join(lines)
 
 
@@ -227,7 +229,8 @@ def plan_recipe(recipe, hardware: Hardware | None = None, *, spec: PlanSpec | No
                          "DeepSpeed prepares one model with one optimizer; launch with DDP "
                          "(recipes/accelerate/multi-gpu.yaml) or FSDP (recipes/accelerate/fsdp.yaml)")
         phases.append(pp)
-    plan = Plan(spec.recipe, hw.describe(), hw.usable_bytes / GiB, models, phases, list(spec.notes))
+    plan = Plan(spec.recipe, hw.describe(), hw.usable_bytes / GiB, models, phases, list(spec.notes),
+                list(spec.data))
     bad = [p for p in phases if not p.fits]
     if strict and bad:
         raise DoesNotFit(f"{spec.recipe} cannot fit on {hw.describe()} (usable {hw.usable_bytes / GiB:.1f} GB per "

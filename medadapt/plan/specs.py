@@ -101,3 +101,6 @@ class PlanSpec:
     #: prepares one model with one optimiser, so more than one cannot run there (``engine_accumulation``
     #: marks sentence-transformers' trainer, which is not concerned)
     optimizers: int | None = None
+    #: lines on the data the recipe builds before training (e.g. BMRetriever's synthetic data: sources,
+    #: examples to keep, generation caps); shown by ``medadapt plan``, not part of the memory plan
+    data: tuple[str, ...] = field(default_factory=tuple)

@@ -56,6 +56,9 @@ _LAZY = {
     "IndexCorruptError": "medadapt.retrieval.errors",
     "MedAdaptRetriever": "medadapt.retrieval.langchain",
     "MedAdaptEmbeddings": "medadapt.retrieval.langchain",
+    "upgrade_queries": "medadapt.retrieval.upgrade",
+    "upgrade_qdrant_queries": "medadapt.retrieval.upgrade",
+    "UpgradeResult": "medadapt.retrieval.upgrade",
 }
 
 __all__ = sorted(_LAZY)
@@ -94,6 +97,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from medadapt.retrieval.retriever import Hit, Retriever, SearchResult
     from medadapt.retrieval.sharding import build_shard, merge_shards, train_shard_template
     from medadapt.retrieval.tokenize import Tokenizer
+    from medadapt.retrieval.upgrade import UpgradeResult, upgrade_qdrant_queries, upgrade_queries
 
 
 def __getattr__(name: str) -> Any:

@@ -35,7 +35,9 @@ from typing import Any, ClassVar, Literal, Protocol, runtime_checkable
 
 import numpy as np
 
+from medadapt.cache import EmbeddingCache
 from medadapt.errors import MedAdaptError
+from medadapt.models import model_fingerprint
 
 __all__ = [
     "ST_TAG", "Encoder", "DenseEncoder", "SparseEncoder", "HybridEncoder", "SentenceTransformerEncoder",
@@ -55,7 +57,9 @@ class Encoder(Protocol):
 
     Optional: ``fusion_defaults`` (``{"method": ..., "dense_weight": ...}``), the hybrid fusion the model was
     trained for; ``Retriever.build`` without a config and ``medadapt index`` use it (a HyReC model: its NM
-    sum at its ``dense_weight``)."""
+    sum at its ``dense_weight``). ``document_fingerprint()``: identifies everything the encoder computes for
+    a document (recorded in the manifest; an index's queries may move to another encoder with the same one,
+    :mod:`medadapt.retrieval.upgrade`)."""
 
     encoder_tag: str
 
@@ -140,6 +144,15 @@ class SentenceTransformerEncoder:
             "query_prompt": effective_prompt(self.model, "query"),
             "document_prompt": effective_prompt(self.model, "document"),
         }
+
+    def document_fingerprint(self) -> str:
+        """Fingerprint of what ``encode_document`` runs: a ``Router`` model's document route and the modules
+        after it (:meth:`EmbeddingCache.encoder_for <medadapt.cache.EmbeddingCache.encoder_for>`), heads and
+        ``Normalize`` included; a one-tower model's :func:`~medadapt.models.model_fingerprint`. A query-route
+        head or a CARE query tower keeps the base's; a head on both sides changes it. (The cache's
+        :meth:`~medadapt.cache.EmbeddingCache.role_fingerprint` keys the backbone only, heads applied on read,
+        so it cannot tell these apart.)"""
+        return model_fingerprint(EmbeddingCache.encoder_for(self.model, "document"))
 
     def encode_query(self, texts: Sequence[str], *, batch_size: int = 64, show_progress: bool = False
                      ) -> np.ndarray:

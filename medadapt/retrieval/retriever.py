@@ -105,13 +105,15 @@ def model_reference(name: str | Path) -> tuple[str, str]:
     return key, "hub"
 
 
-def describe_model(model, name: str, source: str | None = None) -> ModelInfo:
+def describe_model(model, name: str, source: str | None = None, *, document: bool = True) -> ModelInfo:
     """What the manifest records about ``model`` (any encoder, or a SentenceTransformer): its
-    :meth:`~medadapt.retrieval.encoders.Encoder.encoder_identity` under ``name``."""
+    :meth:`~medadapt.retrieval.encoders.Encoder.encoder_identity` under ``name``, and with ``document`` its
+    ``document_fingerprint()`` when it offers one (checking a loaded model against a manifest skips it)."""
     encoder = as_encoder(model)
     ident = dict(encoder.encoder_identity())
     if not ident.get("fingerprint"):
         raise MedAdaptError(f"{type(encoder).__name__}.encoder_identity() gave no fingerprint")
+    document_fn = getattr(encoder, "document_fingerprint", None) if document else None
     return ModelInfo(
         name=name,
         fingerprint=str(ident["fingerprint"]),
@@ -120,6 +122,7 @@ def describe_model(model, name: str, source: str | None = None) -> ModelInfo:
         query_prompt=ident.get("query_prompt") or "",
         document_prompt=ident.get("document_prompt") or "",
         source=source,
+        document_fingerprint=str(document_fn()) if callable(document_fn) else None,
     )
 
 
@@ -556,7 +559,7 @@ def _check_model(folder: Path, manifest: Manifest, model, device, dense: bool, e
     if encoder.encoder_tag != tag:
         raise IndexMismatchError(f"{folder} was built with a {tag!r} encoder; the given model is a "
                                  f"{encoder.encoder_tag!r} encoder")
-    got = describe_model(encoder, info.name)
+    got = describe_model(encoder, info.name, document=False)
     if got.fingerprint != info.fingerprint:
         raise IndexMismatchError(
             f"{folder} was built with model {info.name!r} (fingerprint {info.fingerprint}) but the given model "

@@ -56,6 +56,24 @@ class ModelInfo(BaseModel):
     #: ``"local"``: ``name`` is an absolute model folder path, never looked up on the hub; ``"alias"``: a
     #: packaged alias (``minilm``); ``"hub"``: a hub id; ``None``: not recorded (format 1-2, in-memory models).
     source: Optional[str] = None
+    #: fingerprint of the model's document side (what ``encode_document`` runs: a ``Router`` model's document
+    #: route and the modules after it; a one-tower model's whole self): a model with the same one encodes the
+    #: documents alike, so it may take over the index's queries (:mod:`medadapt.retrieval.upgrade`). ``None``:
+    #: not recorded (indexes written before it, encoders that do not give it); written only when known.
+    document_fingerprint: Optional[str] = None
+
+
+class QueryUpgrade(BaseModel):
+    """One query-encoder swap of an index (:func:`medadapt.retrieval.upgrade.upgrade_queries`): the model before
+    and after, the document encoder both share (the documents were not re-encoded), when and by which version."""
+
+    model_config = ConfigDict(extra="forbid", protected_namespaces=())
+    old: ModelInfo
+    new: ModelInfo
+    document_fingerprint: str
+    medadapt_version: str
+    #: UTC, ISO 8601 (seconds)
+    upgraded_at: str
 
 
 class FileInfo(BaseModel):
@@ -82,6 +100,8 @@ class Manifest(BaseModel):
     #: optional, written by :mod:`medadapt.retrieval.scale` and by builds that train an index
     build: Optional[dict[str, Any]] = None
     files: dict[str, FileInfo] = {}
+    #: every query-encoder swap since the documents were encoded, oldest first; written only when there is one
+    query_upgrades: list[QueryUpgrade] = []
 
 
 def sha256_file(path: Path, chunk: int = 1 << 22) -> str:
@@ -101,14 +121,27 @@ def write_manifest(folder: Path, manifest: Manifest) -> None:
     written as a whole by :func:`atomic_dir`, so readers see both files of one version)."""
     from medadapt.io import atomic_write_text
 
-    data = manifest.model_dump(mode="json")
-    if data.get("build") is None:  # written only when there is a build record (readers before it refuse the key)
-        data.pop("build", None)
-    text = json.dumps(data, indent=2, ensure_ascii=False, allow_nan=False) + "\n"
+    text = json.dumps(manifest_data(manifest), indent=2, ensure_ascii=False, allow_nan=False) + "\n"
     raw = text.encode("utf-8")
     atomic_write_text(folder / MANIFEST_SUM, f"{hashlib.sha256(raw).hexdigest()}  {MANIFEST}\n")
     with atomic_open(folder / MANIFEST, "wb") as f:
         f.write(raw)
+
+
+def manifest_data(manifest: Manifest) -> dict[str, Any]:
+    """The manifest as JSON data, without the optional records it does not hold (``build``, ``query_upgrades``,
+    an unknown ``document_fingerprint``): readers from before those keys existed refuse unknown keys, so an index
+    without them stays readable by them."""
+    data = manifest.model_dump(mode="json")
+    if data.get("build") is None:
+        data.pop("build", None)
+    if not data.get("query_upgrades"):
+        data.pop("query_upgrades", None)
+    infos = [data.get("model")] + [u[k] for u in data.get("query_upgrades", []) for k in ("old", "new")]
+    for info in infos:
+        if isinstance(info, dict) and info.get("document_fingerprint") is None:
+            info.pop("document_fingerprint", None)
+    return data
 
 
 def manifest_digest(folder: str | Path) -> str | None:

@@ -24,18 +24,22 @@ from medadapt.eval.suites.base import (
     SuiteSpec,
     TaskRow,
     TaskSpec,
+    INSTRUCTION_MODES,
     check_languages,
     compute_averages,
     declared_languages,
+    instruction_aware,
     load_suite,
+    resolve_instructions,
     run_suite,
 )
 from medadapt.eval.suites.report import plot_suite, suite_table, write_suite_json
 
 __all__ = [
-    "AverageSpec", "LoadedTask", "SUITES", "SuiteResult", "SuiteSpec", "TaskRow", "TaskSpec", "check_languages",
-    "compute_averages", "declared_languages", "evaluate_suite", "get_suite", "load_suite", "plot_suite",
-    "register_suite", "run_suite", "suite_names", "suite_table", "write_suite_json",
+    "AverageSpec", "INSTRUCTION_MODES", "LoadedTask", "SUITES", "SuiteResult", "SuiteSpec", "TaskRow", "TaskSpec",
+    "check_languages", "compute_averages", "declared_languages", "evaluate_suite", "get_suite", "instruction_aware",
+    "load_suite", "plot_suite", "register_suite", "resolve_instructions", "run_suite", "suite_names", "suite_table",
+    "write_suite_json",
 ]
 
 #: name -> spec; filled by :func:`register_suite` (the builtin suites register on first use)
@@ -74,7 +78,8 @@ def get_suite(name: str) -> SuiteSpec:
 
 def evaluate_suite(name: str | SuiteSpec, model, data_dir: str | Path, split: str = "test", *,
                    tasks: Sequence[str] | None = None, cache=None, batch_size: int = 64,
-                   show_progress: bool = False, instructions: bool = True, model_name: str = "") -> SuiteResult:
+                   show_progress: bool = False, instructions: bool | str = "auto",
+                   model_name: str = "") -> SuiteResult:
     """Load every task of a suite from ``data_dir`` (all files checked first), evaluate ``model`` on each,
     and compute the paper's averages.
 
@@ -82,7 +87,9 @@ def evaluate_suite(name: str | SuiteSpec, model, data_dir: str | Path, split: st
         name: ``cmedteb``, ``cure``, ``bmretriever``, ``medmoe`` or a registered / given :class:`SuiteSpec`.
         tasks: evaluate only these tasks (averages that need a left-out task are ``None``).
         cache: an :class:`~medadapt.cache.EmbeddingCache` for the retrieval tasks (default: ``$MEDADAPT_CACHE``).
-        instructions: apply the paper's instructions as prompts (``False``: the model's own prompts only).
+        instructions: ``"auto"`` (default): the papers' instructions as prompts for a model declared
+            instruction-aware only (:func:`instruction_aware`: its saved query prompt is an instruction
+            prompt), its own prompts otherwise; ``"on"`` / ``"off"`` (``True`` / ``False``): always / never.
     """
     spec = name if isinstance(name, SuiteSpec) else get_suite(name)
     loaded = load_suite(spec, data_dir, split, tasks)

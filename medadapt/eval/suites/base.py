@@ -20,13 +20,17 @@ kind               files under ``DIR/<task>/``                           evaluat
 
 Instructions become sentence-transformers prompts for the duration of one task (``query`` and, where the
 paper gives one, ``document``), through the suite's ``query_template``; the model's own prompts come back
-afterwards. Languages: each task names its query language(s) and its corpus language; a query language the
-model was not declared for (``model.model_card_data.language``) gives a :func:`medadapt.errors.warn`.
+afterwards. By default (``instructions="auto"``) only a model declared instruction-aware gets them
+(:func:`instruction_aware`, MTEB's convention); ``"on"`` / ``"off"`` override.
+
+Languages: each task names its query language(s) and its corpus language; a query language the model was not
+declared for (``model.model_card_data.language``) gives a :func:`medadapt.errors.warn`.
 """
 
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -265,6 +269,48 @@ def check_languages(model, query_languages: Sequence[str], where: str) -> list[s
 
 # ----------------------------------------------------------------------------------------------- prompts
 
+#: ``instructions=`` of a suite run: ``auto`` (only for a model declared instruction-aware), ``on``, ``off``
+INSTRUCTION_MODES = ("auto", "on", "off")
+#: a query prompt that carries a task instruction: ``Instruct: ...`` (gte-Qwen2, Qwen3-Embedding, e5-mistral,
+#: NV-Embed) or ``{instruction}\nQuery: `` (BMRetriever)
+_INSTRUCTION_PROMPT = re.compile(r"instruct|\n\s*query\s*:\s*$", re.IGNORECASE)
+
+
+def instruction_aware(model) -> tuple[bool, str]:
+    """Whether ``model`` is declared instruction-aware, and why.
+
+    MTEB's convention: mteb gives task instructions only to models registered with
+    ``ModelMeta(use_instructions=True)`` and an instruction template; any other sentence-transformers model
+    (every local folder: ``use_instructions`` is ``None``) is encoded with its own prompts only. A saved model
+    declares itself by its ``query`` prompt (``prompts`` in ``config_sentence_transformers.json``): an
+    instruction prompt (``Instruct: ...``, or one ending in ``\\nQuery: `` as BMRetriever models save)
+    makes it instruction-aware; no query prompt, or a fixed prefix (E5's ``query: ``), does not, and that
+    prefix is kept."""
+    prompt = (getattr(model, "prompts", None) or {}).get("query") or ""
+    if not prompt.strip():
+        return False, "the model has no query prompt, so it is not declared instruction-aware"
+    if _INSTRUCTION_PROMPT.search(prompt):
+        return True, f"the model's query prompt {prompt!r} is an instruction prompt"
+    return False, f"the model's query prompt {prompt!r} is a fixed prefix, not an instruction prompt (kept)"
+
+
+def resolve_instructions(model, instructions: bool | str = "auto") -> tuple[bool, str, str]:
+    """``(apply, mode, reason)`` for ``instructions`` ``"auto"`` / ``"on"`` / ``"off"`` (``True`` / ``False``
+    mean ``"on"`` / ``"off"``); any other value is a :class:`~medadapt.errors.MedAdaptError`."""
+    if isinstance(instructions, bool):
+        mode = "on" if instructions else "off"
+    else:
+        mode = str(instructions).strip().lower()
+    if mode not in INSTRUCTION_MODES:
+        raise MedAdaptError(f"instructions must be one of {', '.join(INSTRUCTION_MODES)}, "
+                            f"got {instructions!r}")
+    if mode == "on":
+        return True, mode, "instructions on: the papers' instructions replace the model's query prompt"
+    if mode == "off":
+        return False, mode, "instructions off: the model's own prompts"
+    aware, reason = instruction_aware(model)
+    return aware, mode, reason
+
 
 @contextmanager
 def task_prompts(model, query_prompt: str | None, document_prompt: str | None) -> Iterator[None]:
@@ -326,6 +372,8 @@ class SuiteResult:
     average_definitions: dict[str, str] = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)
     model: str = ""
+    #: how the papers' instructions were decided: ``{"mode": "auto", "applied": False, "reason": "..."}``
+    instructions: dict[str, Any] = field(default_factory=dict)
 
     def row(self, task: str, language: str | None = None) -> TaskRow:
         for r in self.rows:
@@ -334,13 +382,15 @@ class SuiteResult:
         raise KeyError(f"no result for task {task!r}" + (f" in {language!r}" if language else ""))
 
     def to_dict(self) -> dict:
-        """The JSON form (``--output``): ``suite``, ``split``, ``model``, ``tasks`` (one object per task and
-        query language), ``averages`` and how each is computed, ``warnings``."""
+        """The JSON form (``--output``): ``suite``, ``split``, ``model``, ``instructions`` (mode, applied,
+        reason), ``tasks`` (one object per task and query language), ``averages`` and how each is computed,
+        ``warnings``."""
         return {
             "suite": self.suite,
             "title": self.title,
             "split": self.split,
             "model": self.model,
+            "instructions": dict(self.instructions),
             "tasks": [{
                 "task": r.task, "family": r.family, "query_language": r.query_language,
                 "corpus_language": r.corpus_language, "main_metric": r.main_metric,
@@ -422,15 +472,23 @@ def evaluate_task(model, spec: SuiteSpec, loaded: LoadedTask, split: str, *, cac
 
 
 def run_suite(spec: SuiteSpec, model, loaded: Sequence[LoadedTask], split: str = "test", *, cache=None,
-              batch_size: int = 64, show_progress: bool = False, instructions: bool = True,
+              batch_size: int = 64, show_progress: bool = False, instructions: bool | str = "auto",
               model_name: str = "") -> SuiteResult:
-    """Evaluate ``model`` on loaded tasks (:func:`load_suite`) and compute the paper's averages."""
+    """Evaluate ``model`` on loaded tasks (:func:`load_suite`) and compute the paper's averages.
+
+    ``instructions``: ``"auto"`` applies the papers' instructions to a model declared instruction-aware only
+    (:func:`instruction_aware`), ``"on"`` / ``"off"`` (``True`` / ``False``) always / never; the decision is
+    kept in the result's ``instructions``."""
+    apply, mode, reason = resolve_instructions(model, instructions)
+    if not any(t.spec.query_instruction or t.spec.document_prompt for t in loaded):
+        reason += f" (suite {spec.name} gives no instructions for these tasks)"
     warnings: list[str] = []
     langs = list(dict.fromkeys(lang for t in loaded for lang in t.spec.query_languages))
     warnings += check_languages(model, langs, f"suite {spec.name}")
     rows: list[TaskRow] = []
     for t in loaded:
         rows += evaluate_task(model, spec, t, split, cache=cache, batch_size=batch_size,
-                              show_progress=show_progress, instructions=instructions)
+                              show_progress=show_progress, instructions=apply)
     return SuiteResult(spec.name, spec.title, split, rows, compute_averages(spec, rows),
-                       {a.name: a.description for a in spec.averages}, warnings, model_name)
+                       {a.name: a.description for a in spec.averages}, warnings, model_name,
+                       {"mode": mode, "applied": apply, "reason": reason})

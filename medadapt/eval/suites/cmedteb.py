@@ -14,12 +14,17 @@ task (folder)           kind     metric        layout under ``DIR/<task>/``
 
 Instructions: Table 6, query side only (the paper gives none for documents); STS puts its instruction on
 both sentences. The prompt is ``"Instruct: {instruction}\\nQuery: "``, the format of the instruction-tuned
-baselines the paper compares (gte-Qwen2, Qwen3-Embedding); a model trained with another format is evaluated
-with ``instructions=False`` (``--no-instructions``) and its own prompts.
+baselines the paper compares (gte-Qwen2, Qwen3-Embedding). By default (``instructions="auto"``) only a model
+declared instruction-aware gets it (:func:`~medadapt.eval.suites.base.instruction_aware`); any other model
+(one saved without an instruction prompt, as CARE's BERT query tower) keeps its own prompts, as under mteb;
+``instructions="on"`` / ``"off"`` (``--instructions``) override.
 
 Averages (Table 2 / Table 11, scores in 0-1 where the paper prints percent): ``avg`` is the unweighted mean
 of the five main scores (Table 2's "Avg"); ``avg_cmed`` the mean of the two CMedQA tasks and ``avg_new`` the
-mean of the three new tasks (Table 11). E.g. bge-small-zh-v1.5: 80.21, 81.69, 44.33, 62.30, 70.50 -> 67.81.
+mean of the three new tasks (Table 11). Table 2's baselines are fine-tuned (§C: two epochs on the paper's
+training data), Table 11's are zero-shot: a public checkpoint compares with Table 11 (gte-multilingual-base:
+86.11, 87.40 | 47.80, 61.51, 72.39 -> avg_cmed 86.76, avg_new 60.57), a model fine-tuned on that data with
+Table 2 (bge-small-zh-v1.5: 80.21, 81.69, 44.33, 62.30, 70.50 -> avg 67.81).
 """
 
 from __future__ import annotations

@@ -25,7 +25,8 @@ Table 7 gives one figure per query language computed with MTEB over the whole se
 present it is evaluated too and reported as the ``all`` rows (not part of the domain means).
 
 Instruction: the paper gives none; the suite uses MTEB's CUREv1 query prompt ("Given a question by a
-medical professional, retrieve relevant passages that best answer the question"), documents plain.
+medical professional, retrieve relevant passages that best answer the question"), documents plain, for a
+model declared instruction-aware (``instructions="auto"``, the default; ``"on"`` / ``"off"`` override).
 """
 
 from __future__ import annotations

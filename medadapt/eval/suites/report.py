@@ -18,6 +18,10 @@ def suite_table(result: SuiteResult, title: str | None = None):
     from rich.text import Text
 
     table = Table(title=Text(title or f"{result.title}: {result.model} on {result.split}"))
+    if result.instructions:  # whether the papers' instructions were applied, and why
+        how = result.instructions
+        table.caption = Text(f"instructions {'on' if how.get('applied') else 'off'} ({how.get('mode')}): "
+                             f"{how.get('reason', '')}")
     for col, kw in (("task", {}), ("family", {}), ("queries->corpus", {}), ("main metric", {}),
                     ("score", {"justify": "right"}), ("other metrics", {})):
         table.add_column(col, **kw)

@@ -1,0 +1,287 @@
+"""Swap the query encoder of a built index for a model with the same document encoder, without re-encoding.
+
+A query-route head (``model.add_adapter(config, route="query")``) or a CARE query tower trained against the
+document encoder an index was built with changes only what ``encode_query`` computes, so the index's
+document vectors stay valid. :func:`upgrade_queries` (``medadapt index upgrade-queries``) makes such a model
+the index's model:
+
+* **refused** (one :class:`~medadapt.retrieval.errors.IndexMismatchError`, nothing changed) unless the new
+  model's document side is the one the documents were encoded with: the same document fingerprint (the
+  modules ``encode_document`` runs, heads and ``Normalize`` included: the manifest's
+  ``model.document_fingerprint``, or for an index built before it was recorded, its recorded model reloaded
+  and checked), the same document prompt, similarity and dimension;
+* **no document is encoded**: one probe query checks the new model's query dimension; the index's files are
+  carried into the new folder as they are (hard links where the file system allows, else copies) and
+  checked against the manifest's sizes and SHA-256 before the swap;
+* the folder is **written as a whole** (:func:`~medadapt.retrieval.storage.atomic_dir`, the output policy of
+  :func:`medadapt.io.check_output`): only ``manifest.json`` / ``manifest.sha256`` are new; the manifest names
+  the new model and records the upgrade (old and new model, document fingerprint, medadapt version, time)
+  under ``query_upgrades``.
+
+:func:`upgrade_qdrant_queries` does the same for a collection written by
+:func:`~medadapt.retrieval.vectordb.export_to_qdrant`: one update of the collection's metadata (its
+manifest); no point is written.
+
+Example::
+
+    from medadapt.retrieval.upgrade import upgrade_queries
+    result = upgrade_queries("medquad.index", "runs/query-head")   # a run trained with route: query
+    result.old.name, result.new.name, result.changed
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from medadapt import __version__
+from medadapt.errors import MedAdaptError
+from medadapt.io import check_output
+from medadapt.retrieval.config import RetrieverConfig
+from medadapt.retrieval.dense import uses_cosine
+from medadapt.retrieval.encoders import DenseEncoder, open_encoder
+from medadapt.retrieval.errors import IndexCorruptError, IndexMismatchError
+from medadapt.retrieval.retriever import (LOAD_ATTEMPTS, _check_model, _current_config, describe_model,
+                                          model_reference)
+from medadapt.retrieval.storage import (FORMAT, INDEX_FOLDER, MANIFEST, MANIFEST_SUM, Manifest, ModelInfo,
+                                        QueryUpgrade, atomic_dir, load_manifest, manifest_data, manifest_digest,
+                                        sha256_file, write_manifest)
+from medadapt.retrieval.vectordb import COMPLETE, META, _label, collection_manifest
+
+__all__ = ["PROBE_QUERY", "UpgradeResult", "upgrade_queries", "upgrade_qdrant_queries"]
+
+#: The one text the new model encodes (as a query) to check its dimension against the index's vectors.
+PROBE_QUERY = "query encoder check"
+
+
+@dataclass(frozen=True)
+class UpgradeResult:
+    """What :func:`upgrade_queries` / :func:`upgrade_qdrant_queries` did.
+
+    Attributes:
+        target: the index folder, or ``Qdrant collection 'name'``.
+        old / new: the model the index named before and names now.
+        document_fingerprint: the document encoder both share (the documents' vectors are its output).
+        n_docs: documents in the index (none was encoded).
+        changed: ``False`` when the index already named this very model (nothing was written).
+        seconds: wall time of the whole upgrade, model loading included.
+    """
+
+    target: str
+    old: ModelInfo
+    new: ModelInfo
+    document_fingerprint: str
+    n_docs: int
+    changed: bool
+    seconds: float
+
+
+def upgrade_queries(index: str | Path, model: Any, *, model_name: str | None = None, device: str | None = None,
+                    verify: bool = True, what: str = "") -> UpgradeResult:
+    """Make ``model`` the query encoder of the index folder ``index``, keeping its document vectors.
+
+    Args:
+        index: an index folder (``medadapt index`` / :meth:`Retriever.save
+            <medadapt.retrieval.Retriever.save>`) with a dense side.
+        model: the new model: a name for :func:`medadapt.load` (a run or model folder, an adapter folder, an
+            alias, a hub id), a ``SentenceTransformer`` or an encoder; its document side must be the index's.
+        model_name: recorded in the manifest so :meth:`Retriever.load <medadapt.retrieval.Retriever.load>`
+            reloads the model (default: ``model`` when it is a name; a local folder is recorded as its
+            absolute path).
+        verify: check every carried file's SHA-256 against the manifest (sizes are always checked).
+        what: how errors name ``index`` (e.g. ``"--index"``).
+
+    Raises:
+        IndexMismatchError: the new model's document encoder, document prompt, similarity or dimension differ
+            from the index's, or it is another kind of encoder.
+        IndexCorruptError: the index is damaged (a file missing, truncated or modified).
+        MedAdaptError: not an index, an index without a dense side, an index that does not record its
+            document encoder and whose recorded model cannot be reloaded to tell, or a model that does not
+            say what its document side is.
+        ConfigError: the folder cannot be written (:func:`medadapt.io.check_output`).
+
+    Nothing is changed when an error is raised.
+    """
+    t0 = time.perf_counter()
+    folder = Path(index)
+    manifest, _ = load_manifest(folder, verify=False)
+    _check_dense(str(folder), manifest)
+    check_output(folder, INDEX_FOLDER, what=what)  # a folder that cannot be written: refused before any work
+    encoder, info = _open_new(model, model_name, device)
+    for _ in range(LOAD_ATTEMPTS):
+        manifest, digest = load_manifest(folder, verify=False)
+        _check_dense(str(folder), manifest)
+        old = _document_side(str(folder), manifest,
+                             lambda: _check_model(folder, manifest, None, device, True))  # noqa: B023
+        new = _checked(str(folder), manifest, old, encoder, info)
+        if new is None:
+            return UpgradeResult(str(folder), old, old, old.document_fingerprint, manifest.n_docs, False,
+                                 time.perf_counter() - t0)
+        try:
+            with atomic_dir(folder, what=what) as tmp:
+                _carry(folder, tmp)
+                if manifest_digest(folder) != digest:
+                    raise _Replaced
+                _check_files(folder, tmp, manifest, verify)
+                write_manifest(tmp, new)
+                if manifest_digest(folder) != digest:  # rebuilt meanwhile: that build wins, this one retries
+                    raise _Replaced
+        except _Replaced:
+            continue
+        return UpgradeResult(str(folder), old, new.model, old.document_fingerprint, manifest.n_docs, True,
+                             time.perf_counter() - t0)
+    raise IndexCorruptError(f"{folder}: the index changed while being upgraded ({LOAD_ATTEMPTS} attempts); try "
+                            "again when it is no longer being rewritten")
+
+
+def upgrade_qdrant_queries(client, collection: str, model: Any, *, model_name: str | None = None,
+                           device: str | None = None) -> UpgradeResult:
+    """:func:`upgrade_queries` for a Qdrant collection written by
+    :func:`~medadapt.retrieval.vectordb.export_to_qdrant`: the same checks, then one update of the
+    collection's metadata (the manifest naming the new model, with the upgrade recorded); no point is
+    read or written. A :class:`~medadapt.retrieval.vectordb.QdrantRetriever` opened afterwards encodes
+    queries with the new model.
+
+    Raises:
+        as :func:`upgrade_queries`; also :class:`~medadapt.errors.MedAdaptError` for a collection that does not
+        exist, was not written by medadapt, or whose export did not finish.
+    """
+    t0 = time.perf_counter()
+    manifest, _ = collection_manifest(client, collection)
+    label = _label(collection)
+    _check_dense(label, manifest)
+    encoder, info = _open_new(model, model_name, device)
+    old = _document_side(label, manifest, lambda: _check_model(Path(label), manifest, None, device, True))
+    new = _checked(label, manifest, old, encoder, info)
+    if new is not None:
+        client.update_collection(collection, metadata={META: manifest_data(new), COMPLETE: True})
+    return UpgradeResult(label, old, old if new is None else new.model, old.document_fingerprint,
+                         manifest.n_docs, new is not None, time.perf_counter() - t0)
+
+
+# ------------------------------------------------------------------------------------------ checks
+class _Replaced(Exception):
+    """The index folder was replaced while it was being carried (a concurrent rebuild): try again."""
+
+
+def _check_dense(label: str, manifest: Manifest) -> None:
+    """Only an index with a dense side and a recorded model has a query encoder to swap."""
+    if manifest.kind not in ("dense", "hybrid") or manifest.model is None:
+        raise MedAdaptError(f"{label} is a {manifest.kind} index without a dense side: it has no query encoder to "
+                            "upgrade")
+
+
+def _open_new(model, model_name: str | None, device: str | None):
+    """The new model as an encoder, and what the manifest will record about it (document side included)."""
+    encoder = open_encoder(model, device=device)
+    name = model_name or (str(model) if isinstance(model, (str, Path)) else "")
+    source = None
+    if name:
+        name, source = model_reference(name)
+    if not isinstance(encoder, DenseEncoder):
+        raise MedAdaptError(f"{type(encoder).__name__} encodes no dense queries; upgrade-queries needs a dense "
+                            "model")
+    info = describe_model(encoder, name, source)
+    if not info.document_fingerprint:
+        raise MedAdaptError(f"{type(encoder).__name__} does not say which document encoder it has (no "
+                            "document_fingerprint()); upgrade-queries cannot check that the index's documents "
+                            "need no re-encoding: rebuild the index with it")
+    return encoder, info
+
+
+def _document_side(label: str, manifest: Manifest, load_recorded: Callable[[], Any]) -> ModelInfo:
+    """The index's model record with its document fingerprint: recorded in the manifest, or (an index built
+    before medadapt recorded it) from its recorded model, reloaded and checked against its fingerprint."""
+    info = manifest.model
+    if info.document_fingerprint:
+        return info
+    try:
+        fingerprint = getattr(load_recorded(), "document_fingerprint", None)
+    except MedAdaptError as exc:
+        raise MedAdaptError(f"{label} does not record its document encoder (built before medadapt recorded it) "
+                            f"and its model cannot be reloaded to tell: {exc}") from None
+    if not callable(fingerprint):
+        raise MedAdaptError(f"{label} was built with a {manifest.encoder!r} encoder, which does not say which "
+                            "document encoder it has; upgrade-queries cannot check its documents: rebuild the "
+                            "index with the new model")
+    return info.model_copy(update={"document_fingerprint": str(fingerprint())})
+
+
+def _checked(label: str, manifest: Manifest, old: ModelInfo, encoder, new: ModelInfo) -> Manifest | None:
+    """The manifest naming the new model with the upgrade recorded, or ``None`` when the index already names
+    this very model. Raises :class:`IndexMismatchError` when the new model's document side is not the one the
+    documents were encoded with, or its queries do not fit the index's vectors."""
+    refuse = "; nothing was changed"
+    if encoder.encoder_tag != manifest.encoder:
+        raise IndexMismatchError(f"{label} was built with a {manifest.encoder!r} encoder; the new model is a "
+                                 f"{encoder.encoder_tag!r} encoder{refuse}")
+    if new.document_fingerprint != old.document_fingerprint:
+        raise IndexMismatchError(
+            f"{label}: the new model's document encoder (fingerprint {new.document_fingerprint}) is not the one its "
+            f"documents were encoded with ({old.document_fingerprint}, model {old.name or '(unnamed)'!r}); only a "
+            "model trained against the same document encoder (a query-route head, a CARE query tower) can take "
+            f"over its queries: rebuild the index with `medadapt index` instead{refuse}")
+    if new.document_prompt != old.document_prompt:
+        raise IndexMismatchError(f"{label}: the new model's document prompt {new.document_prompt!r} differs from "
+                                 f"the one its documents were encoded with ({old.document_prompt!r}){refuse}")
+    if uses_cosine(encoder) != bool(manifest.normalized):
+        raise IndexMismatchError(f"{label} holds {'normalised' if manifest.normalized else 'raw'} vectors for "
+                                 f"{old.similarity} similarity; the new model uses {new.similarity}{refuse}")
+    probe = np.asarray(encoder.encode_query([PROBE_QUERY], batch_size=1))
+    if probe.ndim != 2 or probe.shape[1] != manifest.embedding_dim:
+        raise IndexMismatchError(f"{label} holds {manifest.embedding_dim}-dim vectors; the new model's queries "
+                                 f"have shape {list(probe.shape[1:])}{refuse}")
+    if new == old:
+        return None
+    config = RetrieverConfig.model_validate(_current_config(manifest, Path(label)))
+    record = QueryUpgrade(old=old, new=new, document_fingerprint=old.document_fingerprint,
+                          medadapt_version=__version__,
+                          upgraded_at=datetime.now(timezone.utc).isoformat(timespec="seconds"))
+    return manifest.model_copy(update={"format": FORMAT, "config": config.model_dump(mode="json"),
+                                       "medadapt_version": __version__, "model": new,
+                                       "query_upgrades": [*manifest.query_upgrades, record]})
+
+
+# ------------------------------------------------------------------------------------------ files
+def _link_or_copy(src: str, dst: str) -> str:
+    """``dst`` as a hard link to ``src`` (the very bytes, no copy), else a copy (a file system without links)."""
+    try:
+        os.link(src, dst)
+    except OSError:
+        shutil.copy2(src, dst)
+    return dst
+
+
+def _carry(folder: Path, tmp: Path) -> None:
+    """Every entry of ``folder`` but the manifest and its checksum, into ``tmp`` as it is."""
+    for entry in os.scandir(folder):
+        if entry.name in (MANIFEST, MANIFEST_SUM):
+            continue
+        target = tmp / entry.name
+        if entry.is_symlink():
+            os.symlink(os.readlink(entry.path), target)
+        elif entry.is_dir():
+            shutil.copytree(entry.path, target, symlinks=True, copy_function=_link_or_copy)
+        else:
+            _link_or_copy(entry.path, str(target))
+
+
+def _check_files(folder: Path, tmp: Path, manifest: Manifest, verify: bool) -> None:
+    """The carried files are the ones the manifest records (size, and SHA-256 with ``verify``)."""
+    for name, info in manifest.files.items():
+        if Path(name).is_absolute() or ".." in Path(name).parts:
+            raise IndexCorruptError(f"{folder / MANIFEST}: file name {name!r} points outside the index folder")
+        path = tmp / name
+        if not path.is_file():
+            raise IndexCorruptError(f"{folder}: file {name} is missing; rebuild the index")
+        if path.stat().st_size != info.bytes or (verify and sha256_file(path) != info.sha256):
+            raise IndexCorruptError(f"{folder / name}: differs from the manifest (size or checksum); the index is "
+                                    "corrupted: rebuild it")
