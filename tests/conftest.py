@@ -39,6 +39,13 @@ def pytest_collection_modifyitems(config, items):
     items.sort(key=lambda item: item.path.name not in SLOW_FIRST)  # stable: the order within each part stays
 
 
+def pytest_configure(config):
+    """Under ``--dist loadfile`` pytest-xdist hands out files by number of tests (most first) unless told to
+    keep the collection order, which would leave the slow five-test file for last."""
+    if hasattr(config.option, "loadscopereorder"):
+        config.option.loadscopereorder = False
+
+
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
