@@ -30,22 +30,6 @@ from medadapt.tiny import (  # noqa: F401 - re-exported: tests import the builde
     write_beir,
 )
 
-#: Test files that take minutes: collected first, so under ``pytest -n 2`` (the README's command) one worker
-#: starts on them while the other works through the rest, instead of one of them ending the run alone.
-SLOW_FIRST = ("test_tiny_recipes.py",)
-
-
-def pytest_collection_modifyitems(config, items):
-    items.sort(key=lambda item: item.path.name not in SLOW_FIRST)  # stable: the order within each part stays
-
-
-def pytest_configure(config):
-    """Under ``--dist loadfile`` pytest-xdist hands out files by number of tests (most first) unless told to
-    keep the collection order, which would leave the slow five-test file for last."""
-    if hasattr(config.option, "loadscopereorder"):
-        config.option.loadscopereorder = False
-
-
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
