@@ -199,17 +199,31 @@ def load_manifest(folder: str | Path, verify: bool = True) -> tuple[Manifest, st
     if not has_sum and manifest.format >= CHECKSUM_FORMAT:
         raise IndexCorruptError(f"{folder}: {MANIFEST_SUM} is missing (index format {manifest.format} has one); "
                                 "the index is corrupted: rebuild it")
+    check_files(folder, manifest, verify)
+    return manifest, digest
+
+
+def check_files(root: Path, manifest: Manifest, verify: bool, shown: Path | None = None) -> None:
+    """The data files under ``root`` are the ones ``manifest`` records: inside the folder, present, of the
+    recorded size and, with ``verify``, of the recorded SHA-256. Errors name ``shown`` (default ``root``): the
+    index folder, also when ``root`` is a temporary copy of it.
+
+    Raises:
+        IndexCorruptError: a file name outside the folder, a missing file, or one that differs."""
+    shown = Path(shown or root)
     for name, info in manifest.files.items():
         if Path(name).is_absolute() or ".." in Path(name).parts:
-            raise IndexCorruptError(f"{path}: file name {name!r} points outside the index folder")
-        f = folder / name
+            raise IndexCorruptError(f"{shown / MANIFEST}: file name {name!r} points outside the index folder")
+        f = Path(root) / name
         if not f.is_file():
-            raise IndexCorruptError(f"{folder}: file {name} is missing; rebuild the index")
-        if f.stat().st_size != info.bytes:
-            raise IndexCorruptError(f"{f}: size {f.stat().st_size} != {info.bytes} recorded; the index is corrupted")
+            raise IndexCorruptError(f"{shown}: file {name} is missing; rebuild the index")
+        size = f.stat().st_size
+        if size != info.bytes:
+            raise IndexCorruptError(f"{shown / name}: differs from the manifest (size {size} != {info.bytes} "
+                                    "recorded); the index is corrupted: rebuild it")
         if verify and sha256_file(f) != info.sha256:
-            raise IndexCorruptError(f"{f}: checksum differs from the manifest; the index is corrupted")
-    return manifest, digest
+            raise IndexCorruptError(f"{shown / name}: differs from the manifest (checksum); the index is "
+                                    "corrupted: rebuild it")
 
 
 @contextlib.contextmanager

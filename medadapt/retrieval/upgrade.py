@@ -52,8 +52,8 @@ from medadapt.retrieval.errors import IndexCorruptError, IndexMismatchError
 from medadapt.retrieval.retriever import (LOAD_ATTEMPTS, _check_model, _current_config, describe_model,
                                           model_reference)
 from medadapt.retrieval.storage import (FORMAT, INDEX_FOLDER, MANIFEST, MANIFEST_SUM, Manifest, ModelInfo,
-                                        QueryUpgrade, atomic_dir, load_manifest, manifest_data, manifest_digest,
-                                        sha256_file, write_manifest)
+                                        QueryUpgrade, atomic_dir, check_files, load_manifest, manifest_data,
+                                        manifest_digest, write_manifest)
 from medadapt.retrieval.vectordb import COMPLETE, META, _label, collection_manifest
 
 __all__ = ["PROBE_QUERY", "UpgradeResult", "upgrade_queries", "upgrade_qdrant_queries"]
@@ -130,7 +130,7 @@ def upgrade_queries(index: str | Path, model: Any, *, model_name: str | None = N
                 _carry(folder, tmp)
                 if manifest_digest(folder) != digest:
                     raise _Replaced
-                _check_files(folder, tmp, manifest, verify)
+                check_files(tmp, manifest, verify, shown=folder)
                 write_manifest(tmp, new)
                 if manifest_digest(folder) != digest:  # rebuilt meanwhile: that build wins, this one retries
                     raise _Replaced
@@ -272,16 +272,3 @@ def _carry(folder: Path, tmp: Path) -> None:
             shutil.copytree(entry.path, target, symlinks=True, copy_function=_link_or_copy)
         else:
             _link_or_copy(entry.path, str(target))
-
-
-def _check_files(folder: Path, tmp: Path, manifest: Manifest, verify: bool) -> None:
-    """The carried files are the ones the manifest records (size, and SHA-256 with ``verify``)."""
-    for name, info in manifest.files.items():
-        if Path(name).is_absolute() or ".." in Path(name).parts:
-            raise IndexCorruptError(f"{folder / MANIFEST}: file name {name!r} points outside the index folder")
-        path = tmp / name
-        if not path.is_file():
-            raise IndexCorruptError(f"{folder}: file {name} is missing; rebuild the index")
-        if path.stat().st_size != info.bytes or (verify and sha256_file(path) != info.sha256):
-            raise IndexCorruptError(f"{folder / name}: differs from the manifest (size or checksum); the index is "
-                                    "corrupted: rebuild it")
