@@ -56,8 +56,7 @@ RECIPE_NAMES = ["care-tiny-init", "hyrec-tiny", "med-moe-embed-tiny"]
 def prepare(d: Path) -> None:
     """Random tiny BERT (sentence-transformers folder), tiny Qwen2 and a tiny BEIR folder under ``d``."""
     sys.path.insert(0, str(ROOT / "tests"))
-    from conftest import build_tiny_beir, build_tiny_bert
-    from test_asym import build_tiny_qwen2
+    from conftest import build_tiny_beir, build_tiny_bert, build_tiny_qwen2
 
     if not (d / "bert" / "st").exists():
         build_tiny_bert(d / "bert")

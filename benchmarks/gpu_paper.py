@@ -474,18 +474,6 @@ class Probe:
             probe._end(st, float(out.detach().float()) if hasattr(out, "detach") else None)
             return out
 
-        import medadapt.bmretriever.trainer as bm_trainer
-
-        train_stage = bm_trainer.train_stage
-
-        def stage_window(*a, **k):  # BMRetriever's stages: the trainer's collator tokenises between steps
-            probe.window = f"bm_stage{1 + sum(s['stage'].startswith('bm_stage') for s in probe.stages)}"
-            try:
-                return train_stage(*a, **k)
-            finally:
-                probe.window = None
-
-        bm_trainer.train_stage = stage_window
         transformers.Trainer.training_step = tstep
         call = PreTrainedTokenizerBase.__call__
 

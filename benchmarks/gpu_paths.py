@@ -25,8 +25,7 @@ from _common import base_parser, finish  # noqa: E402
 
 
 def _systems(tmp: Path) -> dict[str, tuple[Path, list[str]]]:
-    from conftest import build_tiny_beir, build_tiny_bert
-    from test_asym import build_tiny_qwen2
+    from conftest import build_tiny_beir, build_tiny_bert, build_tiny_qwen2
 
     bert = build_tiny_bert(tmp / "bert")
     qwen = build_tiny_qwen2(tmp / "qwen")

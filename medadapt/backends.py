@@ -9,14 +9,14 @@ backbone and ``encode`` returns what it did (within float rounding; int8 within 
 
 Exports are made once per source weights: ``<cache>/exports/<fingerprint>/model.onnx`` (and
 ``model.int8.onnx``), where ``<cache>`` is :func:`medadapt.cache.default_cache_dir` and ``<fingerprint>``
-is :func:`medadapt.models.modules_fingerprint` of the torch ``Transformer`` module (config and weights).
+is :func:`medadapt.identity.modules_fingerprint` of the torch ``Transformer`` module (config and weights).
 Each file is written beside its final name and renamed into place, under the folder's lock, after the
 exported graph has been checked against the torch module on a test batch; ``meta.json`` records each
 file's SHA-256, checked on every load (a file that fails it is exported again). A second load therefore
 only hashes the file, never exports again.
 
 Each backend has its own model fingerprint (:func:`backend_key`, folded into
-:func:`medadapt.models.modules_fingerprint`), so the embedding cache, index manifests and model identities
+:func:`medadapt.identity.modules_fingerprint`), so the embedding cache, index manifests and model identities
 keep backends apart: an ONNX or int8 model never reads embeddings cached by the torch model or by another
 backend. Torch fingerprints (and so existing caches) are unchanged.
 
@@ -40,7 +40,6 @@ BGE); graphs under 2 GB (a single ``.onnx`` file); a model on a non-torch backen
 from __future__ import annotations
 
 import copy
-import hashlib
 import importlib
 import json
 import os
@@ -50,7 +49,10 @@ import warnings
 from pathlib import Path
 from typing import Any
 
-from medadapt.errors import MedAdaptError, ModelLoadError
+from medadapt.cache import default_cache_dir, namespace_lock
+from medadapt.errors import MedAdaptError, ModelLoadError, warn
+from medadapt.identity import backend_key, modules_fingerprint, sha256_file  # noqa: F401 - backend_key re-exported
+from medadapt.io import atomic_write_json, file_mode
 
 #: Valid backend names; extra and import names of what each needs beyond medadapt's own dependencies.
 BACKENDS: dict[str, dict[str, Any]] = {
@@ -89,17 +91,7 @@ def require_backend(name: str) -> None:
 
 def export_root() -> Path:
     """Where exported graphs are kept: ``<embedding cache dir>/exports`` (see the module docstring)."""
-    from medadapt.cache import default_cache_dir
-
     return default_cache_dir() / "exports"
-
-
-def _sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 22), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 class BackendModel:
@@ -253,11 +245,9 @@ def _quantize(source: Path, target: Path) -> None:
 
 def _install(tmp: Path, folder: Path, name: str, meta: dict) -> None:
     """Rename ``tmp`` to ``folder/name`` (same file system), then record its hash in ``meta.json``."""
-    from medadapt.io import atomic_write_json, file_mode
-
     os.chmod(tmp, file_mode())
     os.replace(tmp, folder / name)
-    meta.setdefault("files", {})[name] = _sha256_file(folder / name)
+    meta.setdefault("files", {})[name] = sha256_file(folder / name)
     atomic_write_json(folder / "meta.json", meta)
 
 
@@ -272,16 +262,13 @@ def _read_meta(folder: Path) -> dict:
 def _valid(folder: Path, name: str, meta: dict) -> bool:
     path = folder / name
     want = (meta.get("files") or {}).get(name)
-    return path.is_file() and want is not None and _sha256_file(path) == want
+    return path.is_file() and want is not None and sha256_file(path) == want
 
 
 def ensure_export(transformer, backend: str, fingerprint, root: Path | None = None) -> tuple[Path, list[str], str]:
     """``(graph file, input names, source fingerprint)`` for ``transformer`` on ``backend``, exporting (and
     quantising) once per source weights under the export folder's lock. ``fingerprint``: a function of a
-    list of modules (:func:`medadapt.models.modules_fingerprint`) naming the export folder."""
-    from medadapt.cache import namespace_lock
-    from medadapt.errors import warn
-
+    list of modules (:func:`medadapt.identity.modules_fingerprint`) naming the export folder."""
     source = fingerprint([transformer])
     folder = (root or export_root()) / source
     try:
@@ -313,41 +300,11 @@ def ensure_export(transformer, backend: str, fingerprint, root: Path | None = No
     return folder / name, names, source
 
 
-def backend_key(modules) -> str:
-    """What the embedding cache adds to a backbone's fingerprint for its backend: ``""`` when every
-    transformer runs on torch (torch namespaces unchanged), else ``"<backend>:<source>:<file sha256>"`` per
-    swapped transformer. A sentence-transformers ONNX / OpenVINO model not loaded through medadapt is keyed
-    by the hash of its graph file; one whose file cannot be found is refused (its weights cannot be told
-    apart from another model's: the graph holds no torch parameters to hash)."""
-    from sentence_transformers.base.modules import Transformer
-
-    keys = []
-    for top in modules:
-        for module in top.modules():
-            if not isinstance(module, Transformer):
-                continue
-            inner = module.model
-            if isinstance(inner, BackendModel):
-                keys.append(inner.medadapt_backend_key)
-                continue
-            if getattr(module, "backend", "torch") == "torch":
-                continue
-            path = getattr(inner, "model_path", None) or getattr(inner, "model_save_dir", None)
-            path = Path(str(path)) if path else None
-            if path is not None and path.is_dir():
-                files = sorted([*path.glob("*.onnx"), *path.glob("*.xml")])
-                path = files[0] if files else None
-            if path is None or not path.is_file():
-                raise MedAdaptError(f"cannot identify the weights of this {module.backend} model for the "
-                                    "embedding cache; load it with medadapt.load(..., backend=...)")
-            keys.append(f"{module.backend}:{_sha256_file(path)}")
-    return "|".join(keys)
-
-
-def apply_backend(model, backend: str, *, fingerprint, threads: int | None = None, root: Path | None = None):
+def apply_backend(model, backend: str, *, fingerprint=modules_fingerprint, threads: int | None = None,
+                  root: Path | None = None):
     """Run every ``Transformer`` module of ``model`` (loaded with torch) on ``backend``, in place; returns
-    ``model`` (:func:`medadapt.load` calls it; ``fingerprint`` is :func:`medadapt.models.modules_fingerprint`,
-    passed in so that this module does not import :mod:`medadapt.models`, which imports it).
+    ``model`` (:func:`medadapt.load` calls it; ``fingerprint``: a function of a list of modules naming the export
+    folder, :func:`medadapt.identity.modules_fingerprint`).
     ``threads``: intra-op threads of the runtime (default ``torch.get_num_threads()``, so
     ``torch.set_num_threads`` / ``OMP_NUM_THREADS`` govern every backend alike).
     ``root``: export folder (default :func:`export_root`)."""
@@ -378,7 +335,7 @@ def apply_backend(model, backend: str, *, fingerprint, threads: int | None = Non
             raise MedAdaptError(f"backend {backend!r} supports text feature-extraction transformers that "
                                 f"output last_hidden_state (this one: {transformer.transformer_task!r}, {text})")
         path, names, source = ensure_export(transformer, backend, fingerprint, root)
-        key = f"{backend}:{source}:{_sha256_file(path)}"
+        key = f"{backend}:{source}:{sha256_file(path)}"
         runner = _make_backend_model(backend, path, transformer.model.config, names, key, threads)
         transformer.model = runner  # the torch weights are released
         transformer.backend = "openvino" if backend == "openvino" else "onnx"

@@ -8,7 +8,7 @@ Layout (all files safetensors / JSON, never pickle)::
     <root>/<namespace>/meta.json                 # what the namespace is (model fingerprint, role, ...)
     <root>/<namespace>/shard-<uuid>.safetensors  # {"hashes": uint8[n,16], "embeddings": float[n,d]}
 
-* The **namespace** is a hash of the backbone identity (:func:`medadapt.models.modules_fingerprint`), max
+* The **namespace** is a hash of the backbone identity (:func:`medadapt.identity.modules_fingerprint`), max
   sequence length, role (query / document / plain), effective prompt and storage dtype.
 * An **asymmetric** model (first module a sentence-transformers ``Router``) is cached **per route**: for
   role ``"query"`` / ``"document"`` the cache uses a *route view* (:func:`route_view`: the route's modules
@@ -89,8 +89,10 @@ from medadapt.cache_shards import (  # noqa: F401 - re-exported: the shard forma
     verified_layout,
 )
 from medadapt.errors import DataError, MedAdaptError, MedAdaptWarning
+from medadapt.identity import modules_fingerprint
 from medadapt.io import atomic_open, atomic_write_json
 from medadapt.locks import model_lock, path_lock
+from medadapt.progress import progress
 
 Role = Literal["query", "document", "plain"]
 CACHE_FORMAT = 1
@@ -353,8 +355,6 @@ class EmbeddingCache:
         (training, a LoRA merge, ``load_state_dict``) gets a new one. A transformer running on another
         backend (:mod:`medadapt.backends`: ONNX, int8, OpenVINO) has its own fingerprint, so caches of two
         backends never mix."""
-        from medadapt.models import modules_fingerprint
-
         return modules_fingerprint(split_backbone(model)[0])
 
     def role_fingerprint(self, model, role: Role) -> str:
@@ -550,8 +550,6 @@ class EmbeddingCache:
                 self._encode_locked(model, ns_dir, missing, role, prompt, batch_size, show_progress, desc)
 
     def _encode_locked(self, model, ns_dir, missing, role, prompt, batch_size, show_progress, desc) -> None:
-        from medadapt.progress import progress
-
         _, tail = split_backbone(model)
         encoder = backbone_view(model) if tail else model
         fn = {"query": encoder.encode_query, "document": encoder.encode_document, "plain": encoder.encode}[role]

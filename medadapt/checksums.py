@@ -14,11 +14,12 @@ folder), not someone who can rewrite both the files and their sums.
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Iterable
 from pathlib import Path, PurePosixPath
 
 from medadapt.errors import MedAdaptError
+from medadapt.identity import sha256_file  # noqa: F401 - re-exported
+from medadapt.io import atomic_write_text
 
 __all__ = ["SUMS", "ChecksumError", "read_sums", "sha256_file", "verify_sums", "write_sums"]
 
@@ -30,15 +31,6 @@ class ChecksumError(MedAdaptError):
     """A folder's files do not match its sums file (missing, unlisted, changed), or it has none."""
 
 
-def sha256_file(path: str | Path, chunk: int = 1 << 22) -> str:
-    """SHA-256 of a file's bytes, read in chunks."""
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while block := f.read(chunk):
-            h.update(block)
-    return h.hexdigest()
-
-
 def _files(folder: Path, sums: str) -> list[str]:
     """Every regular file under ``folder`` (relative POSIX paths) except the sums file itself."""
     return sorted(p.relative_to(folder).as_posix() for p in folder.rglob("*")
@@ -48,8 +40,6 @@ def _files(folder: Path, sums: str) -> list[str]:
 def write_sums(folder: str | Path, names: Iterable[str] | None = None, *, name: str = SUMS) -> dict[str, str]:
     """Write ``folder/name`` listing ``names`` (default: every file under ``folder``) with their SHA-256,
     atomically. Returns ``{relative path: digest}``."""
-    from medadapt.io import atomic_write_text
-
     folder = Path(folder)
     listed = sorted(set(names)) if names is not None else _files(folder, name)
     sums = {n: sha256_file(folder / n) for n in listed}

@@ -44,6 +44,7 @@ from medadapt.cache import (
     namespace_lock,
     text_hash,
 )
+from medadapt.data.beir import load_beir
 from medadapt.errors import MedAdaptError
 from medadapt.io import atomic_write_json
 
@@ -84,8 +85,6 @@ class EncodeReport:
 def corpus_texts(path: str | Path) -> list[str]:
     """The document texts of a BEIR folder (or builtin dataset name) exactly as evaluation encodes them
     (title and text joined, :meth:`medadapt.data.BeirDataset.doc_text`), in corpus order."""
-    from medadapt.data.beir import load_beir
-
     return load_beir(path, splits=[]).doc_texts()
 
 

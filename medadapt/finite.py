@@ -3,7 +3,7 @@ checkpoints, HyReC's lexical weights go through :func:`medadapt.io.atomic_save_t
 
 A head whose weights hold NaN or infinity encodes every text to NaN; saved, it would poison every model that
 loads it and every cache namespace it fills. Training already stops before such weights are written
-(:mod:`medadapt.training.guards`); this covers the Python API too (``save_adapter`` of a model edited or
+(:mod:`medadapt.training.loop`); this covers the Python API too (``save_adapter`` of a model edited or
 trained elsewhere). Integer and boolean tensors are always finite and skipped; a tensor is checked where it
 lives (no copy to the CPU first).
 """

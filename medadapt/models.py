@@ -34,16 +34,20 @@ After construction every medadapt ``AdapterStack`` is checked against the width 
 from __future__ import annotations
 
 import difflib
-import hashlib
 import json
 import os
 import pickle
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+import medadapt.adapters  # noqa: F401  (SentenceTransformer.add_adapter / load_adapter know medadapt heads)
+from medadapt.adapters.api import _route_dim
+from medadapt.adapters.files import is_adapter_folder, load_adapter_model
+from medadapt.adapters.stack import AdapterStack
+from medadapt.backends import apply_backend, check_backend, require_backend
 from medadapt.errors import ModelLoadError
 from medadapt.model_names import ALIAS_NAMES, ALIASES, module_classes, read_model_json as _read_json  # noqa: F401 - re-exported
-from medadapt.tokenizer_id import tokenizer_fingerprint
+from medadapt.identity import model_fingerprint, modules_fingerprint, tokenizer_fingerprint  # noqa: F401 - re-exported
 
 if TYPE_CHECKING:  # pragma: no cover
     from sentence_transformers import SentenceTransformer
@@ -314,8 +318,6 @@ def _width_before(modules: list) -> int | None:
     """The width of the embedding the modules produce, from what each reports; a ``Pooling`` whose config
     records another token width than the module before it gives (a backbone swapped under it) scales with
     the real token width, as its output does."""
-    from medadapt.adapters.api import _route_dim
-
     width = None
     for module in modules:
         token_dim = getattr(module, "embedding_dimension", None)
@@ -334,8 +336,6 @@ def check_head_widths(model, name: str) -> None:
     """Every medadapt ``AdapterStack`` of ``model`` must be as wide as the embedding of the modules before
     it (top level or inside a ``Router`` route); else :class:`ModelLoadError` naming the head and both widths
     (instead of a reshape error at the first ``encode``)."""
-    from medadapt.adapters.stack import AdapterStack
-
     def visit(modules: list, where: str) -> None:
         for i, module in enumerate(modules):
             if not isinstance(module, AdapterStack):
@@ -384,22 +384,17 @@ def load(name_or_path: str, device: str | None = None, *, trust_remote_code: boo
             embedding it reads.
     """
     check_device(device)
-    from medadapt.backends import apply_backend, check_backend, require_backend
-
     if check_backend(backend) != "torch":
         require_backend(backend)  # before loading anything: a missing package is one clear error
         if device is not None and not str(device).strip().startswith("cpu"):
             raise ModelLoadError(f"backend {backend!r} runs on the CPU; use device 'cpu' or backend 'torch'")
     resolved = resolve_model_path(name_or_path)
     local = Path(resolved).is_dir()
-    import medadapt.adapters  # noqa: F401  (SentenceTransformer.add_adapter / load_adapter know medadapt heads)
-    from medadapt.adapters.files import is_adapter_folder, load_adapter_model
-
     if local and is_adapter_folder(resolved):
         model = load_adapter_model(resolved, load, base=base, device=device,
                                    trust_remote_code=trust_remote_code, **kwargs)
         set_identity(model, name_or_path, resolved, replace=True)  # the base's identity was set on its load
-        return apply_backend(model, backend, fingerprint=modules_fingerprint)
+        return apply_backend(model, backend)
     if base is not None:
         raise ModelLoadError(f"base= applies to adapter-only folders; {name_or_path!r} is not one")
     from sentence_transformers import SentenceTransformer
@@ -461,7 +456,7 @@ def load(name_or_path: str, device: str | None = None, *, trust_remote_code: boo
         raise ModelLoadError(f"cannot load model {name_or_path!r}: {first}{hint}") from exc
     check_head_widths(model, str(name_or_path))
     set_identity(model, name_or_path, resolved)
-    return apply_backend(model, backend, fingerprint=modules_fingerprint)
+    return apply_backend(model, backend)
 
 
 def model_name_for(name_or_path: str, resolved: str) -> str:
@@ -475,8 +470,6 @@ def model_name_for(name_or_path: str, resolved: str) -> str:
     path = Path(resolved)
     if not path.is_dir():
         return key if "/" in key else f"hub/{key}"
-    from medadapt.adapters.files import is_adapter_folder
-
     try:
         ours = (is_adapter_folder(path) or (path / "recipe.yaml").is_file()
                 or any(c.startswith("medadapt.") for c in module_classes(path)))
@@ -504,54 +497,3 @@ def set_identity(model, name_or_path: str, resolved: str, replace: bool = False)
         name = card.model_name
     model.medadapt_name = name
     model.medadapt_revision = revision
-
-
-def model_fingerprint(model, full_hash_max_params: int = 300_000_000) -> str:
-    """A stable identity for a SentenceTransformer's modules, their configuration and weights.
-
-    Hashes every parameter's bytes for models up to ``full_hash_max_params`` parameters; above that, a
-    hash of each tensor's name, shape, and a strided sample of its values (fast for multi-billion LLMs,
-    still changes when training changes the weights).
-    """
-    return modules_fingerprint(list(getattr(model, "_modules", {}).values()), full_hash_max_params)
-
-
-def modules_fingerprint(modules, full_hash_max_params: int = 300_000_000) -> str:
-    """:func:`model_fingerprint` of a list of modules (e.g. a model's backbone without its heads): their
-    types and configurations, the :func:`tokenizer_fingerprint` of any tokenizer they hold, and weights."""
-    import torch
-
-    h = hashlib.sha256()
-    h.update(b"SentenceTransformer")
-    for i, module in enumerate(modules):
-        h.update(f"{i}:{type(module).__module__}.{type(module).__qualname__}".encode())
-        get_cfg = getattr(module, "get_config_dict", None)
-        if callable(get_cfg):
-            try:
-                h.update(json.dumps(get_cfg(), sort_keys=True, default=str).encode())
-            except Exception:  # noqa: BLE001 - configs with exotic values still fingerprint by weights
-                pass
-        seen: set[int] = set()  # a Router's routes each hold a Transformer with its own tokenizer
-        for sub in module.modules() if isinstance(module, torch.nn.Module) else [module]:
-            tokenizer = getattr(sub, "tokenizer", None)
-            if tokenizer is not None and id(tokenizer) not in seen:  # same weights, other tokens: other vectors
-                seen.add(id(tokenizer))
-                h.update(f"tokenizer:{tokenizer_fingerprint(tokenizer)}".encode())
-    n_params = sum(p.numel() for m in modules for p in m.parameters())
-    state = {f"{i}.{k}": v for i, m in enumerate(modules) for k, v in m.state_dict().items()}
-    for name in sorted(state):
-        t = state[name]
-        if not isinstance(t, torch.Tensor):
-            continue
-        h.update(f"{name}:{tuple(t.shape)}:{t.dtype}".encode())
-        flat = t.detach().reshape(-1)
-        if n_params > full_hash_max_params and flat.numel() > 4096:
-            step = max(1, flat.numel() // 4096)
-            flat = flat[::step]
-        h.update(flat.to("cpu", torch.float32).contiguous().numpy().tobytes())
-    from medadapt.backends import backend_key
-
-    key = backend_key(modules)  # an ONNX / OpenVINO transformer holds no torch weights: its graph's identity
-    if key:  # "" on torch: fingerprints of torch models are unchanged
-        h.update(f"backend:{key}".encode())
-    return h.hexdigest()[:24]

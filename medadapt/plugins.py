@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from collections.abc import Callable, Container
 
+from medadapt.errors import ConfigError
+
 __all__ = ["load_group", "lookup"]
 
 _loaded: set[str] = set()
@@ -38,8 +40,6 @@ def lookup(group: str, registry: dict, name: str, what: str):
     if name not in registry:
         load_group(group, registry)
     if name not in registry:
-        from medadapt.errors import ConfigError
-
         raise ConfigError(f"unknown {what} {name!r} (valid: {', '.join(sorted(registry)) or 'none'})")
     return registry[name]
 

@@ -7,7 +7,14 @@ The builders are the library's (:mod:`medadapt.tiny`, also behind the ``tiny-ber
   with a fixed WordPiece vocabulary (``medadapt.tiny.tiny_vocab``).
 * ``tiny_bert``: a fresh ``SentenceTransformer`` loaded from that directory (function scope, so tests
   may mutate it).
+* ``tiny_qwen2_dir`` / ``tiny_qwen2_right_dir``: a saved tiny Qwen2 decoder (left / right padding), built
+  once per session; tests load models from it and never write into it.
 * ``tiny_beir_dir``: a small BEIR folder whose queries share words with their relevant documents.
+* ``_isolated_cache``: ``$MEDADAPT_CACHE`` in the test's own folder (``pytestmark =
+  pytest.mark.usefixtures("_isolated_cache")``).
+
+Helpers shared by several test files that are not fixtures live in ``tests/_helpers.py``; no test file
+imports another.
 """
 
 from __future__ import annotations
@@ -25,6 +32,7 @@ from medadapt.tiny import (  # noqa: F401 - re-exported: tests import the builde
     TOPICS,
     build_tiny_beir,
     build_tiny_bert,
+    build_tiny_qwen2,
     corpus_texts,
     tiny_vocab,
     write_beir,
@@ -119,9 +127,25 @@ def tiny_bert(tiny_bert_dir):
     return SentenceTransformer(str(tiny_bert_dir), device="cpu")
 
 
+@pytest.fixture(scope="session")
+def tiny_qwen2_dir(tmp_path_factory) -> Path:
+    return build_tiny_qwen2(tmp_path_factory.mktemp("tiny_qwen2"))
+
+
+@pytest.fixture(scope="session")
+def tiny_qwen2_right_dir(tmp_path_factory) -> Path:
+    return build_tiny_qwen2(tmp_path_factory.mktemp("tiny_qwen2_right"), padding_side="right")
+
+
 @pytest.fixture()
 def tiny_beir_dir(tmp_path) -> Path:
     return build_tiny_beir(tmp_path / "beir")
+
+
+@pytest.fixture
+def _isolated_cache(tmp_path, monkeypatch):
+    """``$MEDADAPT_CACHE`` in the test's own folder: nothing cached by another test is found, nothing leaks."""
+    monkeypatch.setenv("MEDADAPT_CACHE", str(tmp_path / "cache"))
 
 
 @pytest.fixture

@@ -8,7 +8,6 @@ from pathlib import Path
 
 import pytest
 
-from test_asym import build_tiny_qwen2
 
 pytestmark = pytest.mark.filterwarnings("ignore")
 
@@ -87,14 +86,15 @@ def _overrides(qwen, bert, beir) -> list[str]:
 NO_TRAINING = ["init.query=null", "init.document=null", "stage1.enabled=false", "stage2.enabled=false"]
 
 
-def test_tiny_recipe_runs_every_phase_beats_untrained_and_resumes(tiny_bert_dir, tiny_beir_dir, tmp_path):
+def test_tiny_recipe_runs_every_phase_beats_untrained_and_resumes(tiny_bert_dir, tiny_qwen2_dir, tiny_beir_dir,
+                                                                  tmp_path):
     from sentence_transformers import SentenceTransformer
 
     from medadapt.asym import has_lora, route_modules
     from medadapt.cache import EmbeddingCache
     from medadapt.recipes import run_recipe
 
-    qwen = build_tiny_qwen2(tmp_path / "q")
+    qwen = tiny_qwen2_dir
     out = tmp_path / "run"
     overrides = _overrides(qwen, tiny_bert_dir, tiny_beir_dir) + ["stage2.epochs=4"]
     cache = EmbeddingCache(tmp_path / "cache")
@@ -131,12 +131,12 @@ def test_tiny_recipe_runs_every_phase_beats_untrained_and_resumes(tiny_bert_dir,
     assert again.train_seconds < result.train_seconds
 
 
-def test_rerun_with_another_recipe_is_refused_unless_overwrite(tiny_bert_dir, tiny_beir_dir, tmp_path):
+def test_rerun_with_another_recipe_is_refused_unless_overwrite(tiny_bert_dir, tiny_qwen2_dir, tiny_beir_dir, tmp_path):
     from medadapt.cache import EmbeddingCache
     from medadapt.recipes import run_recipe
     from medadapt.training.loop import TrainingError
 
-    qwen = build_tiny_qwen2(tmp_path / "q")
+    qwen = tiny_qwen2_dir
     overrides = _overrides(qwen, tiny_bert_dir, tiny_beir_dir) + ["init.query=null", "init.document=null",
                                                                   "stage2.enabled=false"]
     kw = {"cache": EmbeddingCache(tmp_path / "cache"), "evaluate": False, **QUIET}
@@ -150,7 +150,8 @@ def test_rerun_with_another_recipe_is_refused_unless_overwrite(tiny_bert_dir, ti
 
 
 @pytest.mark.parametrize("query", ["{kind: pruned, layers: 1}", "{kind: static}"])
-def test_tiny_recipe_with_pruned_or_static_query_tower_and_frozen_documents(query, tiny_beir_dir, tmp_path):
+def test_tiny_recipe_with_pruned_or_static_query_tower_and_frozen_documents(query, tiny_qwen2_dir, tiny_beir_dir,
+                                                                           tmp_path):
     from sentence_transformers import SentenceTransformer
 
     from medadapt.asym import evaluate_asymmetric
@@ -159,7 +160,7 @@ def test_tiny_recipe_with_pruned_or_static_query_tower_and_frozen_documents(quer
     from medadapt.data import load_beir
     from medadapt.recipes import load_recipe, run_recipe
 
-    qwen = build_tiny_qwen2(tmp_path / "q")
+    qwen = tiny_qwen2_dir
     overrides = [f"document.model={qwen}", f"data.path={tiny_beir_dir}", f"query={query}", "init.query=null",
                  "init.document=null", "stage2.train_document=false", "architecture.truncate_to=null"]
     result = run_recipe(RECIPES / "care-tiny.yaml", tmp_path / "run", overrides,
@@ -178,14 +179,14 @@ def test_tiny_recipe_with_pruned_or_static_query_tower_and_frozen_documents(quer
     assert fresh == pytest.approx(result.metrics, abs=1e-5)
 
 
-def test_stage2_align_weight_replays_stage1_and_needs_stage1(tiny_bert_dir, tiny_beir_dir, tmp_path):
+def test_stage2_align_weight_replays_stage1_and_needs_stage1(tiny_bert_dir, tiny_qwen2_dir, tiny_beir_dir, tmp_path):
     from medadapt.errors import ConfigError
     from medadapt.recipes import load_recipe, run_recipe
 
     with pytest.raises(ConfigError, match="stage2.align_weight > 0 .* needs stage1.enabled: true"):
         load_recipe(RECIPES / "care-tiny.yaml", ["stage1.enabled=false", "stage2.align_weight=1"])
     assert load_recipe(RECIPES / "care-tiny.yaml").stage2.align_weight == 0  # the paper's stage II by default
-    qwen = build_tiny_qwen2(tmp_path / "q")
+    qwen = tiny_qwen2_dir
     overrides = [f"document.model={qwen}", f"data.path={tiny_beir_dir}", "query={kind: pruned, layers: 1}",
                  "init.query=null", "init.document=null", "stage2.train_document=false",
                  "architecture.truncate_to=null", "stage2.align_weight=0.5", "stage1.distill_weight=1"]

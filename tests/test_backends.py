@@ -19,16 +19,11 @@ from medadapt.errors import MedAdaptError
 
 pytest.importorskip("onnxruntime")
 pytest.importorskip("onnx")
-pytestmark = pytest.mark.usefixtures("_single_thread")
+pytestmark = pytest.mark.usefixtures("_single_thread", "_isolated_cache")
 
 TEXTS = ["gout", "what are the symptoms of asthma? wheezing inhaler airway breath cough",
          "migraine is a condition with headache aura light nausea throbbing. treatment of migraine depends",
          "zzz unseen qqq words split into letters"]
-
-
-@pytest.fixture(autouse=True)
-def _isolated_cache(tmp_path, monkeypatch):
-    monkeypatch.setenv("MEDADAPT_CACHE", str(tmp_path / "cache"))
 
 
 def _enc(model):

@@ -1,7 +1,7 @@
 """BMRetriever (issue #8): instructions, stage I / II data builders, synthetic data, the decoder retriever,
 recipes (every shipped one validates, the tiny twin trains end to end and resumes).
 
-Models are tiny and random, built offline: the Qwen2 decoder comes from ``test_asym.build_tiny_qwen2``, the
+Models are tiny and random, built offline: the Qwen2 decoder comes from ``medadapt.tiny.build_tiny_qwen2``, the
 BERT base retriever from ``conftest``.
 """
 
@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from conftest import TOPICS
-from test_asym import build_tiny_qwen2
+from medadapt.tiny import build_tiny_qwen2
 
 pytestmark = pytest.mark.filterwarnings("ignore")
 ROOT = Path(__file__).resolve().parents[1]
@@ -173,7 +173,7 @@ def test_synthetic_generators_and_consistency_filter(tiny_bert, tiny_beir_dir):
 def test_decoder_retriever_eos_pooling_prompts_and_lora(tiny_decoder_dir):
     import torch
 
-    from medadapt.asym.decoder import EosTransformer
+    from medadapt.decoder import EosTransformer
     from medadapt.bmretriever import build_retriever
     from medadapt.errors import ConfigError
     from medadapt.recipes.base import LoraSection
@@ -331,11 +331,46 @@ def test_tiny_recipe_trains_both_stages_saves_and_resumes(tiny_decoder_dir, tiny
                    evaluate=False, **QUIET)
 
 
+def test_run_killed_inside_stage_ii_resumes_from_its_checkpoint(tiny_decoder_dir, tiny_bert_dir, tiny_beir_dir,
+                                                               tmp_path, monkeypatch):
+    """Killed after stage II's first step: the re-run reuses the stage-I model and resumes stage II from its
+    loop checkpoint (LoRA weights, optimiser, schedule, data order), ending with the uninterrupted run's
+    losses and model."""
+    import medadapt.training.loop as loop
+    from medadapt.cache import EmbeddingCache
+    from medadapt.models import load
+    from medadapt.recipes import run_recipe
+
+    recipe = ROOT / "recipes" / "bmretriever-tiny.yaml"
+    overrides = _tiny_overrides(tiny_decoder_dir, tiny_beir_dir, tiny_bert_dir) + ["training.checkpoint_every_steps=1"]
+    cache = EmbeddingCache(tmp_path / "cache")
+    whole = run_recipe(recipe, tmp_path / "whole", overrides, cache=cache, evaluate=False, **QUIET)
+    real, calls = loop._one_step, [0]
+
+    def dies(*args, **kwargs):
+        calls[0] += 1
+        if calls[0] == 5:  # stage I's 3 steps, stage II's first: checkpoints up to stage II step 1
+            raise KeyboardInterrupt
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(loop, "_one_step", dies)
+    with pytest.raises(KeyboardInterrupt):
+        run_recipe(recipe, tmp_path / "killed", overrides, cache=cache, evaluate=False, **QUIET)
+    assert (tmp_path / "killed.checkpoints" / "stage2" / "step-00000001").is_dir()
+    ran = []
+    monkeypatch.setattr(loop, "_one_step", lambda *a, **k: ran.append(1) or real(*a, **k))
+    resumed = run_recipe(recipe, tmp_path / "killed", overrides, cache=cache, evaluate=False, **QUIET)
+    assert resumed.details["stages"]["stage1"] == {"resumed": True} and len(ran) == 2  # stage II steps 2, 3
+    assert [r["loss"] for r in resumed.loss_history] == [r["loss"] for r in whole.loss_history]
+    a, b = (load(str(tmp_path / k), device="cpu").encode_query(["asthma cough"]) for k in ("whole", "killed"))
+    assert a.tolist() == b.tolist()
+
+
 def test_stage2_training_beats_the_untrained_retriever(tiny_decoder_dir, tiny_bert_dir, tiny_beir_dir, tmp_path):
     """Instruction fine-tuning (stage II, 8 epochs of the 12 train queries with mined negatives) improves the
-    tiny decoder on the held-out test queries. Measured nDCG@10: 0.602 untrained, 0.768 trained (0.683 with
-    seed 1). Stage I alone does not help on this corpus, whose titles are bare disease names (0.570 after 8
-    epochs), as on MedQuAD in docs/bmretriever.md."""
+    tiny decoder on the held-out test queries. Measured nDCG@10 (on the one loop): 0.602 untrained, 0.729
+    trained (0.704 with seed 1). Stage I alone does not help on this corpus, whose titles are bare disease
+    names (0.560 after 8 epochs), as on MedQuAD in docs/bmretriever.md."""
     from medadapt.cache import EmbeddingCache
     from medadapt.recipes import run_recipe
 
@@ -351,30 +386,84 @@ def test_stage2_training_beats_the_untrained_retriever(tiny_decoder_dir, tiny_be
     assert trained.metrics["ndcg@10"] > untrained.metrics["ndcg@10"] + 0.05
 
 
-def test_gradient_accumulation_trains_as_the_large_batch(tiny_decoder_dir, tmp_path):
-    """``gradient_accumulation_steps = 2`` at batch 2 (GradCache) logs the losses of batch 4: in-batch
-    negatives span the whole optimiser step."""
-    from datasets import Dataset
-
+def test_gradient_accumulation_trains_as_the_large_batch(tiny_decoder_dir):
+    """``gradient_accumulation_steps = 2`` at batch 2 (the loop's GradCache) logs the losses of batch 4:
+    in-batch negatives span the whole optimiser step."""
     from conftest import corpus_texts
     from medadapt.bmretriever import BmStageSection, build_retriever, train_stage
-    from medadapt.bmretriever.schema import BmTrainingSection
 
     texts = corpus_texts()
-    data = Dataset.from_dict({"anchor": texts[1::2], "positive": texts[0::2]})
-    run = BmTrainingSection(device="cpu", seed=0, logging_steps=1)
+    data = {"anchor": texts[1::2], "positive": texts[0::2]}
     losses = []
-    for section in (BmStageSection(batch_size=4, lr=1e-3, warmup_steps=0, no_duplicates=False),
+    for section in (BmStageSection(batch_size=4, lr=1e-3, warmup_steps=0, no_duplicates=False, lora=False),
                     BmStageSection(batch_size=2, gradient_accumulation_steps=2, lr=1e-3, warmup_steps=0,
-                                   no_duplicates=False),
-                    BmStageSection(batch_size=2, lr=1e-3, warmup_steps=0, no_duplicates=False)):
+                                   no_duplicates=False, lora=False),
+                    BmStageSection(batch_size=2, lr=1e-3, warmup_steps=0, no_duplicates=False, lora=False)):
         model = build_retriever(str(tiny_decoder_dir), "decoder", max_seq_length=32, device="cpu")
-        res = train_stage(model, data, {}, section, run, tmp_path / f"ck{len(losses)}", show_progress=False)
+        res = train_stage(model, data, {}, section, seed=0)
         losses.append([r["loss"] for r in res.loss_history])
     big, accumulated, small = losses
     assert len(big) == len(accumulated) == 3 and len(small) == 6
     assert accumulated == pytest.approx(big, abs=1e-4)
     assert small[0] != pytest.approx(big[0], abs=1e-3)  # a plain batch of 2 is another objective
+
+
+def test_the_stages_loss_is_sentence_transformers_dot_product_infonce():
+    """Eq. 2-3 as the loop computes them, ``InfoNCELoss(tau, similarity="dot")``, equal sentence-transformers'
+    ``MultipleNegativesRankingLoss(scale=1/tau, similarity_fct=dot_score)`` (the loss of the trainer it
+    replaces), with and without hard negatives; the cosine form is another loss."""
+    from sentence_transformers.sentence_transformer.losses import MultipleNegativesRankingLoss
+    from sentence_transformers.util import dot_score
+
+    from medadapt.losses import InfoNCELoss
+
+    g = torch.Generator().manual_seed(0)
+    q, p, n = (torch.randn(6, 8, generator=g) for _ in range(3))
+    for tau in (1.0, 0.3):
+        st = MultipleNegativesRankingLoss(torch.nn.Linear(1, 1), scale=1 / tau, similarity_fct=dot_score)
+        ours = InfoNCELoss(tau, similarity="dot")
+        assert float(ours(q, p)["infonce"]) == pytest.approx(float(st.compute_loss_from_embeddings([q, p], None)),
+                                                             rel=1e-5)
+        assert float(ours(q, p, n[:, None])["infonce"]) == pytest.approx(
+            float(st.compute_loss_from_embeddings([q, p, n], None)), rel=1e-5)
+    assert float(InfoNCELoss(1.0)(q, p)["infonce"]) != pytest.approx(float(InfoNCELoss(1.0, similarity="dot")(q, p)
+                                                                           ["infonce"]), rel=1e-3)
+
+
+def test_stage_batches_hold_one_data_set_no_duplicate_text_and_follow_the_sizes():
+    """Stage II's sampler: each batch from one data set (its prompts), data sets in proportion to their size,
+    a text never twice in a batch, last partial batches dropped, the same plan for the same seed."""
+    from medadapt.bmretriever import BmStageSection, contrastive_stage
+
+    class Model(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.w = torch.nn.Parameter(torch.zeros(1))
+
+    big = {"anchor": [f"q{i % 5}" for i in range(20)], "positive": [f"p{i}" for i in range(20)],
+           "negative": [f"n{i}" for i in range(20)]}
+    small = {"anchor": [f"s{i}" for i in range(9)], "positive": [f"t{i}" for i in range(9)]}
+    section = BmStageSection(batch_size=4, epochs=2, warmup_steps=1)
+    prompts = {"big": {"anchor": "A: ", "positive": "P: ", "negative": "P: "}, "small": {"anchor": "S: "}}
+    stage = contrastive_stage(Model(), {"big": big, "small": small}, prompts, section, seed=3)
+    rows = stage.step.pairs
+    for epoch in range(2):
+        plan = stage.batches(epoch)
+        parts = [{rows.part(i) for i in b} for b in plan]
+        assert all(len(p) == 1 for p in parts) and all(len(b) == 4 for b in plan)
+        assert sum(p == {1} for p in parts) == 2  # 9 // 4: the last partial batch is dropped
+        assert 4 <= sum(p == {0} for p in parts) <= 5  # 20 // 4, fewer when duplicates are left over
+        for b in plan:
+            texts = [t for i in b for t in rows[i]]
+            assert len(texts) == len(set(texts))  # q0..q4 repeat in the big set, never within a batch
+    assert stage.steps() == len(stage.batches(0)) + len(stage.batches(1)) and stage.batches(0) != stage.batches(1)
+    again = contrastive_stage(Model(), {"big": big, "small": small}, prompts, section, seed=3)
+    assert again.batches(0) == stage.batches(0)
+    assert stage.step.prompts(0) == ("A: ", "P: ") and stage.step.prompts(20) == ("S: ", "")
+    assert stage.optim.epochs == 2 and int(stage.optim.warmup_ratio * stage.steps()) == 1
+    half = contrastive_stage(Model(), {"big": big, "small": small}, prompts,
+                             BmStageSection(batch_size=4, epochs=0.5, warmup_steps=0), seed=3)
+    assert half.steps() == -(-len(half.batches(0)) // 2)  # ceil(0.5 x the batches of an epoch)
 
 
 def test_stage2_datasets_with_synthetic_pairs(tiny_bert_dir, tiny_beir_dir, tmp_path):

@@ -1,7 +1,7 @@
 """The issue's CI check: ``medadapt train`` on 2 CPU processes (DDP over gloo) matches 1 process.
 
 Same recipe (``recipes/bmretriever-tiny.yaml``: tiny random Qwen2 decoder, LoRA, dropout off), same seed, same
-*global* batch (the trainer splits each batch over processes and gathers the in-batch negatives across them),
+*global* batch (the one loop shards each batch over processes and gathers the in-batch negatives across them),
 so both stages' loss curves must agree within floating-point noise.
 
 Launch line: ``accelerate launch --multi_gpu --num_processes 2 -m medadapt train ...`` with the recipe's
@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from conftest import build_tiny_bert, write_beir, TOPICS
-from test_asym import build_tiny_qwen2
+from medadapt.tiny import build_tiny_qwen2
 
 pytestmark = pytest.mark.filterwarnings("ignore")
 ROOT = Path(__file__).resolve().parents[1]

@@ -161,7 +161,7 @@ def test_filter_keeps_an_example_only_when_the_positive_outscores_the_negative()
 
 def test_stage2_builds_instance_and_task_level_data_through_an_endpoint(endpoint, tiny_bert_dir, tiny_beir_dir,
                                                                        tmp_path, monkeypatch):
-    from test_bmretriever import _tiny_overrides
+    from _helpers import bmretriever_overrides as _tiny_overrides
 
     from medadapt.bmretriever.instructions import query_prompt
     from medadapt.bmretriever.recipe import stage2_datasets
@@ -216,7 +216,7 @@ def test_generator_settings_are_checked():
 def test_tiny_recipe_runs_task_level_synthetic_data_with_the_filter(tiny_bert_dir, tiny_beir_dir, tmp_path):
     """The fake task generator on the tiny corpus, filtered by the tiny base retriever: what it keeps is
     what generate_task_data keeps with filter_task_groups called directly, and the report adds up."""
-    from test_bmretriever import _tiny_overrides
+    from _helpers import bmretriever_overrides as _tiny_overrides
 
     from medadapt.bmretriever.recipe import stage2_datasets
     from medadapt.cache import EmbeddingCache
@@ -449,7 +449,7 @@ def test_plan_shows_the_synthetic_accounting(tmp_path):
 def test_a_fake_generator_run_records_generated_and_kept(tiny_bert_dir, tiny_beir_dir, tmp_path):
     """Stage II of the tiny recipe with two fake instance-level sources and the fake task level: the run's
     train_log.json holds each source's accounting, and stage II trains on exactly the kept rows."""
-    from test_bmretriever import _tiny_overrides
+    from _helpers import bmretriever_overrides as _tiny_overrides
 
     from medadapt.cache import EmbeddingCache
     from medadapt.recipes import run_recipe

@@ -1,7 +1,7 @@
 """CARE's query-tower initialisation (Appendix C.1.1): RetroMAE pre-training (medadapt.training.retromae),
 unsupervised InfoNCE with a learnable temperature (medadapt.losses.LearnableTemperatureInfoNCELoss), and the
 recipe schema / runner / planner that chain them before the supervised fine-tuning
-(recipes/care-tiny-init.yaml end to end). Tiny random models only (conftest.py, test_asym.py)."""
+(recipes/care-tiny-init.yaml end to end). Tiny random models only (conftest.py)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,6 @@ from pathlib import Path
 import pytest
 import torch
 from conftest import corpus_texts
-from test_asym import build_tiny_qwen2
 
 pytestmark = [pytest.mark.filterwarnings("ignore"), pytest.mark.usefixtures("_single_thread")]
 
@@ -209,14 +208,15 @@ def _overrides(qwen, bert, beir) -> list[str]:
     return [f"document.model={qwen}", f"query.model={bert}", f"data.path={beir}"]
 
 
-def test_tiny_recipe_runs_the_three_query_init_steps_end_to_end_and_resumes(tiny_bert_dir, tiny_beir_dir, tmp_path):
+def test_tiny_recipe_runs_the_three_query_init_steps_end_to_end_and_resumes(tiny_bert_dir, tiny_qwen2_dir,
+                                                                            tiny_beir_dir, tmp_path):
     from safetensors.torch import load_file
     from sentence_transformers import SentenceTransformer
 
     from medadapt.cache import EmbeddingCache
     from medadapt.recipes import run_recipe
 
-    qwen = build_tiny_qwen2(tmp_path / "q")
+    qwen = tiny_qwen2_dir
     out = tmp_path / "run"
     overrides = _overrides(qwen, tiny_bert_dir, tiny_beir_dir)
     cache = EmbeddingCache(tmp_path / "cache")
@@ -256,8 +256,8 @@ def test_tiny_recipe_runs_the_three_query_init_steps_end_to_end_and_resumes(tiny
     assert again.details["stages"]["init_query_unsupervised"]["temperature"] == temperature
 
 
-def test_document_init_honours_gradient_checkpointing_without_lora(tiny_bert_dir, tiny_beir_dir, tmp_path,
-                                                                   monkeypatch):
+def test_document_init_honours_gradient_checkpointing_without_lora(tiny_bert_dir, tiny_qwen2_dir, tiny_beir_dir,
+                                                                   tmp_path, monkeypatch):
     import medadapt.training.lora as lora_mod
     from medadapt.recipes import run_recipe
 
@@ -269,7 +269,7 @@ def test_document_init_honours_gradient_checkpointing_without_lora(tiny_bert_dir
         return real(model)
 
     monkeypatch.setattr(lora_mod, "enable_gradient_checkpointing", spy)
-    qwen = build_tiny_qwen2(tmp_path / "q")
+    qwen = tiny_qwen2_dir
     base = _overrides(qwen, tiny_bert_dir, tiny_beir_dir) + [
         "init.query=null", "stage1.enabled=false", "stage2.enabled=false", "document.lora=null"]
     kw = {"evaluate": False, **QUIET}

@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 import torch
 
+from _helpers import doc_tower
 from medadapt.errors import ConfigError
 
 pytestmark = pytest.mark.usefixtures("_single_thread")
@@ -218,7 +219,7 @@ def test_branch_training_leaves_both_towers_as_they_were(composed, tmp_path, mon
     assert not any(".sub_modules.query." in k or ".encoder.layer." in k for k in keys), sorted(keys)
 
 
-def test_decoder_document_tower_is_refused_with_the_reason(composed, tmp_path, monkeypatch):
+def test_decoder_document_tower_is_refused_with_the_reason(composed, tiny_qwen2_dir, tmp_path, monkeypatch):
     """A decoder LLM document tower cannot carry the branch: one ConfigError with the reason, from the Python
     API (before any training), from a recipe, and as one CLI line with nothing written."""
     import os
@@ -226,14 +227,13 @@ def test_decoder_document_tower_is_refused_with_the_reason(composed, tmp_path, m
     import sys
 
     from sentence_transformers import SentenceTransformer
-    from test_asym import build_tiny_qwen2, doc_tower
 
     from medadapt.adapters.compose import branch_kind
     from medadapt.asym.model import build_asymmetric_model
     from medadapt.hyrec.branch import HyReCLexicalBranch
     from medadapt.recipes import run_recipe
 
-    qwen = build_tiny_qwen2(tmp_path / "q")
+    qwen = tiny_qwen2_dir
     asym = build_asymmetric_model(SentenceTransformer(str(composed.query), device="cpu"), doc_tower(qwen))
     kind = branch_kind("hyrec_lexical")
     for call in (lambda: kind.check(asym, HyReCLexicalBranch(), None),

@@ -14,9 +14,7 @@ from medadapt.cli import app
 runner = CliRunner()
 
 
-@pytest.fixture(autouse=True)
-def _isolated_cache(tmp_path, monkeypatch):
-    monkeypatch.setenv("MEDADAPT_CACHE", str(tmp_path / "cache"))
+pytestmark = pytest.mark.usefixtures("_isolated_cache")
 
 
 def invoke(*args):

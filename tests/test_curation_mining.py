@@ -227,7 +227,7 @@ def test_dense_searcher_uses_the_cache(tiny_bert, tiny_beir_dir, tmp_path):
 def test_dense_searcher_hashes_the_backbone_once_for_many_query_batches(tiny_bert, tmp_path, monkeypatch):
     """Mining calls the searcher per batch of queries; the weights are fingerprinted once, and the results
     equal a fresh searcher's."""
-    import medadapt.models
+    import medadapt.cache
     from medadapt.cache import EmbeddingCache
     from medadapt.curation.dense import DenseSearcher
     from medadapt.curation.search import batched_search
@@ -238,8 +238,8 @@ def test_dense_searcher_hashes_the_backbone_once_for_many_query_batches(tiny_ber
                              show_progress=False)
     searcher.doc_embeddings  # noqa: B018 - the corpus first
     calls = []
-    real = medadapt.models.modules_fingerprint
-    monkeypatch.setattr(medadapt.models, "modules_fingerprint", lambda *a, **k: calls.append(1) or real(*a, **k))
+    real = medadapt.cache.modules_fingerprint
+    monkeypatch.setattr(medadapt.cache, "modules_fingerprint", lambda *a, **k: calls.append(1) or real(*a, **k))
     hits = batched_search(searcher, queries, 2, batch_size=2, show_progress=False)
     assert len(calls) == 1
     fresh = DenseSearcher(tiny_bert, [f"d{i}" for i in range(4)], docs, cache=EmbeddingCache(tmp_path / "other"),

@@ -181,10 +181,9 @@ def test_two_processes_train_the_head_recipe_like_one(tiny_bert_dir, tiny_beir_d
 
 
 @pytest.mark.slow
-def test_two_processes_train_the_care_recipe_like_one(tiny_bert_dir, tiny_beir_dir, tmp_path):
+def test_two_processes_train_the_care_recipe_like_one(tiny_bert_dir, tiny_qwen2_dir, tiny_beir_dir, tmp_path):
     """Every CARE phase (init of both towers with MRL, stage I against cached teacher embeddings, stage II
     with LoRA on the document route) under 2 processes follows the one-process curves."""
-    from test_asym import build_tiny_qwen2
 
     from medadapt.cache import EmbeddingCache
     from medadapt.recipes import run_recipe
@@ -195,7 +194,7 @@ def test_two_processes_train_the_care_recipe_like_one(tiny_bert_dir, tiny_beir_d
     config = json.loads((bert / "config.json").read_text())
     config.update({k: 0.0 for k in config if k.endswith("dropout_prob")})
     (bert / "config.json").write_text(json.dumps(config))
-    qwen = build_tiny_qwen2(tmp_path / "qwen")
+    qwen = tiny_qwen2_dir
     recipe_file = RECIPES / "care-tiny.yaml"
     overrides = [f"document.model={qwen}", f"query.model={bert}", f"data.path={tiny_beir_dir}",
                  "training.device=cpu", "stage1.batch_size=7"]  # uneven shards 4/3

@@ -17,6 +17,7 @@ mteb = pytest.importorskip("mteb")
 from mteb.models import ModelMeta  # noqa: E402
 
 import medadapt
+from _helpers import RECIPES, tiny_system_recipe
 from conftest import build_tiny_beir
 from medadapt.cli import _show_warning, app
 from medadapt.data import load_beir
@@ -34,7 +35,6 @@ from medadapt.eval.mteb import (
 )
 from medadapt.models import model_fingerprint
 from medadapt.yaml_input import read_yaml
-from test_systems import RECIPES, _setup
 
 pytestmark = pytest.mark.usefixtures("_single_thread")
 
@@ -46,19 +46,18 @@ def medquad(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def runs(tiny_bert_dir, medquad, tmp_path_factory):
+def runs(tiny_bert_dir, tiny_qwen2_dir, medquad, tmp_path_factory):
     """Three run folders trained by the tiny recipes: a MoE head (adapter-only), CARE (a Router of a tiny BERT
     query tower and a tiny Qwen2 document tower with LoRA, stage II only) and a composed hybrid (MoE head +
     HyReC learned-lexical branch)."""
     from medadapt.recipes import run_recipe
-    from test_asym import build_tiny_qwen2
 
     root = tmp_path_factory.mktemp("runs")
-    qwen = build_tiny_qwen2(root / "qwen")
+    qwen = tiny_qwen2_dir
     out = {}
     care_stage2_only = ["init.query=null", "init.document=null", "stage1.enabled=false"]  # seconds, not tens
     for kind, name, extra in (("moe", "head", []), ("care", "care", care_stage2_only), ("moe-hybrid", "hybrid", [])):
-        recipe, overrides = _setup(kind, tiny_bert_dir, qwen, medquad)
+        recipe, overrides = tiny_system_recipe(kind, tiny_bert_dir, qwen, medquad)
         run_recipe(recipe, root / name, [*overrides, *extra], evaluate=False, show_progress=False,
                    log=lambda _m: None)
         out[name] = root / name

@@ -31,8 +31,10 @@ def test_non_finite_tensors_are_named_and_refused(make, bad):
 
 
 def test_finite_integer_and_empty_tensors_pass():
-    check_finite_tensors({"a": torch.randn(4, 4), "b": torch.arange(3), "c": torch.empty(0),
-                          "d": np.ones(3, dtype=np.float32), "e": np.arange(3), "f": torch.tensor([True])}, "x")
+    tensors = {"a": torch.randn(4, 4), "b": torch.arange(3), "c": torch.empty(0),
+               "d": np.ones(3, dtype=np.float32), "e": np.arange(3), "f": torch.tensor([True])}
+    assert non_finite_tensors(tensors) == []
+    check_finite_tensors(tensors, "x")  # raises on any
 
 
 def test_many_bad_tensors_are_counted():

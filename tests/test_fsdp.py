@@ -11,9 +11,8 @@ import pytest
 import torch
 from torch import nn
 
+from _helpers import PairStep, StopRun, pair_data
 from conftest import CpuAccelerator
-from test_asym import build_tiny_qwen2
-from test_loop import _Stop
 
 
 @pytest.fixture()
@@ -60,11 +59,6 @@ def _grads(wrapped: nn.Module) -> dict[str, torch.Tensor]:
             for n, p in wrapped.named_parameters() if p.grad is not None}
 
 
-@pytest.fixture(scope="module")
-def tiny_decoder(tmp_path_factory) -> Path:
-    return build_tiny_qwen2(tmp_path_factory.mktemp("fsdp_qwen2"), padding_side="right")
-
-
 def _lora_decoder(folder: Path):
     from medadapt.bmretriever import build_retriever
     from medadapt.recipes.base import LoraSection
@@ -79,7 +73,7 @@ def _lora_decoder(folder: Path):
     return model
 
 
-def test_lora_matrices_are_units_of_their_own_so_frozen_weights_get_no_gradient(tiny_decoder, process_group):
+def test_lora_matrices_are_units_of_their_own_so_frozen_weights_get_no_gradient(tiny_qwen2_right_dir, process_group):
     """Accelerate's TRANSFORMER_BASED_WRAP reads the root's _no_split_modules, which a SentenceTransformer has
     not: the whole model was one flat parameter, and FSDP gave every frozen weight a gradient (the H100's
     4.13 vs 2.66 GiB). With the policy only the LoRA matrices get gradients, each decoder layer is a unit,
@@ -90,7 +84,7 @@ def test_lora_matrices_are_units_of_their_own_so_frozen_weights_get_no_gradient(
 
     out = {}
     for mode in ("root", "policy"):
-        model = _lora_decoder(tiny_decoder)
+        model = _lora_decoder(tiny_qwen2_right_dir)
         n_all = sum(p.numel() for p in model.parameters())
         n_lora = sum(p.numel() for p in model.parameters() if p.requires_grad)
         layers = sum(isinstance(m, Qwen2DecoderLayer) for m in model.modules())
@@ -178,7 +172,7 @@ def test_a_fully_trainable_model_is_wrapped_by_layers_only(tiny_bert):
     assert fsdp_wrap_policy(nn.Linear(2, 2)) is None  # nothing to split off the root
 
 
-def test_use_fsdp_wrap_policy_replaces_accelerates_default_and_keeps_a_chosen_policy(tiny_decoder):
+def test_use_fsdp_wrap_policy_replaces_accelerates_default_and_keeps_a_chosen_policy(tiny_qwen2_right_dir):
     from accelerate.utils import FullyShardedDataParallelPlugin
     from torch.distributed.fsdp.wrap import size_based_auto_wrap_policy
 
@@ -187,7 +181,7 @@ def test_use_fsdp_wrap_policy_replaces_accelerates_default_and_keeps_a_chosen_po
     def accelerator(**kwargs):
         return SimpleNamespace(state=SimpleNamespace(fsdp_plugin=FullyShardedDataParallelPlugin(**kwargs)))
 
-    model = _lora_decoder(tiny_decoder)
+    model = _lora_decoder(tiny_qwen2_right_dir)
     acc = accelerator(fsdp_version=1, auto_wrap_policy="transformer_based_wrap", use_orig_params=True)
     assert use_fsdp_wrap_policy(acc, model)
     ours = acc.state.fsdp_plugin.auto_wrap_policy
@@ -281,7 +275,7 @@ class _StopAfter:
     def forward(self, model, batch):
         self.calls += 1
         if self.after is not None and self.calls > self.after:
-            raise _Stop
+            raise StopRun
         return self.step.forward(model, batch)
 
     def loss(self, out, batch):
@@ -296,12 +290,10 @@ def _two_phase_run(accelerator, checkpoint_dir: Path | None, stop_after: int | N
     from medadapt.training.config import OptimSection
     from medadapt.training.loop import Stage, train
 
-    from test_loop import PairStep, _data
-
     torch.manual_seed(1)
     model = _Stack(nn.Linear(8, 8), nn.Linear(8, 8), nn.Linear(8, 8))
     model[0].requires_grad_(False)
-    q, d = _data()
+    q, d = pair_data()
     optim = OptimSection(batch_size=8 // accumulation, gradient_accumulation_steps=accumulation, lr=1e-2, epochs=2,
                          warmup_ratio=0.0, max_grad_norm=0.5)
     step_a = _StopAfter(PairStep(q, d, dropout), None)
@@ -319,9 +311,7 @@ def _second_call(model, accelerator):
     from medadapt.training.config import OptimSection
     from medadapt.training.loop import Stage, train
 
-    from test_loop import PairStep, _data
-
-    q, d = _data(seed=5)
+    q, d = pair_data(seed=5)
     optim = OptimSection(batch_size=8, lr=1e-2, epochs=2, warmup_ratio=0.0)
     params = [p for m in (model[1], model[2]) for p in m.parameters()]
     return train(model, [Stage("c", len(q), PairStep(q, d), params, optim)], seed=4, accelerator=accelerator)
@@ -334,10 +324,8 @@ def _two_process_worker(rank: int, root: str) -> None:
     try:
         acc = _CpuFsdpAccelerator(rank, 2)
         model, res = _two_phase_run(acc, Path(root) / "whole")
-        try:  # killed in phase b, after its step-6 checkpoint, on both processes
+        with pytest.raises(StopRun):  # killed in phase b, after its step-6 checkpoint, on both processes
             _two_phase_run(_CpuFsdpAccelerator(rank, 2), Path(root) / "resumed", stop_after=3)
-        except _Stop:
-            pass
         resumed, res_resumed = _two_phase_run(_CpuFsdpAccelerator(rank, 2), Path(root) / "resumed")
         accumulated, res_accumulated = _two_phase_run(_CpuFsdpAccelerator(rank, 2), None, accumulation=2)
         whole = {k: v.clone() for k, v in model.state_dict().items()}
@@ -423,7 +411,7 @@ class _EmbedSquare:
         return {"loss": out["e"].square().mean()}
 
 
-def test_lora_trained_under_fsdp_merges_like_without_it(tiny_decoder, process_group):
+def test_lora_trained_under_fsdp_merges_like_without_it(tiny_qwen2_right_dir, process_group):
     """With one process FSDP left plain-tensor views of the frozen weights as module attributes, shadowing
     the parameters the loop handed back: PEFT's merge (CARE merges the document tower's LoRA after its
     phase) added the update to the stale views, and the model kept its unmerged weights (1.3e-3 apart in
@@ -434,7 +422,7 @@ def test_lora_trained_under_fsdp_merges_like_without_it(tiny_decoder, process_gr
 
     merged = {}
     for mode in ("plain", "fsdp"):
-        model = _lora_decoder(tiny_decoder)
+        model = _lora_decoder(tiny_qwen2_right_dir)
         step = _EmbedSquare(model, ["fever and cough", "a rash", "chest pain at night", "dry eyes"] * 2)
         params = [p for p in model.parameters() if p.requires_grad]
         train(model, [Stage("s", 8, step, params, OptimSection(batch_size=4, lr=1e-2, epochs=1, warmup_ratio=0.0))],

@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 import torch
 
+from medadapt.errors import MedAdaptError
 from medadapt.hyrec.model import HyReCConfig, HyReCModel
 from medadapt.retrieval import FusionConfig, IndexMismatchError, Retriever, RetrieverConfig, load_documents
 
@@ -194,5 +195,5 @@ def test_index_folder_of_format_1_loads_with_the_same_ranking(hyrec_dir, tiny_be
     assert json.loads((tmp_path / "again" / "manifest.json").read_text())["format"] == 3
     manifest["config"]["fusion"]["dense_weight"] = 1.0  # the dense side alone: not expressible any more
     path.write_text(json.dumps(manifest))
-    with pytest.raises(Exception, match="dense side alone"):
+    with pytest.raises(MedAdaptError, match="dense side alone"):
         Retriever.load(tmp_path / "index")

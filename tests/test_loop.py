@@ -7,65 +7,26 @@ import pytest
 import torch
 from torch import nn
 
+from _helpers import PairStep, StopRun, linear_model, loop_run, pair_data
 from medadapt.errors import ConfigError
-from medadapt.losses import InfoNCELoss
 from medadapt.training.checkpoint import CheckpointConfig
 from medadapt.training.config import OptimSection
 from medadapt.training.loop import Stage, TrainingError, train
-
-
-class PairStep:
-    """InfoNCE between a linear map of queries and of documents (in-batch negatives only)."""
-
-    def __init__(self, q, d, dropout: float = 0.0):
-        self.q, self.d = q, d
-        self.loss_fn = InfoNCELoss(0.1)
-        self.dropout = dropout
-
-    def forward(self, model, batch):
-        q = nn.functional.dropout(model(self.q[batch.indices]), self.dropout, training=True)
-        return {"q": q, "d": model(self.d[batch.indices])}
-
-    def loss(self, out, batch):
-        return self.loss_fn(out["q"], out["d"])
-
-
-class _Stop(Exception):
-    """Raised to kill a run part-way (resume tests)."""
 
 
 def _kill_at(at: int):
     """A ``progress`` callback that kills the run after its step ``at``."""
     def kill(stage, step, total, row):
         if step == at:
-            raise _Stop
+            raise StopRun
     return kill
-
-
-def _data(n=32, d=8, seed=0):
-    g = torch.Generator().manual_seed(seed)
-    q = torch.randn(n, d, generator=g)
-    return q, q + 0.3 * torch.randn(n, d, generator=g)
-
-
-def _model(d=8):
-    torch.manual_seed(1)
-    return nn.Linear(d, d)
-
-
-def _run(optim, *, dropout=0.0, **kwargs):
-    q, d = _data()
-    model = _model()
-    res = train(model, [Stage("main", len(q), PairStep(q, d, dropout), list(model.parameters()), optim)],
-                seed=3, **kwargs)
-    return model, res
 
 
 @pytest.mark.parametrize("dropout", [0.0, 0.2])
 def test_accumulation_of_k_steps_at_b_equals_one_step_at_kb(dropout):
-    big, res_big = _run(OptimSection(batch_size=16, lr=1e-2, epochs=2, warmup_ratio=0.0), dropout=dropout)
-    acc, res_acc = _run(OptimSection(batch_size=4, gradient_accumulation_steps=4, lr=1e-2, epochs=2,
-                                     warmup_ratio=0.0), dropout=dropout)
+    big, res_big = loop_run(OptimSection(batch_size=16, lr=1e-2, epochs=2, warmup_ratio=0.0), dropout=dropout)
+    acc, res_acc = loop_run(OptimSection(batch_size=4, gradient_accumulation_steps=4, lr=1e-2, epochs=2,
+                                        warmup_ratio=0.0), dropout=dropout)
     assert res_big.steps == res_acc.steps == 4
     assert [r["loss"] for r in res_acc.loss_history] == pytest.approx([r["loss"] for r in res_big.loss_history],
                                                                        abs=1e-5)
@@ -76,8 +37,8 @@ def test_accumulation_of_k_steps_at_b_equals_one_step_at_kb(dropout):
 
 def test_plain_accumulation_would_differ():
     """The equality above is not trivial: the loss at batch 4 differs from the loss at batch 16."""
-    _, small = _run(OptimSection(batch_size=4, lr=1e-2, epochs=1, warmup_ratio=0.0))
-    _, big = _run(OptimSection(batch_size=16, lr=1e-2, epochs=1, warmup_ratio=0.0))
+    _, small = loop_run(OptimSection(batch_size=4, lr=1e-2, epochs=1, warmup_ratio=0.0))
+    _, big = loop_run(OptimSection(batch_size=16, lr=1e-2, epochs=1, warmup_ratio=0.0))
     assert small.loss_history[0]["loss"] != pytest.approx(big.loss_history[0]["loss"], abs=1e-3)
 
 
@@ -97,8 +58,8 @@ def test_gradients_reach_the_optimiser_clipped_to_max_grad_norm(accumulation):
 
         handle = register_optimizer_step_pre_hook(record)
         try:
-            _run(OptimSection(batch_size=8 // accumulation, gradient_accumulation_steps=accumulation, lr=1e-2,
-                              epochs=1, warmup_ratio=0.0, max_grad_norm=clip))
+            loop_run(OptimSection(batch_size=8 // accumulation, gradient_accumulation_steps=accumulation, lr=1e-2,
+                                 epochs=1, warmup_ratio=0.0, max_grad_norm=clip))
         finally:
             handle.remove()
     assert len(norms[0.05]) == len(norms[None]) == 4
@@ -107,7 +68,7 @@ def test_gradients_reach_the_optimiser_clipped_to_max_grad_norm(accumulation):
 
 
 def test_training_lowers_the_loss():
-    _, res = _run(OptimSection(batch_size=8, lr=5e-2, epochs=10, warmup_ratio=0.0))
+    _, res = loop_run(OptimSection(batch_size=8, lr=5e-2, epochs=10, warmup_ratio=0.0))
     first = sum(r["loss"] for r in res.loss_history[:4]) / 4
     last = sum(r["loss"] for r in res.loss_history[-4:]) / 4
     assert last < 0.8 * first
@@ -115,14 +76,14 @@ def test_training_lowers_the_loss():
 
 def test_resume_equals_uninterrupted(tmp_path):
     optim = OptimSection(batch_size=8, lr=1e-2, epochs=3, warmup_ratio=0.1)
-    whole, res_whole = _run(optim, dropout=0.1)
+    whole, res_whole = loop_run(optim, dropout=0.1)
 
     kill = _kill_at(5)
 
     ckpt = CheckpointConfig(tmp_path / "ck", every_steps=2)
-    with pytest.raises(_Stop):
-        _run(optim, dropout=0.1, checkpoint=ckpt, fingerprint="run-a", progress=kill)
-    resumed, res = _run(optim, dropout=0.1, checkpoint=ckpt, fingerprint="run-a")
+    with pytest.raises(StopRun):
+        loop_run(optim, dropout=0.1, checkpoint=ckpt, fingerprint="run-a", progress=kill)
+    resumed, res = loop_run(optim, dropout=0.1, checkpoint=ckpt, fingerprint="run-a")
     for a, b in zip(whole.parameters(), resumed.parameters()):
         torch.testing.assert_close(a, b, atol=0, rtol=0)
     assert [r["loss"] for r in res.loss_history] == [r["loss"] for r in res_whole.loss_history]
@@ -131,15 +92,15 @@ def test_resume_equals_uninterrupted(tmp_path):
 def test_resume_of_another_run_is_refused(tmp_path):
     optim = OptimSection(batch_size=8, lr=1e-2, epochs=1)
     ckpt = CheckpointConfig(tmp_path / "ck")
-    _run(optim, checkpoint=ckpt, fingerprint="run-a")
+    loop_run(optim, checkpoint=ckpt, fingerprint="run-a")
     with pytest.raises(TrainingError, match="another run"):
-        _run(optim, checkpoint=ckpt, fingerprint="run-b")
+        loop_run(optim, checkpoint=ckpt, fingerprint="run-b")
 
 
 def test_non_finite_loss_stops_before_the_step(tmp_path):
-    q, d = _data()
+    q, d = pair_data()
     q[5] = float("nan")
-    model = _model()
+    model = linear_model()
     before = [p.detach().clone() for p in model.parameters()]
     ckpt = CheckpointConfig(tmp_path / "ck")
     with pytest.raises(TrainingError, match="not finite"):
@@ -151,8 +112,8 @@ def test_non_finite_loss_stops_before_the_step(tmp_path):
 
 
 def test_stages_sharing_a_schedule_share_the_learning_rate_curve():
-    q, d = _data()
-    model = _model()
+    q, d = pair_data()
+    model = linear_model()
     optim = OptimSection(batch_size=8, lr=1e-2, epochs=1, warmup_ratio=0.0, scheduler="linear")
     stages = [Stage(n, len(q), PairStep(q, d), list(model.parameters()), optim, schedule="s") for n in ("a", "b")]
     res = train(model, stages)
@@ -174,7 +135,7 @@ class _FakeDeepSpeed:
 def test_deepspeed_refuses_separate_optimizers_and_untrained_parameters_before_any_step():
     """On an H100, ZeRO-2 failed inside its gradient reduction (IndexError) when Med-MoE-Embed's stages
     trained parts of the head with two optimizers: the loop now refuses such runs up front, naming why."""
-    q, d = _data()
+    q, d = pair_data()
     model = nn.Sequential(nn.Linear(8, 8), nn.Linear(8, 8))
     first, second = list(model[0].parameters()), list(model[1].parameters())
     step = PairStep(q, d)
@@ -199,7 +160,7 @@ def test_a_finished_schedule_frees_its_optimizer_state_and_gradients_and_resume_
     uninterrupted model."""
     from medadapt.training.checkpoint import load_checkpoint, latest_checkpoint
 
-    q, d = _data()
+    q, d = pair_data()
     optim = OptimSection(batch_size=8, lr=1e-2, epochs=2, warmup_ratio=0.0)
     seen = {}
 
@@ -226,7 +187,7 @@ def test_a_finished_schedule_frees_its_optimizer_state_and_gradients_and_resume_
     kill = _kill_at(11)
 
     ckpt = CheckpointConfig(tmp_path / "ck", every_steps=2)
-    with pytest.raises(_Stop):
+    with pytest.raises(StopRun):
         run(checkpoint=ckpt, fingerprint="f", progress=kill)
     resumed, res = run(checkpoint=ckpt, fingerprint="f")
     for a, b in zip(whole.parameters(), resumed.parameters()):

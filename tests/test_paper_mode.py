@@ -182,14 +182,13 @@ def test_care_plan_with_paper_prints_the_accumulation_for_table_17(capsys):
     assert "the recipe declares 1: set batch_size=" in out  # Table 17's batches need accumulation on 80 GB
 
 
-def test_the_care_tiny_twin_runs_every_paper_phase(tiny_bert_dir, tiny_beir_dir, tmp_path, monkeypatch):
+def test_the_care_tiny_twin_runs_every_paper_phase(tiny_bert_dir, tiny_qwen2_dir, tiny_beir_dir, tmp_path,
+                                                    monkeypatch):
     """``medadapt train recipes/care-tiny.yaml --paper``: the paper's phases (document init, RetroMAE,
     unsupervised InfoNCE, supervised init, stage I, stage II with the document tower training) on the tiny
     towers, at Table 17's batches (larger than the tiny data set: one step per epoch)."""
-    from test_asym import build_tiny_qwen2
-
     monkeypatch.setenv("MEDADAPT_CACHE", str(tmp_path / "cache"))
-    qwen = build_tiny_qwen2(tmp_path / "q")
+    qwen = tiny_qwen2_dir
     out = tmp_path / "run"
     args = ["train", str(ROOT / "recipes" / "care-tiny.yaml"), "--paper", "--output", str(out), "-q", "--no-eval"]
     for o in [f"document.model={qwen}", f"query.model={tiny_bert_dir}", f"data.path={tiny_beir_dir}"]:

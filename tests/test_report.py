@@ -24,6 +24,7 @@ from pathlib import Path
 
 import pytest
 
+from _helpers import PACKAGE, SYSTEMS, medadapt_imports
 from conftest import TOPICS, write_beir
 
 RECIPES = Path(__file__).resolve().parents[1] / "recipes"
@@ -116,13 +117,11 @@ def test_page_sections_figures_and_escaping(report, run_dir):
 
 
 def test_report_package_imports_no_system():
-    """medadapt.report is neutral (until the lead adds it to tests/test_architecture.py's NEUTRAL list)."""
-    from test_architecture import ROOT, SYSTEMS, _imports
-
-    files = sorted((ROOT / "report").glob("*.py"))
+    """medadapt.report is neutral: no import of a system package, at module or function level."""
+    files = sorted((PACKAGE / "report").glob("*.py"))
     assert len(files) >= 5
     for path in files:
-        bad = sorted(m for m in _imports(path, top_level_only=False) if m.startswith(SYSTEMS))
+        bad = sorted(m for m in medadapt_imports(path) if m.startswith(SYSTEMS))
         assert not bad, f"{path.name} imports {bad}"
 
 

@@ -14,10 +14,10 @@ import numpy as np
 import pytest
 import scipy.sparse as sp
 
+from medadapt.errors import ConfigError
 from medadapt.retrieval import (
     DenseConfig,
     DenseIndex,
-    Documents,
     FusionConfig,
     IndexCorruptError,
     IndexMismatchError,
@@ -31,21 +31,11 @@ from medadapt.retrieval import (
 )
 from medadapt.retrieval.fusion import fuse, fuse_runs
 
+from _helpers import tiny_docs
 from conftest import TOPICS, build_tiny_bert
 
 
-@pytest.fixture(autouse=True)
-def _isolated_cache(tmp_path, monkeypatch):
-    monkeypatch.setenv("MEDADAPT_CACHE", str(tmp_path / "cache"))
-
-
-def tiny_docs() -> Documents:
-    ids, titles, texts = [], [], []
-    for i, (name, words) in enumerate(TOPICS):
-        ids += [f"d{i}", f"s{i}"]
-        titles += [name, ""]
-        texts += [f"{name} is a condition with {words}.", f"symptoms of {name}: {words.split()[0]} and more"]
-    return Documents(ids, texts, titles)
+pytestmark = pytest.mark.usefixtures("_isolated_cache")
 
 
 def brute_topk(scores: np.ndarray, k: int) -> list[list[int]]:
@@ -224,7 +214,7 @@ def test_mismatched_model_and_corrupted_files_refused(built, tmp_path):
     with pytest.raises(IndexCorruptError, match="not a medadapt index"):
         Retriever.load(tmp_path / "notindex")
     r = Retriever.build(tiny_docs(), kind="lexical", show_progress=False)
-    with pytest.raises(Exception, match="refusing to overwrite"):
+    with pytest.raises(ConfigError, match="refusing to overwrite"):
         r.save(tmp_path / "notindex")
     assert (tmp_path / "notindex" / "x").read_text() == "keep me"
 

@@ -6,11 +6,12 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-import numpy as np
 import pytest
 
 import medadapt.retrieval.encoders as enc
-from medadapt.retrieval import Documents, Retriever, RetrieverConfig
+from _helpers import TOY_DOCS, ToyEncoder
+from medadapt.errors import MedAdaptError
+from medadapt.retrieval import IndexMismatchError, Retriever, RetrieverConfig
 
 SYSTEMS = ("medadapt.hyrec", "medadapt.asym", "medadapt.bmretriever", "medadapt.moe")
 
@@ -27,39 +28,6 @@ def test_retrieval_imports_no_system_package():
     assert imported and not [(f, m) for f, m in imported if m.startswith(SYSTEMS)]
 
 
-class ToyEncoder:
-    """A dense + sparse encoder written against the protocols only: bag of words over a tiny vocabulary."""
-
-    encoder_tag = "toy"
-    similarity_fn_name = "dot"
-    vocab = ["gout", "toe", "asthma", "wheezing", "sugar", "insulin"]
-
-    def __init__(self, scale: float = 1.0):
-        self.scale = scale
-
-    @property
-    def n_terms(self) -> int:
-        return len(self.vocab)
-
-    def encoder_identity(self):
-        return {"fingerprint": f"toy-{self.scale}", "similarity": "dot"}
-
-    def _dense(self, texts):
-        return np.array([[self.scale * t.count(w) for w in self.vocab] for t in texts], dtype=np.float32)
-
-    def encode_query(self, texts, *, batch_size=64):
-        return self._dense(texts)
-
-    def encode_document(self, texts, *, batch_size=64, show_progress=False):
-        return self._dense(texts)
-
-    def encode_lexical(self, texts, role="document", *, batch_size=32, show_progress=False):
-        return [{i: 1.0 for i, w in enumerate(self.vocab) if w in t} for t in texts]
-
-
-DOCS = Documents(["a", "b", "c"], ["gout hurts the big toe", "asthma causes wheezing", "insulin lowers sugar"])
-
-
 def test_any_object_with_the_protocol_is_an_encoder(tiny_bert):
     toy = ToyEncoder()
     assert isinstance(toy, enc.DenseEncoder) and isinstance(toy, enc.SparseEncoder)
@@ -68,29 +36,29 @@ def test_any_object_with_the_protocol_is_an_encoder(tiny_bert):
     st = enc.as_encoder(tiny_bert)
     assert isinstance(st, enc.SentenceTransformerEncoder) and isinstance(st, enc.DenseEncoder)
     assert not isinstance(st, enc.SparseEncoder) and st.encoder_tag == enc.ST_TAG and st.embedding_dim == 32
-    with pytest.raises(Exception, match="cannot be used for retrieval"):
+    with pytest.raises(MedAdaptError, match="cannot be used for retrieval"):
         enc.as_encoder(object())
 
-    r = Retriever.build(DOCS, toy, kind="hybrid", config=RetrieverConfig(fusion={"method": "sum"}),
+    r = Retriever.build(TOY_DOCS, toy, kind="hybrid", config=RetrieverConfig(fusion={"method": "sum"}),
                         model_name="toy", show_progress=False)
     assert r.learned_sparse and r.manifest.encoder == "toy" and r.manifest.normalized is False
     res = r.search("gout toe", k=3)
     # lexical 1 + 1 (two shared terms), dense 1*1 + 1*1 (dot): sum fusion 2 + 1 * 2 for "a"; the others score 0
     assert res.ids[0] == "a" and res.scores[0] == pytest.approx(4.0)
-    lexical_only = Retriever.build(DOCS, toy, kind="lexical", show_progress=False)
+    lexical_only = Retriever.build(TOY_DOCS, toy, kind="lexical", show_progress=False)
     assert lexical_only.learned_sparse and lexical_only.search("wheezing", 1).ids == ["b"]
 
 
 def test_index_reloads_a_registered_encoder_kind_by_name(tmp_path, monkeypatch):
     monkeypatch.setattr(enc, "_KINDS", dict(enc._KINDS))
-    r = Retriever.build(DOCS, ToyEncoder(), kind="hybrid", model_name="toy-1", show_progress=False)
+    r = Retriever.build(TOY_DOCS, ToyEncoder(), kind="hybrid", model_name="toy-1", show_progress=False)
     r.save(tmp_path / "index")
-    with pytest.raises(Exception, match="no encoder 'toy' is registered"):
+    with pytest.raises(MedAdaptError, match="no encoder 'toy' is registered"):
         Retriever.load(tmp_path / "index")
     enc.register_encoder(enc.EncoderKind("toy", load=lambda name, device=None: ToyEncoder(float(name.split("-")[1]))))
     again = Retriever.load(tmp_path / "index")
     assert again.search("asthma", 1).ids == ["b"]
-    with pytest.raises(Exception, match="fingerprint"):  # another toy: another fingerprint
+    with pytest.raises(IndexMismatchError, match="fingerprint"):  # another toy: another fingerprint
         Retriever.load(tmp_path / "index", model=ToyEncoder(2.0))
 
 

@@ -15,12 +15,10 @@ from medadapt.retrieval import Documents, IndexMismatchError, Retriever, Retriev
 from medadapt.retrieval.fusion import rrf_fusion  # noqa: E402
 from medadapt.retrieval.vectordb import BM25_META, QdrantRetriever, export_to_qdrant  # noqa: E402
 
-from test_retrieval import tiny_docs  # noqa: E402
+from _helpers import tiny_docs  # noqa: E402
 
 
-@pytest.fixture(autouse=True)
-def _isolated_cache(tmp_path, monkeypatch):
-    monkeypatch.setenv("MEDADAPT_CACHE", str(tmp_path / "cache"))
+pytestmark = pytest.mark.usefixtures("_isolated_cache")
 
 
 QUERIES = ["asthma inhaler wheezing", "uric acid toe", "sleep at night", "blood sugar insulin", "condition symptoms"]

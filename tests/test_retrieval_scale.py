@@ -18,9 +18,7 @@ from medadapt.retrieval.scale import build_dense_index, iter_batches, retriever_
 from conftest import TOPICS
 
 
-@pytest.fixture(autouse=True)
-def _isolated_cache(tmp_path, monkeypatch):
-    monkeypatch.setenv("MEDADAPT_CACHE", str(tmp_path / "cache"))
+pytestmark = pytest.mark.usefixtures("_isolated_cache")
 
 
 def clustered(n: int = 4000, dim: int = 32, seed: int = 0) -> np.ndarray:

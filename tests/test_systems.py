@@ -2,13 +2,14 @@
 
 * train -> save -> load gives the encodings of the model in memory, bit for bit (dense and learned sparse);
 * a run killed mid-training and run again resumes from its checkpoints and ends with the same model as an
-  uninterrupted run (the three systems on the one loop; BMRetriever's sentence-transformers trainer is
-  checked in tests/test_bmretriever.py);
+  uninterrupted run (every system trains on the one loop);
 * the saved folder is one of a medadapt run (recipe.yaml, train_log.json) with checkpoints beside it;
 * 2 CPU processes under ``accelerate launch`` train like one process (same loss curve, same model).
 
 The composed models (medadapt.adapters.compose: a MoE head plus HyReC's lexical branch, a MoE head on the
 query route of an asymmetric model) go through the save/load battery, the hybrid one through resume too.
+Med-MoE-Embed's backbone / LoRA path (``moe-lora``: LoRA plus a MoE head; ``moe-backbone``: every backbone
+weight) goes through save/load, resume and 2 processes (LoRA) or resume (backbone).
 
 "Beats the untrained model" is per system, with settings that make each system learn on tiny data
 (tests/test_train_recipe.py, test_asym_recipe.py, test_hyrec_recipe.py, test_bmretriever.py), and so are
@@ -29,7 +30,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from test_asym import build_tiny_qwen2
+from medadapt.tiny import build_tiny_qwen2
 
 RECIPES = Path(__file__).resolve().parents[1] / "recipes"
 TEXTS = ["symptoms of gout", "asthma is a condition with wheezing inhaler airway breath cough."]
@@ -63,6 +64,12 @@ def _setup(kind: str, bert: Path, qwen: Path, beir: Path) -> tuple[Path, list[st
     if kind == "moe-care-query":  # composition: MoE head on the query route of an asymmetric model
         recipe, overrides = _setup("moe", bert, qwen, beir)
         return recipe, [*overrides, f"model.backbone={_asymmetric_base(bert)}", "head.route=query"]
+    if kind in ("moe-lora", "moe-backbone"):  # the backbone / LoRA path: one stage of the loop on the texts
+        recipe, overrides = _setup("moe", bert, qwen, beir)
+        trains = (["model.peft={kind: lora, r: 4, alpha: 8, dropout: 0.0, target_modules: [query, value]}"]
+                  if kind == "moe-lora" else ["model.freeze_backbone=false", "head={kind: none}"])
+        return recipe, [*overrides, *trains, "training.shared_epochs=0", "training.random_routing_epochs=0",
+                        "loss.load_balance_weight=0"]
     if kind == "moe":
         return RECIPES / "med-moe-embed-tiny.yaml", [
             f"model.backbone={bert}", f"data.path={beir}", "data.hard_negatives.window=[2, 6]",
@@ -95,7 +102,8 @@ def _run(kind, bert, qwen, beir, out, extra=(), **kw):
     return run_recipe(recipe, out, [*overrides, *extra], show_progress=False, log=lambda _m: None, **kw)
 
 
-@pytest.mark.parametrize("kind", ["moe", "hyrec", "care", "bmretriever", "moe-hybrid", "moe-care-query"])
+@pytest.mark.parametrize("kind", ["moe", "hyrec", "care", "bmretriever", "moe-hybrid", "moe-care-query",
+                                  "moe-lora"])
 def test_train_save_load_gives_identical_encodings(kind, tiny_bert_dir, qwen_dir, tiny_beir_dir, tmp_path):
     from medadapt.retrieval.encoders import as_encoder, open_encoder
 
@@ -111,7 +119,8 @@ def test_train_save_load_gives_identical_encodings(kind, tiny_bert_dir, qwen_dir
         assert before[key].tolist() == after[key].tolist(), f"{kind}: {key} changed on reload"
 
 
-@pytest.mark.parametrize("kind", ["moe", "hyrec", "care", "moe-hybrid"])
+@pytest.mark.parametrize("kind", ["moe", "hyrec", "care", "bmretriever", "moe-hybrid", "moe-lora",
+                                  "moe-backbone"])
 def test_killed_run_resumes_to_the_uninterrupted_model(kind, tiny_bert_dir, qwen_dir, tiny_beir_dir, tmp_path,
                                                        monkeypatch):
     import medadapt.training.loop as loop
@@ -143,7 +152,7 @@ def test_killed_run_resumes_to_the_uninterrupted_model(kind, tiny_bert_dir, qwen
         assert a[key].tolist() == b[key].tolist(), f"{kind}: {key} differs after resume"
 
 
-@pytest.mark.parametrize("kind", ["moe", "hyrec", "care", "bmretriever"])
+@pytest.mark.parametrize("kind", ["moe", "hyrec", "care", "bmretriever", "moe-lora"])
 def test_two_processes_train_like_one(kind, tiny_bert_dir, qwen_dir, tiny_beir_dir, tmp_path):
     from medadapt.retrieval.encoders import open_encoder
 

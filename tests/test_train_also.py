@@ -17,6 +17,7 @@ import pytest
 from typer.testing import CliRunner
 
 import medadapt
+from _helpers import tiny_system_recipe
 from medadapt.cli import app
 
 TINY = Path(__file__).resolve().parents[1] / "recipes" / "med-moe-embed-tiny.yaml"
@@ -132,29 +133,20 @@ def test_bad_entry_fails_before_training(tiny_bert_dir, tmp_path, also, message)
     assert not out.exists() and not (tmp_path / "run.checkpoints").exists()  # nothing trained
 
 
-@pytest.fixture(scope="module")
-def qwen_dir(tmp_path_factory) -> Path:
-    from test_asym import build_tiny_qwen2
-
-    return build_tiny_qwen2(tmp_path_factory.mktemp("qwen"))
-
-
 @pytest.mark.parametrize("kind", ["hyrec", "care", "bmretriever", "moe-hybrid", "moe-care-query"])
-def test_every_kind_scores_its_sets_as_its_own_split(kind, tiny_bert_dir, qwen_dir, tiny_beir_dir, tmp_path):
+def test_every_kind_scores_its_sets_as_its_own_split(kind, tiny_bert_dir, tiny_qwen2_dir, tiny_beir_dir, tmp_path):
     """The one implementation for every kind: an `also` set that is the run's own eval split gets exactly
     the run's metrics and frozen-base metrics (per mode for a hybrid model, the base as `dense/`), and
     another set gets a base, a trained score and their difference. A head on the query route alone is
     scored against the frozen document embeddings (the base's, from the cache) through the model's own
     encode_query / encode_document."""
-    from test_systems import _setup
-
     from medadapt.cache import EmbeddingCache
     from medadapt.data import load_beir
     from medadapt.eval import evaluate_retrieval
     from medadapt.recipes import run_recipe
 
     sets = _sets(tmp_path / "sets")
-    recipe, overrides = _setup(kind, tiny_bert_dir, qwen_dir, tiny_beir_dir)
+    recipe, overrides = tiny_system_recipe(kind, tiny_bert_dir, tiny_qwen2_dir, tiny_beir_dir)
     also = f"[{{data: {tiny_beir_dir}, label: same}}, {{data: {sets['swapped']}}}]"
     cache = EmbeddingCache(tmp_path / "cache")
     res = run_recipe(recipe, tmp_path / "run", [*overrides, f"eval.also={also}"], cache=cache,
@@ -177,8 +169,7 @@ def test_every_kind_scores_its_sets_as_its_own_split(kind, tiny_bert_dir, qwen_d
         fresh = EmbeddingCache(tmp_path / "fresh")
         direct = evaluate_retrieval(trained, data, "test", list(res.metrics), cache=fresh, show_progress=False)
         assert res.also["swapped/test"]["trained"] == pytest.approx(direct, abs=1e-6)
-        base = medadapt.load(str(_setup(kind, tiny_bert_dir, qwen_dir, tiny_beir_dir)[1][-2].split("=", 1)[1]),
-                             device="cpu")
+        base = medadapt.load(overrides[-2].split("=", 1)[1], device="cpu")  # model.backbone: the asymmetric base
         docs = data.doc_texts()
         assert cache.role_fingerprint(trained, "document") == cache.role_fingerprint(base, "document")
         assert cache.count_missing(base, docs, "document") == 0  # the base's corpus encode, shared

@@ -10,7 +10,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import torch
 from typer.testing import CliRunner
 
 import medadapt
@@ -171,27 +170,3 @@ def test_slow_path_refuses_what_it_cannot_train(tiny_bert_dir, tiny_beir_dir, se
     plain = load_recipe(TINY, [*slow, "head.routed_experts=[]", "head.top_k=0",
                                "loss.load_balance_weight=0.01"])
     assert plain.loss.load_balance_weight == 0.01
-
-
-@pytest.mark.slow
-def test_slow_path_lora_with_head_trains_and_reloads(tiny_bert_dir, synonym_beir_dir, tmp_path, cache_env):
-    """`model.peft` switches the same recipe to end-to-end training through sentence-transformers' trainer:
-    LoRA adapters on the backbone plus the head, merged and saved as one model that loads without PEFT."""
-    recipe = load_recipe(TINY, [
-        *overrides(tiny_bert_dir, synonym_beir_dir),
-        "model.peft={kind: lora, r: 4, alpha: 8, target_modules: [query, value]}",
-        "training.epochs=2", "training.batch_size=4", "training.lr=1e-3", "training.shared_epochs=0",
-        "training.random_routing_epochs=0", "loss.load_balance_weight=0",
-    ])
-    out = tmp_path / "lora"
-    result = run_recipe(recipe, out, show_progress=False)
-    assert result.loss_history and result.metrics["ndcg@10"] > 0
-    assert any((tmp_path / "lora.checkpoints").glob("checkpoint-*"))
-    model = medadapt.load(str(out), device="cpu")
-    assert "MoEHead" in [type(m).__name__ for m in model.modules()]  # inside the AdapterStack
-    assert not (out / "medadapt_adapter.json").exists()  # the backbone trained: a standalone folder
-    assert not any("lora" in n for n, _ in model.named_parameters())  # merged
-    base = medadapt.load(str(tiny_bert_dir), device="cpu")
-    query = "encoder.layer.0.attention.self.query.weight"
-    weights = [dict(m[0].auto_model.named_parameters())[query] for m in (model, base)]
-    assert not torch.allclose(*weights)  # the adapter trained the backbone's query projections

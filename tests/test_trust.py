@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from _helpers import loop_run
 from medadapt import io as mio
 
 # ---------------------------------------------------------------- files and folders
@@ -179,9 +180,7 @@ def test_fallback_crash_between_renames_is_repaired(tmp_path, monkeypatch):
 
 
 def _loop_run(tmp_path, optim, **kwargs):
-    from test_loop import _run
-
-    return _run(optim, dropout=0.1, **kwargs)
+    return loop_run(optim, dropout=0.1, **kwargs)
 
 
 def _killed_at_step_5(tmp_path):

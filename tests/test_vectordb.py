@@ -16,13 +16,10 @@ from medadapt.retrieval import IndexMismatchError, Retriever, RetrieverConfig  #
 from medadapt.retrieval.vectordb import COMPLETE, QdrantRetriever, export_to_qdrant  # noqa: E402
 
 from conftest import build_tiny_bert  # noqa: E402
-from test_retrieval import tiny_docs  # noqa: E402  (the same small corpus as the in-process index)
-from test_retrieval_encoders import DOCS, ToyEncoder  # noqa: E402
+from _helpers import TOY_DOCS, ToyEncoder, tiny_docs  # noqa: E402  (the in-process index tests' corpora)
 
 
-@pytest.fixture(autouse=True)
-def _isolated_cache(tmp_path, monkeypatch):
-    monkeypatch.setenv("MEDADAPT_CACHE", str(tmp_path / "cache"))
+pytestmark = pytest.mark.usefixtures("_isolated_cache")
 
 
 QUERIES = ["asthma inhaler", "uric acid toe", "sleep at night", "blood sugar"]
@@ -58,8 +55,8 @@ def test_dense_search_equals_the_faiss_retriever_with_metadata(tiny_bert):
                                           ("hybrid", "minmax"), ("hybrid", "zscore")])
 def test_learned_sparse_and_hybrid_equal_the_retriever(kind, method):
     cfg = RetrieverConfig(kind=kind, fusion={"method": method, "dense_weight": 0.5})
-    q = export_to_qdrant(QdrantClient(":memory:"), "toy", DOCS, ToyEncoder(), config=cfg, model_name="toy")
-    r = Retriever.build(DOCS, ToyEncoder(), config=cfg, model_name="toy", show_progress=False)
+    q = export_to_qdrant(QdrantClient(":memory:"), "toy", TOY_DOCS, ToyEncoder(), config=cfg, model_name="toy")
+    r = Retriever.build(TOY_DOCS, ToyEncoder(), config=cfg, model_name="toy", show_progress=False)
     for query in ["gout toe", "asthma sugar", "insulin wheezing asthma"]:
         a, b = q.search(query, 3), r.search(query, 3)
         assert a.ids == b.ids

@@ -89,10 +89,10 @@ def test_hostile_or_broken_yaml_is_one_error_with_file_and_line(tmp_path, text, 
     path = tmp_path / "r.yaml"
     path.write_text(text, encoding="utf-8", errors="surrogatepass")
     before = path.read_bytes()
-    start = time.perf_counter()
+    start = time.process_time()  # this process's CPU time: other jobs on the machine do not count
     with pytest.raises(ConfigError) as info:
         load_recipe(path)
-    assert time.perf_counter() - start < 2.0
+    assert time.process_time() - start < 2.0
     msg = str(info.value)
     assert "\n" not in msg
     head, _, rest = msg.partition(": ")
@@ -178,9 +178,9 @@ def test_the_cli_prints_one_line(tmp_path):
 
     path = tmp_path / "r.yaml"
     path.write_text(_bomb_under_branches())
-    start = time.perf_counter()
+    start = time.process_time()
     result = CliRunner().invoke(app, ["train", str(path), "--output", str(tmp_path / "run")])
-    assert time.perf_counter() - start < 5.0
+    assert time.process_time() - start < 5.0
     lines = [ln for ln in result.stderr.splitlines() if ln.strip()]
     assert result.exit_code == 1 and len(lines) == 1 and "Traceback" not in result.output, result.output
     assert lines[0].startswith(f"error: {path}:") and "aliases expand to more than 10,000 values" in lines[0]

@@ -1,7 +1,7 @@
 """Heads through the adapter API users already know: ``SentenceTransformer(...).add_adapter(config)``.
 
 Importing this package (any medadapt head config does) extends ``SentenceTransformer``'s PEFT-style adapter
-methods to medadapt heads (:mod:`medadapt.adapters.api`)::
+methods to medadapt heads (:mod:`medadapt.adapters.methods`, :mod:`medadapt.adapters.api`)::
 
     from sentence_transformers import SentenceTransformer
     from medadapt.moe import MoEConfig
@@ -23,10 +23,10 @@ methods to medadapt heads (:mod:`medadapt.adapters.api`)::
 from __future__ import annotations
 
 import medadapt.adapters.linear  # noqa: F401  (registers the "linear" and "search_adaptor" head types)
-from medadapt.adapters.api import (adapter_names, add_adapter, get_adapter, install, set_active, split_routes,
-                                   stack_for)
+from medadapt.adapters.api import adapter_names, add_adapter, get_adapter, set_active, split_routes, stack_for
 from medadapt.adapters.files import (base_fingerprint, is_adapter_folder, load_adapter, load_adapter_model,
                                      read_adapter_config, save_adapter)
+from medadapt.adapters.methods import install
 from medadapt.adapters.stack import AdapterStack
 from medadapt.adapters.types import AdapterType, adapter_type, adapter_types, register_adapter_type
 

@@ -3,9 +3,9 @@
 sentence-transformers forwards ``add_adapter`` / ``set_adapter`` / ``enable_adapters`` /
 ``disable_adapters`` / ``active_adapters`` / ``load_adapter`` / ``delete_adapter`` /
 ``get_adapter_state_dict`` to PEFT on the model's transformers backbone, which only knows adapters that
-wrap layers *inside* that backbone (LoRA and kin). :func:`install` (run when :mod:`medadapt.adapters` is
-imported, which any medadapt head config does) wraps those methods on ``SentenceTransformer``: a medadapt
-head config (a registered :class:`~medadapt.adapters.types.AdapterType`, e.g. ``MoEConfig``) or a name of
+wrap layers *inside* that backbone (LoRA and kin). :func:`medadapt.adapters.methods.install` (run when
+:mod:`medadapt.adapters` is imported, which any medadapt head config does) wraps those methods on
+``SentenceTransformer`` with the calls here: a medadapt head config (a registered :class:`~medadapt.adapters.types.AdapterType`, e.g. ``MoEConfig``) or a name of
 a medadapt head is handled here, anything else goes to the original method, so PEFT LoRA adapters work
 exactly as before and both kinds can live in one model.
 
@@ -22,21 +22,19 @@ active heads (several run in the given order); ``disable_adapters`` returns the 
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Iterator
 from typing import Any
 
 from medadapt.adapters.stack import AdapterStack
 from medadapt.adapters.types import adapter_type_of
 from medadapt.errors import ConfigError
+from medadapt.heads.attach import attach
 
-__all__ = ["ALL_ROUTES", "adapter_locations", "adapter_names", "add_adapter", "get_adapter", "install",
-           "shared_backbone", "split_routes", "stack_for"]
+__all__ = ["ALL_ROUTES", "adapter_locations", "adapter_names", "add_adapter", "get_adapter", "shared_backbone",
+           "split_routes", "stack_for"]
 
 ALL_ROUTES = "all"
 STACK_NAME = "medadapt_adapters"
-_METHODS = ("add_adapter", "set_adapter", "enable_adapters", "disable_adapters", "active_adapters",
-            "active_adapter", "load_adapter", "delete_adapter", "get_adapter_state_dict")
 
 
 # ---------------------------------------------------------------------- where the stacks are
@@ -161,8 +159,6 @@ def stack_for(model, route: str | None = None, create: bool = False) -> AdapterS
         return None
     stack = AdapterStack(_location_dim(model, location))
     if location == ALL_ROUTES:
-        from medadapt.heads.attach import attach
-
         attach(model, stack, name=STACK_NAME)
     else:
         split_routes(model).sub_modules[location].append(stack.to(model.device))
@@ -232,87 +228,3 @@ def set_active(model, names: list[str]) -> None:
     for _, stack in adapter_locations(model):
         stack.active = [n for n in names if n in stack.heads]
         stack.enabled = True
-
-
-def _wrap(name: str, original):
-    """The ``SentenceTransformer`` method ``name``: medadapt heads here, everything else to ``original``."""
-
-    def ours(model, value) -> bool:
-        if name == "add_adapter":
-            return adapter_type_of(value) is not None
-        if name == "load_adapter":
-            from medadapt.adapters.files import is_adapter_folder
-
-            return value is not None and is_adapter_folder(value)
-        values = value if isinstance(value, (list, tuple)) else [value]
-        mine = adapter_names(model)
-        return bool(values) and all(v in mine for v in values)
-
-    if name in ("add_adapter", "load_adapter", "set_adapter", "delete_adapter", "get_adapter_state_dict"):
-        @functools.wraps(original)
-        def method(self, *args, **kwargs):
-            key = {"add_adapter": "adapter_config", "load_adapter": "peft_model_id"}.get(name, "adapter_name")
-            value = args[0] if args else kwargs.get(key, kwargs.get("adapter_name"))
-            if name == "get_adapter_state_dict" and value is None:
-                value = next(iter(self.active_adapters()), None)
-            if not ours(self, value):
-                if name in ("set_adapter", "delete_adapter", "get_adapter_state_dict") and not _peft_loaded(self):
-                    raise ConfigError(f"no adapter named {value!r} (adapters: {adapter_names(self) or 'none'})")
-                return original(self, *args, **kwargs)
-            rest = list(args[1:])
-            if name == "add_adapter":
-                return add_adapter(self, value, *rest, **{k: v for k, v in kwargs.items() if k != key})
-            if name == "load_adapter":
-                from medadapt.adapters.files import load_adapter
-
-                return load_adapter(self, value, *rest, **{k: v for k, v in kwargs.items() if k != key})
-            if name == "set_adapter":
-                names = list(value) if isinstance(value, (list, tuple)) else [value]
-                return set_active(self, names)
-            if name == "delete_adapter":
-                for n in (value if isinstance(value, (list, tuple)) else [value]):
-                    for _, stack in list(adapter_locations(self)):
-                        if n in stack.heads:
-                            stack.remove(n)
-                return None
-            head = get_adapter(self, value)  # get_adapter_state_dict
-            return {k: v for k, v in head.state_dict().items()}
-        return method
-
-    if name in ("enable_adapters", "disable_adapters"):
-        @functools.wraps(original)
-        def toggle(self, *args, **kwargs):
-            stacks = list(adapter_locations(self))
-            if not stacks and not _peft_loaded(self):
-                raise ConfigError("the model has no adapters")
-            for _, stack in stacks:
-                stack.enabled = name == "enable_adapters"
-            if _peft_loaded(self):
-                return original(self, *args, **kwargs)
-            return None
-        return toggle
-
-    @functools.wraps(original)
-    def active(self, *args, **kwargs):  # active_adapters / active_adapter
-        mine = [n for _, stack in adapter_locations(self) for n in stack.active]
-        peft = list(original(self)) if _peft_loaded(self) and name == "active_adapters" else []
-        if name == "active_adapter":
-            if mine:
-                return mine[0]
-            if _peft_loaded(self):
-                return original(self, *args, **kwargs)
-            raise ConfigError("the model has no active adapter")
-        return mine + [p for p in peft if p not in mine]
-    return active
-
-
-def install() -> None:
-    """Extend ``SentenceTransformer``'s adapter methods to medadapt heads (idempotent)."""
-    from sentence_transformers import SentenceTransformer
-
-    if getattr(SentenceTransformer, "_medadapt_adapters_installed", False):
-        return
-    for name in _METHODS:
-        original = getattr(SentenceTransformer, name)
-        setattr(SentenceTransformer, name, _wrap(name, original))
-    SentenceTransformer._medadapt_adapters_installed = True

@@ -18,7 +18,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from medadapt.adapters.types import adapter_types
 from medadapt.errors import ConfigError
+from medadapt.plugins import load_group, lookup
 
 __all__ = ["ALLOWED", "HEAD", "REFUSED", "REFUSED_TOGETHER", "BranchKind", "base_kind", "branch_kind",
            "branch_kinds", "check_composition", "register_branch"]
@@ -83,8 +85,6 @@ def base_kind(model) -> str:
 
 def _component(name: str) -> str:
     """``head`` for a registered head type's name (``moe``, ``linear``, ...), else ``name``."""
-    from medadapt.adapters.types import adapter_types
-
     return HEAD if name == HEAD or name in adapter_types() else name
 
 
@@ -142,13 +142,9 @@ def register_branch(kind: BranchKind) -> BranchKind:
 
 
 def branch_kinds() -> list[str]:
-    from medadapt.plugins import load_group
-
     load_group(ENTRY_POINT_GROUP, _BRANCHES)
     return sorted(_BRANCHES)
 
 
 def branch_kind(name: str) -> BranchKind:
-    from medadapt.plugins import lookup
-
     return lookup(ENTRY_POINT_GROUP, _BRANCHES, name, "branch kind")

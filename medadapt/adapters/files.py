@@ -18,7 +18,7 @@ untouched. Folders of format 1 (written before ``SHA256SUMS``) still load, with 
 them again. Nothing in the folder is
 code: heads are rebuilt from registered types (:mod:`medadapt.adapters.types`) and JSON configs.
 
-The base fingerprint hashes the backbone's tokenizers (:func:`medadapt.tokenizer_id.tokenizer_fingerprint`) and
+The base fingerprint hashes the backbone's tokenizers (:func:`medadapt.identity.tokenizer_fingerprint`) and
 its weights rounded to bfloat16 (name, shape, values; strided samples above 300M parameters), so the same
 backbone loaded in float32, bfloat16 or on another device matches, while any trained or swapped weight, or
 another tokenisation, does not. No absolute path is written: the base is recorded
@@ -36,15 +36,18 @@ from pathlib import Path
 from typing import Any
 
 from medadapt._version import __version__
-from medadapt.adapters.api import adapter_locations, set_active, shared_backbone, stack_for
+from medadapt.adapters.api import (_location_dim, _peft_names, adapter_locations, adapter_names, set_active,
+                                   shared_backbone, stack_for)
 from medadapt.adapters.stack import AdapterStack
+from medadapt.adapters.types import adapter_type
+from medadapt.cards import write_card
 from medadapt.checksums import SUMS, ChecksumError, verify_sums, write_sums
 from medadapt.errors import ConfigError, MedAdaptError, ModelLoadError, warn
 from medadapt.finite import check_finite_tensors
 from medadapt.io import FolderKind, atomic_save_tensors, atomic_write_json, replace_folder
 from medadapt.locks import model_lock
 from medadapt.model_names import ALIAS_NAMES, ALIASES, module_classes
-from medadapt.tokenizer_id import tokenizer_fingerprint
+from medadapt.identity import tokenizer_fingerprint
 
 __all__ = ["ADAPTER_CONFIG", "ADAPTER_FOLDER", "ADAPTER_WEIGHTS", "PEFT_STUB", "base_fingerprint",
            "base_name", "is_adapter_folder",
@@ -313,8 +316,6 @@ def _write_adapter(model, folder: Path, adapter_name, *, base, name, card, allow
     write_sums(folder, COVERED)
     atomic_write_json(folder / PEFT_STUB, {"peft_type": PEFT_STUB_MESSAGE, "library": "medadapt",
                                            "medadapt_config": ADAPTER_CONFIG})
-    from medadapt.cards import write_card
-
     write_card(folder, adapter=config, descriptions=describe_heads(model),
                **{"name": name or folder.name, **(card or {})})
     return config
@@ -322,8 +323,6 @@ def _write_adapter(model, folder: Path, adapter_name, *, base, name, card, allow
 
 def describe_heads(model) -> dict[str, str]:
     """One line per medadapt head of ``model`` (its type's ``describe``), for model cards."""
-    from medadapt.adapters.types import adapter_type
-
     return {name: adapter_type(stack.types[name]).describe(stack.heads[name])
             for _, stack in adapter_locations(model) for name in stack.names()}
 
@@ -341,8 +340,6 @@ def read_adapter_config(folder: str | Path, *, warn_legacy: bool = True) -> dict
                              f"{' or '.join(map(str, READABLE_FORMATS))}")
     if config["format_version"] == 1 and not (path.parent / SUMS).is_file():
         if warn_legacy:
-            from medadapt.errors import warn
-
             warn(f"adapter {path.parent} was written before {SUMS} existed: its config is not checked; save it "
                  "again (medadapt.save_adapter) to add them")
     else:  # format 2, or sums beside a config claiming format 1: checked either way
@@ -396,9 +393,6 @@ def load_adapter(model, folder: str | Path, adapter_name: str | None = None, *, 
     if adapter_name is not None and len(heads) != 1:
         raise ConfigError(f"adapter_name renames a single-head adapter; {folder} holds {sorted(heads)}")
     rename = {old: (adapter_name or old) for old in heads}
-    from medadapt.adapters.api import _peft_names, adapter_names
-    from medadapt.adapters.types import adapter_type
-
     taken = [n for n in rename.values() if n in adapter_names(model) or n in _peft_names(model)]
     if taken:
         raise ConfigError(f"the model already has adapter(s) named {taken}; pass adapter_name=...")
@@ -415,8 +409,6 @@ def load_adapter(model, folder: str | Path, adapter_name: str | None = None, *, 
             raise ModelLoadError(f"{folder}: weights of adapter {old!r} do not match its config ({exc})") \
                 from None
         built[old] = (head, kind.name, spec.get("location", "all"))
-    from medadapt.adapters.api import _location_dim
-
     for old, (head, _, location) in built.items():  # every width checked before the model changes
         width = _location_dim(model, location)
         if getattr(head, "get_embedding_dimension", None) and head.get_embedding_dimension() != width:

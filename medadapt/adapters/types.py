@@ -14,6 +14,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from medadapt.plugins import load_group, lookup
+
 
 __all__ = ["AdapterType", "adapter_type", "adapter_type_of", "adapter_types", "register_adapter_type"]
 
@@ -53,8 +55,6 @@ def register_adapter_type(kind: AdapterType) -> AdapterType:
 
 
 def _load_entry_points() -> None:
-    from medadapt.plugins import load_group
-
     load_group(ENTRY_POINT_GROUP, _TYPES)  # a type whose optional dependencies are missing stays unknown
 
 
@@ -66,8 +66,6 @@ def adapter_types() -> list[str]:
 
 def adapter_type(name: str) -> AdapterType:
     """The registered type ``name``; an unknown name lists the valid ones."""
-    from medadapt.plugins import lookup
-
     return lookup(ENTRY_POINT_GROUP, _TYPES, name, "adapter type")
 
 

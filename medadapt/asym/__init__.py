@@ -20,7 +20,6 @@ from __future__ import annotations
 from medadapt.asym.alignment_loss import NormalizedMSELoss, QueryAlignmentLoss
 from medadapt.asym.data import (TrainPair, labelled_pairs, mine_hard_negatives, mined_pairs,
                                 self_contrastive_texts)
-from medadapt.asym.decoder import EosTransformer, append_eos, decoder_tower_modules
 from medadapt.asym.evaluate import evaluate_asymmetric, query_speed
 from medadapt.asym.lora import attach_document_lora, has_lora, merge_document_lora
 from medadapt.asym.model import build_asymmetric_model, is_asymmetric, route_modules, tower
@@ -30,6 +29,7 @@ from medadapt.asym.stages import (AlignReplay, CarePhaseSection, align_queries, 
                                   init_tower, joint_finetune, joint_stage, teacher_targets, trainable_only)
 from medadapt.asym.static import static_from_document
 from medadapt.asym.truncate import MatryoshkaTruncate
+from medadapt.decoder import EosTransformer, append_eos, decoder_tower_modules
 
 __all__ = [
     "AlignReplay",

@@ -18,6 +18,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from medadapt.curation.fast_mining import mine_from_embeddings
+from medadapt.curation.mining_config import MiningConfig
 from medadapt.errors import DataError
 
 __all__ = ["TrainPair", "corpus_sentences", "labelled_pairs", "mine_hard_negatives", "mined_pairs",
@@ -135,9 +137,6 @@ def mine_hard_negatives(pairs: list[TrainPair], query_emb: np.ndarray, doc_emb: 
     (``count_positives=False``) and the best-ranked taken (``pick="best"``); ``depth`` is kept for
     compatibility (the search always retrieves enough candidates for the window).
     """
-    from medadapt.curation.fast_mining import mine_from_embeddings
-    from medadapt.curation.mining_config import MiningConfig
-
     if count <= 0:
         return
     banned = [set(exclude[i]) if exclude is not None else {pair.positive} for i, pair in enumerate(pairs)]

@@ -14,6 +14,11 @@ from collections.abc import Callable, Iterable, Sequence
 
 import numpy as np
 
+from medadapt.asym.model import is_asymmetric, tower
+from medadapt.cache import EmbeddingCache
+from medadapt.eval.metrics import evaluate_run, parse_metric
+from medadapt.eval.retrieval import dense_run
+
 __all__ = ["evaluate_asymmetric", "query_speed"]
 
 
@@ -25,11 +30,6 @@ def evaluate_asymmetric(model, data, split: str = "test", metrics: Iterable[str]
     by the query tower (``cache_queries=False``, so trained-and-discarded query towers do not fill the cache)
     or through the cache.
     """
-    from medadapt.asym.model import is_asymmetric, tower
-    from medadapt.cache import EmbeddingCache
-    from medadapt.eval.metrics import evaluate_run, parse_metric
-    from medadapt.eval.retrieval import dense_run
-
     cache = cache if cache is not None else EmbeddingCache()
     metrics = list(metrics)
     q_model = tower(model, "query") if is_asymmetric(model) else model

@@ -5,6 +5,7 @@ with LoRA, ``r=32`` in ``recipes/care.yaml``): the one helper :mod:`medadapt.tra
 
 from __future__ import annotations
 
+from medadapt.asym.model import route_modules
 from medadapt.errors import ConfigError
 from medadapt.recipes.base import LoraSection
 from medadapt.training.lora import attach_lora, has_lora, merge_lora
@@ -15,8 +16,6 @@ __all__ = ["attach_document_lora", "document_transformer", "has_lora", "merge_do
 def document_transformer(model):
     """The ``Transformer`` module that starts the document route of an asymmetric model."""
     from sentence_transformers.base.modules import Transformer
-
-    from medadapt.asym.model import route_modules
 
     first = route_modules(model, "document")[0]
     if not isinstance(first, Transformer):

@@ -17,6 +17,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Literal
 
+from medadapt.asym.truncate import MatryoshkaTruncate
+from medadapt.decoder import strip_normalize
 from medadapt.errors import ConfigError
 
 __all__ = [
@@ -29,16 +31,6 @@ __all__ = [
 ]
 
 Route = Literal["query", "document"]
-
-
-def strip_normalize(modules: Sequence) -> list:
-    """``modules`` without trailing ``Normalize`` modules (the asymmetric model normalises once, at the end)."""
-    from sentence_transformers.base.modules import Normalize
-
-    modules = list(modules)
-    while modules and isinstance(modules[-1], Normalize):
-        modules.pop()
-    return modules
 
 
 def _modules_of(tower_or_modules) -> list:
@@ -98,8 +90,6 @@ def build_asymmetric_model(
                     f"the document tower ({d_dim}-d) is narrower than {target}; use projection=True or a wider "
                     "document tower"
                 )
-            from medadapt.asym.truncate import MatryoshkaTruncate
-
             d_modules.append(MatryoshkaTruncate(target))
             d_dim = target
         if q_dim != d_dim:

@@ -14,11 +14,28 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal, Union
 
 from pydantic import Field, field_validator, model_validator
 
-from medadapt.asym.stages import CarePhaseSection
+import medadapt.training.lora as training_lora
+from medadapt.adapters.compose import branch_kind, check_composition
+from medadapt.asym.alignment_loss import QueryAlignmentLoss
+from medadapt.asym.data import mined_pairs, self_contrastive_texts
+from medadapt.asym.evaluate import evaluate_asymmetric
+from medadapt.asym.lora import attach_document_lora, merge_document_lora
+from medadapt.asym.model import build_asymmetric_model, tower
+from medadapt.asym.pruning import prune_layers
+from medadapt.asym.stages import (AlignReplay, CarePhaseSection, align_stage, init_stage, joint_stage,
+                                  teacher_targets, trainable_only, unsupervised_stage)
+from medadapt.asym.static import static_from_document
 from medadapt.config import validate_each
+from medadapt.data import load_beir
+from medadapt.decoder import decoder_tower_modules, strip_normalize
+from medadapt.losses import AsymInfoNCELoss, InfoNCELoss, LearnableTemperatureInfoNCELoss, MatryoshkaLoss
+from medadapt.models import load, resolve_model_path
+from medadapt.plan import LoraSpec, ModelSpec, PhaseSpec, PlanSpec, Usage, find_config, register_planner
+from medadapt.plan.memory import mlm_logit_bytes
 from medadapt.recipes.base import LoraSection, RecipeBase, RunSection, Section
 from medadapt.recipes.registry import RecipeKind, register_kind
-from medadapt.training.retromae import RetroMAESection
+from medadapt.training.lora import attach_lora, merge_lora
+from medadapt.training.retromae import RetroMAESection, retromae_stage
 
 if TYPE_CHECKING:
     from medadapt.recipes.run import RunContext
@@ -237,8 +254,6 @@ class CareRecipe(RecipeBase):
     @classmethod
     def _branch_sections(cls, value):
         """Each entry validated by its registered branch kind's section (``kind`` picks it)."""
-        from medadapt.adapters.compose import branch_kind
-
         return validate_each(value or [], lambda entry: branch_kind(str(entry.get("kind"))).section, "branch")
 
     @model_validator(mode="after")
@@ -310,9 +325,6 @@ def build_document_tower(spec: DocumentSection, device: str | None = None):
     from sentence_transformers import SentenceTransformer
     from sentence_transformers.base.modules import Normalize
 
-    from medadapt.asym.decoder import decoder_tower_modules
-    from medadapt.models import load, resolve_model_path
-
     if spec.kind == "decoder":
         kwargs = {"dtype": getattr(torch, spec.torch_dtype)} if spec.torch_dtype else {}
         modules = decoder_tower_modules(resolve_model_path(spec.model), spec.max_seq_length, spec.padding_side,
@@ -331,11 +343,6 @@ def build_query_tower(spec, document, texts: list[str] | None = None, device: st
     """The query tower for ``spec`` (sentence_transformer / pruned copy / static distillation)."""
     from sentence_transformers import SentenceTransformer
     from sentence_transformers.base.modules import Normalize
-
-    from medadapt.asym.model import strip_normalize
-    from medadapt.asym.pruning import prune_layers
-    from medadapt.asym.static import static_from_document
-    from medadapt.models import load
 
     if spec.kind == "sentence_transformer":
         model = load(spec.model, device=device)
@@ -361,24 +368,6 @@ def train(recipe: CareRecipe, ctx: RunContext):
     stage II -> merged LoRA. Each phase runs through ``ctx.train`` with its own checkpoint folder (a re-run
     resumes); its summary (steps, seconds, first / last loss) goes to ``ctx.result.details["stages"]``."""
     import torch
-
-    from medadapt.asym.alignment_loss import QueryAlignmentLoss
-    from medadapt.asym.data import mined_pairs, self_contrastive_texts
-    from medadapt.asym.lora import attach_document_lora, merge_document_lora
-    from medadapt.asym.model import build_asymmetric_model, tower
-    from medadapt.asym.stages import (
-        AlignReplay,
-        align_stage,
-        init_stage,
-        joint_stage,
-        teacher_targets,
-        trainable_only,
-        unsupervised_stage,
-    )
-    from medadapt.data import load_beir
-    from medadapt.losses import AsymInfoNCELoss, InfoNCELoss, LearnableTemperatureInfoNCELoss, MatryoshkaLoss
-    from medadapt.training.lora import attach_lora, enable_gradient_checkpointing, merge_lora
-    from medadapt.training.retromae import retromae_stage
 
     tr, init, s1, s2, cache = recipe.training, recipe.init, recipe.stage1, recipe.stage2, ctx.cache
     device, bs, lora, arch = ctx.device, tr.encode_batch_size, recipe.document.lora, recipe.architecture
@@ -430,7 +419,7 @@ def train(recipe: CareRecipe, ctx: RunContext):
         if lora is not None:
             attach_lora(document, lora, gradient_checkpointing=checkpointing)
         elif checkpointing:
-            enable_gradient_checkpointing(document)
+            training_lora.enable_gradient_checkpointing(document)  # through the module: tests spy on it
         base, mrl = InfoNCELoss(init.temperature), recipe.document.mrl_dims
         loss = MatryoshkaLoss(base, mrl) if mrl else base
         ctx.log("init: document tower (symmetric InfoNCE" + (" + MRL)" if mrl else ")"))
@@ -521,8 +510,6 @@ def train(recipe: CareRecipe, ctx: RunContext):
     if tr.merge_lora_on_save:
         merge_document_lora(model)
     for section in recipe.branches:  # each branch wraps the model it is given (medadapt.adapters.compose)
-        from medadapt.adapters.compose import branch_kind
-
         model = branch_kind(section.kind).build_and_train(model, section, recipe, ctx)
     return model
 
@@ -533,9 +520,6 @@ def _check_branches(recipe: CareRecipe, document) -> None:
     that tower; the query tower does not exist yet)."""
     if not recipe.branches:
         return
-    from medadapt.adapters.compose import branch_kind, check_composition
-    from medadapt.asym.model import build_asymmetric_model
-
     check_composition("asymmetric", [(b.kind, "branch") for b in recipe.branches])
     probe = build_asymmetric_model(document, document, truncate_to=None)
     for section in recipe.branches:
@@ -546,8 +530,6 @@ def _check_branches(recipe: CareRecipe, document) -> None:
 
 def _init_texts(data, recipe: CareRecipe, section: _InitTexts, seed: int) -> list[tuple[str, str]]:
     """``[(text, role)]`` a query-init pre-training step reads (see :class:`_InitTexts`)."""
-    from medadapt.asym.data import self_contrastive_texts
-
     return self_contrastive_texts(data, recipe.init_text_splits(section), section.include_corpus,
                                   section.max_texts, seed)
 
@@ -575,12 +557,7 @@ def evaluate(recipe: CareRecipe, model, ctx: RunContext) -> dict[str, float]:
     frozen document tower cached as a standalone model costs no re-encode, unlike ``evaluate_dense``); a
     composed model (``branches``) is evaluated by its last branch (``lexical/``, ``dense/``, ``hybrid/``)."""
     if recipe.branches:
-        from medadapt.adapters.compose import branch_kind
-
         return branch_kind(recipe.branches[-1].kind).evaluate(recipe, model, recipe.branches[-1], ctx)
-    from medadapt.asym.evaluate import evaluate_asymmetric
-    from medadapt.data import load_beir
-
     ev = recipe.eval
     data = load_beir(ctx.resolve(ev.data or recipe.data.path), [ev.split])
     return evaluate_asymmetric(model, data, ev.split, ev.metrics, cache=ctx.cache,
@@ -668,8 +645,6 @@ def plan_spec(recipe: CareRecipe):
     """What ``medadapt plan`` needs (:mod:`medadapt.plan`): the two towers and the phases that train them
     (init per tower, the query tower's RetroMAE / unsupervised steps when set, stage I with the document tower frozen, stage II); texts per example as each phase
     encodes them (query, positive, ``negatives`` hard negatives)."""
-    from medadapt.plan import LoraSpec, ModelSpec, PhaseSpec, PlanSpec, Usage
-
     doc, q = recipe.document, recipe.query
     lora = LoraSpec(doc.lora.r, doc.lora.alpha, doc.lora.dropout,
                     tuple(doc.lora.target_modules) if doc.lora.target_modules else None) if doc.lora else None
@@ -690,9 +665,6 @@ def plan_spec(recipe: CareRecipe):
     if ini.query is not None and has_q:
         pre, un = ini.query.pretrain, ini.query.unsupervised
         if pre is not None:  # the encoder once per text, + the MLM head's logits on the masked tokens
-            from medadapt.plan import find_config
-            from medadapt.plan.memory import mlm_logit_bytes
-
             length = pre.max_length or qlen
             vocab = int(find_config(q.model, recipe._source)[0].get("vocab_size") or 0)
             logits = mlm_logit_bytes((pre.encoder_mask_ratio + pre.decoder_mask_ratio) * length, vocab)
@@ -728,8 +700,6 @@ def plan_spec(recipe: CareRecipe):
 
 
 def _register_planner() -> None:
-    from medadapt.plan import register_planner
-
     register_planner("care", plan_spec)
 
 

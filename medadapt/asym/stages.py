@@ -16,8 +16,7 @@ Example:
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -31,6 +30,8 @@ from medadapt.errors import ConfigError
 from medadapt.losses.asym_infonce import AsymInfoNCELoss
 from medadapt.training.config import OptimSection
 from medadapt.training.loop import Batch, LoopResult, Stage, train
+from medadapt.training.lora import has_lora
+from medadapt.training.steps import TextPairStep, TowerWithLoss, embed, trainable_only
 
 __all__ = ["AlignReplay", "AlignStep", "CarePhaseSection", "PairStep", "TextPairStep", "TowerWithLoss",
            "align_queries", "align_stage", "embed", "init_stage", "init_tower", "joint_finetune",
@@ -42,21 +43,6 @@ class CarePhaseSection(OptimSection):
     1e-4, warm-up 0.05 for every phase and both towers) are the loop's
     :class:`~medadapt.training.config.OptimSection` defaults; batch sizes are global (the paper's are 640 /
     2,560 / 640), and ``gradient_accumulation_steps`` trains exactly as the larger batch (GradCache)."""
-
-
-def embed(model, texts: Sequence[str], task: str | None, *, run_model: nn.Module | None = None,
-          max_length: int | None = None) -> Tensor:
-    """Embed ``texts`` *with gradients*: ``model.preprocess`` with the task's prompt, then a forward pass
-    of ``run_model`` (``model``, or the engine the loop prepared). ``task`` picks the Router route and the
-    prompt."""
-    prompt = (model.prompts or {}).get(task) if task else None
-    kwargs: dict[str, Any] = {"task": task} if task else {}
-    if max_length is not None:
-        kwargs["max_length"] = max_length
-    features = model.preprocess(list(texts), prompt=prompt or None, **kwargs)
-    device = next(model.parameters()).device
-    features = {k: v.to(device) if isinstance(v, Tensor) else v for k, v in features.items()}
-    return (run_model or model)(features)["sentence_embedding"]
 
 
 def route_parameters(model, route: str) -> list[nn.Parameter]:
@@ -83,21 +69,6 @@ def teacher_targets(teacher, items: Sequence[tuple[str, str]], cache, *, dim: in
     if out is None:
         raise ConfigError("no teacher texts")
     return torch.nn.functional.normalize(torch.from_numpy(out)[:, :dim], dim=-1)
-
-
-@contextlib.contextmanager
-def trainable_only(model: nn.Module, params: Sequence[nn.Parameter]) -> Iterator[None]:
-    """Within the block exactly ``params`` of ``model`` have ``requires_grad`` (the rest is frozen, so the
-    loop neither computes nor applies their gradients); every flag is restored afterwards, also on error."""
-    saved = [(p, p.requires_grad) for p in model.parameters()]
-    wanted = {id(p) for p in params}
-    try:
-        for p in model.parameters():
-            p.requires_grad_(id(p) in wanted)
-        yield
-    finally:
-        for p, flag in saved:
-            p.requires_grad_(flag)
 
 
 # ------------------------------------------------------------------------------------------------ steps
@@ -200,36 +171,6 @@ class AlignStep:
         return self.loss_fn(outputs["student"], outputs["teacher"])
 
 
-class TowerWithLoss(nn.Module):
-    """A tower and a loss with parameters (a learnable temperature) as one module, so that the loop trains
-    and checkpoints both; ``forward`` is the tower's (the loss is called by the step)."""
-
-    def __init__(self, tower: nn.Module, loss: nn.Module) -> None:
-        super().__init__()
-        self.tower, self.loss = tower, loss
-
-    def forward(self, features: dict[str, Any]) -> dict[str, Any]:
-        return self.tower(features)
-
-
-class TextPairStep:
-    """Unsupervised pairs ``(a, b)`` of texts (title / content, or a text and itself: two dropout views,
-    SimCSE) -> ``loss(E(a), E(b))`` with in-batch negatives; both sides through the same tower."""
-
-    def __init__(self, tower, pairs: Sequence[tuple[str, str]], loss: nn.Module, *,
-                 max_length: int | None = None) -> None:
-        self.tower, self.pairs, self.loss_fn, self.max_length = tower, pairs, loss, max_length
-
-    def forward(self, run_model: nn.Module, batch: Batch) -> dict[str, Tensor]:
-        items = [self.pairs[i] for i in batch.indices]
-        a = embed(self.tower, [x for x, _ in items], None, run_model=run_model, max_length=self.max_length)
-        b = embed(self.tower, [y for _, y in items], None, run_model=run_model, max_length=self.max_length)
-        return {"a": a, "b": b}
-
-    def loss(self, outputs: dict[str, Tensor], batch: Batch) -> dict[str, Tensor]:
-        return self.loss_fn(outputs["a"], outputs["b"])
-
-
 # ------------------------------------------------------------------------------------------------ stages
 def _check(name: str, n_items: int, params: Sequence[nn.Parameter]) -> None:
     if n_items < 1:
@@ -283,8 +224,6 @@ def joint_stage(model, pairs: Sequence[TrainPair], doc_texts: Sequence[str], sec
     its LoRA matrices if an adapter is attached); without it, document embeddings are rows of ``doc_table``
     (``(n_docs, d)``, e.g. the cached corpus). ``align`` adds stage I's alignment on replayed texts
     (:class:`AlignReplay`, ``stage2.align_weight``). Run it inside :func:`trainable_only`."""
-    from medadapt.training.lora import has_lora
-
     params = route_parameters(model, "query")
     if train_document:
         doc_modules = route_modules(model, "document")

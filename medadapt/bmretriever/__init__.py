@@ -7,9 +7,9 @@
 * Stage II data (§3.3): :mod:`~medadapt.bmretriever.finetune_data` (hard negatives from the curation tools),
   :mod:`~medadapt.bmretriever.synthetic` (pluggable query / task generators, Appendix A.1 prompts with sampled
   attributes, consistency filter, generate-N-keep-what-passes accounting).
-* Training: :func:`train_stage` (sentence-transformers trainer on Accelerate, InfoNCE at scale 1/τ,
-  negatives gathered across processes, global batches split over processes), configured by the recipe's
-  :class:`BmStageSection`.
+* Training: :func:`contrastive_stage` / :func:`train_stage` (a Stage of the one loop: dot-product InfoNCE
+  at temperature τ, in-batch (+ hard) negatives of the global batch, GradCache accumulation, one data set per
+  batch), configured by the recipe's :class:`BmStageSection`.
 * Recipes: :class:`BmRetrieverRecipe` (``kind: bmretriever``, registered by
   :mod:`medadapt.bmretriever.recipe`, run by :func:`medadapt.recipes.run_recipe`).
 * Instruction tables (Appendix B): :mod:`~medadapt.bmretriever.instructions`.
@@ -54,13 +54,14 @@ from medadapt.bmretriever.synthetic import (
     synthesize_query_groups,
     synthesize_task_groups,
 )
-from medadapt.bmretriever.trainer import StageResult, train_stage
+from medadapt.bmretriever.train import contrastive_stage, train_stage
 
 __all__ = [
     "EVAL_INSTRUCTIONS", "FINETUNE_INSTRUCTIONS", "PASSAGE_PROMPT", "PRETRAIN_QUERY_PROMPT", "QUERY_TEMPLATE",
     "SYNTHETIC_INSTRUCTIONS", "TASK_ATTRIBUTES", "BmRetrieverRecipe", "BmStageSection", "CorpusSource",
-    "CropConfig", "FakeQueryGenerator", "FakeTaskGenerator", "QueryGenerator", "StageResult", "SyntheticReport",
-    "TaskExample", "TaskGenerator", "TransformersQueryGenerator", "beir_groups", "build_retriever", "crop_pair",
+    "CropConfig", "FakeQueryGenerator", "FakeTaskGenerator", "QueryGenerator", "SyntheticReport",
+    "TaskExample", "TaskGenerator", "TransformersQueryGenerator", "beir_groups", "build_retriever",
+    "contrastive_stage", "crop_pair",
     "generate_instance_data", "generate_task_data", "groups_to_dataset",
     "iter_corpus", "iter_pretrain_pairs", "pretrain_dataset", "query_prompt", "stage1_dataset", "stage2_datasets",
     "subsample_groups", "synthesize_query_groups", "synthesize_task_groups", "train_stage",

@@ -14,9 +14,13 @@ the loss sees a fixed number of columns, eq. 3).
 
 from __future__ import annotations
 
+import random
 from collections.abc import Sequence
 
+from medadapt.bmretriever.instructions import query_prompt
+from medadapt.curation import mine_hard_negatives
 from medadapt.curation.mining_config import MiningConfig
+from medadapt.data.beir import BeirDataset
 from medadapt.data.training import TrainingGroup
 from medadapt.errors import DataError
 
@@ -25,8 +29,6 @@ __all__ = ["beir_groups", "groups_to_dataset", "subsample_groups"]
 
 def subsample_groups(groups: Sequence[TrainingGroup], max_groups: int | None, seed: int) -> list[TrainingGroup]:
     """A seeded random subset of ``max_groups`` groups, kept in their original order."""
-    import random
-
     groups = list(groups)
     if max_groups is None or len(groups) <= max_groups:
         return groups
@@ -35,20 +37,16 @@ def subsample_groups(groups: Sequence[TrainingGroup], max_groups: int | None, se
 
 
 def beir_groups(data, split: str, searcher, mining: MiningConfig | None = None, *,
-                max_queries: int | None = None, seed: int = 42, batch_size: int = 256, show_progress: bool = True) -> list[TrainingGroup]:
+                max_queries: int | None = None, seed: int = 42, batch_size: int = 256,
+                show_progress: bool = True) -> list[TrainingGroup]:
     """Training groups for the judged queries of a BEIR ``split``, with hard negatives from ``searcher``.
 
     ``max_queries`` subsamples the queries *before* mining (seeded), so a CPU run searches only those."""
-    from medadapt.curation import mine_hard_negatives
-    from medadapt.data.beir import BeirDataset
-
     mining = mining or MiningConfig.preset("bmretriever", seed=seed)
     if split not in data.qrels:
         raise DataError(f"split {split!r} was not loaded (loaded: {', '.join(data.qrels) or 'none'})")
     qrels = data.qrels[split]
     if max_queries is not None and len(qrels) > max_queries:
-        import random
-
         keep = set(random.Random(seed).sample(sorted(qrels), max_queries))
         qrels = {q: r for q, r in qrels.items() if q in keep}
         data = BeirDataset(corpus=data.corpus, queries=data.queries, qrels={split: qrels}, root=data.root)
@@ -64,8 +62,6 @@ def groups_to_dataset(groups: Sequence[TrainingGroup], *, hard_negatives: bool =
     data) is applied to its query here (:func:`~medadapt.bmretriever.instructions.query_prompt`); the caller
     then gives this data set no anchor prompt."""
     from datasets import Dataset
-
-    from medadapt.bmretriever.instructions import query_prompt
 
     rows: dict[str, list[str]] = {"anchor": [], "positive": [], "negative": []}
     use_neg = hard_negatives and any(g.neg for g in groups)

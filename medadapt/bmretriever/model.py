@@ -1,8 +1,8 @@
 """The BMRetriever encoder (§3.1): one sentence-transformers model for queries and passages.
 
 * ``kind="decoder"``: a decoder LLM (Pythia, Gemma, BioMistral, Qwen, Llama: any ``AutoModel``) through
-  CARE's document-tower code, :func:`medadapt.asym.decoder.decoder_tower_modules` (``EosTransformer``
-  appends ``<EOS>``, ``Pooling("lasttoken")`` reads its final hidden state). No second implementation.
+  the shared decoder code that CARE's document tower uses too, :func:`medadapt.decoder.decoder_tower_modules`
+  (``EosTransformer`` appends ``<EOS>``, ``Pooling("lasttoken")`` reads its final hidden state).
 * ``kind="sentence_transformer"``: any ST model (the CPU-sized run uses the packaged MiniLM).
 
 Similarity is the dot product (Appendix E); ``normalize=True`` adds a ``Normalize`` module (dot = cosine).
@@ -14,7 +14,13 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
+import torch
+from sentence_transformers import SentenceTransformer
+from sentence_transformers.base.modules import Normalize
+
+from medadapt.decoder import decoder_tower_modules, strip_normalize
 from medadapt.errors import ConfigError
+from medadapt.models import load, resolve_model_path
 
 __all__ = ["build_retriever"]
 
@@ -24,14 +30,6 @@ def build_retriever(name: str, kind: Literal["decoder", "sentence_transformer"] 
                     torch_dtype: str | None = None, normalize: bool = False,
                     prompts: dict[str, str] | None = None, device: str | None = None):
     """Build the retriever: decoder tower (EOS pooling) or an ST model, dot-product similarity, prompts."""
-    import torch
-    from sentence_transformers import SentenceTransformer
-    from sentence_transformers.base.modules import Normalize
-
-    from medadapt.asym.decoder import decoder_tower_modules
-    from medadapt.asym.model import strip_normalize
-    from medadapt.models import load, resolve_model_path
-
     if kind == "decoder":
         kwargs: dict[str, Any] = {"dtype": getattr(torch, torch_dtype)} if torch_dtype else {}
         modules = decoder_tower_modules(resolve_model_path(name), max_seq_length, padding_side,

@@ -7,8 +7,8 @@ one runner (:func:`medadapt.recipes.run_recipe`, ``medadapt train``, also under 
 (query, positive, hard negative) rows, the negative one random passage of the base retriever's top 100,
 optional synthetic data: instance-level sources consistency-filtered and task-level examples, each generated
 until its target is kept or its cap reached, with generated / kept per source in
-``ctx.result.details["synthetic"]``, i.e. ``train_log.json``), each with a fresh LoRA adapter merged afterwards, on
-sentence-transformers' trainer (:func:`~medadapt.bmretriever.trainer.train_stage`; checkpoints in
+``ctx.result.details["synthetic"]``, i.e. ``train_log.json``), each with a fresh LoRA adapter (seeded) merged
+afterwards, each a Stage of the one loop (:func:`~medadapt.bmretriever.train.contrastive_stage`; checkpoints in
 ``<output>.checkpoints/stage1`` and ``stage2``, each folder claimed by the fingerprint of what decides its
 weights, so a re-run with another recipe or data is refused). It returns the model with the ``query``
 (evaluation instruction) and ``document`` (passage) prompts; per-stage summaries go to
@@ -17,20 +17,36 @@ weights, so a re-run with another recipe or data is refused). It returns the mod
 
 from __future__ import annotations
 
+import random
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+import torch
+
+from medadapt.bmretriever.finetune_data import beir_groups, groups_to_dataset, subsample_groups
+from medadapt.bmretriever.instructions import query_prompt
 from medadapt.bmretriever.model import build_retriever
-from medadapt.bmretriever.schema import BmRetrieverRecipe, BmStageSection
+from medadapt.bmretriever.pretrain_data import CorpusSource, CropConfig, pretrain_dataset
+from medadapt.bmretriever.schema import BmRetrieverRecipe, BmStageSection, Stage2Section
+from medadapt.bmretriever.synthetic import (FakeQueryGenerator, FakeTaskGenerator, LLMQueryGenerator,
+                                            LLMTaskGenerator, OpenAICompatibleClient, TransformersChatClient,
+                                            filter_task_groups, generate_instance_data, generate_task_data)
+from medadapt.bmretriever.train import contrastive_stage, logged_rows
 from medadapt.checksums import ChecksumError, verify_sums, write_sums
+from medadapt.curation import DenseSearcher
+from medadapt.data import load_beir
+from medadapt.data.beir import BeirDataset
+from medadapt.data.training import TrainingGroup, load_training_groups
 from medadapt.errors import ConfigError, warn
+from medadapt.io import atomic_write_text
+from medadapt.models import load
+from medadapt.plan import LoraSpec, ModelSpec, PhaseSpec, PlanSpec, Usage, register_planner
 from medadapt.recipes.registry import RecipeKind, register_kind
-from medadapt.recipes.run import evaluate_dense
-
-if TYPE_CHECKING:
-    from medadapt.recipes.run import RunContext
+from medadapt.recipes.run import RunContext, evaluate_dense, fingerprint, replace_folder
+from medadapt.training.checkpoint import CheckpointCorruptError, all_checkpoints, load_checkpoint
+from medadapt.training.lora import attach_lora, enable_gradient_checkpointing, merge_lora
 
 __all__ = ["stage1_dataset", "stage2_datasets", "train"]
 
@@ -41,8 +57,6 @@ def _resolve(recipe: BmRetrieverRecipe, value: str) -> str:
 
 def stage1_dataset(recipe: BmRetrieverRecipe):
     """The stage I ``Dataset`` (``anchor`` / ``positive``) the recipe describes."""
-    from medadapt.bmretriever.pretrain_data import CorpusSource, CropConfig, pretrain_dataset
-
     s1 = recipe.stage1
     sources = [CorpusSource(_resolve(recipe, sec.path), sec.mode, sec.title_field, sec.text_field,
                             sec.id_field, sec.max_docs) for sec in s1.sources]
@@ -58,19 +72,6 @@ def stage2_datasets(recipe: BmRetrieverRecipe, *, cache=None, device: str | None
     ``{task: {column: prompt}}``. ``base``: the mining retriever, already loaded (default: loaded here from
     ``stage2.base_retriever`` when a task mines). ``report``: filled with each synthetic source's
     :meth:`~medadapt.bmretriever.synthetic.SyntheticReport.as_dict` (generated / kept), by source name."""
-    import random
-
-    from medadapt.bmretriever.finetune_data import beir_groups, groups_to_dataset, subsample_groups
-    from medadapt.bmretriever.instructions import query_prompt
-    from medadapt.bmretriever.synthetic import (FakeQueryGenerator, FakeTaskGenerator, LLMQueryGenerator,
-                                                LLMTaskGenerator, filter_task_groups, generate_instance_data,
-                                                generate_task_data)
-    from medadapt.curation import DenseSearcher
-    from medadapt.data import load_beir
-    from medadapt.data.beir import BeirDataset
-    from medadapt.data.training import TrainingGroup, load_training_groups
-    from medadapt.models import load
-
     s2, ins, tr = recipe.stage2, recipe.instructions, recipe.training
     mining = s2.mining
     if "seed" not in mining.model_fields_set:
@@ -173,8 +174,6 @@ def stage2_datasets(recipe: BmRetrieverRecipe, *, cache=None, device: str | None
 def chat_client(section, device: str | None = None):
     """The :class:`~medadapt.bmretriever.synthetic.ChatClient` a synthetic-data section names (generator
     ``transformers`` or ``openai``)."""
-    from medadapt.bmretriever.synthetic import OpenAICompatibleClient, TransformersChatClient
-
     if section.generator == "openai":
         return OpenAICompatibleClient(section.model, base_url=section.endpoint,
                                       api_key_env=section.api_key_env, temperature=section.temperature)
@@ -185,9 +184,6 @@ def stage1_identity(recipe: BmRetrieverRecipe) -> str:
     """Fingerprint of what decides the stage-I weights (model, stage I, instructions, data, training
     settings, data files): the recipe with stage II switched off, through the runner's fingerprint. A
     finished stage I is reused by a re-run only under the same identity."""
-    from medadapt.bmretriever.schema import Stage2Section
-    from medadapt.recipes.run import fingerprint
-
     only_stage1 = recipe.model_copy(update={"stage2": Stage2Section(enabled=False)})
     only_stage1._source = recipe._source
     return fingerprint(only_stage1)
@@ -209,16 +205,25 @@ def _intact(folder: Path) -> bool:
 def _claim(folder: Path, identity: str, ctx: RunContext) -> None:
     """Refuse to resume ``folder`` when it holds the checkpoints of another run; record ``identity``."""
     mark = folder / "fingerprint.txt"
-    unmarked = not mark.is_file() and folder.is_dir() and any(folder.glob("checkpoint-*"))  # nobody's run
+    unmarked = not mark.is_file() and folder.is_dir() and any(folder.glob("step-*"))  # nobody's run
     if unmarked or (mark.is_file() and mark.read_text().strip() != identity):
         raise ConfigError(f"{folder} holds checkpoints of another run (recipe, data or base model differ); "
                           "train into a new output folder, or pass --overwrite to start this one afresh")
     if ctx.is_main and not mark.is_file():
-        from medadapt.io import atomic_write_text
-
         folder.mkdir(parents=True, exist_ok=True)
         atomic_write_text(mark, identity)
     ctx.accelerator.wait_for_everyone()
+
+
+def _finished_rows(folder: Path) -> list[dict[str, Any]]:
+    """The loss rows of a finished stage, from the newest checkpoint in ``folder`` that reads back intact
+    (none when there is none): a re-run that reuses the stage's model reports the rows it trained with."""
+    for path in all_checkpoints(folder):
+        try:
+            return list(load_checkpoint(path)[2]["loss_history"])
+        except CheckpointCorruptError:
+            continue
+    return []
 
 
 def _share_mining_encode(recipe: BmRetrieverRecipe, ctx: RunContext):
@@ -229,9 +234,6 @@ def _share_mining_encode(recipe: BmRetrieverRecipe, ctx: RunContext):
     beir_tasks = [t for t in s2.tasks if t.kind == "beir"]
     if ctx.accelerator.num_processes <= 1 or not s2.hard_negatives or not beir_tasks:
         return None
-    from medadapt.data import load_beir
-    from medadapt.models import load
-
     base = load(s2.base_retriever, device=ctx.device)
     for path in dict.fromkeys(_resolve(recipe, t.path or recipe.data.path) for t in beir_tasks):
         ctx.share_encoding(base, load_beir(path, splits=[]).doc_texts(),
@@ -242,14 +244,6 @@ def _share_mining_encode(recipe: BmRetrieverRecipe, ctx: RunContext):
 def train(recipe: BmRetrieverRecipe, ctx: RunContext):
     """Train a BMRetriever recipe (see module docstring); returns the SentenceTransformer with its
     inference prompts."""
-    from datasets import DatasetDict
-
-    from medadapt.bmretriever.model import build_retriever
-    from medadapt.bmretriever.trainer import train_stage
-    from medadapt.models import load
-    from medadapt.recipes.run import replace_folder
-    from medadapt.training.lora import attach_lora, enable_gradient_checkpointing, merge_lora
-
     tr, ins, m = recipe.training, recipe.instructions, recipe.model
     acc, log, device = ctx.accelerator, ctx.log, ctx.device
     show = ctx.show_progress and ctx.is_main
@@ -257,27 +251,26 @@ def train(recipe: BmRetrieverRecipe, ctx: RunContext):
     model = build_retriever(m.name, m.kind, max_seq_length=m.max_seq_length, padding_side=m.padding_side,
                             torch_dtype=m.torch_dtype, normalize=m.normalize, device=device)
 
-    def run_stage(name: str, section: BmStageSection, data, prompts, identity: str) -> None:
-        folder = ctx.checkpoint_dir / name
-        _claim(folder, identity, ctx)
+    def run_stage(index: int, name: str, section: BmStageSection, data, prompts, identity: str) -> None:
+        _claim(ctx.checkpoint_dir / name, identity, ctx)
         lora = m.lora if section.lora else None
         if lora is not None:
-            attach_lora(model, lora, gradient_checkpointing=m.gradient_checkpointing)
+            with torch.random.fork_rng(devices=[]):  # the adapter's initial weights depend on the seed only
+                torch.manual_seed(tr.seed * 1_000_003 + index)
+                attach_lora(model, lora, gradient_checkpointing=m.gradient_checkpointing)
         elif m.gradient_checkpointing:
             enable_gradient_checkpointing(model)
-        rows = sum(len(d) for d in data.values()) if isinstance(data, dict) else len(data)
+        stage = contrastive_stage(model, data, prompts, section, seed=tr.seed, name=name)
+        rows = stage.n_items
         how = f"LoRA r={lora.r}" if lora is not None else "full fine-tuning"
         log(f"{name}: {rows} rows, global batch {section.effective_batch_size}, {how}, "
             f"tau={section.temperature}")
-        res = train_stage(model, DatasetDict(data) if isinstance(data, dict) else data, prompts, section, tr,
-                          folder, show_progress=show)
+        res = ctx.train(model, [stage], name=name, fingerprint=identity)
         merge_lora(model)
-        hist = res.loss_history
+        hist = logged_rows(res.loss_history, tr.logging_steps or max(1, min(50, res.steps // 20)))
         stages[name] = {"rows": rows, "steps": res.steps, "seconds": round(res.seconds, 2),
                         "first_loss": hist[0]["loss"] if hist else None,
                         "last_loss": hist[-1]["loss"] if hist else None, "loss_history": hist}
-        ctx.result.train_seconds += res.seconds
-        ctx.result.loss_history += [{"stage": name, **r} for r in res.loss_history]
 
     # ---- stage I: unsupervised contrastive pre-training
     stage1_model = ctx.checkpoint_dir / "stage1-model"
@@ -288,10 +281,11 @@ def train(recipe: BmRetrieverRecipe, ctx: RunContext):
             log(f"stage I: finished earlier, loading {stage1_model}")
             model = load(str(stage1_model), device=device)  # trusts only sentence_transformers / medadapt
             stages["stage1"] = {"resumed": True}
+            ctx.result.loss_history += _finished_rows(ctx.checkpoint_dir / "stage1")
         else:
             with acc.main_process_first():
                 data1 = stage1_dataset(recipe)
-            run_stage("stage1", recipe.stage1, data1, {"anchor": ins.pretrain_query, "positive": ins.passage},
+            run_stage(0, "stage1", recipe.stage1, data1, {"anchor": ins.pretrain_query, "positive": ins.passage},
                       identity)
             if ctx.is_main:
                 with replace_folder(stage1_model) as tmp:
@@ -310,7 +304,7 @@ def train(recipe: BmRetrieverRecipe, ctx: RunContext):
         if synthetic:  # generated / kept per synthetic source, in train_log.json
             ctx.result.details["synthetic"] = synthetic
         ctx.result.encode_seconds += time.perf_counter() - t0
-        run_stage("stage2", recipe.stage2, data2, prompts2, ctx.fingerprint)
+        run_stage(1, "stage2", recipe.stage2, data2, prompts2, ctx.fingerprint)
 
     # ---- the inference prompts (saved with the model)
     model.prompts = {"query": recipe.eval_query_prompt(), "document": ins.passage}
@@ -354,8 +348,6 @@ def plan_spec(recipe: BmRetrieverRecipe):
     """What ``medadapt plan`` needs (:mod:`medadapt.plan`): the retriever and its two stages (stage I: a
     query and a passage per pair, in-batch negatives; stage II: query, positive and
     ``mining.num_negatives`` hard negatives)."""
-    from medadapt.plan import LoraSpec, ModelSpec, PhaseSpec, PlanSpec, Usage
-
     m, s1, s2 = recipe.model, recipe.stage1, recipe.stage2
     stages = [s for s in (s1, s2) if s.enabled]
     lora = None
@@ -380,7 +372,6 @@ def plan_spec(recipe: BmRetrieverRecipe):
     if len({s.lora for s in stages}) > 1:
         notes.append("one stage trains through LoRA and the other fully: planned as LoRA throughout")
     return PlanSpec(recipe.name, (spec,), tuple(phases), recipe.training.mixed_precision, tuple(notes),
-                    engine_accumulation=True,  # sentence-transformers' trainer (CachedMNRL), DeepSpeed / FSDP
                     data=tuple(synthetic_plan(recipe)))
 
 
@@ -419,10 +410,4 @@ def synthetic_plan(recipe: BmRetrieverRecipe) -> list[str]:
     return lines
 
 
-def _register_planner() -> None:
-    from medadapt.plan import register_planner
-
-    register_planner("bmretriever", plan_spec)
-
-
-_register_planner()
+register_planner("bmretriever", plan_spec)

@@ -14,7 +14,7 @@ A recipe names the backbone, the instruction tables, and the two stages::
     eval:   {split: test, metrics: [ndcg@10], instruction: "Given a question, ..."}
 
 A stage's optimisation is a :class:`BmStageSection` (an ``OptimSection`` with the paper's defaults), handed
-as it is to :func:`~medadapt.bmretriever.trainer.train_stage`; hard-negative mining is
+as it is to :func:`~medadapt.bmretriever.train.contrastive_stage`; hard-negative mining is
 :class:`medadapt.curation.MiningConfig`.
 """
 
@@ -26,7 +26,8 @@ from typing import Any, Literal
 from pydantic import Field, model_validator
 
 from medadapt.bmretriever.instructions import (EVAL_INSTRUCTIONS, FINETUNE_INSTRUCTIONS, PASSAGE_PROMPT,
-                                               PRETRAIN_QUERY_PROMPT, QUERY_TEMPLATE, SYNTHETIC_INSTRUCTIONS)
+                                               PRETRAIN_QUERY_PROMPT, QUERY_TEMPLATE, SYNTHETIC_INSTRUCTIONS,
+                                               query_prompt)
 from medadapt.curation.mining_config import MiningConfig
 from medadapt.recipes.base import EvalSection, LoraSection, RecipeBase, RunSection, Section
 from medadapt.training.config import OptimSection
@@ -70,11 +71,12 @@ class InstructionsSection(Section):
 
 
 class BmStageSection(OptimSection):
-    """Optimisation of one stage on the sentence-transformers trainer (Appendix D: AdamW, lr 5e-5, global
-    batch 256, linear warm-up over the first 100 steps, then linear decay). Unlike
+    """Optimisation of one stage on the one loop (Appendix D: AdamW, lr 5e-5, global batch 256, linear
+    warm-up over the first 100 steps, then linear decay). Unlike
     :class:`~medadapt.training.config.OptimSection`, ``epochs`` may be fractional and the warm-up is counted
-    in ``warmup_steps``; giving ``warmup_ratio`` instead (not both) warms up over that fraction of the steps.
-    ``gradient_accumulation_steps = k`` trains as one batch of ``k * batch_size`` (GradCache), as the loop.
+    in ``warmup_steps``; giving ``warmup_ratio`` instead (not both) warms up over that fraction of the steps
+    (:func:`~medadapt.bmretriever.train.loop_optim`). ``gradient_accumulation_steps = k`` trains as one batch
+    of ``k * batch_size`` (GradCache).
     """
 
     enabled: bool = True
@@ -101,7 +103,7 @@ class BmStageSection(OptimSection):
 
     @property
     def warmup(self) -> float:
-        """The trainer's ``warmup_steps``: an int counts steps, a float in ``[0, 1)`` is a ratio."""
+        """The warm-up: an int counts steps, a float in ``[0, 1)`` is a ratio of the stage's steps."""
         return self.warmup_steps if self.warmup_steps is not None else float(self.warmup_ratio)
 
 
@@ -289,10 +291,11 @@ class Stage2Section(BmStageSection):
 
 
 class BmTrainingSection(RunSection):
-    """:class:`~medadapt.recipes.base.RunSection` plus the trainer's logging cadence."""
+    """:class:`~medadapt.recipes.base.RunSection` plus the stage summaries' logging cadence."""
 
-    logging_steps: int | None = Field(None, ge=1, description="log the loss every n steps (default: ~20 rows "
-                                      "per stage)")
+    logging_steps: int | None = Field(None, ge=1, description="the stage summary in train_log.json logs the "
+                                      "loss every n steps, averaged (default: ~20 rows per stage); the run's "
+                                      "loss_history has every step")
 
 
 class BmEvalSection(EvalSection):
@@ -327,8 +330,6 @@ class BmRetrieverRecipe(RecipeBase):
         """The query prompt of the saved model: ``eval.instruction`` (a Table 10 / Table 9 name or the
         instruction itself; default: the first stage II task's) in ``instructions.query_template``, or the
         pre-training query prompt when there is no instruction."""
-        from medadapt.bmretriever.instructions import query_prompt
-
         ins = self.instructions
         instruction = self.eval.instruction
         if instruction is None and self.stage2.tasks:

@@ -46,6 +46,7 @@ from __future__ import annotations
 import ast
 import json
 import math
+import os
 import random
 import re
 from collections.abc import Callable, Mapping, Sequence
@@ -54,6 +55,7 @@ from typing import Protocol, runtime_checkable
 
 from medadapt.curation.consistency import filter_consistent_groups
 from medadapt.data.training import TrainingGroup
+from medadapt.errors import MedAdaptError
 
 __all__ = [
     "INSTANCE_PROMPT",
@@ -273,11 +275,7 @@ class OpenAICompatibleClient:
                f"api_key_env={self.api_key_env!r})"
 
     def complete(self, prompts: Sequence[str], max_new_tokens: int) -> list[str]:
-        import os
-
         import httpx
-
-        from medadapt.errors import MedAdaptError
 
         url = f"{self.base_url}/chat/completions"
         headers = {"Content-Type": "application/json"}
@@ -411,8 +409,6 @@ def synthesize_query_groups(
     over the corpus, :class:`~medadapt.curation.DenseSearcher`) ranks the passage in its top ``top_k``.
     ``text_to_id`` maps passage texts to corpus ids. Empty generations are dropped. The returned groups
     carry ``instruction`` as their ``prompt`` and no negatives yet (mine them like labelled data)."""
-    from medadapt.curation import filter_consistent_groups
-
     passages = list(passages)
     queries = generator.generate_queries(passages, instruction)
     if len(queries) != len(passages):

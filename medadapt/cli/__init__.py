@@ -11,7 +11,9 @@ import sys
 
 import typer
 
+from medadapt import __version__
 from medadapt.cli._common import console, err_console, tagged
+from medadapt.cli._help import App
 from medadapt.cli.data import data_app
 from medadapt.cli.encode import encode_cmd
 from medadapt.cli.eval import eval_cmd
@@ -19,9 +21,10 @@ from medadapt.cli.index import index_app, search_cmd
 from medadapt.cli.plan import plan_cmd
 from medadapt.cli.report import report_cmd
 from medadapt.cli.train import train_cmd
-from medadapt.errors import MedAdaptError
+from medadapt.errors import MedAdaptError, MedAdaptWarning
+from medadapt.progress import set_level
 
-app = typer.Typer(
+app = App(
     name="medadapt",
     help="Medical retrieval adapters for Sentence-Transformers: evaluate, train heads, reproduce recipes.",
     no_args_is_help=True,
@@ -40,8 +43,6 @@ app.add_typer(data_app, name="data")
 
 def _print_version(value: bool) -> None:
     if value:
-        from medadapt import __version__
-
         console.print(__version__)
         raise typer.Exit()
 
@@ -52,23 +53,17 @@ def _root(
                                  help="Print the medadapt version and exit."),
 ) -> None:
     """Medical retrieval adapters for Sentence-Transformers."""
-    from medadapt.progress import set_level
-
     set_level("normal")  # each command's --quiet / --verbose sets it again (one process may run many commands)
 
 
 @app.command("version")
 def version_cmd() -> None:
     """Print the medadapt version."""
-    from medadapt import __version__
-
     console.print(__version__)
 
 
 def _show_warning(message, category, filename, lineno, file=None, line=None, _default=None):
     """medadapt's own warnings as one ``warning: ...`` line; others as Python shows them."""
-    from medadapt.errors import MedAdaptWarning
-
     if issubclass(category, MedAdaptWarning):
         err_console.print(tagged("warning:", "yellow", str(message)), highlight=False, soft_wrap=True)
     else:

@@ -9,12 +9,18 @@ from __future__ import annotations
 
 import functools
 import os
-from typing import Annotated
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Annotated, Optional
 
 import typer
 from rich.text import Text
 
-from medadapt.progress import plain_console
+from medadapt.backends import check_backend, require_backend
+from medadapt.errors import MedAdaptError, MedAdaptWarning
+from medadapt.progress import level, plain_console, set_level
+from medadapt.training.distributed import close_process_group
 
 console = plain_console()
 err_console = plain_console(stderr=True)
@@ -28,16 +34,12 @@ def tagged(tag: str, style: str, message: str) -> Text:
 
 def _quiet_flag(value: bool) -> bool:
     if value:
-        from medadapt.progress import set_level
-
         set_level("quiet")
     return value
 
 
 def _verbose_flag(value: bool) -> bool:
     if value:
-        from medadapt.progress import level, set_level
-
         if level() != "quiet":  # --quiet wins over --verbose
             set_level("verbose")
     return value
@@ -53,8 +55,6 @@ def closes_process_group(command):
         try:
             return command(*args, **kwargs)
         finally:
-            from medadapt.training.distributed import close_process_group
-
             close_process_group()
 
     return run
@@ -72,14 +72,10 @@ def quiet_libraries() -> None:
     """Silence third-party warnings, logs and progress bars so medadapt's own progress (one rich display,
     :mod:`medadapt.progress`) is what users see; with ``--verbose`` leave them all on."""
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    from medadapt.progress import level
-
     if level() == "verbose":
         return
     import logging
     import warnings
-
-    from medadapt.errors import MedAdaptWarning
 
     warnings.filterwarnings("ignore")
     warnings.filterwarnings("default", category=MedAdaptWarning)  # medadapt's own recoveries stay visible
@@ -112,20 +108,39 @@ def fail(message: str) -> None:
     raise typer.Exit(code=1)
 
 
+@contextmanager
+def user_errors(interrupted: str = "interrupted") -> Iterator[None]:
+    """Run a command body; a :class:`~medadapt.errors.MedAdaptError`, a file system error or Ctrl-C becomes
+    one ``error: ...`` line (:func:`fail`)."""
+    try:
+        yield
+    except MedAdaptError as exc:
+        fail(str(exc))
+    except OSError as exc:  # a file system error the steps did not turn into a MedAdaptError
+        fail(f"{exc.filename + ': ' if exc.filename else ''}{exc.strerror or exc}")
+    except KeyboardInterrupt:
+        fail(interrupted)
+
+
+#: Where the embedding cache lives unless ``--cache-dir`` says otherwise
+#: (:func:`medadapt.cache.default_cache_dir`; every command's help shows it the same way).
+CACHE_DEFAULT = "$MEDADAPT_CACHE, else ~/.cache/medadapt/embeddings"
+#: ``--cache-dir`` of every command that encodes through the embedding cache.
+CacheDirOpt = Annotated[Optional[Path], typer.Option(
+    "--cache-dir", help=f"Embedding cache folder (default: {CACHE_DEFAULT}).")]
+
+
 #: ``--backend`` of ``medadapt eval`` / ``index`` / ``search`` (checked by :func:`check_backend_option`).
 BackendOption = Annotated[str, typer.Option(
     "--backend", help="Encoder runtime: torch, onnx, onnx-int8 (int8 weights) or openvino; the non-torch ones "
                       "run on the CPU, are exported once per model and cached apart (extras: "
-                      "medadapt\\[onnx], medadapt\\[openvino]).")]
+                      "medadapt[onnx], medadapt[openvino]).")]
 
 
 def check_backend_option(backend: str, **unsupported: bool) -> None:
     """Check ``--backend`` before any data or model is read: an unknown name or a missing package raises one
     :class:`~medadapt.errors.MedAdaptError`; so does a non-torch backend together with an option that does
     not support it (``check_backend_option(b, **{"--suite": suite is not None})``)."""
-    from medadapt.backends import check_backend, require_backend
-    from medadapt.errors import MedAdaptError
-
     if check_backend(backend) == "torch":
         return
     require_backend(backend)

@@ -14,12 +14,41 @@ from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
+from pydantic import ValidationError
 
-from medadapt.cli._common import QuietOpt, VerboseOpt, console, fail, quiet_libraries
+from medadapt.cache import EmbeddingCache
+from medadapt.cli._common import CacheDirOpt, QuietOpt, VerboseOpt, console, fail, quiet_libraries
+from medadapt.cli._help import App
+from medadapt.curation import (
+    BM25Searcher,
+    DedupConfig,
+    DenseSearcher,
+    MiningConfig,
+    MiningReport,
+    OpenAIChat,
+    PromptGenerator,
+    PromptJudge,
+    StsReport,
+    build_sts_triplets,
+    diversity_dedup,
+    filter_consistent_groups,
+    get_rubric,
+    label_pairs,
+    load_synonyms,
+    mine_hard_negatives,
+    to_sts_pairs,
+    write_jsonl,
+    write_training_groups,
+)
+from medadapt.data import load_beir, load_corpus, load_training_groups, resolve_data_dir
+from medadapt.data.jsonl import field as get_field
+from medadapt.data.jsonl import iter_jsonl, iter_lines
 from medadapt.errors import ConfigError, DataError, MedAdaptError
-from medadapt.io import check_output, check_outputs
+from medadapt.io import atomic_write_json, check_output, check_outputs
+from medadapt.models import load
+from medadapt.retrieval.tokenize import detect_language
 
-data_app = typer.Typer(
+data_app = App(
     name="data",
     help="Curate training data: hard negatives, consistency filter, diversity dedup, LLM consensus labels, "
     "synonym STS triplets.",
@@ -76,22 +105,16 @@ class Mode(str, enum.Enum):
     any = "any"
 
 
-
 ModelOpt = Annotated[str, typer.Option(help="Model alias (minilm), saved model folder, or hub id (dense).")]
 LanguageOpt = Annotated[Language, typer.Option(help="BM25 tokenisation (auto: by CJK share).")]
 DeviceOpt = Annotated[Optional[str], typer.Option(help="cpu, cuda, mps ... (default: auto).")]
-CacheOpt = Annotated[Optional[Path], typer.Option(help="Embedding cache folder (default $MEDADAPT_CACHE or "
-                                                       "~/.cache/medadapt).")]
+CacheOpt = CacheDirOpt
 OutputOpt = Annotated[Path, typer.Option("--output", "-o", help="Output JSONL (written atomically).")]
 
 
 # --------------------------------------------------------------------------------------------- helpers
 def _message(exc: Exception) -> str:
     """One line for a user error (pydantic errors shortened to their first problem)."""
-    try:
-        from pydantic import ValidationError
-    except ImportError:  # pragma: no cover
-        ValidationError = ()  # type: ignore[assignment]
     if isinstance(exc, ValidationError):
         err = exc.errors()[0]
         loc = ".".join(str(x) for x in err.get("loc", ())) or "config"
@@ -102,8 +125,6 @@ def _message(exc: Exception) -> str:
 def _guard(fn: Callable[[], None]) -> None:
     quiet_libraries()
     try:
-        from pydantic import ValidationError
-
         try:
             fn()
         except (MedAdaptError, ValueError, ValidationError) as exc:
@@ -115,15 +136,8 @@ def _guard(fn: Callable[[], None]) -> None:
 def _searcher(retriever: Retriever, ids: list[str], texts: list[str], model: str, device, cache_dir, language,
               quiet: bool):
     if retriever is Retriever.bm25:
-        from medadapt.curation import BM25Searcher
-
-        from medadapt.retrieval.tokenize import detect_language
-
         lang = detect_language(texts) if language is Language.auto else language.value
         return BM25Searcher(ids, texts, language=lang)
-    from medadapt.cache import EmbeddingCache
-    from medadapt.curation import DenseSearcher
-    from medadapt.models import load
 
     return DenseSearcher(load(model, device=device), ids, texts, cache=EmbeddingCache(cache_dir),
                          show_progress=not quiet)
@@ -151,8 +165,6 @@ def _import_object(spec: str, what: str):
 
 
 def _openai_backend(spec: str, api_key_env: str, allow_insecure_http: bool = False):
-    from medadapt.curation import OpenAIChat
-
     rest = spec[len("openai:"):]
     model, _, base_url = rest.partition("@")
     if not model:
@@ -162,8 +174,6 @@ def _openai_backend(spec: str, api_key_env: str, allow_insecure_http: bool = Fal
 
 
 def _texts_from_jsonl(path: Path, field: str, join_title: bool) -> tuple[list[dict], list[str]]:
-    from medadapt.data.jsonl import field as get_field, iter_jsonl
-
     rows, texts = [], []
     for lineno, obj in iter_jsonl(path, "input file"):
         text = get_field(obj, field, str, path, lineno)
@@ -208,9 +218,6 @@ def mine_cmd(
     """Mine hard negatives by rank window; write FlagEmbedding JSONL {query, pos, neg, *_scores}."""
 
     def run() -> None:
-        from medadapt.curation import MiningConfig, MiningReport, mine_hard_negatives, write_training_groups
-        from medadapt.data import load_beir
-
         check_output(output, what="--output")
         overrides: dict = {"margin": margin, "absolute_margin": absolute_margin, "seed": seed,
                            "with_scores": not no_scores, "drop_empty": not keep_empty,
@@ -259,15 +266,10 @@ def filter_cmd(
     """Consistency filter (BMRetriever): keep synthetic pairs whose passage ranks in the retriever's top-k."""
 
     def run() -> None:
-        from medadapt.curation import filter_consistent_groups, write_training_groups
-        from medadapt.data import load_training_groups
-
         check_output(output, what="--output")
         groups = load_training_groups(input)
         texts: dict[str, str] = {}  # text -> id
         if corpus:
-            from medadapt.data import load_corpus, resolve_data_dir
-
             path = Path(corpus)
             docs = load_corpus(path if path.is_file() else resolve_data_dir(corpus) / "corpus.jsonl")
             for did, doc in docs.items():
@@ -312,11 +314,6 @@ def dedup_cmd(
     """Diversity-aware dedup (CARE App. B): stream into an index; drop items with > m neighbours above τ."""
 
     def run() -> None:
-        from medadapt.cache import EmbeddingCache
-        from medadapt.curation import DedupConfig, diversity_dedup, write_jsonl
-        from medadapt.io import atomic_write_json
-        from medadapt.models import load
-
         check_outputs({"--output": output, "--discarded": discarded, "--report": report})
         make = DedupConfig.for_queries if kind is Kind.query else DedupConfig.for_documents
         overrides = {"k": k, "max_neighbors": max_neighbors, "seed_size": seed_size, "batch_size": batch_size,
@@ -344,8 +341,6 @@ def dedup_cmd(
 
 # --------------------------------------------------------------------------------------------- label
 def _load_label_items(path: Path) -> list[tuple[str, list[str]]]:
-    from medadapt.data.jsonl import field as get_field, iter_jsonl
-
     items = []
     for lineno, obj in iter_jsonl(path, "input file"):
         query = get_field(obj, "query", str, path, lineno)
@@ -388,9 +383,6 @@ def label_cmd(
     """Multi-judge consensus labels (CMedTEB): keep pairs the judges agree on; report Fleiss' kappa."""
 
     def run() -> None:
-        from medadapt.curation import PromptJudge, get_rubric, label_pairs, write_jsonl, write_training_groups
-        from medadapt.io import atomic_write_json
-
         check_outputs({"--output": output, "--report": report})
         rub = get_rubric(rubric)
         if positive_grades:
@@ -431,7 +423,6 @@ def _load_sentences(path: Path) -> list[str]:
         return texts
     if not path.is_file():
         raise DataError(f"sentences file not found: {path}")
-    from medadapt.data.jsonl import iter_lines  # UTF-8 checked with the line number
 
     lines = [ln.strip() for _, ln in iter_lines(path, "sentences file") if ln.strip()]
     if not lines:
@@ -462,15 +453,6 @@ def sts_cmd(
     """Synonym STS data (CMedTEB): positive / hard-negative / easy-negative sentences per synonym pair."""
 
     def run() -> None:
-        from medadapt.curation import (
-            PromptGenerator,
-            StsReport,
-            build_sts_triplets,
-            load_synonyms,
-            to_sts_pairs,
-            write_jsonl,
-        )
-
         check_output(output, what="--output")
         syn = load_synonyms(synonyms)
         sents = _load_sentences(sentences)

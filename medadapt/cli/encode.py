@@ -13,9 +13,21 @@ from typing import Annotated
 
 import typer
 
-from medadapt.cli._common import QuietOpt, VerboseOpt, closes_process_group, console, fail, quiet_libraries
+from medadapt.cache import EmbeddingCache
+from medadapt.cli._common import (
+    CacheDirOpt,
+    QuietOpt,
+    VerboseOpt,
+    closes_process_group,
+    console,
+    fail,
+    quiet_libraries,
+)
+from medadapt.data.beir import load_beir
+from medadapt.encode import encode_corpus, launch_state, process_device
 from medadapt.errors import MedAdaptError
-from medadapt.io import check_output
+from medadapt.io import atomic_write_json, check_output
+from medadapt.models import check_device, load
 
 
 class StorageDtype(str, enum.Enum):
@@ -35,9 +47,7 @@ def encode_cmd(
                                                         "per process).")] = 1024,
     device: Annotated[str | None, typer.Option(help="cpu, cuda ... (default: one GPU per process if "
                                                        "CUDA is available, else CPU).")] = None,
-    cache_dir: Annotated[
-        Path | None, typer.Option(help="Embedding cache folder (default $MEDADAPT_CACHE or ~/.cache/medadapt).")
-    ] = None,
+    cache_dir: CacheDirOpt = None,
     report: Annotated[Path | None, typer.Option(help="Write what was done as JSON here.")] = None,
     quiet: QuietOpt = False,
     verbose: VerboseOpt = False,
@@ -45,11 +55,6 @@ def encode_cmd(
     """Encode a corpus into the embedding cache (resumable; split across `accelerate launch` processes)."""
     quiet_libraries()
     try:
-        from medadapt.cache import EmbeddingCache
-        from medadapt.data.beir import load_beir
-        from medadapt.encode import encode_corpus, launch_state, process_device
-        from medadapt.models import check_device, load
-
         check_device(device)  # before reading data or loading a model
         check_output(report, what="--report")
         state = launch_state(device)
@@ -79,6 +84,4 @@ def encode_cmd(
                       f"{r.encoded}{f' ({split})' if split else ''}, {r.cached_before} already cached; "
                       f"{r.seconds:.1f} s{rate}", highlight=False, soft_wrap=True)
     if report is not None:
-        from medadapt.io import atomic_write_json
-
         atomic_write_json(report, {role: r.to_dict() for (role, _), r in zip(jobs, done)})

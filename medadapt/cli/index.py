@@ -8,11 +8,36 @@ from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
+from pydantic import ValidationError
+from rich.table import Table
 
-from medadapt.cli._common import (BackendOption, QuietOpt, VerboseOpt, check_backend_option, closes_process_group, console,
-                                  fail, quiet_libraries)
+from medadapt.cache import EmbeddingCache
+from medadapt.cli._common import (
+    BackendOption,
+    CacheDirOpt,
+    QuietOpt,
+    VerboseOpt,
+    check_backend_option,
+    closes_process_group,
+    console,
+    quiet_libraries,
+    user_errors,
+)
+from medadapt.cli._help import App
+from medadapt.data import builtin_names, check_split, data_folder, load_beir, load_queries, resolve_data_dir
+from medadapt.data.jsonl import check_id, has_bad_id_chars, iter_lines, require_file
+from medadapt.data.text import check_text
+from medadapt.encode import launch_state, launched_processes, process_device, share_encoding
 from medadapt.errors import DataError, MedAdaptError
-from medadapt.io import check_output
+from medadapt.io import atomic_open, check_output
+from medadapt.models import check_device, load
+from medadapt.retrieval.config import RetrieverConfig
+from medadapt.retrieval.corpus import load_documents
+from medadapt.retrieval.encoders import ST_TAG, detect_encoder_kind, open_encoder
+from medadapt.retrieval.retriever import Retriever, with_fusion_defaults
+from medadapt.retrieval.storage import INDEX_FOLDER, load_manifest
+from medadapt.retrieval.upgrade import upgrade_qdrant_queries, upgrade_queries
+from medadapt.retrieval.vectordb import open_qdrant
 
 
 class Kind(str, enum.Enum):
@@ -28,7 +53,8 @@ class Fusion(str, enum.Enum):
     sum = "sum"
 
 
-index_app = typer.Typer(no_args_is_help=False)
+index_app = App(no_args_is_help=False)
+DeviceOpt = Annotated[Optional[str], typer.Option(help="cpu, cuda, mps ... (default: auto).")]
 
 
 @index_app.callback(invoke_without_command=True)
@@ -55,79 +81,30 @@ def index_cmd(
                       "1.")] = None,
     language: Annotated[str, typer.Option(help="BM25 tokenisation: auto, en, zh, none.")] = "auto",
     batch_size: Annotated[int, typer.Option(min=1, help="Encoding batch size.")] = 64,
-    device: Annotated[Optional[str], typer.Option(help="cpu, cuda, mps ... (default: auto).")] = None,
-    cache_dir: Annotated[Optional[Path], typer.Option(help="Embedding cache folder.")] = None,
+    device: DeviceOpt = None,
+    cache_dir: CacheDirOpt = None,
     quiet: QuietOpt = False,
     verbose: VerboseOpt = False,
     backend: BackendOption = "torch",
 ) -> None:
     """Build a dense, lexical or hybrid index over a corpus and save it as a checked folder (`medadapt index
     upgrade-queries`: give a built index a new query encoder)."""
-    if ctx.invoked_subcommand is not None:  # `index upgrade-queries ...`: its options follow its name
-        given = [p.opts[0] for p in ctx.command.params
-                 if getattr(ctx.get_parameter_source(p.name), "name", None) == "COMMANDLINE"]
-        if given:
-            ctx.fail(f"{', '.join(given)} build an index; give the options of `index {ctx.invoked_subcommand}` "
-                     "after its name")
+    if not _build_requested(ctx, corpus, out):
         return
-    for option, value in (("--corpus", corpus), ("--out", out)):
-        if value is None:  # required to build (the group takes none, so Typer cannot require them)
-            ctx.fail(f"Missing option '{option}'.")
     quiet_libraries()
-    try:
-        from pydantic import ValidationError
-
-        from medadapt.models import check_device
-        from medadapt.retrieval.config import RetrieverConfig
-        from medadapt.retrieval.corpus import load_documents
-
+    with user_errors():
         check_device(device)  # before reading the corpus or loading a model
-        from medadapt.retrieval.encoders import detect_encoder_kind
-
         check_backend_option(backend, **{"a HyReC model": detect_encoder_kind(model) is not None})
-
-        try:
-            config = RetrieverConfig(
-                kind=kind.value, batch_size=batch_size,
-                dense={"factory": factory, "ef_construction": ef_construction, "ef_search": ef_search,
-                       "nprobe": nprobe},
-                lexical={"language": language},
-                fusion={"method": (fusion or Fusion.minmax).value,
-                        "dense_weight": 1.0 if dense_weight is None else dense_weight},
-            )
-        except ValidationError as exc:
-            err = exc.errors()[0]
-            raise MedAdaptError(f"{'.'.join(map(str, err['loc']))}: {err['msg']}") from None
-        from medadapt.retrieval.storage import INDEX_FOLDER
-
-        # a file, a non-index folder or an unwritable place: refused before any work
-        check_output(out, INDEX_FOLDER, what="--out")
+        config = _index_config(kind, batch_size, factory, ef_construction, ef_search, nprobe, language, fusion,
+                               dense_weight)
+        check_output(out, INDEX_FOLDER, what="--out")  # a file, a non-index folder, unwritable: refused first
         t0 = time.perf_counter()
         docs = load_documents(corpus)  # validate the corpus before loading a model
-        from medadapt.cache import EmbeddingCache
-        from medadapt.retrieval.encoders import detect_encoder_kind, open_encoder
-        from medadapt.retrieval.retriever import Retriever
-
-        encoder = None
-        if detect_encoder_kind(model) is not None or config.uses_dense:  # e.g. a HyReC folder: learned lexical too
-            from medadapt.models import load
-
-            from medadapt.encode import launch_state, launched_processes, process_device
-
-            state = None
-            if launched_processes() > 1:  # under `accelerate launch`: the processes share the corpus encode
-                state = launch_state(device)
-                device = process_device(state, device)
-            source = model if backend == "torch" else load(model, device=device, backend=backend)
-            encoder = open_encoder(source, device=device, cache=EmbeddingCache(cache_dir))
-            if state is not None:
-                _share_index_encode(encoder, docs, state, batch_size, quiet)
-                if not state.is_main_process:  # the main process builds the index from the filled cache
-                    return
+        encoder, is_main = _index_encoder(model, config, docs, device, backend, cache_dir, batch_size, quiet)
+        if not is_main:  # the main process builds the index from the filled cache
+            return
         defaults = getattr(encoder, "fusion_defaults", None)
         if defaults:  # what the model was trained / tuned for, unless given on the command line
-            from medadapt.retrieval.retriever import with_fusion_defaults
-
             config = with_fusion_defaults(config, defaults, method=fusion.value if fusion else None,
                                           dense_weight=dense_weight)
         retriever = Retriever.build(docs, encoder, config=config, model_name=model if encoder is not None else None,
@@ -135,12 +112,55 @@ def index_cmd(
         retriever.save(out)
         console.print(f"indexed {len(docs)} documents ({kind.value}"
                       f"{', ' + factory if config.uses_dense else ''}) in {time.perf_counter() - t0:.1f} s -> {out}")
-    except MedAdaptError as exc:
-        fail(str(exc))
-    except OSError as exc:  # a file system error (e.g. --out unwritable) not turned into a MedAdaptError
-        fail(f"{exc.filename + ': ' if exc.filename else ''}{exc.strerror or exc}")
-    except KeyboardInterrupt:
-        fail("interrupted")
+
+
+def _build_requested(ctx: typer.Context, corpus: str | None, out: Path | None) -> bool:
+    """``index upgrade-queries ...`` takes no build option (its options follow its name); a build needs
+    ``--corpus`` and ``--out`` (the group takes none, so Typer cannot require them)."""
+    if ctx.invoked_subcommand is not None:
+        given = [p.opts[0] for p in ctx.command.params
+                 if getattr(ctx.get_parameter_source(p.name), "name", None) == "COMMANDLINE"]
+        if given:
+            ctx.fail(f"{', '.join(given)} build an index; give the options of `index {ctx.invoked_subcommand}` "
+                     "after its name")
+        return False
+    for option, value in (("--corpus", corpus), ("--out", out)):
+        if value is None:
+            ctx.fail(f"Missing option '{option}'.")
+    return True
+
+
+def _index_config(kind: Kind, batch_size: int, factory: str, ef_construction: int, ef_search: int, nprobe: int,
+                  language: str, fusion: Fusion | None, dense_weight: float | None) -> RetrieverConfig:
+    try:
+        return RetrieverConfig(
+            kind=kind.value, batch_size=batch_size,
+            dense={"factory": factory, "ef_construction": ef_construction, "ef_search": ef_search, "nprobe": nprobe},
+            lexical={"language": language},
+            fusion={"method": (fusion or Fusion.minmax).value, "dense_weight": 1.0 if dense_weight is None else dense_weight},
+        )
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        raise MedAdaptError(f"{'.'.join(map(str, err['loc']))}: {err['msg']}") from None
+
+
+def _index_encoder(model: str, config: RetrieverConfig, docs, device: str | None, backend: str,
+                   cache_dir: Path | None, batch_size: int, quiet: bool):
+    """``(encoder or None, is_main_process)``: the model's encoder when the index needs one (dense side, or a
+    model with learned lexical vectors such as a HyReC folder); under ``accelerate launch`` every process
+    encodes its share of the documents into the cache first."""
+    if detect_encoder_kind(model) is None and not config.uses_dense:
+        return None, True
+    state = None
+    if launched_processes() > 1:  # under `accelerate launch`: the processes share the corpus encode
+        state = launch_state(device)
+        device = process_device(state, device)
+    source = model if backend == "torch" else load(model, device=device, backend=backend)
+    encoder = open_encoder(source, device=device, cache=EmbeddingCache(cache_dir))
+    if state is not None:
+        _share_index_encode(encoder, docs, state, batch_size, quiet)
+        return encoder, state.is_main_process
+    return encoder, True
 
 
 @index_app.command("upgrade-queries")
@@ -154,28 +174,22 @@ def upgrade_queries_cmd(
                                                        "database folder or a server URL (http://...), with "
                                                        "--collection.")] = None,
     collection: Annotated[Optional[str], typer.Option(help="The Qdrant collection (with --qdrant).")] = None,
-    device: Annotated[Optional[str], typer.Option(help="cpu, cuda, mps ... (default: auto).")] = None,
+    device: DeviceOpt = None,
     quiet: QuietOpt = False,
     verbose: VerboseOpt = False,
 ) -> None:
     """Swap the query encoder of a built index for a model with the same document encoder (a query-route head,
     a CARE query tower); no document is re-encoded, a model with another document encoder is refused."""
     quiet_libraries()
-    try:
+    with user_errors():
         if (index is None) == (qdrant is None):
             raise MedAdaptError("give --index FOLDER or --qdrant PATH_OR_URL --collection NAME (one of them)")
         if (qdrant is None) != (collection is None):
             raise MedAdaptError("--collection goes with --qdrant, and --qdrant needs --collection")
-        from medadapt.models import check_device
-
         check_device(device)  # before loading the index's or the new model
-        from medadapt.retrieval.upgrade import upgrade_qdrant_queries, upgrade_queries
-
         if index is not None:
             result = upgrade_queries(index, model, device=device, what="--index")
         else:
-            from medadapt.retrieval.vectordb import open_qdrant
-
             client = open_qdrant(qdrant)
             try:
                 result = upgrade_qdrant_queries(client, collection, model, device=device)
@@ -188,12 +202,6 @@ def upgrade_queries_cmd(
         console.print(f"upgraded the query encoder of {result.target}: {_model_label(result.old)} -> "
                       f"{_model_label(result.new)}; {result.n_docs} documents untouched (document encoder "
                       f"{result.document_fingerprint}, nothing re-encoded) in {result.seconds:.1f} s", soft_wrap=True)
-    except MedAdaptError as exc:
-        fail(str(exc))
-    except OSError as exc:  # a file system error not turned into a MedAdaptError
-        fail(f"{exc.filename + ': ' if exc.filename else ''}{exc.strerror or exc}")
-    except KeyboardInterrupt:
-        fail("interrupted")
 
 
 def _model_label(info) -> str:
@@ -204,9 +212,6 @@ def _share_index_encode(encoder, docs, state, batch_size: int, quiet: bool) -> N
     """Every process of the launch encodes its share of the documents into the encoder's embedding cache
     (:func:`medadapt.encode.share_encoding`), for a dense encoder that reads documents through one; a
     HyReC model (learned lexical side encoded in the index build) is refused rather than run N times."""
-    from medadapt.encode import share_encoding
-    from medadapt.retrieval.encoders import ST_TAG
-
     model, cache = getattr(encoder, "model", None), getattr(encoder, "cache", None)
     if getattr(encoder, "encoder_tag", None) != ST_TAG or model is None or cache is None:
         raise MedAdaptError(f"under `accelerate launch` index shares the encode of a dense model through the "
@@ -220,11 +225,7 @@ def read_queries(path: Path) -> dict[str, str]:
     if not path.is_file():
         raise DataError(f"queries file not found: {path}")
     if path.suffix == ".jsonl":
-        from medadapt.data import load_queries
-
         return load_queries(path)
-    from medadapt.data.jsonl import check_id, iter_lines
-
     queries: dict[str, str] = {}
     for lineno, line in iter_lines(path, "queries file"):
         if not line.strip():
@@ -241,84 +242,103 @@ def read_queries(path: Path) -> dict[str, str]:
     return queries
 
 
+QueriesOpt = Annotated[Optional[str], typer.Option(
+    help="Batch search: a queries.jsonl or qid<TAB>text file, or a BEIR folder or builtin dataset (medmini) whose "
+         "queries are searched (with --split: the queries judged in that split).")]
+SplitOpt = Annotated[Optional[str], typer.Option(
+    help="With --queries naming a data set: search only the queries of this qrels split (a plain name such as "
+         "test or dev; default: every query).")]
+
+
 def search_cmd(
     index: Annotated[Path, typer.Option(help="Index folder written by `medadapt index`.")],
     query: Annotated[Optional[str], typer.Argument(help="One query (or use --queries).")] = None,
-    queries: Annotated[Optional[Path], typer.Option(help="queries.jsonl or qid<TAB>text file: batch search.")] = None,
+    queries: QueriesOpt = None,
+    split: SplitOpt = None,
     k: Annotated[int, typer.Option("--k", "-k", min=1, help="Documents per query.")] = 10,
     output: Annotated[Optional[Path], typer.Option(help="TREC run file for --queries (default: stdout).")] = None,
     tag: Annotated[str, typer.Option(help="Run tag (last TREC column).")] = "medadapt",
     model: Annotated[Optional[str], typer.Option(help="Model to use (default: the one recorded in the index; "
                                                       "refused if it differs).")] = None,
-    device: Annotated[Optional[str], typer.Option(help="cpu, cuda, mps ... (default: auto).")] = None,
+    device: DeviceOpt = None,
     quiet: QuietOpt = False,
     verbose: VerboseOpt = False,
     backend: BackendOption = "torch",
 ) -> None:
     """Search an index: one query as a table, or --queries as a TREC run (qid Q0 docid rank score tag)."""
     quiet_libraries()
-    try:
-        if (query is None) == (queries is None):
-            raise MedAdaptError("give either one QUERY or --queries FILE")
-        if query is not None and not query.strip():
-            raise MedAdaptError("the query is empty")
-        if query is not None:
-            from medadapt.data.text import check_text  # here: importing medadapt.data costs the CLI ~0.1 s
-
-            check_text(query, "the query")
-        from medadapt.models import check_device
-
+    with user_errors():
+        _check_search_options(query, queries, split, tag)
         check_device(device)
         check_backend_option(backend)
         check_output(output, what="--output")  # before loading the index and the model
-        batch = read_queries(queries) if queries is not None else None
-        from medadapt.retrieval.retriever import Retriever
-
-        if backend != "torch":  # the index's model (or --model) on that runtime; its fingerprint must match
-            from medadapt.models import load
-            from medadapt.retrieval.storage import load_manifest
-
-            recorded = load_manifest(index, verify=False)[0].model
-            model = load(model or (recorded.name if recorded is not None else ""), device=device, backend=backend)
-        retriever = Retriever.load(index, model=model, device=device)
+        batch = load_search_queries(queries, split) if queries is not None else None
+        retriever = _open_index(index, model, device, backend)
         if batch is None:
             _print_hits(retriever.search(query, k), query)
             return
-        from medadapt.io import atomic_open
-
         t0 = time.perf_counter()
-        qids = list(batch)
-        results = retriever.batch_search([batch[q] for q in qids], k)
-        from medadapt.data.jsonl import has_bad_id_chars
-
-        if has_bad_id_chars(tag):
-            fail(f"--tag {tag!r} contains whitespace or control characters (it is one TREC column)")
-        bad = next((hit.id for res in results for hit in res if has_bad_id_chars(hit.id)), None)
-        if bad is not None:  # an index built from ids medadapt's loaders refuse (Python API, older versions)
-            fail(f"document id {bad!r} in {index} contains whitespace or control characters and would split "
-                 "the TREC run line; rebuild the index with ids without them")
-        lines = [
-            f"{qid} Q0 {hit.id} {hit.rank} {hit.score:.6f} {tag}\n"
-            for qid, res in zip(qids, results) for hit in res
-        ]
+        lines = _trec_lines(retriever, batch, k, tag, index)
         if output is None:
             typer.echo("".join(lines), nl=False)
-        else:
-            with atomic_open(output, "w") as f:
-                f.writelines(lines)
-            if not quiet:
-                console.print(f"searched {len(qids)} queries in {time.perf_counter() - t0:.1f} s -> {output}")
-    except MedAdaptError as exc:
-        fail(str(exc))
-    except OSError as exc:  # a file system error not turned into a MedAdaptError
-        fail(f"{exc.filename + ': ' if exc.filename else ''}{exc.strerror or exc}")
-    except KeyboardInterrupt:
-        fail("interrupted")
+            return
+        with atomic_open(output, "w") as f:
+            f.writelines(lines)
+        if not quiet:
+            console.print(f"searched {len(batch)} queries in {time.perf_counter() - t0:.1f} s -> {output}")
+
+
+def _check_search_options(query: str | None, queries: str | None, split: str | None, tag: str) -> None:
+    if (query is None) == (queries is None):
+        raise MedAdaptError("give either one QUERY or --queries FILE")
+    if query is not None and not query.strip():
+        raise MedAdaptError("the query is empty")
+    if query is not None:
+        check_text(query, "the query")
+    if split is not None:
+        if queries is None:
+            raise MedAdaptError("--split applies to --queries")
+        check_split(split)
+    if has_bad_id_chars(tag):
+        raise MedAdaptError(f"--tag {tag!r} contains whitespace or control characters (it is one TREC column)")
+
+
+def load_search_queries(source: str, split: str | None = None) -> dict[str, str]:
+    """``--queries``: a queries file (:func:`read_queries`), or a data set's queries (a BEIR folder or a
+    builtin name; with ``split``, those judged in that qrels split, in qrels order)."""
+    path = Path(source).expanduser()
+    if path.is_file():
+        if split is not None:
+            raise MedAdaptError(f"--split applies to a data set (a BEIR folder or builtin dataset), not to the "
+                                f"queries file {source}")
+        return read_queries(path)
+    if split is not None:
+        return load_beir(source, [split]).split_queries(split)
+    if not resolve_data_dir(source).is_dir():
+        raise DataError(f"queries not found: {source} is neither a file, a folder nor a builtin dataset "
+                        f"({', '.join(builtin_names())})")
+    return load_queries(require_file(data_folder(source) / "queries.jsonl", "queries file"))
+
+
+def _open_index(index: Path, model: str | None, device: str | None, backend: str) -> Retriever:
+    """The index with its recorded model (or ``model``, checked against it), on ``backend``."""
+    if backend != "torch":  # the index's model (or --model) on that runtime; its fingerprint must match
+        recorded = load_manifest(index, verify=False)[0].model
+        model = load(model or (recorded.name if recorded is not None else ""), device=device, backend=backend)
+    return Retriever.load(index, model=model, device=device)
+
+
+def _trec_lines(retriever: Retriever, batch: dict[str, str], k: int, tag: str, index: Path) -> list[str]:
+    qids = list(batch)
+    results = retriever.batch_search([batch[q] for q in qids], k)
+    bad = next((hit.id for res in results for hit in res if has_bad_id_chars(hit.id)), None)
+    if bad is not None:  # an index built from ids medadapt's loaders refuse (Python API, older versions)
+        raise MedAdaptError(f"document id {bad!r} in {index} contains whitespace or control characters and "
+                            "would split the TREC run line; rebuild the index with ids without them")
+    return [f"{qid} Q0 {hit.id} {hit.rank} {hit.score:.6f} {tag}\n" for qid, res in zip(qids, results) for hit in res]
 
 
 def _print_hits(result, query: str) -> None:
-    from rich.table import Table
-
     table = Table(title=f"top {len(result)} for: {query}")
     for col in ("rank", "id", "score", "title", "text"):
         table.add_column(col, overflow="fold" if col == "text" else "ellipsis")

@@ -7,10 +7,15 @@ from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
+from rich.table import Table
 from rich.text import Text
 
 from medadapt.cli._common import console, fail, quiet_libraries
 from medadapt.errors import MedAdaptError
+from medadapt.io import atomic_write_json
+from medadapt.plan import Hardware, plan_recipe, read_accelerate_config
+from medadapt.plan.planner import _n
+from medadapt.recipes import load_recipe
 
 
 def plan_cmd(
@@ -39,10 +44,6 @@ def plan_cmd(
     try:
         from dataclasses import replace
 
-        from medadapt.io import atomic_write_json
-        from medadapt.plan import Hardware, plan_recipe, read_accelerate_config
-        from medadapt.recipes import load_recipe
-
         spec = load_recipe(recipe, list(set_ or []), paper=paper)
         hw = read_accelerate_config(accelerate_config) if accelerate_config else Hardware(gpu_memory_gb=80.0)
         hw = replace(hw.with_overrides(num_gpus=num_gpus, gpu_memory_gb=gpu_memory), headroom=headroom)
@@ -63,10 +64,6 @@ def plan_cmd(
 
 def _print_tables(plan) -> None:
     """The models as a table, each phase as a short block (readable in an 80-column terminal)."""
-    from rich.table import Table
-
-    from medadapt.plan.planner import _n
-
     models = Table(title=f"{plan.recipe}: models")
     for col in ("model", "architecture", "parameters", "trainable", "frozen", "trains as"):
         models.add_column(col, justify="right" if col in ("parameters", "trainable", "frozen") else "left")

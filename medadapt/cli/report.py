@@ -7,9 +7,11 @@ from typing import Annotated, Optional
 
 import typer
 
-from medadapt.cli._common import QuietOpt, VerboseOpt, console, fail, quiet_libraries, tagged
+from medadapt.cache import EmbeddingCache
+from medadapt.cli._common import CacheDirOpt, QuietOpt, VerboseOpt, console, fail, quiet_libraries, tagged
 from medadapt.errors import MedAdaptError
 from medadapt.io import check_output
+from medadapt.report import build_report
 
 
 def report_cmd(
@@ -26,7 +28,7 @@ def report_cmd(
                                            "distribution.")] = 5,
     images: Annotated[Optional[Path], typer.Option(help="Also write every figure as a PNG into this "
                                                    "folder.")] = None,
-    cache_dir: Annotated[Optional[Path], typer.Option(help="Embedding cache folder.")] = None,
+    cache_dir: CacheDirOpt = None,
     quiet: QuietOpt = False,
     verbose: VerboseOpt = False,
 ) -> None:
@@ -34,9 +36,6 @@ def report_cmd(
     metrics vs the frozen baseline, and the queries that gained or lost most."""
     quiet_libraries()
     try:
-        from medadapt.cache import EmbeddingCache
-        from medadapt.report import build_report
-
         check_output(output, what="--output")
         if images is not None and images.exists() and not images.is_dir():
             raise MedAdaptError(f"--images {images} is a file; give a folder")

@@ -6,10 +6,22 @@ from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
+from accelerate import PartialState
+from rich.table import Table
 from rich.text import Text
 
-from medadapt.cli._common import QuietOpt, VerboseOpt, closes_process_group, console, fail, quiet_libraries
+from medadapt.cache import EmbeddingCache
+from medadapt.cli._common import (
+    CacheDirOpt,
+    QuietOpt,
+    VerboseOpt,
+    closes_process_group,
+    console,
+    fail,
+    quiet_libraries,
+)
 from medadapt.errors import MedAdaptError
+from medadapt.recipes import load_recipe, run_recipe
 
 
 @closes_process_group
@@ -23,7 +35,7 @@ def train_cmd(
     check: Annotated[
         bool, typer.Option("--check", help="Exit with code 2 when a metric misses the recipe's eval.expected.")
     ] = False,
-    cache_dir: Annotated[Optional[Path], typer.Option(help="Embedding cache folder.")] = None,
+    cache_dir: CacheDirOpt = None,
     quiet: QuietOpt = False,
     verbose: VerboseOpt = False,
     overwrite: Annotated[bool, typer.Option("--overwrite", help="Discard checkpoints of an earlier, different run "
@@ -39,9 +51,6 @@ def train_cmd(
     Runs on Accelerate: `accelerate launch -m medadapt train RECIPE` spreads it over GPUs / processes."""
     quiet_libraries()
     try:
-        from medadapt.cache import EmbeddingCache
-        from medadapt.recipes import load_recipe, run_recipe
-
         overrides = [*(set_ or []), *(["save.adapter_only=false"] if full_model else [])]
         spec = load_recipe(recipe, overrides, paper=paper)  # `kind:` picks the system (medadapt.recipes.registry)
         result = run_recipe(spec, output or Path("runs") / spec.name, cache=EmbeddingCache(cache_dir),
@@ -56,7 +65,6 @@ def train_cmd(
     except KeyboardInterrupt:
         fail(f"interrupted; run the same command again to resume from {output or 'runs/<name>'}.checkpoints")
         return
-    from accelerate import PartialState
 
     if not PartialState().is_main_process:  # under `accelerate launch`, one summary from the main process
         return
@@ -77,8 +85,6 @@ def result_table(result, title: str):
     column (``ok`` / ``off by X``) only when the recipe sets ``eval.expected``, and one column per peer
     baseline (``eval.peers``, trained in the same run) after ``change``. The ``eval.also`` sets follow in a
     section of their own, one row per set and metric (``<set> <metric>``). No column is ever left empty."""
-    from rich.table import Table
-
     table = Table(title=title)
     table.add_column("metric")
     base = {m: result.baseline[m] for m in result.metrics if m in result.baseline}

@@ -15,6 +15,8 @@ from typing import Literal
 
 
 from medadapt.curation.search import Hit, checked_corpus_ids
+from medadapt.retrieval.config import LexicalConfig
+from medadapt.retrieval.lexical import LexicalIndex
 
 
 class BM25Searcher:
@@ -27,9 +29,6 @@ class BM25Searcher:
 
     def __init__(self, corpus_ids: Sequence[str], corpus_texts: Sequence[str],
                  language: Literal["en", "zh"] = "en", show_progress: bool = False):
-        from medadapt.retrieval.config import LexicalConfig
-        from medadapt.retrieval.lexical import LexicalIndex
-
         if language not in ("en", "zh"):
             raise ValueError(f"language must be 'en' or 'zh', got {language!r}")
         corpus_ids = checked_corpus_ids(corpus_ids, corpus_texts)

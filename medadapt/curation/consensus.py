@@ -22,6 +22,7 @@ from medadapt.curation.judges import Judge, JudgeError, judge_name
 from medadapt.curation.kappa import category_counts, fleiss_kappa
 from medadapt.curation.rubrics import CMEDTEB_RUBRIC, Rubric
 from medadapt.data.training import TrainingGroup
+from medadapt.progress import progress
 
 Policy = Literal["unanimous", "majority"]
 POLICIES = ("unanimous", "majority")
@@ -124,8 +125,6 @@ def label_pairs(
     Raises:
         JudgeError: a judge returned the wrong number of grades or a grade outside the rubric.
     """
-    from medadapt.progress import progress
-
     if len(judges) < 2:
         raise ValueError("consensus labelling needs at least 2 judges")
     if policy not in POLICIES:

@@ -25,6 +25,10 @@ from typing import Literal
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from medadapt.cache import EmbeddingCache
+from medadapt.eval.search import normalize_rows
+from medadapt.progress import progress
+
 DEDUP_CONFIG_VERSION = 1
 
 
@@ -108,9 +112,6 @@ def diversity_dedup(embeddings: np.ndarray, config: DedupConfig | None = None,
     The first ``config.seed_size`` rows seed the index unconditionally (shuffle beforehand for a random
     seed set). Returns a :class:`DedupResult`.
     """
-    from medadapt.progress import progress
-
-    from medadapt.eval.search import normalize_rows
 
     config = config or DedupConfig()
     x = np.asarray(embeddings, dtype=np.float32)
@@ -158,8 +159,6 @@ def dedup_texts(model, texts: list[str], config: DedupConfig | None = None,
                 show_progress: bool = True) -> DedupResult:
     """Encode ``texts`` through the embedding cache (``role`` picks ``encode_query`` /
     ``encode_document``) and run :func:`diversity_dedup`."""
-    from medadapt.cache import EmbeddingCache
-
     cache = cache if cache is not None else EmbeddingCache()
     emb = cache.encode(model, texts, role=role, batch_size=batch_size, show_progress=show_progress,
                        desc=f"encoding {role}s")

@@ -8,7 +8,9 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from medadapt.cache import EmbeddingCache
 from medadapt.curation.search import Hit, checked_corpus_ids
+from medadapt.eval.search import exact_search, prepare_for_similarity
 
 
 class DenseSearcher:
@@ -27,8 +29,6 @@ class DenseSearcher:
 
     def __init__(self, model, corpus_ids: Sequence[str], corpus_texts: Sequence[str], cache=None,
                  batch_size: int = 64, show_progress: bool = True):
-        from medadapt.cache import EmbeddingCache
-
         corpus_ids = checked_corpus_ids(corpus_ids, corpus_texts)
         self.model = model
         self.corpus_ids = corpus_ids
@@ -41,8 +41,6 @@ class DenseSearcher:
         self._query_fp: str | None = None
 
     def _prepare(self, emb: np.ndarray) -> np.ndarray:
-        from medadapt.eval.search import prepare_for_similarity
-
         return prepare_for_similarity(np.asarray(emb, dtype=np.float32),
                                       getattr(self.model, "similarity_fn_name", None))
 
@@ -63,8 +61,6 @@ class DenseSearcher:
         return self._prepare(emb)
 
     def __call__(self, query_texts: list[str], k: int) -> list[list[Hit]]:
-        from medadapt.eval.search import exact_search
-
         if not query_texts:
             return []
         docs = self.doc_embeddings

@@ -25,6 +25,7 @@ import numpy as np
 
 from medadapt.curation.mining_config import MiningConfig
 from medadapt.curation.negatives import margin_threshold
+from medadapt.retrieval.exact import exact_search, normalize_rows
 
 
 def _as_matrix(x, name: str) -> np.ndarray:
@@ -76,8 +77,6 @@ def mine_from_embeddings(
         q = cache.encode(model, queries, role="query"); d = cache.encode(model, docs, role="document")
         negs = mine_from_embeddings(q, d, [{3}, {7, 9}], MiningConfig.preset("hyrec"))
     """
-    from medadapt.retrieval.exact import exact_search, normalize_rows
-
     if pick not in ("random", "best"):
         raise ValueError(f"pick must be 'random' or 'best', got {pick!r}")
     config = config or MiningConfig()

@@ -16,6 +16,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Protocol, runtime_checkable
 
+from medadapt.progress import progress
+
 Hit = tuple[str, float]
 
 
@@ -38,8 +40,6 @@ def batched_search(
     desc: str = "searching",
 ) -> list[list[Hit]]:
     """Call ``searcher`` on ``batch_size`` queries at a time with a progress bar; checks the output shape."""
-    from medadapt.progress import progress
-
     out: list[list[Hit]] = []
     query_texts = list(query_texts)
     with progress(total=len(query_texts), desc=desc, unit="query", disable=not show_progress) as bar:

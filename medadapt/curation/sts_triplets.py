@@ -25,6 +25,7 @@ from medadapt.curation.judges import JudgeError, extract_json, secrets_of
 from medadapt.data.jsonl import iter_lines
 from medadapt.data.text import decode_json
 from medadapt.errors import DataError
+from medadapt.progress import progress
 
 STS_TEMPLATE = """\
 Medical Query Rewriting Sample Generation (Positive and Negative Examples)
@@ -185,8 +186,6 @@ def build_sts_triplets(
     With ``require_terms`` an output is rejected (and counted) unless the positive and hard negative
     contain ``replace``, the easy negative contains ``origin``, and none equals the anchor.
     """
-    from medadapt.progress import progress
-
     if per_pair < 1:
         raise ValueError(f"per_pair must be >= 1, got {per_pair}")
     report = report if report is not None else StsReport()

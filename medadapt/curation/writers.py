@@ -6,11 +6,11 @@ import json
 from collections.abc import Iterable
 from pathlib import Path
 
+from medadapt.io import atomic_open
+
 
 def write_jsonl(path: str | Path, rows: Iterable[dict]) -> int:
     """Write ``rows`` as UTF-8 JSON lines atomically; returns the number of lines."""
-    from medadapt.io import atomic_open
-
     n = 0
     with atomic_open(path, "w") as f:
         for row in rows:

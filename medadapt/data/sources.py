@@ -22,6 +22,7 @@ from medadapt.data.beir import BeirDataset, Qrels, available_splits, load_qrels
 from medadapt.data.builtin import data_folder
 from medadapt.data.jsonl import check_id, field, iter_jsonl, require_file
 from medadapt.errors import DataError
+from medadapt.io import FolderKind, atomic_open, atomic_write_json, replace_folder
 
 #: the splits of a fold, in the order they are written
 FOLD_SPLITS = ("train", "dev", "test-in", "test-out")
@@ -72,8 +73,6 @@ def _link(src: Path, dst: Path) -> None:
 
 
 def _write_qrels(path: Path, qrels: Qrels) -> None:
-    from medadapt.io import atomic_open
-
     with atomic_open(path, "w") as f:
         f.write("query-id\tcorpus-id\tscore\n")
         for qid, rel in qrels.items():
@@ -102,8 +101,6 @@ def leave_one_source_out(root: str | Path, held_out: str, out_dir: str | Path) -
             ``train`` / ``dev`` / ``test`` qrels file, a judged query has no source, or a fold split would
             be empty. Nothing is written then.
     """
-    from medadapt.io import FolderKind, atomic_write_json, replace_folder
-
     root = data_folder(root)
     out_dir = Path(out_dir)
     sources = query_sources(root)

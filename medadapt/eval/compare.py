@@ -23,9 +23,14 @@ from pathlib import Path
 
 import numpy as np
 
+from medadapt.cache import EmbeddingCache
+from medadapt.data import load_beir
 from medadapt.data.text import decode_json
-from medadapt.errors import DataError
+from medadapt.errors import DataError, MedAdaptError
 from medadapt.eval.metrics import Qrels, Run, _safe_qrels, parse_metric, truncate_run
+from medadapt.eval.retrieval import evaluate_retrieval
+from medadapt.io import atomic_write_json
+from medadapt.models import load
 
 __all__ = ["PairedComparison", "compare_runs", "comparison_table", "paired_comparison", "per_query_scores",
            "read_run"]
@@ -231,10 +236,6 @@ def _run_of(source: str, data, split: str, metric: str, *, device, cache_dir, no
         return read_run(path)
     import tempfile
 
-    from medadapt.cache import EmbeddingCache
-    from medadapt.eval.retrieval import evaluate_retrieval
-    from medadapt.models import load
-
     model = load(source, device=device)
     with tempfile.TemporaryDirectory() as tmp:
         cache = EmbeddingCache(tmp if no_cache else cache_dir)
@@ -248,10 +249,6 @@ def cli_compare(runs: tuple[str, str], data: str, split: str, metrics: str | Non
                 console=None, n_resamples: int = 10_000, seed: int = 0) -> PairedComparison:
     """``medadapt eval --compare RUN_A RUN_B --data DIR --split S``: the comparison table, and the JSON
     (:meth:`PairedComparison.to_dict` with the per-query scores) with ``--output``."""
-    from medadapt.data import load_beir
-    from medadapt.errors import MedAdaptError
-    from medadapt.io import atomic_write_json
-
     wanted = [m.strip() for m in metrics.split(",") if m.strip()] if metrics else ["ndcg@10"]
     if len(wanted) != 1:
         raise MedAdaptError("--compare takes one metric (--metrics ndcg@10, the default)")

@@ -47,9 +47,14 @@ from typing import TYPE_CHECKING, Any
 import yaml
 
 from medadapt.adapters.files import ADAPTER_CONFIG
+from medadapt.cache import EmbeddingCache
+from medadapt.data import load_beir
 from medadapt.errors import ConfigError, DataError, MedAdaptError, warn
+from medadapt.eval.report import results_table, write_json
 from medadapt.io import atomic_write_text
-from medadapt.models import ALIAS_NAMES, ALIASES, model_name_for
+from medadapt.models import ALIASES, ALIAS_NAMES, load, model_fingerprint, model_name_for
+from medadapt.progress import level
+from medadapt.retrieval.encoders import detect_encoder_kind
 from medadapt.yaml_input import load_yaml, read_yaml
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -129,8 +134,6 @@ def local_retrieval_task(data: BeirDataset | str | Path, split: str = "test", *,
     mteb = require_mteb()
     from mteb.abstasks.retrieval import AbsTaskRetrieval
     from mteb.abstasks.task_metadata import TaskMetadata
-
-    from medadapt.data import load_beir
 
     if not hasattr(data, "corpus"):
         data = load_beir(data, [split])
@@ -486,11 +489,9 @@ def model_identity(model, name: str | None = None, revision: str | None = None) 
     The name is ``name``, else ``model_card_data.model_name`` (set by :func:`medadapt.load` for local
     folders), else ``model_card_data.base_model``, else ``medadapt/unnamed``; mteb wants ``org/name``, so a
     name without ``/`` gets ``medadapt/`` in front. The revision is ``revision``, else the fingerprint of the
-    weights as they are now (:func:`medadapt.models.model_fingerprint`; a model trained after loading gets a
+    weights as they are now (:func:`medadapt.identity.model_fingerprint`; a model trained after loading gets a
     new one).
     """
-    from medadapt.models import model_fingerprint
-
     card = getattr(model, "model_card_data", None)
     name = name or getattr(card, "model_name", None) or getattr(card, "base_model", None) or "medadapt/unnamed"
     name = str(name).strip()
@@ -547,8 +548,6 @@ def mteb_model(model, *, name: str | None = None, revision: str | None = None, u
     wrapper.mteb_model_meta = meta.model_copy(update=update)
     wrapper.medadapt_provenance = prov
     if use_cache:
-        from medadapt.cache import EmbeddingCache
-
         wrapper.medadapt_cache = cache if cache is not None else EmbeddingCache()
         wrapper.medadapt_batch_size = batch_size
     return wrapper
@@ -719,8 +718,6 @@ def result_path(output: str | Path, result: dict[str, Any]) -> Path:
 def _check_agreement(ours: dict[str, float], theirs: dict[str, float], console, tolerance: float = 0.002) -> None:
     """Warn (one line) when mteb's and medadapt's figures for the same metric differ by more than
     ``tolerance``."""
-    from medadapt.errors import warn
-
     for metric, value in ours.items():
         other = theirs.get(metric)
         if other is not None and abs(other - value) > tolerance:
@@ -730,16 +727,12 @@ def _check_agreement(ours: dict[str, float], theirs: dict[str, float], console, 
 
 def _verbose() -> bool:
     """mteb draws its own tqdm bars: like every library's, the CLI shows them only with ``--verbose``."""
-    from medadapt.progress import level
-
     return level() == "verbose"
 
 
 def _dense_side_note(source: str | Path | None) -> str | None:
     """For a model folder with a side mteb cannot score (a HyReC or composed model's learned-lexical branch:
     mteb's retrieval is dense), the line saying that mteb scores its dense side; else ``None``."""
-    from medadapt.retrieval.encoders import detect_encoder_kind
-
     kind = detect_encoder_kind(source) if source is not None else None
     if kind is None:
         return None
@@ -775,10 +768,6 @@ def cli_mteb_task(name: str, model: str, data: str | None, split: str, output: s
     :func:`medadapt.load` reads: a head (adapter-only or full), a CARE ``Router`` (queries and documents
     through their towers), the dense side of a hybrid (HyReC / composed) model, said in one ``note:`` line."""
     import tempfile
-
-    from medadapt.cache import EmbeddingCache
-    from medadapt.eval.report import results_table, write_json
-    from medadapt.models import load
 
     local = None if data in (None, "medmini") else data
     task = named_task(name, local, split)

@@ -27,6 +27,9 @@ import numpy as np
 
 from medadapt.data.jsonl import field, iter_jsonl
 from medadapt.errors import DataError
+from medadapt.eval.metrics import evaluate_run, parse_metric
+from medadapt.eval.retrieval import dense_run
+from medadapt.progress import encode_with_progress
 
 __all__ = ["ENTITY_LINKING_METRICS", "QA_METRICS", "PoolQuery", "build_pool", "evaluate_pool", "load_pool_task"]
 
@@ -83,14 +86,9 @@ def build_pool(items: Iterable[PoolQuery]) -> tuple[list[str], dict[str, dict[st
 def evaluate_pool(model, items: list[PoolQuery], metrics: Iterable[str] = QA_METRICS, batch_size: int = 64,
                   show_progress: bool = False) -> dict[str, float]:
     """Rank the pool for every query and score the ranking (``{"recall@5": ..., ...}``)."""
-    from medadapt.eval.metrics import evaluate_run, parse_metric
-    from medadapt.eval.retrieval import dense_run
-
     metrics = list(metrics)
     depth = max(parse_metric(m)[1] for m in metrics)
     pool, qrels = build_pool(items)
-    from medadapt.progress import encode_with_progress
-
     q = encode_with_progress(model.encode_query, [it.query for it in items], batch_size=batch_size,
                              show_progress=show_progress, convert_to_numpy=True, desc="encoding queries")
     d = encode_with_progress(model.encode_document, pool, batch_size=batch_size, show_progress=show_progress,

@@ -24,6 +24,8 @@ import numpy as np
 
 from medadapt.data.jsonl import field, iter_jsonl
 from medadapt.errors import DataError
+from medadapt.eval.search import prepare_for_similarity
+from medadapt.progress import encode_with_progress
 
 __all__ = ["RECOMMENDATION_METRICS", "Candidate", "RecommendationQuery", "evaluate_recommendation",
            "load_recommendation", "score_run"]
@@ -88,13 +90,9 @@ def score_run(qrels: dict[str, dict[str, int]], run: dict[str, dict[str, float]]
 def evaluate_recommendation(model, items: list[RecommendationQuery], batch_size: int = 64,
                             show_progress: bool = False) -> dict[str, float]:
     """Rank each query's candidates with ``model`` and return ``{"map", "ndcg", "skipped"}``."""
-    from medadapt.eval.search import prepare_for_similarity
-
     sim = getattr(model, "similarity_fn_name", "cosine")
 
     def encode(fn, texts):
-        from medadapt.progress import encode_with_progress
-
         emb = encode_with_progress(fn, texts, batch_size=batch_size, show_progress=show_progress)
         return prepare_for_similarity(np.asarray(emb, dtype=np.float32), sim)
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from medadapt.errors import MedAdaptError
 from medadapt.io import atomic_open, atomic_write_json
 
 Results = dict[str, float]
@@ -39,8 +40,6 @@ def plot_results(results: dict[str, Results], path: str | Path, title: str = "")
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError as exc:  # pragma: no cover - depends on the environment
-        from medadapt.errors import MedAdaptError
-
         raise MedAdaptError("plotting needs matplotlib: pip install 'medadapt[plot]'") from exc
     runs = list(results)
     metrics = list(dict.fromkeys(m for r in results.values() for m in r))

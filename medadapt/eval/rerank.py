@@ -9,17 +9,15 @@ import numpy as np
 
 from medadapt.data.rerank import RerankItem
 from medadapt.eval.metrics import evaluate_run
+from medadapt.eval.search import prepare_for_similarity
+from medadapt.progress import encode_with_progress
 
 RERANK_METRICS = ("map@10", "ndcg@10", "mrr@10")
 
 
 def evaluate_rerank(model, items: list[RerankItem], metrics: Iterable[str] = RERANK_METRICS, batch_size: int = 64,
                     show_progress: bool = False) -> dict[str, float]:
-    from medadapt.eval.search import prepare_for_similarity
-
     sim = getattr(model, "similarity_fn_name", "cosine")
-    from medadapt.progress import encode_with_progress
-
     q = encode_with_progress(model.encode_query, [it.query for it in items], batch_size=batch_size,
                              show_progress=show_progress, desc="encoding queries")
     flat = [t for it in items for t in it.texts]

@@ -7,6 +7,7 @@ from collections.abc import Iterable
 
 import numpy as np
 
+from medadapt.cache import EmbeddingCache
 from medadapt.data.beir import BeirDataset
 from medadapt.eval.metrics import DEFAULT_METRICS, Run, evaluate_run, parse_metric
 from medadapt.eval.search import exact_search, prepare_for_similarity
@@ -14,8 +15,6 @@ from medadapt.eval.search import exact_search, prepare_for_similarity
 
 def encode_split(model, data: BeirDataset, split: str, cache=None, batch_size: int = 64, show_progress: bool = True):
     """Return ``(query_ids, query_emb, doc_ids, doc_emb)`` for a split, through the cache when given."""
-    from medadapt.cache import EmbeddingCache
-
     cache = cache if cache is not None else EmbeddingCache()
     queries = data.split_queries(split)
     qids = list(queries)

@@ -17,6 +17,7 @@ import numpy as np
 
 from medadapt.data.sts import StsPair
 from medadapt.errors import MedAdaptError
+from medadapt.progress import encode_with_progress
 
 
 def _is_asymmetric(model) -> bool:
@@ -53,8 +54,6 @@ def evaluate_sts(model, pairs: list[StsPair], batch_size: int = 64, show_progres
     if route is None and _is_asymmetric(model):
         route = "query"
     encode = getattr(model, {None: "encode", "query": "encode_query", "document": "encode_document"}[route])
-    from medadapt.progress import encode_with_progress
-
     a = encode_with_progress(encode, [p.sentence1 for p in pairs], batch_size=batch_size, convert_to_tensor=True,
                              show_progress=show_progress, desc="encoding sentences (1)")
     b = encode_with_progress(encode, [p.sentence2 for p in pairs], batch_size=batch_size, convert_to_tensor=True,

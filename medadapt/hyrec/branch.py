@@ -29,11 +29,17 @@ from typing import Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from medadapt.adapters.compose import BranchKind, register_branch
+import medadapt.hyrec.train as hyrec_train
+from medadapt.adapters.compose import BranchKind, base_kind, register_branch
+from medadapt.cache import backbone_view
 from medadapt.config import Section
+from medadapt.data import load_beir
 from medadapt.errors import ConfigError
-from medadapt.hyrec.recipe import (HyReCEvalSection, HyReCLossSection, HyReCModelSection, HyReCTrainingSection,
-                                   NegativesSection, evaluate_modes)
+from medadapt.hyrec.data import CachedDenseInputs, SharedStateCache, build_examples, share_miner_encoding
+from medadapt.hyrec.evaluate import tune_dense_weight
+from medadapt.hyrec.model import HyReCConfig, HyReCModel
+from medadapt.hyrec.recipe import (_STATE_CACHES, HyReCEvalSection, HyReCLossSection, HyReCModelSection,
+                                   HyReCTrainingSection, NegativesSection, evaluate_modes)
 
 __all__ = ["BranchModelSection", "HyReCLexicalBranch", "branch_pooling", "branch_tower", "build_and_train",
            "check", "check_tower", "evaluate"]
@@ -111,8 +117,6 @@ class HyReCLexicalBranch(Section):
 def branch_tower(model) -> tuple[list, str]:
     """``(modules, what)``: the modules of the encoder the branch reads and how errors name it: the model's
     own modules (``"backbone"``), or for an asymmetric model its document route (``"document tower"``)."""
-    from medadapt.adapters.compose import base_kind
-
     modules = list(model._modules.values())
     if base_kind(model) == "asymmetric":
         return list(modules[0].sub_modules["document"]), "document tower"
@@ -166,13 +170,6 @@ def build_and_train(model, section: HyReCLexicalBranch, recipe, ctx):
     :class:`~medadapt.hyrec.model.HyReCModel` and train the lexical branch. Returns the composed model."""
     import dataclasses
 
-    from medadapt.cache import backbone_view
-    from medadapt.data import load_beir
-    from medadapt.hyrec.data import CachedDenseInputs, SharedStateCache, build_examples, share_miner_encoding
-    from medadapt.hyrec.model import HyReCConfig, HyReCModel
-    from medadapt.hyrec.recipe import _STATE_CACHES
-    from medadapt.hyrec.train import hyrec_stage
-
     m, tr, neg = section.model, section.training, section.negatives
     check_tower(model)
     fields = {f.name for f in dataclasses.fields(HyReCConfig)}
@@ -210,7 +207,7 @@ def build_and_train(model, section: HyReCLexicalBranch, recipe, ctx):
     ctx.result.encode_seconds += time.perf_counter() - t0
     ctx.log(f"HyReC lexical branch: {hy._n_shared} shared + {len(hy.lexicon)} lexicon layers on the composed "
             f"model, {len(examples)} examples")
-    stage = hyrec_stage(hy, examples, tr, section.loss, negatives=neg.num, state_cache=state_cache,
+    stage = hyrec_train.hyrec_stage(hy, examples, tr, section.loss, negatives=neg.num, state_cache=state_cache,
                         dense_inputs=CachedDenseInputs(cache, view, queries, docs), fixed_dense=fixed,
                         name="hyrec_lexical", train_dense_head=False)  # read lazily: dense_weight 0 never asks
     res = ctx.train(hy, [stage], name="hyrec_lexical")
@@ -219,8 +216,6 @@ def build_and_train(model, section: HyReCLexicalBranch, recipe, ctx):
     hy.eval()
     ev = section.eval
     if ev.tune_dense_weight:
-        from medadapt.hyrec.evaluate import tune_dense_weight
-
         t0 = time.perf_counter()
         tune_data = load_beir(ctx.resolve(recipe.eval.data or recipe.data.path), [ev.tune_split])
         best, scores = tune_dense_weight(hy, tune_data, ev.tune_split, ev.tune_dense_weight, cache=cache,
@@ -239,9 +234,6 @@ def build_and_train(model, section: HyReCLexicalBranch, recipe, ctx):
 
 def evaluate(recipe, model, section: HyReCLexicalBranch, ctx) -> dict[str, float]:
     """``<mode>/<metric>`` of the composed model for ``section.eval.modes`` on the recipe's eval split."""
-    from medadapt.data import load_beir
-    from medadapt.hyrec.recipe import _STATE_CACHES
-
     ev = section.eval.model_copy(update={"split": recipe.eval.split, "metrics": recipe.eval.metrics})
     data = load_beir(ctx.resolve(recipe.eval.data or recipe.data.path), [ev.split])
     state_cache = _STATE_CACHES.get(model)

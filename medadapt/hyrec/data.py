@@ -28,7 +28,19 @@ import torch
 from torch import Tensor
 from torch.nn.utils.rnn import pad_sequence
 
-from medadapt.errors import DataError, MedAdaptError
+from medadapt import models
+from medadapt.cache import default_cache_dir
+from medadapt.curation.bm25 import BM25Searcher
+from medadapt.curation.dense import DenseSearcher
+from medadapt.curation.mining import mine_hard_negatives
+from medadapt.curation.mining_config import MiningConfig
+from medadapt.data import load_beir
+from medadapt.data.training import load_training_groups
+from medadapt.errors import DataError, MedAdaptError, warn
+from medadapt.hyrec.labels import IGNORE, UnionLabeler
+from medadapt.identity import modules_fingerprint
+from medadapt.io import atomic_open
+from medadapt.progress import progress
 
 __all__ = ["Example", "SharedStateCache", "UnionLabelCache", "build_examples", "filter_pairs", "load_pairs",
            "score_pairs"]
@@ -49,9 +61,7 @@ def share_miner_encoding(ctx, data, negatives: str, num: int, miner_model):
     the CPU: on an H100 machine HyReC spent 257 s encoding 1,024 documents before its first step.)"""
     if not num or negatives != "dense":
         return miner_model
-    from medadapt.models import load
-
-    miner = load(miner_model, device=ctx.device) if isinstance(miner_model, str) else miner_model
+    miner = models.load(miner_model, device=ctx.device) if isinstance(miner_model, str) else miner_model
     if ctx.accelerator.num_processes > 1:
         ctx.share_encoding(miner, data.doc_texts())
     return miner
@@ -65,9 +75,6 @@ def build_examples(data, split: str, *, negatives: Literal["dense", "bm25", "non
     """One :class:`Example` per (query, positive) of ``split`` (queries sampled down to ``max_queries``);
     ``miner_model``: the dense miner's name (``medadapt.load``, onto ``device``: default
     sentence-transformers' choice, a GPU when there is one) or a SentenceTransformer."""
-    from medadapt.curation.mining import mine_hard_negatives
-    from medadapt.curation.mining_config import MiningConfig
-
     qrels = data.qrels.get(split)
     if qrels is None:
         raise DataError(f"split {split!r} was not loaded")
@@ -76,15 +83,10 @@ def build_examples(data, split: str, *, negatives: Literal["dense", "bm25", "non
                for q, rel in qrels.items() for d, g in rel.items() if g > 0]
     else:
         if negatives == "dense":
-            from medadapt.curation.dense import DenseSearcher
-            from medadapt.models import load
-
-            miner = load(miner_model, device=device) if isinstance(miner_model, str) else miner_model
+            miner = models.load(miner_model, device=device) if isinstance(miner_model, str) else miner_model
             searcher = DenseSearcher(miner, data.doc_ids, data.doc_texts(),
                                      cache=cache, show_progress=show_progress)
         elif negatives == "bm25":
-            from medadapt.curation.bm25 import BM25Searcher
-
             searcher = BM25Searcher(data.doc_ids, data.doc_texts(), language=language)
         else:
             raise DataError(f"negatives must be 'dense', 'bm25' or 'none', got {negatives!r}")
@@ -107,14 +109,10 @@ def load_pairs(path: str | Path, split: str = "train") -> list[tuple[str, str]]:
     :class:`~medadapt.errors.DataError`."""
     path = Path(path)
     if path.is_dir():
-        from medadapt.data import load_beir
-
         data = load_beir(path, [split])
         pairs = [(data.queries[q], data.doc_text(d)) for q, rel in data.qrels[split].items()
                  for d, g in rel.items() if g > 0]
     elif path.is_file():
-        from medadapt.data.training import load_training_groups
-
         pairs = [(g.query, p) for g in load_training_groups(path) for p in g.pos]
     else:
         raise DataError(f"pairs not found: {path} (a JSONL file of {{query, pos}} groups or a BEIR folder)")
@@ -289,8 +287,6 @@ class SharedStateCache:
 
     @staticmethod
     def default_root() -> Path:
-        from medadapt.cache import default_cache_dir
-
         return default_cache_dir().parent / "hyrec-states"
 
     def namespace(self, model, role: str) -> str:
@@ -307,8 +303,6 @@ class SharedStateCache:
     def _fingerprint(self, model, kind: str) -> str:
         """Fingerprint of the part ``kind`` (``lexicon`` / ``pooled``) of ``model``, memoised per object while
         its weights are unchanged (:meth:`_memoised`)."""
-        from medadapt.models import modules_fingerprint
-
         parts = list(model.lexicon) if kind == "lexicon" else list(model.dense_layers)
         return self._memoised(model, ("fp", kind), parts,
                               lambda: f"{modules_fingerprint(parts)}|{model.config.pooling}")
@@ -324,8 +318,6 @@ class SharedStateCache:
             try:
                 state = _read_shard(shard)
             except ValueError as exc:
-                from medadapt.errors import warn
-
                 warn(f"HyReC state cache: {shard.name}: {exc}; set aside, its texts are encoded again")
                 with contextlib.suppress(OSError):
                     shard.replace(shard.with_name(f"corrupt-{shard.name}"))
@@ -339,8 +331,6 @@ class SharedStateCache:
     @torch.no_grad()
     def ensure(self, model, texts: Sequence[str], role: str, show_progress: bool = False) -> None:
         """Compute (and store) the states of every text not cached yet."""
-        from medadapt.progress import progress
-
         ns = self.namespace(model, role)
         self._load_disk(ns)
         mem = self._mem.setdefault(ns, {})
@@ -380,8 +370,6 @@ class SharedStateCache:
         """One shard, with the SHA-256 of its tensors in its metadata, written atomically (fsynced)."""
         from safetensors.torch import save
 
-        from medadapt.io import atomic_open
-
         state = {}
         for h, (ids, st) in new.items():
             state[f"{h}.ids"], state[f"{h}.h"] = ids.contiguous(), st.contiguous()
@@ -410,8 +398,6 @@ class SharedStateCache:
         """Memoised (in memory) outputs of a frozen part on top of the shared states: ``kind`` is
         ``"lexicon"`` (lexicon-encoder token states, float32) or ``"pooled"`` (pooled dense-encoder output).
         Missing texts are computed in eval mode (no dropout), longest first, with a progress bar."""
-        from medadapt.progress import progress
-
         prefix = f"{self.namespace(model, role)}|{kind}|"
         key = prefix + self._fingerprint(model, kind)
         if key not in self._pooled_mem:  # the part changed (e.g. a trained lexicon encoder): drop stale states
@@ -483,15 +469,11 @@ class UnionLabelCache:
     """Memoised BMES labels per (text, role), padded to a batch's token length."""
 
     def __init__(self, model, language: str):
-        from medadapt.hyrec.labels import UnionLabeler
-
         self.model = model
         self.labeler = UnionLabeler(model.tokenizer, language)  # type: ignore[arg-type]
         self._mem: dict[tuple[str, str], list[int]] = {}
 
     def labels(self, texts: Sequence[str], role: str, length: int) -> Tensor:
-        from medadapt.hyrec.labels import IGNORE
-
         out = torch.full((len(texts), length), IGNORE, dtype=torch.long)
         cfg = self.model.config
         max_len = cfg.query_max_length if role == "query" else cfg.passage_max_length

@@ -25,7 +25,17 @@ from typing import Literal
 
 import numpy as np
 
+from medadapt.cache import EmbeddingCache
+from medadapt.data import load_beir
+from medadapt.data.beir import BeirDataset
 from medadapt.errors import ConfigError
+from medadapt.eval.metrics import evaluate_run, parse_metric
+from medadapt.eval.search import exact_search
+from medadapt.hyrec.model import HyReCModel
+from medadapt.models import check_device
+from medadapt.retrieval.fusion import fuse_runs, hybrid_topk
+from medadapt.retrieval.inverted import to_csr
+from medadapt.retrieval.lexical import LexicalIndex
 
 __all__ = ["evaluate_hyrec", "tune_dense_weight", "MODES"]
 
@@ -33,9 +43,6 @@ MODES = ("lexical", "dense", "hybrid")
 
 
 def _load(model_or_dir, device: str | None = None):
-    from medadapt.hyrec.model import HyReCModel
-    from medadapt.models import check_device
-
     if isinstance(model_or_dir, HyReCModel):
         return model_or_dir
     check_device(device)
@@ -47,9 +54,6 @@ def _load(model_or_dir, device: str | None = None):
 
 
 def _data(dataset, split):
-    from medadapt.data import load_beir
-    from medadapt.data.beir import BeirDataset
-
     return dataset if isinstance(dataset, BeirDataset) else load_beir(dataset, [split])
 
 
@@ -79,11 +83,6 @@ def evaluate_hyrec(model_or_dir, dataset, split: str = "test",
         device: where a saved folder is loaded (default: a GPU when there is one, else the CPU; it was
             always the CPU before). A model passed in stays where it is.
     """
-    from medadapt.eval.metrics import evaluate_run, parse_metric
-    from medadapt.eval.search import exact_search
-    from medadapt.retrieval.inverted import to_csr
-    from medadapt.retrieval.lexical import LexicalIndex
-
     if mode not in MODES:
         raise ConfigError(f"unknown HyReC evaluation mode {mode!r}; valid: {', '.join(MODES)}")
     if fusion not in ("nm", "minmax"):
@@ -114,8 +113,6 @@ def evaluate_hyrec(model_or_dir, dataset, split: str = "test",
         d_dense, d_lex = model.encode(dtexts, "document", lexical=want_lex, dense=from_model_dense, **kw)
         q_dense, q_lex = model.encode(qtexts, "query", lexical=want_lex, dense=from_model_dense, **kw)
     if want_dense and dense_source == "cache":
-        from medadapt.cache import EmbeddingCache
-
         cache = cache if cache is not None else EmbeddingCache()
         q_dense = cache.encode(model.st, qtexts, role="query", batch_size=batch_size,
                                show_progress=show_progress)
@@ -135,12 +132,8 @@ def evaluate_hyrec(model_or_dir, dataset, split: str = "test",
         runs["dense"] = _run(qids, doc_ids, s, i)
     if mode == "hybrid":
         if fusion == "minmax":
-            from medadapt.retrieval.fusion import fuse_runs
-
             runs["hybrid"] = fuse_runs([runs["lexical"], runs["dense"]], "minmax", k=depth)
         else:
-            from medadapt.retrieval.fusion import hybrid_topk
-
             pos = {d: k for k, d in enumerate(doc_ids)}
             dm = to_csr(d_lex, model.n_terms).tocsr()
             scored = []  # per query: candidate rows and both exact scores, computed once for every weight
@@ -174,8 +167,6 @@ def tune_dense_weight(model_or_dir, dataset, split: str, weights: Iterable[float
     """The ``dense_weight`` of ``weights`` with the best hybrid ``metric`` on ``split`` (a held-out split,
     never the test split you report), from one encoding pass; ties go to the weight listed first.
     Returns ``(best, {weight: metric})``. ``kwargs`` go to :func:`evaluate_hyrec`."""
-    from medadapt.eval.metrics import evaluate_run
-
     if kwargs.get("fusion", "nm") != "nm":
         raise ConfigError("dense_weight applies to the nm fusion only")
     weights = [float(w) for w in weights]

@@ -35,13 +35,22 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
+from medadapt.adapters.compose import base_kind
+from medadapt.adapters.files import ADAPTER_FOLDER, write_adapter
 from medadapt.checksums import SUMS, ChecksumError, verify_sums, write_sums
-from medadapt.errors import ConfigError, ModelLoadError
-from medadapt.hyrec.bagging import WordVocab, sparse_from_tokens
-from medadapt.hyrec.glae import embed, encoder_layers, extended_mask, run_layers, split_layers
+from medadapt.errors import ConfigError, ModelLoadError, warn
+from medadapt.hyrec.bagging import WordVocab, group_words, sparse_from_tokens
+from medadapt.hyrec.data import UnionLabelCache
+from medadapt.hyrec.glae import (embed, encoder_layers, extended_mask, run_layers, split_layers,
+                                 truncate_layers)
+from medadapt.hyrec.labels import IGNORE, S
 from medadapt.hyrec.normalize import normalize_sparse
 from medadapt.hyrec.projectors import DenseProjector, UnionProjector, WeightProjector
+from medadapt.identity import modules_fingerprint, tokenizer_fingerprint
 from medadapt.io import atomic_save_tensors, atomic_write_json, replace_folder
+from medadapt.models import load, model_fingerprint
+from medadapt.progress import progress
+from medadapt.retrieval.encoders import EncoderKind, register_encoder
 from medadapt.retrieval.tokenize import cjk_characters  # noqa: F401  (the one CJK pattern; used below)
 
 __all__ = ["HyReCConfig", "HyReCModel", "HYREC_FORMAT"]
@@ -154,8 +163,6 @@ class HyReCModel(nn.Module):
         from sentence_transformers.base.modules import Normalize, Transformer
         from sentence_transformers.sentence_transformer.modules import Pooling
 
-        from medadapt.models import load
-
         config = config or HyReCConfig()
         base = load(backbone, device="cpu")
         transformer = base[0]
@@ -164,8 +171,6 @@ class HyReCModel(nn.Module):
                               f"got {type(transformer).__name__}")
         transformer.max_seq_length = config.dense_max_length or config.passage_max_length
         if num_layers is not None:
-            from medadapt.hyrec.glae import truncate_layers
-
             truncate_layers(transformer.auto_model, num_layers)
         if extend_with:
             extend_vocabulary(transformer, cjk_characters(extend_with), seed=seed)
@@ -244,9 +249,6 @@ class HyReCModel(nn.Module):
     def shared_fingerprint(self) -> str:
         """Identity of the frozen sharing backbone and tokenizer (keys the shared-state cache)."""
         import hashlib
-
-        from medadapt.models import modules_fingerprint
-        from medadapt.tokenizer_id import tokenizer_fingerprint
 
         mods = [self.auto_model.embeddings, *self.shared_layers]
         tok = tokenizer_fingerprint(self.tokenizer)  # vocabulary (added tokens too) and what it does to text
@@ -337,9 +339,6 @@ class HyReCModel(nn.Module):
         non-terms and empty word slots have weight 0."""
         if labels is None:
             return term_weights, input_ids
-        from medadapt.hyrec.bagging import group_words
-        from medadapt.hyrec.labels import IGNORE, S
-
         B, T = input_ids.shape
         keep_rows = [row.nonzero().squeeze(1).tolist() for row in term_mask.cpu()]
         lab_rows, ids_rows = labels.cpu().tolist(), input_ids.cpu().tolist()
@@ -400,8 +399,6 @@ class HyReCModel(nn.Module):
         the pooled dense-encoder outputs from it (valid only while the dense encoder is frozen) and
         ``cached_lexicon`` the lexicon encoder's states (valid only while the lexicon encoder is frozen).
         """
-        from medadapt.progress import progress
-
         was = self.training
         self.eval()
         texts = list(texts)
@@ -463,8 +460,6 @@ class HyReCModel(nn.Module):
         return d_arr, lex
 
     def _label_cache(self):
-        from medadapt.hyrec.data import UnionLabelCache
-
         if getattr(self, "_labels", None) is None:
             self._labels = UnionLabelCache(self, self.config.language)
         return self._labels
@@ -474,8 +469,6 @@ class HyReCModel(nn.Module):
         tmask = self.term_mask(ids, mask).cpu().numpy()
         ids_np, w_np = ids.cpu().numpy(), weights.float().cpu().numpy()
         if labels is not None:  # segmentation from the labelling tool: one-hot "probabilities"
-            from medadapt.hyrec.labels import IGNORE, S
-
             lab = labels.clone()
             lab[lab == IGNORE] = S
             probs = torch.nn.functional.one_hot(lab, 4).float().numpy()
@@ -527,8 +520,6 @@ class HyReCModel(nn.Module):
         side, lexicon encoder, projectors) and the configuration (bagging settings, lengths)."""
         import hashlib
 
-        from medadapt.models import model_fingerprint
-
         ident = model_fingerprint(self) + json.dumps(self.config.to_dict(), sort_keys=True)
         return {"fingerprint": hashlib.sha256(ident.encode()).hexdigest()[:32], "similarity": "cosine",
                 "max_seq_length": self.config.passage_max_length}
@@ -570,8 +561,6 @@ class HyReCModel(nn.Module):
         Raises:
             ConfigError: ``folder`` is a file, a non-empty folder that is not an adapter, the current folder
                 or one above it, or cannot be written; nothing is changed."""
-        from medadapt.adapters.files import ADAPTER_FOLDER, write_adapter
-
         folder = Path(folder)
         with replace_folder(folder, ADAPTER_FOLDER, what="adapter folder") as tmp:
             write_adapter(self.st, tmp, base=base, name=name or folder.name, allow_empty=True)
@@ -605,8 +594,6 @@ class HyReCModel(nn.Module):
             except ChecksumError as exc:
                 raise ModelLoadError(f"HyReC model {folder}: {exc}; save or train it again") from None
         else:
-            from medadapt.errors import warn
-
             warn(f"HyReC model {folder} was saved before {SUBDIR}/{SUMS} existed: its lexical files are not "
                  "checked; save it again (HyReCModel.save) to add them")
         try:
@@ -617,8 +604,6 @@ class HyReCModel(nn.Module):
     @classmethod
     def load(cls, folder: str | Path, device: str | None = None) -> HyReCModel:
         from safetensors.torch import load_file
-
-        from medadapt.models import load
 
         folder = Path(folder)
         sub = folder / SUBDIR
@@ -649,8 +634,6 @@ def _format_of(path: Path) -> int | None:
 def _document_route(st_model) -> list | None:
     """The document route's modules when ``st_model`` starts with a ``Router`` that has query and document
     routes, else ``None``."""
-    from medadapt.adapters.compose import base_kind
-
     if base_kind(st_model) != "asymmetric":
         return None
     return list(next(iter(st_model._modules.values())).sub_modules["document"])
@@ -682,8 +665,6 @@ def extend_vocabulary(transformer, characters: Sequence[str], seed: int = 0) -> 
 def _register_retrieval_encoder() -> None:
     """Let retrieval index folders reload a HyReC model by name (encoder tag ``"hyrec"``) and recognise a
     HyReC folder (it holds ``hyrec/config.json``)."""
-    from medadapt.retrieval.encoders import EncoderKind, register_encoder
-
     register_encoder(EncoderKind(
         tag=HyReCModel.encoder_tag,
         load=lambda folder, device=None: HyReCModel.load(folder, device=device),

@@ -29,7 +29,8 @@ from torch import Tensor, nn
 
 from medadapt.errors import ConfigError
 from medadapt.hyrec.data import Example, SharedStateCache, UnionLabelCache
-from medadapt.hyrec.recipe import HyReCLossSection, HyReCTrainingSection
+from medadapt.hyrec.labels import IGNORE
+from medadapt.hyrec.sections import HyReCLossSection, HyReCTrainingSection
 from medadapt.losses.hyrec import HyReCLoss
 from medadapt.training.checkpoint import CheckpointConfig
 from medadapt.training.loop import Batch, LoopResult, Stage, train
@@ -198,8 +199,6 @@ class HyReCStep:
         if self.lexical_words == "labels":
             lab = gold
         else:
-            from medadapt.hyrec.labels import IGNORE
-
             lab = union.detach().argmax(-1).masked_fill(~mask.bool(), IGNORE)
         return self.model.bagged_terms(weights, ids, mask.bool(), lab)
 

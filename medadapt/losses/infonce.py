@@ -16,13 +16,15 @@ scaling this implies.
 
 from __future__ import annotations
 
+from typing import Literal
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
 from medadapt.errors import ConfigError
 
-__all__ = ["InfoNCELoss", "cosine_candidate_scores", "fp32_cosines"]
+__all__ = ["InfoNCELoss", "cosine_candidate_scores", "fp32_cosines", "fp32_dots"]
 
 
 def fp32_cosines(a: Tensor, b: Tensor) -> Tensor:
@@ -34,9 +36,16 @@ def fp32_cosines(a: Tensor, b: Tensor) -> Tensor:
         return F.normalize(a.float(), dim=-1) @ F.normalize(b.float(), dim=-1).T
 
 
-def cosine_candidate_scores(query: Tensor, positive: Tensor, negatives: Tensor | None = None) -> Tensor:
-    """``(B, B + B*n)`` cosine similarities of each query to every positive of the batch, then every hard
-    negative (the candidate set above; the target of query ``i`` is column ``i``), in float32
+def fp32_dots(a: Tensor, b: Tensor) -> Tensor:
+    """``(len(a), len(b))`` dot products computed in float32, also under autocast (see :func:`fp32_cosines`)."""
+    with torch.autocast(device_type=a.device.type, enabled=False):
+        return a.float() @ b.float().T
+
+
+def cosine_candidate_scores(query: Tensor, positive: Tensor, negatives: Tensor | None = None, *,
+                            similarity: Literal["cosine", "dot"] = "cosine") -> Tensor:
+    """``(B, B + B*n)`` cosine similarities (or dot products) of each query to every positive of the batch,
+    then every hard negative (the candidate set above; the target of query ``i`` is column ``i``), in float32
     (:func:`fp32_cosines`). Checks the shapes."""
     if query.shape != positive.shape or query.dim() != 2:
         raise ValueError(f"query and positive must be (B, d); got {tuple(query.shape)}, {tuple(positive.shape)}")
@@ -45,14 +54,16 @@ def cosine_candidate_scores(query: Tensor, positive: Tensor, negatives: Tensor |
         if negatives.dim() != 3 or negatives.shape[0] != query.shape[0]:
             raise ValueError(f"negatives must be (B, n, d); got {tuple(negatives.shape)}")
         candidates = torch.cat([positive, negatives.reshape(-1, negatives.shape[-1])], dim=0)
-    return fp32_cosines(query, candidates)
+    return (fp32_dots if similarity == "dot" else fp32_cosines)(query, candidates)
 
 
 class InfoNCELoss(nn.Module):
     """In-batch + hard-negative InfoNCE, returned as ``{"infonce": loss}``.
 
     Args:
-        temperature: softmax temperature ``tau`` applied to cosine similarities.
+        temperature: softmax temperature ``tau`` applied to the similarities.
+        similarity: ``"cosine"`` (eq. 3 above) or ``"dot"``, the raw dot product (BMRetriever, eq. 2-3:
+            sentence-transformers' ``MultipleNegativesRankingLoss(scale=1/tau, similarity_fct=dot_score)``).
 
     Inputs:
         query: ``(B, d)`` query embeddings (normalised internally).
@@ -64,14 +75,17 @@ class InfoNCELoss(nn.Module):
         >>> loss(q, d_pos, d_neg)["infonce"].backward()
     """
 
-    def __init__(self, temperature: float = 0.05) -> None:
+    def __init__(self, temperature: float = 0.05, *, similarity: Literal["cosine", "dot"] = "cosine") -> None:
         super().__init__()
         if temperature <= 0:
             raise ConfigError(f"temperature must be > 0, got {temperature}")
-        self.temperature = temperature
+        if similarity not in ("cosine", "dot"):
+            raise ConfigError(f"similarity must be 'cosine' or 'dot', got {similarity!r}")
+        self.temperature, self.similarity = temperature, similarity
 
     def forward(self, query: Tensor, positive: Tensor, negatives: Tensor | None = None) -> dict[str, Tensor]:
-        return {"infonce": self.from_cosines(cosine_candidate_scores(query, positive, negatives))}
+        scores = cosine_candidate_scores(query, positive, negatives, similarity=self.similarity)
+        return {"infonce": self.from_cosines(scores)}
 
     def from_cosines(self, cosines: Tensor) -> Tensor:
         """The loss of ``(B, B + B*n)`` candidate similarities laid out as :func:`cosine_candidate_scores`

@@ -11,7 +11,7 @@ batch as negatives); optional hard negatives as in :class:`~medadapt.losses.Info
 Hand-written: sentence-transformers' ``MultipleNegativesRankingLoss`` has a fixed scale, and
 ``CachedMultipleNegativesRankingLoss`` owns the model call (the project's loop does GradCache itself).
 The loop trains and checkpoints the temperature only if it is a parameter of the module it trains:
-wrap ``(model, loss)`` in one module (:class:`medadapt.asym.stages.TowerWithLoss` does).
+wrap ``(model, loss)`` in one module (:class:`medadapt.training.steps.TowerWithLoss` does).
 
 Example:
     >>> loss = LearnableTemperatureInfoNCELoss(temperature=0.05)

@@ -5,6 +5,8 @@
   the expert registry (:mod:`medadapt.moe.experts`: :func:`register_expert`, :func:`build_expert`).
 * :mod:`medadapt.moe.schedule`: the two-step training schedule as stages of the one loop
   (:func:`train_head` on cached embeddings, :func:`encode_with_head`).
+* :mod:`medadapt.moe.backbone`: the backbone / LoRA path (the head trained jointly) as a stage of the same
+  loop.
 * :mod:`medadapt.moe.sections`: the ``head`` / ``loss`` / ``training`` sections (the configs of both the
   Python API and the recipe).
 * :mod:`medadapt.moe.recipe`: the ``kind: moe`` recipe (:class:`MoERecipe`) behind ``medadapt train``.

@@ -33,7 +33,14 @@ def _describe(head: MoEHead) -> str:
     routed = f" + {len(c.routed_experts)} routed ({', '.join(c.routed_experts)}), top-{c.top_k}" \
         if c.routed_experts else ""
     return (f"Med-MoE-Embed head: {len(c.shared_experts)} shared ({', '.join(c.shared_experts)}){routed}, "
-            f"expansion {c.expansion}, residual scale {head.residual_scale}; {n:,} parameters")
+            f"expansion {c.expansion}, {_scales(head)}; {n:,} parameters")
+
+
+def _scales(head: MoEHead) -> str:
+    c = head.config
+    if not c.domains:
+        return f"residual scale {head.residual_scale}"
+    return "residual scale by domain " + ", ".join(f"{d} {g:g}" for d, g in zip(c.domains, c.domain_scales))
 
 
 MOE_ADAPTER = register_adapter_type(AdapterType(

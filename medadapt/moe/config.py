@@ -19,6 +19,9 @@ __all__ = ["MoEConfig", "MOE_CONFIG_FORMAT_VERSION"]
 MOE_CONFIG_FORMAT_VERSION = 1
 """Stamp written as ``format_version`` next to the fields in saved configs."""
 
+#: the residual scales tried on each domain's dev split by domain routing (:mod:`medadapt.moe.domains`)
+DOMAIN_SCALE_GRID: tuple[float, ...] = (0.2, 0.4, 0.6, 0.8, 1.0)
+
 PAPER_ROUTED_EXPERTS = ("mlp_swiglu", "mlp_gelu", "kan", "mlp_kan")
 
 
@@ -50,6 +53,11 @@ class MoEConfig:
         expert_options: per expert name, extra constructor options (e.g. ``{"kan": {"grid_size": 8}}``);
             validated against the expert's signature.
         input_name: feature key the head reads and overwrites.
+        domains: names of the domains a trained head routes between (empty: one ``residual_scale`` for every
+            input). With domains, a linear domain classifier on the normalised backbone embedding
+            (:attr:`MoEHead.domain_router`, fitted after training by :func:`medadapt.moe.domains.fit_domain_routing`)
+            gives each input ``γ = Σ_k p_k · domain_scales[k]`` instead of ``residual_scale``.
+        domain_scales: the residual scale of each domain, in ``domains``' order, each in [0, 1].
     """
 
     dim: int
@@ -66,6 +74,8 @@ class MoEConfig:
     gate_init_std: float = 0.02
     expert_options: dict[str, dict[str, Any]] = field(default_factory=dict)
     input_name: str = "sentence_embedding"
+    domains: list[str] = field(default_factory=list)
+    domain_scales: list[float] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         self.shared_experts = list(self.shared_experts)
@@ -78,6 +88,20 @@ class MoEConfig:
             raise ConfigError(f"residual_scale must be in [0, 1], got {self.residual_scale}")
         if self.residual_scale != 1.0 and not self.residual:
             raise ConfigError("residual_scale only applies with residual=True")
+        self.domains = [str(d) for d in self.domains]
+        self.domain_scales = [float(g) for g in self.domain_scales]
+        if len(self.domains) != len(self.domain_scales):
+            raise ConfigError(f"domains ({len(self.domains)}) and domain_scales ({len(self.domain_scales)}) "
+                              "must have the same length")
+        if len(set(self.domains)) != len(self.domains):
+            raise ConfigError(f"domains must be distinct, got {self.domains}")
+        if self.domains and not self.residual:
+            raise ConfigError("domains (a residual scale per domain) only apply with residual=True")
+        if self.domains and len(self.domains) < 2:
+            raise ConfigError("domain routing needs at least two domains")
+        bad = [g for g in self.domain_scales if not (math.isfinite(g) and 0.0 <= g <= 1.0)]
+        if bad:
+            raise ConfigError(f"domain_scales must be in [0, 1], got {bad}")
         if self.dim < 1 or self.expansion < 1:
             raise ConfigError(f"dim and expansion must be >= 1, got {self.dim} and {self.expansion}")
         if not self.shared_experts and not self.routed_experts:

@@ -97,6 +97,13 @@ class MoEHead(Module):
             # shape (1,), not a 0-dim scalar: FSDP and DeepSpeed ZeRO flatten parameters and refuse scalars
             self.alpha = nn.Parameter(torch.full((1,), float(config.alpha_init)))
         self.last_aux_loss: Tensor = torch.zeros(())
+        #: domain routing (``config.domains``): a linear domain classifier on the normalised input and each
+        #: domain's residual scale; ``domain_routing`` is run-time (off while the head trains, see
+        #: :func:`medadapt.moe.schedule.head_training`)
+        self.domain_router: nn.Linear | None = None
+        self.domain_routing: bool = bool(config.domains)
+        if config.domains:
+            self._build_domain_router(config.domain_scales)
         self.register_load_state_dict_pre_hook(_scalar_to_vector("alpha"))
 
     # ------------------------------------------------------------------ forward
@@ -121,8 +128,39 @@ class MoEHead(Module):
             h = h + self.alpha * self._routed(v, routing_noise if self.routing == "random" else None)
         else:
             self.last_aux_loss = v.new_zeros(())
-        out = v + self.residual_scale * h if self.config.residual else h
+        out = v + self.scale_for(v) * h if self.config.residual else h
         return out.reshape(*leading, self.config.dim)
+
+    def scale_for(self, v: Tensor) -> Tensor | float:
+        """The residual scale of each row of ``v`` (rows, dim): ``residual_scale``, or with domain routing
+        the domain classifier's probabilities times the domains' scales, shape (rows, 1)."""
+        if self.domain_router is None or not self.domain_routing:
+            return self.residual_scale
+        probs = torch.softmax(self.domain_router(nn.functional.normalize(v, dim=-1)), dim=-1)
+        return (probs @ self.domain_gammas.to(probs.dtype)).unsqueeze(-1)
+
+    def domain_probabilities(self, v: Tensor) -> Tensor:
+        """The domain classifier's probabilities (rows, domains) for raw embeddings ``v``."""
+        if self.domain_router is None:
+            raise ConfigError("this head has no domain routing (config.domains is empty)")
+        return torch.softmax(self.domain_router(nn.functional.normalize(v.reshape(-1, self.config.dim), dim=-1)),
+                             dim=-1)
+
+    def set_domains(self, domains: list[str], scales: list[float], weight: Tensor, bias: Tensor) -> None:
+        """Install domain routing: ``domains`` with their residual ``scales`` and the fitted linear classifier
+        (``weight``: (domains, dim), ``bias``: (domains,)). Saved with the head (config and weights)."""
+        self.config = dataclasses.replace(self.config, domains=list(domains), domain_scales=list(scales))
+        self._build_domain_router(self.config.domain_scales)
+        with torch.no_grad():
+            self.domain_router.weight.copy_(weight)
+            self.domain_router.bias.copy_(bias)
+        self.domain_routing = True
+
+    def _build_domain_router(self, scales: list[float]) -> None:
+        device = next(self.parameters()).device
+        self.domain_router = nn.Linear(self.config.dim, len(scales)).to(device)
+        self.domain_router.requires_grad_(False)  # fitted after training (medadapt.moe.domains), not by the loop
+        self.register_buffer("domain_gammas", torch.tensor(scales, dtype=torch.float32, device=device))
 
     def _routed(self, v: Tensor, noise: Tensor | None = None) -> Tensor:
         """``sum_{top-k} g_i E_i(v)``, running each expert only on the inputs routed to it."""
@@ -133,7 +171,8 @@ class MoEHead(Module):
             rows = decision.selected[:, i].nonzero(as_tuple=True)[0]
             if rows.numel() == 0:
                 continue
-            out = out.index_add(0, rows, decision.weights[rows, i : i + 1] * expert(v[rows]))
+            routed = decision.weights[rows, i : i + 1] * expert(v[rows])
+            out = out.index_add(0, rows, routed.to(out.dtype))  # under autocast the expert may compute in bf16
         return out
 
     # ------------------------------------------------------------------ control

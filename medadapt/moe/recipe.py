@@ -23,12 +23,12 @@ both checkpointing to ``<output>.checkpoints/`` (a rerun resumes):
   ``loss.load_balance_weight`` are refused for them). ``head.route: query`` adapts queries only, on any
   backbone (a one-tower model is split into a Router sharing its backbone): the documents' cached frozen
   embeddings are used as they are in training and evaluation.
-* **Slow path** (``freeze_backbone: false`` or a ``peft`` LoRA adapter): sentence-transformers' trainer
-  with ``MultipleNegativesRankingLoss`` (``scale = 1 / temperature``; the cached variant when accumulating,
-  so in-batch negatives span the whole global step), mined hard negatives as extra columns, the head (if
-  any) trained jointly, LoRA merged before saving. It has no stage schedule and no load-balancing term,
-  so recipes setting ``shared_epochs``, ``random_routing_epochs`` or a routed ``load_balance_weight`` are
-  refused.
+* **Slow path** (``freeze_backbone: false`` or a ``peft`` LoRA adapter): one stage of the same loop
+  (:mod:`medadapt.moe.backbone`) trains the backbone (or its LoRA matrices) on the texts, the head (if any)
+  jointly, with the fast path's InfoNCE at ``loss.temperature`` over in-batch + mined hard negatives (mined
+  with the frozen backbone before anything trains); LoRA is merged before saving. It has no stage schedule
+  and no load-balancing term, so recipes setting ``shared_epochs``, ``random_routing_epochs`` or a routed
+  ``load_balance_weight`` are refused.
 """
 
 from __future__ import annotations
@@ -41,17 +41,25 @@ import numpy as np
 import torch
 from pydantic import Field, field_validator, model_validator
 
+from medadapt.adapters.compose import base_kind, branch_kind, check_composition
+from medadapt.adapters.types import adapter_type_of
 from medadapt.config import Section, validate_each
 from medadapt.curation.mining_config import MiningConfig
 from medadapt.data import domain_of, load_beir, merge_beir
 from medadapt.errors import ConfigError
-from medadapt.io import atomic_write_text
+from medadapt import models as model_io
+from medadapt.moe.backbone import backbone_stage, text_items
+from medadapt.moe.domains import fit_domain_routing
 from medadapt.moe.peers import MoEEvalSection, peers_problem, run_peers
+from medadapt.moe.schedule import expert_load_log, head_stages, head_training, merge_routing_stats
+from medadapt.plan import LoraSpec, ModelSpec, PhaseSpec, PlanSpec, Usage, find_config, register_planner
 from medadapt.moe.sections import (HeadSection, InfoNCESection, LossSection, MoEHeadSection,
                                    MoETrainingSection, NoHead)
 from medadapt.recipes.base import DataSection, LoraSection, RecipeBase
 from medadapt.recipes.registry import RecipeKind, register_kind
 from medadapt.recipes.run import RunContext, evaluate_dense
+from medadapt.training.lora import attach_lora, merge_lora
+from medadapt.training.pairs import pairs_from_qrels, prepare_head_training
 
 __all__ = ["ADAPTER_NAME", "MoEDataSection", "MoEModelSection", "MoERecipe", "train"]
 
@@ -123,7 +131,6 @@ class MoERecipe(RecipeBase):
     @classmethod
     def _branch_sections(cls, value):
         """Each entry validated by its registered branch kind's section (``kind`` picks it)."""
-        from medadapt.adapters.compose import branch_kind
 
         return validate_each(value or [], lambda entry: branch_kind(str(entry.get("kind"))).section, "branch")
 
@@ -180,6 +187,9 @@ def recipe_problem(recipe: MoERecipe) -> str | None:
     moe_only = _moe_only_problem(recipe) or peers_problem(recipe) or _no_epochs_problem(recipe)
     if moe_only:
         return moe_only
+    if getattr(recipe.head, "domain_routing", False) and not (recipe.fast and recipe.data.mix):
+        return ("head.domain_routing chooses a residual scale per domain of data.mix: it needs data.mix and a "
+                "head on a frozen backbone (model.freeze_backbone: true, no model.peft)")
     if recipe.fast:
         if recipe.head.kind == "none" and not recipe.branches:
             return ("nothing to train: the backbone is frozen, there is no model.peft adapter and head.kind "
@@ -194,16 +204,14 @@ def recipe_problem(recipe: MoERecipe) -> str | None:
     if getattr(recipe.head, "drift_weight", 0):
         ignored.append(f"head.drift_weight={recipe.head.drift_weight}")
     if ignored:
-        return (f"{', '.join(ignored)}: the backbone / LoRA path (sentence-transformers' trainer) has no "
-                "stage schedule, no load-balancing term and no drift term (they apply to a head on a frozen "
-                "backbone); set them to 0")
+        return (f"{', '.join(ignored)}: the backbone / LoRA path has no stage schedule, no load-balancing "
+                "term and no drift term (they apply to a head on a frozen backbone); set them to 0")
     return None
 
 
 def train(recipe: MoERecipe, ctx: RunContext):
     """Train what ``recipe`` describes (fast or slow path, module docstring); returns the
     SentenceTransformer (head attached before ``Normalize``) and fills ``ctx.result``."""
-    from medadapt.models import load
 
     problem = recipe_problem(recipe)  # again: sections may have been assigned after validation
     if problem:
@@ -211,7 +219,7 @@ def train(recipe: MoERecipe, ctx: RunContext):
     if recipe.data.balance == "domain" and not recipe.fast:
         raise ConfigError("data.balance: domain applies to a head on a frozen backbone (the fast path)")
     data = load_training_data(recipe, ctx)
-    model = load(recipe.model.backbone, device=ctx.device)
+    model = model_io.load(recipe.model.backbone, device=ctx.device)
     if recipe.model.max_seq_length:
         model.max_seq_length = recipe.model.max_seq_length
     _check_composition(recipe, model)
@@ -222,7 +230,6 @@ def train(recipe: MoERecipe, ctx: RunContext):
     else:
         _train_slow(recipe, model, data, ctx)
     for section in recipe.branches:  # each branch wraps the model it is given (medadapt.adapters.compose)
-        from medadapt.adapters.compose import branch_kind
 
         model = branch_kind(section.kind).build_and_train(model, section, recipe, ctx)
     return model
@@ -258,13 +265,11 @@ def balanced_pairs(prepared, seed: int) -> np.ndarray:
 
 def _check_composition(recipe: MoERecipe, model) -> None:
     """The head's route and the branches against :data:`medadapt.adapters.compose.ALLOWED`."""
-    from medadapt.adapters.compose import base_kind, check_composition
 
     parts = [(recipe.head.kind, recipe.head.route)] if recipe.head.kind != "none" else []
     parts += [(b.kind, "branch") for b in recipe.branches]
     check_composition(base_kind(model), parts)
     for section in recipe.branches:  # e.g. the branch's pooling against the backbone's, before any training
-        from medadapt.adapters.compose import branch_kind
 
         kind = branch_kind(section.kind)
         if kind.check is not None:
@@ -277,7 +282,6 @@ def evaluate(recipe: MoERecipe, model, ctx: RunContext) -> dict[str, float]:
     """:func:`~medadapt.recipes.run.evaluate_dense`, or the last branch's evaluation for a composed model
     (e.g. ``lexical/``, ``dense/``, ``hybrid/`` metrics)."""
     if recipe.branches:
-        from medadapt.adapters.compose import branch_kind
 
         section = recipe.branches[-1]
         return branch_kind(section.kind).evaluate(recipe, model, section, ctx)
@@ -287,8 +291,6 @@ def evaluate(recipe: MoERecipe, model, ctx: RunContext) -> dict[str, float]:
 def _prepare(recipe: MoERecipe, model, data, ctx: RunContext):
     """Training pairs, the backbone's cached raw embeddings and the mined hard negatives
     (:func:`~medadapt.training.pairs.prepare_head_training`)."""
-    from medadapt.training.pairs import prepare_head_training
-
     t0 = time.perf_counter()
     ctx.share_encoding(model, data.doc_texts(), batch_size=recipe.training.encode_batch_size)  # >1 process
     with ctx.accelerator.main_process_first():  # the main process encodes into the cache, the others read it
@@ -304,8 +306,6 @@ def _train_fast(recipe: MoERecipe, model, data, ctx: RunContext) -> None:
     """The head, added with ``model.add_adapter(recipe.head)``, trained on cached embeddings through the
     one loop (:mod:`medadapt.moe.schedule`); the backbone is unchanged, so the run folder holds the head
     alone (``save.adapter_only``)."""
-    from medadapt.moe.schedule import expert_load_log, head_stages, head_training, merge_routing_stats
-
     prepared = _prepare(recipe, model, data, ctx)  # before the head exists: raw backbone embeddings
     head = model.add_adapter(recipe.head, adapter_name=ADAPTER_NAME).to(ctx.accelerator.device)
     q, p, n = prepared.tensors()
@@ -328,89 +328,49 @@ def _train_fast(recipe: MoERecipe, model, data, ctx: RunContext) -> None:
     if callable(getattr(head, "routing_stats", None)):  # MoE heads; linear heads do not route
         ctx.result.details["routing_stats"] = head.routing_stats()
     ctx.result.details["expert_load"] = expert_load_log(head, stages)  # per step, for `medadapt report`
+    if getattr(recipe.head, "domain_routing", False):
+        _fit_domain_routing(recipe, model, head, ctx)
     run_peers(recipe, q, p, ctx)  # eval.peers: simpler heads on the same cached rows, scored on the same sets
 
 
+def _fit_domain_routing(recipe: MoERecipe, model, head, ctx: RunContext) -> None:
+    """``head.domain_routing``: a residual scale per ``data.mix`` domain, chosen on its ``dev`` split, and the
+    domain classifier (:func:`medadapt.moe.domains.fit_domain_routing`); the choice goes to train_log.json."""
+    split = recipe.data.train_split
+    paths = {domain_name(recipe.data.path): recipe.data.path}
+    paths.update({m.name or domain_name(m.path): m.path for m in recipe.data.mix})
+    sets = {name: load_beir(ctx.resolve(path), [split, "dev"]) for name, path in paths.items()}
+    routing = fit_domain_routing(model, head, sets, ctx.cache, train_split=split,
+                                 grid=recipe.head.domain_scale_grid,
+                                 batch_size=recipe.training.encode_batch_size, log=ctx.log)
+    ctx.result.details["domain_routing"] = routing.as_dict()
+
+
 def _train_slow(recipe: MoERecipe, model, data, ctx: RunContext) -> None:
-    """Backbone (or LoRA) training through sentence-transformers' trainer (Accelerate underneath), the head
-    (if any) jointly."""
-    from datasets import Dataset
-    from sentence_transformers import SentenceTransformerTrainer, SentenceTransformerTrainingArguments
-    from sentence_transformers.base.training_args import BatchSamplers
-    from sentence_transformers.sentence_transformer.losses import (CachedMultipleNegativesRankingLoss,
-                                                                   MultipleNegativesRankingLoss)
-
-    from medadapt.moe.schedule import head_training
-    from medadapt.training.distributed import use_fsdp_wrap_policy
-    from medadapt.training.guards import train_guarded
-    from medadapt.training.lora import attach_lora, merge_lora
-    from medadapt.training.pairs import pairs_from_qrels
-
+    """The backbone (every weight, or a LoRA adapter's matrices) and the head, if any, trained together on
+    the texts through the one loop (:mod:`medadapt.moe.backbone`); the LoRA is merged before saving."""
+    if recipe.data.hard_negatives is not None:  # mined on the frozen backbone's embeddings, before training
+        prepared = _prepare(recipe, model, data, ctx)
+        pairs, negatives = prepared.pairs, prepared.negatives
+    else:
+        pairs, negatives = pairs_from_qrels(data, recipe.data.train_split, recipe.data.max_train_queries), None
     if recipe.model.peft is not None:
         attach_lora(model, recipe.model.peft)  # only the LoRA matrices of the backbone train
     head = None
     if recipe.head.kind != "none":
-        head = model.add_adapter(recipe.head, adapter_name=ADAPTER_NAME)
-    if recipe.data.hard_negatives is not None:  # mining needs the backbone's embeddings
-        prepared = _prepare(recipe, model, data, ctx)
-        pairs, negatives = prepared.pairs, prepared.negatives
-    else:
-        negatives = None
-        pairs = pairs_from_qrels(data, recipe.data.train_split, recipe.data.max_train_queries)
-    texts = data.doc_texts()
-    columns = {"anchor": [data.queries[pairs.query_ids[i]] for i in pairs.pair_query],
-               "positive": [texts[j] for j in pairs.pair_doc]}
-    if negatives is not None:
-        for k in range(negatives.shape[1]):
-            columns[f"negative_{k + 1}"] = [texts[negatives[i, k]] for i in pairs.pair_query]
-    dataset = Dataset.from_dict(columns)
-    t, ckpt_dir = recipe.training, ctx.checkpoint_dir
-    _check_slow_checkpoints(ckpt_dir, ctx)
-    # training.batch_size is the global batch, as on the fast path (split over the processes, embeddings
-    # gathered); accumulation caches embeddings (GradCache) so the in-batch negatives span the whole step
-    k, world = t.gradient_accumulation_steps, ctx.accelerator.num_processes
-    global_batch = t.batch_size * k
-    total_steps = max(1, len(dataset) // global_batch) * max(1, t.epochs)
-    args = SentenceTransformerTrainingArguments(
-        output_dir=str(ckpt_dir), num_train_epochs=t.epochs, max_steps=t.max_steps or -1,
-        per_device_train_batch_size=global_batch, accelerator_config={"split_batches": True},
-        learning_rate=t.lr, weight_decay=t.weight_decay, warmup_ratio=t.warmup_ratio, seed=t.seed,
-        data_seed=t.seed, max_grad_norm=t.max_grad_norm or 0.0,
-        lr_scheduler_type="constant_with_warmup" if t.scheduler == "constant" else t.scheduler,
-        bf16=t.mixed_precision == "bf16", fp16=t.mixed_precision == "fp16", use_cpu=t.device == "cpu",
-        batch_sampler=BatchSamplers.NO_DUPLICATES, save_steps=t.checkpoint_every_steps or 500,
-        save_strategy="steps" if t.checkpoint_every_steps else "epoch", save_total_limit=2,
-        logging_steps=max(1, min(50, total_steps // 20)), report_to="none",
-        disable_tqdm=not ctx.show_progress, dataloader_drop_last=world > 1, ddp_find_unused_parameters=False,
-    )
-    scale = 1.0 / recipe.loss.temperature
-    if k > 1:
-        loss = CachedMultipleNegativesRankingLoss(model, scale=scale, gather_across_devices=True,
-                                                  mini_batch_size=max(1, t.batch_size // world))
-    else:
-        loss = MultipleNegativesRankingLoss(model, scale=scale, gather_across_devices=True)
-    trainer = SentenceTransformerTrainer(model=model, args=args, train_dataset=dataset, loss=loss)
-    t1 = time.perf_counter()
+        head = model.add_adapter(recipe.head, adapter_name=ADAPTER_NAME).to(ctx.accelerator.device)
+    items = text_items(data, pairs, negatives)
+    n_params = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    ctx.log(f"training {n_params:,} parameters ({'LoRA' if recipe.model.peft else 'backbone'}"
+            f"{' and head' if head is not None else ''}) on {len(items):,} pairs "
+            f"({'with' if negatives is not None else 'without'} hard negatives) on {ctx.device}")
     with head_training(head):  # a MoE head learns its full-strength correction, as on the fast path
-        use_fsdp_wrap_policy(trainer.accelerator, model)  # frozen backbone layers in units without gradients
-        train_guarded(trainer, ckpt_dir)  # non-finite stops; checkpoints with sums; resumes an intact one
-    ctx.result.train_seconds += time.perf_counter() - t1
+        res = ctx.train(model, [backbone_stage(model, items, recipe.training, recipe.loss)])
+    merge_routing_stats(head, ctx.accelerator)
+    ctx.result.details["stage_steps"] = dict(res.stage_steps)
+    if callable(getattr(head, "routing_stats", None)):
+        ctx.result.details["routing_stats"] = head.routing_stats()
     merge_lora(model)  # the saved folder loads without PEFT
-    ctx.result.loss_history += [{"stage": "train", "step": int(r["step"]), "loss": float(r["loss"])}
-                                for r in trainer.state.log_history if "loss" in r]
-
-
-def _check_slow_checkpoints(ckpt_dir, ctx: RunContext) -> None:
-    """Refuse to resume the trainer's checkpoints of another run (the fast path's loop checks the
-    fingerprint itself); record this run's fingerprint next to them."""
-    marker = ckpt_dir / "fingerprint.txt"
-    other = not marker.is_file() or marker.read_text().strip() != ctx.fingerprint  # no mark: nobody's run
-    if other and any(ckpt_dir.glob("checkpoint-*")):
-        raise ConfigError(f"checkpoints in {ckpt_dir} belong to another run (recipe, data or base model "
-                          "differ); train into a new output folder, or pass --overwrite to start afresh")
-    if ctx.is_main:
-        atomic_write_text(marker, ctx.fingerprint)
-    ctx.accelerator.wait_for_everyone()
 
 
 #: ``medadapt train --paper``: Med-MoE-Embed's equations (1)-(3) and §III-B's experts exactly. The backbone,
@@ -438,7 +398,6 @@ def plan_spec(recipe: MoERecipe):
     """What ``medadapt plan`` needs (:mod:`medadapt.plan`). Fast path: the frozen backbone encodes the
     corpus into the cache (no gradients) and only the head trains, on cached embeddings (query, positive
     and the mined negatives per example). Slow path: the backbone (or its LoRA) trains on the texts."""
-    from medadapt.plan import LoraSpec, ModelSpec, PhaseSpec, PlanSpec, Usage, find_config
 
     m, tr = recipe.model, recipe.training
     cfg, _ = find_config(m.backbone, recipe._source)
@@ -447,7 +406,6 @@ def plan_spec(recipe: MoERecipe):
     texts = 2 + (mining.num_negatives if mining is not None else 0)
     head = 0
     if recipe.head.kind != "none":
-        from medadapt.adapters.types import adapter_type_of
 
         built = adapter_type_of(recipe.head).build(recipe.head, int(cfg["hidden_size"]))
         head = sum(p.numel() for p in built.parameters())
@@ -472,10 +430,4 @@ def plan_spec(recipe: MoERecipe):
     return PlanSpec(recipe.name, tuple(models), phases, tr.mixed_precision, notes, optimizers=optimizers)
 
 
-def _register_planner() -> None:
-    from medadapt.plan import register_planner
-
-    register_planner("moe", plan_spec)
-
-
-_register_planner()
+register_planner("moe", plan_spec)

@@ -88,7 +88,7 @@ class TopKRouter(nn.Module):
             scores = torch.rand(probs.shape, device=v.device) if noise is None else noise.to(v.device)
             index = scores.topk(self.top_k, dim=-1).indices
             kept = torch.full(index.shape, 1.0 / self.top_k, dtype=v.dtype, device=v.device)
-        weights = torch.zeros_like(probs).scatter(-1, index, kept)
+        weights = torch.zeros_like(probs).scatter(-1, index, kept.to(probs.dtype))  # autocast may differ
         selected = torch.zeros_like(probs, dtype=torch.bool).scatter(-1, index, True)
         self._record(selected)
         return RoutingDecision(weights, selected, probs, switch_load_balance(probs, selected))

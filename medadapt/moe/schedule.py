@@ -236,13 +236,13 @@ def head_training(head: nn.Module | None) -> Iterator[nn.Module | None]:
     if not isinstance(head, MoEHead):
         yield head
         return
-    routing, scale = head.routing, head.residual_scale
-    head.residual_scale = 1.0
+    routing, scale, domains = head.routing, head.residual_scale, head.domain_routing
+    head.residual_scale, head.domain_routing = 1.0, False
     try:
         yield head
     finally:
         head.set_routing(routing)
-        head.residual_scale = scale
+        head.residual_scale, head.domain_routing = scale, domains
 
 
 def merge_routing_stats(head: nn.Module, accelerator: Any | None) -> None:

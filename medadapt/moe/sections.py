@@ -14,7 +14,9 @@ from pydantic import Field, model_validator
 from medadapt.config import Section
 from medadapt.errors import ConfigError
 from medadapt.heads.linear import LinearHeadConfig, SearchAdaptorConfig
-from medadapt.moe.config import MoEConfig
+from medadapt.losses.infonce import InfoNCELoss
+from medadapt.losses.load_balance import LoadBalanceLoss
+from medadapt.moe.config import DOMAIN_SCALE_GRID, MoEConfig
 from medadapt.recipes.base import RunSection
 from medadapt.training.config import OptimSection
 
@@ -56,10 +58,26 @@ class MoEHeadSection(Section):
     renormalize_top_k: bool = _MOE["renormalize_top_k"].default
     gate_init_std: float = Field(_MOE["gate_init_std"].default, ge=0)
     expert_options: dict[str, dict[str, Any]] = Field(default_factory=_MOE["expert_options"].default_factory)
+    domain_routing: bool = Field(False, description="with data.mix: after training, choose a residual scale per "
+                                 "domain on its dev split and route each input to its domain's scale by a linear "
+                                 "domain classifier on the frozen embedding (medadapt.moe.domains)")
+    domain_scale_grid: list[float] = Field(default_factory=lambda: list(DOMAIN_SCALE_GRID),
+                                           description="the residual scales tried per domain on dev")
 
     def to_config(self, dim: int) -> MoEConfig:
         """The head's :class:`~medadapt.moe.config.MoEConfig` for a backbone of width ``dim``."""
-        return MoEConfig(dim=dim, **self.model_dump(exclude={"kind", "route"}))
+        return MoEConfig(dim=dim, **self.model_dump(exclude={"kind", "route", "domain_routing",
+                                                             "domain_scale_grid"}))
+
+    @model_validator(mode="after")
+    def _valid_grid(self) -> MoEHeadSection:
+        bad = [g for g in self.domain_scale_grid if not 0.0 <= g <= 1.0]
+        if bad or not self.domain_scale_grid:
+            raise ValueError(f"domain_scale_grid must be a non-empty list of scales in [0, 1], got "
+                             f"{self.domain_scale_grid}")
+        if self.domain_routing and not self.residual:
+            raise ValueError("domain_routing chooses a residual scale per domain: it needs residual: true")
+        return self
 
     @model_validator(mode="after")
     def _valid_moe(self) -> MoEHeadSection:
@@ -91,9 +109,6 @@ class InfoNCESection(Section):
     def build(self) -> tuple[InfoNCELoss, LoadBalanceLoss]:
         """The two loss modules: :class:`~medadapt.losses.InfoNCELoss` at ``temperature`` and
         :class:`~medadapt.losses.LoadBalanceLoss` at ``load_balance_weight``."""
-        from medadapt.losses.infonce import InfoNCELoss
-        from medadapt.losses.load_balance import LoadBalanceLoss
-
         return InfoNCELoss(self.temperature), LoadBalanceLoss(self.load_balance_weight)
 
 

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from medadapt.errors import ConfigError
+from medadapt.models import ALIASES
 from medadapt.plan.specs import LoraSpec, ModelSpec
 
 __all__ = ["Architecture", "architecture", "config_dirs", "find_config"]
@@ -43,8 +44,6 @@ def config_dirs(recipe_source: str | None = None) -> list[Path]:
 
 def find_config(model: str, recipe_source: str | None = None) -> tuple[dict, str]:
     """``(config dict, where it came from)`` for a recipe's model name; downloads nothing."""
-    from medadapt.models import ALIASES
-
     local = None
     if model.lower() in ALIASES:
         local = ALIASES[model.lower()]()

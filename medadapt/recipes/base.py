@@ -20,11 +20,25 @@ from typing import Literal
 from pydantic import Field, PrivateAttr, field_validator, model_validator
 
 from medadapt.config import Section
+from medadapt.data.builtin import is_builtin_dataset
+from medadapt.eval.metrics import parse_metric
 
 __all__ = ["SCHEMA_VERSION", "AlsoSection", "DataSection", "EvalSection", "LoraSection", "RecipeBase", "RunSection",
-           "SaveSection", "Section"]
+           "SaveSection", "Section", "resolve_path"]
 
 SCHEMA_VERSION = 1
+
+
+def resolve_path(value: str, recipe_path: str | Path | None) -> Path:
+    """Resolve a relative path in a recipe: against the current directory if it exists there, else
+    against the recipe file's folder. Builtin dataset names (``medmini``) are returned as they are."""
+    if is_builtin_dataset(value):
+        return Path(value)
+    p = Path(value).expanduser()
+    if p.is_absolute() or p.exists() or recipe_path is None:
+        return p
+    alt = Path(recipe_path).resolve().parent / p
+    return alt if alt.exists() else p
 
 
 class DataSection(Section):
@@ -107,8 +121,6 @@ class EvalSection(Section):
     @field_validator("metrics")
     @classmethod
     def _known_metrics(cls, v: list[str]) -> list[str]:
-        from medadapt.eval.metrics import parse_metric
-
         for m in v:
             parse_metric(m)
         return v
@@ -149,8 +161,6 @@ class RecipeBase(Section):
     def resolve(self, value: str) -> Path:
         """A path of this recipe: as given if it exists (or is absolute, or a builtin dataset name), else
         relative to the recipe file's folder."""
-        from medadapt.recipes.loader import resolve_path
-
         return resolve_path(value, self._source)
 
     def training_identity(self) -> dict:

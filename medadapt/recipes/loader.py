@@ -20,6 +20,8 @@ from yaml.nodes import Node
 
 from medadapt.config import UNKNOWN_KEY
 from medadapt.errors import ConfigError
+from medadapt.recipes.base import resolve_path  # noqa: F401 - re-exported
+from medadapt.recipes.registry import get_kind
 from medadapt.yaml_input import PolicyLoader, YamlPolicyError, first_clause, has_surrogate, line_of, read_yaml
 
 M = TypeVar("M", bound=BaseModel)
@@ -256,8 +258,6 @@ def load_recipe(path_or_data: str | Path | dict, overrides: list[str] | None = N
     (:attr:`~medadapt.recipes.registry.RecipeKind.paper`: the paper's equations and hyperparameters), then
     ``overrides``. Every problem is one :class:`~medadapt.errors.ConfigError` naming the file and line, or the
     ``--set`` item, and the field; an unknown key gets a did-you-mean from the schema."""
-    from medadapt.recipes.registry import get_kind
-
     source = "<dict>" if isinstance(path_or_data, dict) else str(path_or_data)
     if isinstance(path_or_data, dict):
         data, root = copy.deepcopy(path_or_data), None
@@ -281,17 +281,3 @@ def load_recipe(path_or_data: str | Path | dict, overrides: list[str] | None = N
 
 
 recipe_from_dict = load_recipe
-
-
-def resolve_path(value: str, recipe_path: str | Path | None) -> Path:
-    """Resolve a relative path in a recipe: against the current directory if it exists there, else
-    against the recipe file's folder. Builtin dataset names (``medmini``) are returned as they are."""
-    from medadapt.data.builtin import is_builtin_dataset
-
-    if is_builtin_dataset(value):
-        return Path(value)
-    p = Path(value).expanduser()
-    if p.is_absolute() or p.exists() or recipe_path is None:
-        return p
-    alt = Path(recipe_path).resolve().parent / p
-    return alt if alt.exists() else p

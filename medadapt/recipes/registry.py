@@ -11,13 +11,11 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from medadapt.errors import ConfigError
-
-if TYPE_CHECKING:
-    from medadapt.recipes.base import RecipeBase
-    from medadapt.recipes.run import RunContext
+from medadapt.plugins import load_group
+from medadapt.recipes.base import RecipeBase
 
 __all__ = ["RecipeKind", "get_kind", "kinds", "register_kind"]
 
@@ -26,7 +24,8 @@ ENTRY_POINT_GROUP = "medadapt.recipe_kinds"
 
 @dataclass(frozen=True)
 class RecipeKind:
-    """A system as ``medadapt train`` sees it.
+    """A system as ``medadapt train`` sees it (``ctx`` below is the runner's
+    :class:`~medadapt.recipes.run.RunContext`).
 
     Attributes:
         kind: the recipe's ``kind:`` value.
@@ -47,11 +46,11 @@ class RecipeKind:
 
     kind: str
     schema: type[RecipeBase]
-    train: Callable[[Any, RunContext], Any]
-    evaluate: Callable[[Any, Any, RunContext], dict[str, float]] | None = None
+    train: Callable[[Any, Any], Any]
+    evaluate: Callable[[Any, Any, Any], dict[str, float]] | None = None
     summary: str = ""
     paper: dict[str, tuple[Any, str]] | None = None
-    base: Callable[[Any, RunContext], Any] | None = None
+    base: Callable[[Any, Any], Any] | None = None
 
     def paper_settings(self) -> dict[str, Any]:
         """The paper settings as ``{"section.field": value}``; a kind without a paper mode is refused."""
@@ -76,8 +75,6 @@ def _broken(name: str, exc: ImportError) -> None:  # a system whose optional dep
 
 
 def _load_entry_points() -> None:
-    from medadapt.plugins import load_group
-
     load_group(ENTRY_POINT_GROUP, _KINDS, _broken)
 
 

@@ -24,12 +24,25 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from medadapt.errors import ConfigError
+from medadapt.adapters.api import adapter_names
+from medadapt.adapters.files import describe_heads, read_adapter_config, write_adapter
+from medadapt.cache import EmbeddingCache
+from medadapt.cards import write_card
+from medadapt.data import load_beir
+from medadapt.encode import share_encoding
+from medadapt.errors import ConfigError, ModelLoadError
+from medadapt.eval import evaluate_retrieval
 from medadapt.io import (FolderKind, atomic_write_json, atomic_write_text, check_output, clean_leftovers,
                          replace_folder)
+from medadapt.models import check_device, load
+from medadapt.recipes import registry
 from medadapt.recipes.also import (as_modes, check_also_sets, eval_set_name, evaluate_also_sets, peer_warning,
                                    regression_warning)
 from medadapt.recipes.base import RecipeBase
+from medadapt.recipes.loader import load_recipe
+from medadapt.training.checkpoint import CheckpointConfig
+from medadapt.training.loop import check_finite_parameters, train
+from medadapt.training.progress import StepProgress
 
 __all__ = ["RunContext", "RunResult", "checkpoint_dir_for", "evaluate_dense", "replace_folder", "run_recipe"]
 
@@ -131,8 +144,6 @@ class RunContext:
 
     def checkpoint(self, name: str | None = None):
         """A :class:`~medadapt.training.checkpoint.CheckpointConfig` in the run's checkpoint folder."""
-        from medadapt.training.checkpoint import CheckpointConfig
-
         folder = self.checkpoint_dir if name is None else self.checkpoint_dir / name
         return CheckpointConfig(folder, every_steps=self.recipe.training.checkpoint_every_steps)
 
@@ -142,8 +153,6 @@ class RunContext:
         them; a no-op with one process. Every process must call it with the same model and texts. What each
         process encoded is recorded in ``train_log.json`` under ``shared_encoding``."""
         import time
-
-        from medadapt.encode import share_encoding
 
         t0 = time.perf_counter()
         report = share_encoding(model, texts, cache=self.cache, role=role, batch_size=batch_size,
@@ -158,19 +167,16 @@ class RunContext:
         """A ``progress(stage, step, total, row)`` callback drawing one rich bar (``None`` when quiet)."""
         if not (self.show_progress and self.is_main):
             return None
-        from medadapt.training.progress import StepProgress
-
         return StepProgress()
 
-    def train(self, model, stages, name: str | None = None):
+    def train(self, model, stages, name: str | None = None, fingerprint: str | None = None):
         """Run :func:`medadapt.training.loop.train` with this run's seed, accelerator, checkpoint folder,
-        fingerprint and progress bar; appends the loss rows to the result."""
-        from medadapt.training.loop import train
-
+        fingerprint (or ``fingerprint``: the identity of what decides this phase's weights) and progress bar;
+        appends the loss rows to the result."""
         bar = self.progress()
         try:
             res = train(model, stages, seed=self.recipe.training.seed, accelerator=self.accelerator,
-                        checkpoint=self.checkpoint(name), fingerprint=self.fingerprint, progress=bar)
+                        checkpoint=self.checkpoint(name), fingerprint=fingerprint or self.fingerprint, progress=bar)
         finally:
             if bar is not None:
                 bar.close()
@@ -256,9 +262,6 @@ def _accelerator(recipe: RecipeBase):
     from accelerate import Accelerator
 
     device = recipe.training.device
-    from medadapt.errors import ModelLoadError
-    from medadapt.models import check_device
-
     try:  # an unknown name (tpu) or a device this machine lacks (cuda, mps) stops here, before any work
         check_device(device)
     except ModelLoadError as exc:
@@ -294,15 +297,11 @@ def run_recipe(
     of an earlier run into the same folder instead of refusing them."""
     import torch
 
-    from medadapt.cache import EmbeddingCache
-    from medadapt.recipes.loader import load_recipe
-    from medadapt.recipes.registry import get_kind
-
     if not isinstance(recipe, RecipeBase):
         recipe = load_recipe(recipe, overrides)
     elif overrides:
         raise ConfigError("overrides apply to a recipe file; pass a path or edit the recipe object")
-    system = get_kind(recipe.kind)
+    system = registry.get_kind(recipe.kind)  # through the module: tests replace it there
     if evaluate and system.evaluate is not None:
         check_also_sets(recipe)  # a missing extra evaluation set stops here, not after training
     output_dir = Path(output_dir) if output_dir is not None else Path("runs") / recipe.name
@@ -325,8 +324,6 @@ def run_recipe(
     model = result.model = system.train(recipe, ctx)
     adapter_only = bool(result.adapter_base) and recipe.save.adapter_only
     if isinstance(model, torch.nn.Module):  # whatever loop trained it, nothing non-finite is saved
-        from medadapt.training.guards import check_finite_parameters
-
         check_finite_parameters(model, f"the model folder {output_dir}")  # on every process: all stop together
     if accelerator.is_main_process:
         import yaml
@@ -335,8 +332,6 @@ def run_recipe(
             if adapter_only and hasattr(model, "save_adapter"):  # a composed model (e.g. a HyReC branch)
                 model.save_adapter(tmp, base=result.adapter_base, name=output_dir.name)
             elif adapter_only:
-                from medadapt.adapters.files import write_adapter
-
                 write_adapter(model, tmp, base=result.adapter_base, name=output_dir.name)
             else:
                 model.save(str(tmp))
@@ -369,8 +364,6 @@ def _baseline_metrics(recipe: RecipeBase, model, system, ctx: RunContext,
     heads disabled (no re-encode: the heads run on cached backbone outputs), else the kind's ``base`` model
     or the recipe's ``model.backbone`` through :func:`evaluate_dense`; empty when there is none. ``bases``
     keeps a loaded base model between calls."""
-    from medadapt.adapters.api import adapter_names
-
     if adapter_names(model):
         model.disable_adapters()
         try:
@@ -391,8 +384,6 @@ def _base_model(recipe: RecipeBase, system, ctx: RunContext):
     backbone = getattr(getattr(recipe, "model", None), "backbone", None)
     if not isinstance(backbone, str):
         return None
-    from medadapt.models import load
-
     return load(backbone, device=ctx.device)
 
 
@@ -436,13 +427,8 @@ def _warn_peers(recipe: RecipeBase, ctx: RunContext) -> None:
 
 def _write_card(recipe: RecipeBase, model, result: RunResult, output_dir: Path, adapter_only: bool) -> None:
     """The model card of the run folder (:mod:`medadapt.cards`), with the metrics beside the baseline."""
-    from medadapt.adapters.files import describe_heads
-    from medadapt.cards import write_card
-
     adapter = None
     if adapter_only:
-        from medadapt.adapters.files import read_adapter_config
-
         adapter = read_adapter_config(output_dir)
     ev = recipe.eval
     inner = getattr(model, "st", model)  # a composed model's dense side
@@ -467,9 +453,6 @@ def evaluate_dense(recipe: RecipeBase, model, ctx: RunContext) -> dict[str, floa
     """The evaluation most systems use: ``evaluate_retrieval`` of a SentenceTransformer (queries through
     ``encode_query``, documents through ``encode_document``) on ``eval.data`` (default: ``data.path``),
     split ``eval.split``, through the run's embedding cache."""
-    from medadapt.data import load_beir
-    from medadapt.eval import evaluate_retrieval
-
     ev = recipe.eval
     data = load_beir(recipe.resolve(ev.data or recipe.data.path), [ev.split])
     return evaluate_retrieval(model, data, ev.split, ev.metrics, cache=ctx.cache,

@@ -20,6 +20,12 @@ from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
+from medadapt.adapters.api import adapter_names
+from medadapt.errors import MedAdaptError
+from medadapt.eval import dense_run
+from medadapt.eval.search import prepare_for_similarity
+from medadapt.models import load
+
 __all__ = ["QueryRow", "RetrievalAnalysis", "RoutingStatsSource", "analyse_retrieval", "per_query_ndcg"]
 
 Log = Callable[[str], None]
@@ -133,8 +139,6 @@ def _encode(model, data, split, cache, batch_size, show_progress, routers=None):
 def _frozen_base(model, run, log: Log, notes: list[str]):
     """A context-free way to get the frozen base: ``("disable", model)`` when the model has medadapt heads,
     else ``("load", base)`` from the recipe's ``model.backbone``, else ``(None, None)`` with a note."""
-    from medadapt.adapters.api import adapter_names
-
     if adapter_names(model):
         return "disable", model
     section = run.recipe.get("model")
@@ -143,9 +147,6 @@ def _frozen_base(model, run, log: Log, notes: list[str]):
         notes.append("the recipe names no frozen base model (model.backbone): the frozen-base comparison "
                      "is left out.")
         return None, None
-    from medadapt.errors import MedAdaptError
-    from medadapt.models import load
-
     try:
         log(f"loading the frozen base model {backbone}")
         return "load", load(backbone)
@@ -175,9 +176,6 @@ def analyse_retrieval(model, run, data, split: str, data_name: str, cache, *, nu
     scored on the same pairs), and the routed heads' expert load on the split's queries and the corpus.
 
     ``run`` is the :class:`~medadapt.report.run_folder.RunFolder` (for the recipe's backbone)."""
-    from medadapt.eval import dense_run
-    from medadapt.eval.search import prepare_for_similarity
-
     inner = getattr(model, "st", model)  # a composed model's dense side
     out = RetrievalAnalysis(data=data_name, split=split)
     qrels = data.qrels[split]

@@ -7,8 +7,14 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from medadapt import __version__
+from medadapt.cache import EmbeddingCache
+from medadapt.data import available_splits, load_beir, resolve_data_dir
 from medadapt.errors import MedAdaptError
+from medadapt.io import atomic_open, atomic_write_text
+from medadapt.models import load
 from medadapt.report import plots
+from medadapt.report.analysis import analyse_retrieval
 from medadapt.report.page import Figure, render
 from medadapt.report.run_folder import RunFolder, read_run
 
@@ -90,8 +96,6 @@ def _metric_rows(run: RunFolder) -> list[dict[str, Any]]:
 def _load_data(run: RunFolder, data: str | Path | None, split: str | None, notes: list[str], log: Log):
     """``(dataset, name, split)``, or ``None`` with a note when the recipe's data cannot be found (an
     explicit ``data`` that cannot be read is an error)."""
-    from medadapt.data import available_splits, load_beir, resolve_data_dir
-
     if data is not None:
         split = split or run.eval_split() or "test"
         root = resolve_data_dir(data)
@@ -127,9 +131,6 @@ def _analyse(run: RunFolder, data, split, cache, top_negatives, show_progress, l
     if loaded is None:
         return None
     dataset, name, split = loaded
-    from medadapt.models import load
-    from medadapt.report.analysis import analyse_retrieval
-
     log(f"loading the trained model from {run.path}")
     try:
         model = load(str(run.path))
@@ -174,10 +175,6 @@ def build_report(run_dir: str | Path, output: str | Path | None = None, *, data:
             output cannot be written. Missing optional pieces (no baseline, no MoE head, data not found,
             the base model not loadable) become notes on the page instead.
     """
-    from medadapt import __version__
-    from medadapt.cache import EmbeddingCache
-    from medadapt.io import atomic_open, atomic_write_text
-
     if top < 1 or top_negatives < 1:
         raise MedAdaptError("top and top_negatives must be at least 1")
     run = read_run(run_dir)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from medadapt.data import builtin_names, load_corpus, resolve_data_dir
 from medadapt.errors import DataError
 from medadapt.retrieval.docstore import Documents
 
@@ -15,8 +16,6 @@ def load_documents(source: str | Path) -> Documents:
     Raises:
         DataError: the path does not exist, holds no ``corpus.jsonl``, or the file is malformed.
     """
-    from medadapt.data import builtin_names, load_corpus, resolve_data_dir
-
     path = resolve_data_dir(source)
     if path.is_dir():
         path = path / "corpus.jsonl"

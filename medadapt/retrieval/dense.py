@@ -21,6 +21,8 @@ from pathlib import Path
 import numpy as np
 
 from medadapt.errors import MedAdaptError
+from medadapt.io import atomic_open
+from medadapt.progress import progress
 from medadapt.retrieval.config import DenseConfig
 from medadapt.retrieval.errors import IndexCorruptError
 from medadapt.retrieval.exact import normalize_rows, similarity_is_cosine
@@ -202,8 +204,6 @@ class DenseIndex:
         chunk is ever in memory. Trainable indexes first embed a random sample of ``train_size``
         documents (those embeddings are cached, so they are not encoded twice).
         """
-        from medadapt.progress import progress
-
         config = config or DenseConfig()
         index = cls.empty(dim, config, normalized)
         if not index.is_trained:
@@ -310,8 +310,6 @@ class DenseIndex:
     def save(self, folder: str | Path) -> None:
         """``faiss.write_index`` to a temporary file, then rename (atomic)."""
         import faiss
-
-        from medadapt.io import atomic_open
 
         folder = Path(folder)
         with atomic_open(folder / FILE, "wb") as f:

@@ -15,6 +15,8 @@ from pathlib import Path
 
 import numpy as np
 
+from medadapt.data.jsonl import check_id, has_bad_id_chars
+from medadapt.data.text import check_text
 from medadapt.io import atomic_open, atomic_save_npy
 from medadapt.retrieval.errors import IndexCorruptError
 
@@ -37,9 +39,6 @@ class Documents:
             raise ValueError("ids, texts and titles must have the same length")
         if len(set(self.ids)) != len(self.ids):
             raise ValueError("document ids must be unique")
-        from medadapt.data.jsonl import check_id, has_bad_id_chars
-        from medadapt.data.text import check_text
-
         for n, did in enumerate(self.ids, start=1):
             if has_bad_id_chars(did):  # they would split TREC run lines written from this index
                 check_id(did, "document id", "documents", n)

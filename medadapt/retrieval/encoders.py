@@ -35,9 +35,11 @@ from typing import Any, ClassVar, Literal, Protocol, runtime_checkable
 
 import numpy as np
 
-from medadapt.cache import EmbeddingCache
+from medadapt import models
+from medadapt.cache import EmbeddingCache, effective_prompt
 from medadapt.errors import MedAdaptError
 from medadapt.models import model_fingerprint
+from medadapt.progress import encode_with_progress
 
 __all__ = [
     "ST_TAG", "Encoder", "DenseEncoder", "SparseEncoder", "HybridEncoder", "SentenceTransformerEncoder",
@@ -134,9 +136,6 @@ class SentenceTransformerEncoder:
         return getter()
 
     def encoder_identity(self) -> dict[str, Any]:
-        from medadapt.cache import effective_prompt
-        from medadapt.models import model_fingerprint
-
         return {
             "fingerprint": model_fingerprint(self.model),
             "similarity": self.similarity_fn_name,
@@ -148,7 +147,7 @@ class SentenceTransformerEncoder:
     def document_fingerprint(self) -> str:
         """Fingerprint of what ``encode_document`` runs: a ``Router`` model's document route and the modules
         after it (:meth:`EmbeddingCache.encoder_for <medadapt.cache.EmbeddingCache.encoder_for>`), heads and
-        ``Normalize`` included; a one-tower model's :func:`~medadapt.models.model_fingerprint`. A query-route
+        ``Normalize`` included; a one-tower model's :func:`~medadapt.identity.model_fingerprint`. A query-route
         head or a CARE query tower keeps the base's; a head on both sides changes it. (The cache's
         :meth:`~medadapt.cache.EmbeddingCache.role_fingerprint` keys the backbone only, heads applied on read,
         so it cannot tell these apart.)"""
@@ -156,8 +155,6 @@ class SentenceTransformerEncoder:
 
     def encode_query(self, texts: Sequence[str], *, batch_size: int = 64, show_progress: bool = False
                      ) -> np.ndarray:
-        from medadapt.progress import encode_with_progress
-
         emb = encode_with_progress(self.model.encode_query, list(texts), batch_size=batch_size,
                                    convert_to_numpy=True, show_progress=show_progress, desc="encoding queries")
         return np.asarray(emb, dtype=np.float32)
@@ -167,8 +164,6 @@ class SentenceTransformerEncoder:
         if self.cache is None:
             with self._lock:
                 if self.cache is None:
-                    from medadapt.cache import EmbeddingCache
-
                     self.cache = EmbeddingCache()
         return self.cache.encode(self.model, list(texts), role="document", batch_size=batch_size,
                                  show_progress=show_progress)
@@ -252,9 +247,7 @@ def detect_encoder_kind(folder: str | Path) -> EncoderKind | None:
 
 
 def _load_sentence_transformer(name: str, device: str | None = None) -> SentenceTransformerEncoder:
-    from medadapt.models import load
-
-    return SentenceTransformerEncoder(load(str(name), device=device))
+    return SentenceTransformerEncoder(models.load(str(name), device=device))
 
 
 register_encoder(EncoderKind(ST_TAG, _load_sentence_transformer))
@@ -288,7 +281,5 @@ def open_encoder(model, device: str | None = None, *, cache=None):
         kind = detect_encoder_kind(model)
         if kind is not None:
             return kind.load(str(model), device=device)
-        from medadapt.models import load
-
-        return SentenceTransformerEncoder(load(str(model), device=device), cache)
+        return SentenceTransformerEncoder(models.load(str(model), device=device), cache)
     return as_encoder(model, cache=cache)

@@ -33,6 +33,9 @@ except ImportError as exc:  # pragma: no cover - exercised only without the extr
 from pydantic import ConfigDict, Field
 
 from medadapt.errors import DataError
+from medadapt.models import load
+from medadapt.retrieval.dense import model_uses_cosine
+from medadapt.retrieval.retriever import Retriever
 
 
 def _checked(query: Any) -> str:
@@ -63,8 +66,6 @@ class MedAdaptRetriever(BaseRetriever):
 
     @classmethod
     def from_index(cls, folder: str, model: Any = None, k: int = 10, **kwargs) -> MedAdaptRetriever:
-        from medadapt.retrieval.retriever import Retriever
-
         return cls(retriever=Retriever.load(folder, model=model, **kwargs), k=k)
 
     def _to_documents(self, result) -> list[Document]:
@@ -100,11 +101,7 @@ class MedAdaptEmbeddings(Embeddings):
 
     def __init__(self, model: Any = "minilm", batch_size: int = 64):
         if isinstance(model, str):
-            from medadapt.models import load
-
             model = load(model)
-        from medadapt.retrieval.dense import model_uses_cosine
-
         self.model = model
         self.batch_size = batch_size
         self.normalize = model_uses_cosine(model)

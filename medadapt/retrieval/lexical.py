@@ -21,6 +21,7 @@ import numpy as np
 import scipy.sparse as sp
 
 from medadapt.io import atomic_open, atomic_write_json
+from medadapt.progress import progress
 from medadapt.retrieval.bm25 import BM25Weighting
 from medadapt.retrieval.config import LexicalConfig
 from medadapt.retrieval.errors import IndexCorruptError
@@ -54,8 +55,6 @@ class LexicalIndex:
     @classmethod
     def build_bm25(cls, texts: Sequence[str], config: LexicalConfig | None = None,
                    show_progress: bool = True) -> LexicalIndex:
-        from medadapt.progress import progress
-
         config = config or LexicalConfig()
         language = detect_language(texts) if config.language == "auto" else config.language
         tokenizer = Tokenizer(language, config.stopwords, config.stem)

@@ -31,8 +31,12 @@ from typing import Any
 
 import numpy as np
 
+from medadapt import __version__
+from medadapt import models
 from medadapt.data.text import check_text
 from medadapt.errors import DataError, MedAdaptError
+from medadapt.io import atomic_save_npy, atomic_write_json
+from medadapt.models import ALIASES
 from medadapt.retrieval.config import RetrieverConfig
 from medadapt.retrieval.dense import DenseIndex, embedding_dim, uses_cosine
 from medadapt.retrieval.docstore import Documents, DocStore
@@ -48,6 +52,7 @@ from medadapt.retrieval.encoders import (
 )
 from medadapt.retrieval.errors import IndexCorruptError, IndexMismatchError
 from medadapt.retrieval.fusion import fuse, hybrid_topk, hybrid_weights
+from medadapt.retrieval.inverted import to_csr, topk_rows
 from medadapt.retrieval.lexical import LexicalIndex
 from medadapt.retrieval.storage import (
     FORMAT,
@@ -94,8 +99,6 @@ def model_reference(name: str | Path) -> tuple[str, str]:
     """``(name, source)`` as an index manifest records a model name: an existing local folder as its
     absolute path (``"local"``: reloaded from that folder from any working directory, never looked up on
     the hub), a packaged alias as given (``"alias"``), anything else as a hub id (``"hub"``)."""
-    from medadapt.models import ALIASES
-
     key = str(name).strip()
     if key.lower() in ALIASES:
         return key, "alias"
@@ -255,8 +258,6 @@ class Retriever:
         elif config.uses_lexical:
             lexical = LexicalIndex.build_bm25(texts, config.lexical, show_progress)
         used = encoder if dense is not None or sparse else None
-        from medadapt import __version__
-
         manifest = Manifest(
             medadapt_version=__version__, kind=config.kind, encoder=used.encoder_tag if used else ST_TAG,
             model=describe_model(used, model_name or "", model_source) if used else None,
@@ -297,8 +298,6 @@ class Retriever:
         """Sparse query matrix: BM25 query terms, or the encoder's learned sparse query vectors."""
         if not self.learned_sparse:
             return self.lexical.encode_queries(queries)
-        from medadapt.retrieval.inverted import to_csr
-
         with self._encode_lock:
             vectors = self.encoder.encode_lexical(queries, "query", batch_size=self.config.batch_size)
         return to_csr(vectors, self.lexical.engine.n_terms)
@@ -353,8 +352,6 @@ class Retriever:
         ranked by :func:`~medadapt.retrieval.fusion.hybrid_topk` (so a HyReC hybrid equals its evaluation's
         NM sum over the candidates). ``None`` when the dense index cannot give its vectors back (the caller
         then fuses the two lists)."""
-        from medadapt.retrieval.inverted import topk_rows
-
         fc = self.config.fusion
         ds, dp = self.dense.search(q, depth)
         lex_all = self.lexical.engine.score(self._lexical_queries(queries))
@@ -385,8 +382,6 @@ class Retriever:
         folder = Path(folder)
         with atomic_dir(folder) as tmp:
             names = ["doc_ids.json", "docs.jsonl", "docs.offsets.npy"]
-            from medadapt.io import atomic_write_json
-
             atomic_write_json(tmp / "doc_ids.json", self.ids, indent=None)
             if isinstance(self.docstore, Documents):
                 DocStore.write(tmp, self.docstore)
@@ -394,8 +389,6 @@ class Retriever:
                 import shutil
 
                 shutil.copyfile(self.docstore.path, tmp / "docs.jsonl")
-                from medadapt.io import atomic_save_npy
-
                 atomic_save_npy(tmp / "docs.offsets.npy", self.docstore.offsets)
             if self.dense is not None:
                 self.dense.save(tmp)
@@ -494,9 +487,7 @@ def _build_encoder(model, config: RetrieverConfig, cache) -> tuple[Any, str | No
         if kind is not None:
             encoder = kind.load(name)
         elif config.uses_dense:
-            from medadapt.models import load
-
-            encoder = SentenceTransformerEncoder(load(name), cache)
+            encoder = SentenceTransformerEncoder(models.load(name), cache)
         else:
             return None, None
     else:

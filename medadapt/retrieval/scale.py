@@ -34,9 +34,16 @@ from typing import Any, Union
 
 import numpy as np
 
+from medadapt import __version__
 from medadapt.errors import MedAdaptError
+from medadapt.models import load
+from medadapt.progress import progress
 from medadapt.retrieval.config import DenseConfig, RetrieverConfig
-from medadapt.retrieval.dense import DenseIndex, check_trainable, default_train_size, gpu_count
+from medadapt.retrieval.dense import (DenseIndex, check_trainable, default_train_size, embedding_dim,
+                                      gpu_count, new_index, uses_cosine)
+from medadapt.retrieval.encoders import DenseEncoder, as_encoder
+from medadapt.retrieval.retriever import Retriever, describe_model, model_reference
+from medadapt.retrieval.storage import Manifest
 
 __all__ = ["VectorSource", "array_batches", "iter_batches", "sample_vectors", "build_dense_index",
            "retriever_from_vectors"]
@@ -145,16 +152,12 @@ def build_dense_index(
         MedAdaptError: an empty source, batches of different dimensions, an index with more IVF lists than
             training vectors, or a one-shot iterator for an index that needs a training pass.
     """
-    from medadapt.progress import progress
-
     config = config or DenseConfig()
     t0 = time.perf_counter()
     n_train = None
     sample = train_sample
     dim = None if sample is None else int(np.asarray(sample).shape[1])
     if sample is None:
-        from medadapt.retrieval.dense import new_index
-
         # the first batch gives the dimension; training then needs a pass of its own over the source
         first = next(iter_batches(source, config.chunk_size), None) if not _one_shot(source) else None
         if first is not None:
@@ -231,20 +234,12 @@ def retriever_from_vectors(docs, model, source: VectorSource, config: RetrieverC
         MedAdaptError: a kind other than ``dense``, a dimension other than the model's, or ids / a count
             that do not match ``docs``.
     """
-    from medadapt import __version__
-    from medadapt.retrieval.dense import embedding_dim, uses_cosine
-    from medadapt.retrieval.encoders import DenseEncoder, as_encoder
-    from medadapt.retrieval.retriever import Retriever, describe_model, model_reference
-    from medadapt.retrieval.storage import Manifest
-
     config = config or RetrieverConfig()
     if config.kind != "dense":
         raise MedAdaptError(f"retriever_from_vectors builds dense indexes (got kind={config.kind!r}); build the "
                             "lexical side with Retriever.build")
     model_source = None
     if isinstance(model, str):
-        from medadapt.models import load
-
         model_name = model_name or model
         model = load(model)
     encoder = as_encoder(model)

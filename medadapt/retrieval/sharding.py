@@ -27,15 +27,16 @@ from pathlib import Path
 
 import numpy as np
 
+from medadapt.checksums import sha256_file
 from medadapt.errors import MedAdaptError
+from medadapt.io import atomic_write_text
+from medadapt.retrieval.config import DenseConfig
+from medadapt.retrieval.dense import DenseIndex, _hnsw, default_train_size, new_index, normalize
 
 
 def _write(index, out: Path) -> Path:
     """``faiss.write_index`` to a temporary sibling, its checksum beside it, then both renamed into place."""
     import faiss
-
-    from medadapt.checksums import sha256_file
-    from medadapt.io import atomic_write_text
 
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(f".{out.name}.tmp")
@@ -54,8 +55,6 @@ def _read(path: str | Path):
 
 def _verify(path: str | Path) -> Path:
     """``path`` after it matches its ``.sha256`` (hashed, never parsed)."""
-    from medadapt.checksums import sha256_file
-
     path = Path(path)
     sums = path.with_name(path.name + ".sha256")
     try:
@@ -66,8 +65,6 @@ def _verify(path: str | Path) -> Path:
     if not path.is_file() or sha256_file(path) != recorded:
         raise MedAdaptError(f"{path}: missing, or differs from {sums.name} (truncated or modified); build it again")
     return path
-from medadapt.retrieval.config import DenseConfig
-from medadapt.retrieval.dense import DenseIndex, default_train_size, new_index, normalize
 
 
 def train_shard_template(sample: np.ndarray, config: DenseConfig, out: str | Path, normalized: bool = True) -> Path:
@@ -86,8 +83,6 @@ def build_shard(template: str | Path, vectors: np.ndarray, start: int, out: str 
                 normalized: bool = True, ef_construction: int = 40) -> Path:
     """Add ``vectors`` (global positions ``start .. start+len-1``) to a copy of the template, write ``out``."""
     import faiss
-
-    from medadapt.retrieval.dense import _hnsw
 
     index = _read(template)
     x = normalize(vectors) if normalized else np.ascontiguousarray(vectors, dtype=np.float32)
@@ -129,8 +124,6 @@ def merge_shards(shards: Sequence[str | Path], config: DenseConfig, normalized: 
             for s in shards[1:]:
                 merged.merge_from(_read(s), 0)  # ids are already global positions
         return DenseIndex(merged, config, normalized)
-    from medadapt.retrieval.dense import _hnsw
-
     if _hnsw(first) is None:
         merged = first
         for s in shards[1:]:

@@ -24,7 +24,8 @@ from typing import Any, Optional
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from medadapt.errors import MedAdaptError
-from medadapt.io import FolderKind, atomic_open, replace_folder
+from medadapt.identity import sha256_file
+from medadapt.io import FolderKind, atomic_open, atomic_write_text, replace_folder
 from medadapt.retrieval.errors import IndexCorruptError
 
 MANIFEST = "manifest.json"
@@ -104,14 +105,6 @@ class Manifest(BaseModel):
     query_upgrades: list[QueryUpgrade] = []
 
 
-def sha256_file(path: Path, chunk: int = 1 << 22) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while block := f.read(chunk):
-            h.update(block)
-    return h.hexdigest()
-
-
 def file_infos(folder: Path, names: list[str]) -> dict[str, FileInfo]:
     return {n: FileInfo(bytes=(folder / n).stat().st_size, sha256=sha256_file(folder / n)) for n in names}
 
@@ -119,8 +112,6 @@ def file_infos(folder: Path, names: list[str]) -> dict[str, FileInfo]:
 def write_manifest(folder: Path, manifest: Manifest) -> None:
     """Write ``manifest.json`` and its checksum ``manifest.sha256`` (both atomically; an index folder is
     written as a whole by :func:`atomic_dir`, so readers see both files of one version)."""
-    from medadapt.io import atomic_write_text
-
     text = json.dumps(manifest_data(manifest), indent=2, ensure_ascii=False, allow_nan=False) + "\n"
     raw = text.encode("utf-8")
     atomic_write_text(folder / MANIFEST_SUM, f"{hashlib.sha256(raw).hexdigest()}  {MANIFEST}\n")

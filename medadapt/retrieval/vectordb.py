@@ -67,13 +67,19 @@ from typing import Any
 
 import numpy as np
 
+from medadapt import __version__
 from medadapt.errors import MedAdaptError
+from medadapt.progress import progress
 from medadapt.retrieval.bm25 import BM25Weighting
 from medadapt.retrieval.config import LexicalConfig, RetrieverConfig
+from medadapt.retrieval.dense import embedding_dim, uses_cosine
+from medadapt.retrieval.encoders import DenseEncoder, SparseEncoder
 from medadapt.retrieval.errors import IndexMismatchError
 from medadapt.retrieval.exact import normalize_rows
 from medadapt.retrieval.fusion import fuse, hybrid_topk, hybrid_weights
-from medadapt.retrieval.retriever import SearchResult, search_queries
+from medadapt.retrieval.retriever import (SearchResult, _build_encoder, _check_model, describe_model,
+                                          model_reference, search_queries)
+from medadapt.retrieval.scale import iter_batches
 from medadapt.retrieval.storage import Manifest, manifest_data
 from medadapt.retrieval.tokenize import Tokenizer, detect_language
 
@@ -198,8 +204,6 @@ class QdrantRetriever:
 
     def __init__(self, client, collection: str, model: Any = None, *, exact: bool = True, fusion=None,
                  server_fusion: str | None = None, device: str | None = None, _encoder=None):
-        from medadapt.retrieval.retriever import _check_model
-
         manifest, info = collection_manifest(client, collection)
         config = RetrieverConfig.model_validate(manifest.config)
         if fusion is not None:
@@ -452,13 +456,6 @@ def export_to_qdrant(client, collection: str, docs, model: Any, *, kind: str | N
             model or corpus.
         MedAdaptError: vectors that do not match the documents or the model.
     """
-    from medadapt import __version__
-    from medadapt.retrieval.dense import embedding_dim, uses_cosine
-    from medadapt.retrieval.encoders import DenseEncoder, SparseEncoder
-    from medadapt.retrieval.retriever import _build_encoder, describe_model, model_reference
-    from medadapt.retrieval.scale import iter_batches
-    from medadapt.retrieval.storage import Manifest
-
     models = _models()
     config = (config or RetrieverConfig()).model_copy()
     if kind is not None:
@@ -543,8 +540,6 @@ def export_to_qdrant(client, collection: str, docs, model: Any, *, kind: str | N
                 emb = np.asarray(encoder.encode_document(texts[start:stop], batch_size=config.batch_size,
                                                          show_progress=False), dtype=np.float32)
             yield start, emb
-
-    from medadapt.progress import progress
 
     bar = progress(total=len(docs), desc=f"exporting to Qdrant ({collection})", unit="doc", disable=not show_progress)
     try:

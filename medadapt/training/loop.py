@@ -51,7 +51,7 @@ from medadapt.training.config import OptimSection
 from medadapt.training.distributed import (average_gradients, broadcast_parameters, fsdp_outside_modules,
                                           gather_with_grad, is_distributed, shard_bounds, use_fsdp_wrap_policy)
 
-__all__ = ["Batch", "LoopResult", "Stage", "Step", "TrainingError", "train"]
+__all__ = ["Batch", "LoopResult", "Stage", "Step", "TrainingError", "check_finite_parameters", "train"]
 
 
 class TrainingError(MedAdaptError):
@@ -100,6 +100,10 @@ class Stage:
         schedule: stages with the same (non-``None``) name share one optimiser and schedule; the first
             stage of the group gives its ``optim``.
         on_start / on_end: called when the stage starts (also when a resume lands inside it) / ends.
+        batches: the global batches of epoch ``e`` (lists of item indices, each at most the effective batch
+            size; a deterministic function of ``e``: every process and a resume draw the same), for a
+            sampler of the system's own (BMRetriever: one data set per batch, no duplicate texts); ``None``:
+            a permutation seeded by ``(seed, stage, epoch)`` cut into effective batches.
     """
 
     name: str
@@ -110,8 +114,12 @@ class Stage:
     schedule: str | None = None
     on_start: Callable[[], None] | None = None
     on_end: Callable[[], None] | None = None
+    batches: Callable[[int], Sequence[Sequence[int]]] | None = None
 
     def steps(self) -> int:
+        if self.batches is not None:
+            total = sum(len(self.batches(e)) for e in range(self.optim.epochs))
+            return min(total, self.optim.max_steps) if self.optim.max_steps else total
         per_epoch = math.ceil(self.n_items / self.optim.effective_batch_size) if self.n_items else 0
         total = per_epoch * self.optim.epochs
         return min(total, self.optim.max_steps) if self.optim.max_steps else total
@@ -313,6 +321,30 @@ def _readable_checkpoint(directory: Path):
                         "--overwrite to start the run afresh")
 
 
+def check_finite_parameters(module: nn.Module, where: str) -> None:
+    """Raise :class:`TrainingError` naming up to three parameters of ``module`` that hold NaN / inf
+    (``where`` says what would have been written): the check ``medadapt train`` runs before it writes a model
+    folder, whatever trained it. Collective: call it on every process; each checks its own shards (a
+    DTensor's local part) and all raise together, so none is left waiting."""
+    def local(p: Tensor) -> Tensor:
+        return p.to_local() if hasattr(p, "to_local") else p
+
+    bad = [n for n, p in module.named_parameters()
+           if p.is_floating_point() and local(p).numel() and not bool(torch.isfinite(local(p).detach()).all())]
+    ok = not bad
+    if is_distributed():
+        import torch.distributed as dist
+
+        cuda = dist.get_backend() == "nccl" and torch.cuda.is_available()
+        flag = torch.tensor([int(ok)], dtype=torch.int32,
+                            device=torch.device("cuda", torch.cuda.current_device()) if cuda else "cpu")
+        dist.all_reduce(flag, op=dist.ReduceOp.MIN)
+        ok = bool(flag.item())
+    if not ok:
+        raise TrainingError(f"parameters are not finite ({', '.join(bad[:3]) or 'on another process'}); {where} "
+                            "was not written: lower the learning rate or check the data")
+
+
 def _check_finite_params(trained: dict[str, Tensor], step: int) -> None:
     bad = [n for n, p in trained.items() if not bool(torch.isfinite(p.detach()).all())]
     if bad:
@@ -435,16 +467,19 @@ def train(
                 k = stage.optim.gradient_accumulation_steps
                 epoch = 0
                 while done_in_stage < n_steps:
-                    gen = torch.Generator().manual_seed(seed * 1_000_003 + stage_index * 10_007 + epoch)
-                    order = torch.randperm(stage.n_items, generator=gen).tolist()
-                    for begin in range(0, stage.n_items, eff):
+                    if stage.batches is not None:
+                        plan = [list(b) for b in stage.batches(epoch)]
+                    else:
+                        gen = torch.Generator().manual_seed(seed * 1_000_003 + stage_index * 10_007 + epoch)
+                        order = torch.randperm(stage.n_items, generator=gen).tolist()
+                        plan = [order[begin: begin + eff] for begin in range(0, stage.n_items, eff)]
+                    for items in plan:
                         if done_in_stage >= n_steps:
                             break
                         if step < resume:
                             step += 1
                             done_in_stage += 1
                             continue
-                        items = order[begin: begin + eff]
                         torch.manual_seed(seed * 7_919 + step)
                         if len(items) < world:  # a process would get no item: count the step, skip it
                             sch.scheduler.step()

@@ -19,6 +19,7 @@ from __future__ import annotations
 from typing import Any
 
 from medadapt.errors import ConfigError, warn
+from medadapt.training.distributed import fsdp_requested
 
 __all__ = ["attach_lora", "enable_gradient_checkpointing", "first_transformer", "has_lora", "merge_lora"]
 
@@ -80,8 +81,6 @@ def attach_lora(model, lora, *, gradient_checkpointing: bool = False):
     config = LoraConfig(r=lora.r, lora_alpha=lora.alpha, lora_dropout=lora.dropout,
                         target_modules=list(lora.target_modules) if lora.target_modules else None)
     transformer.model = get_peft_model(transformer.model, config)
-    from medadapt.training.distributed import fsdp_requested
-
     dtypes = {p.dtype for p in transformer.model.parameters()}
     if len(dtypes) > 1 and fsdp_requested():
         import torch

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from medadapt.curation.fast_mining import mine_from_embeddings
 from medadapt.data.beir import BeirDataset
 from medadapt.errors import DataError
 
@@ -98,8 +99,6 @@ def prepare_head_training(model, data: BeirDataset, split: str, cache, *, mining
                          show_progress=show_progress, desc="encoding corpus")
     negatives = None
     if mining is not None:
-        from medadapt.curation.fast_mining import mine_from_embeddings
-
         t0 = time.perf_counter()
         cosine = (getattr(model, "similarity_fn_name", None) or "cosine") == "cosine"
         mined = mine_from_embeddings(q_raw, d_raw, pairs.positives, mining, normalize=cosine)

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from medadapt.progress import Bar
+
 __all__ = ["StepProgress"]
 
 
@@ -16,8 +18,6 @@ class StepProgress:
         self.bar = None
 
     def __call__(self, stage: str, step: int, total: int, row: dict[str, Any]) -> None:
-        from medadapt.progress import Bar
-
         if self.bar is None:
             self.bar = Bar(total=total, desc="training", unit="step")
         parts = [k for k in row if k not in ("stage", "step", "epoch", "loss", "lr")]

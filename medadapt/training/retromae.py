@@ -42,6 +42,7 @@ from torch import Tensor, nn
 from medadapt.errors import ConfigError
 from medadapt.training.config import OptimSection
 from medadapt.training.loop import Batch, LoopResult, Stage, train
+from medadapt.training.lora import first_transformer
 
 __all__ = ["RetroMAEPretrainer", "RetroMAESection", "RetroMAEStep", "pretrain_retromae", "retromae_stage"]
 
@@ -164,8 +165,6 @@ def retromae_stage(model, texts: Sequence[str], section: RetroMAESection, *,
                    name: str = "retromae") -> tuple[RetroMAEPretrainer, Stage]:
     """``(pretrainer, stage)``: train ``pretrainer`` (not ``model``) with the loop; its ``encoder`` is the
     Hugging Face model of ``model``'s first ``Transformer`` module, so ``model`` changes in place."""
-    from medadapt.training.lora import first_transformer
-
     if not texts:
         raise ConfigError(f"RetroMAE stage {name!r}: no texts")
     transformer = first_transformer(model)

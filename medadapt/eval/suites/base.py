@@ -37,8 +37,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from medadapt.data.beir import check_split
+from medadapt.data.beir import (BeirDataset, available_splits, check_split, load_corpus, load_qrels,
+                                load_queries)
+from medadapt.data.jsonl import require_file
+from medadapt.data.sts import load_sts
 from medadapt.errors import DataError, MedAdaptError, warn
+from medadapt.eval import retrieval as eval_retrieval
+from medadapt.eval.pool import evaluate_pool, load_pool_task
+from medadapt.eval.recommendation import evaluate_recommendation, load_recommendation
+from medadapt.eval.rerank import evaluate_rerank
+from medadapt.eval.sts import evaluate_sts
+from medadapt.eval.suites.layouts import load_mteb_rerank
 
 Kind = Literal["retrieval", "rerank", "sts", "pool", "recommendation"]
 KINDS: tuple[str, ...] = ("retrieval", "rerank", "sts", "pool", "recommendation")
@@ -141,9 +150,6 @@ def _task_jsonl(folder: Path, task: TaskSpec, split: str) -> Path:
 
 
 def _load_retrieval(folder: Path, task: TaskSpec, split: str):
-    from medadapt.data.beir import BeirDataset, available_splits, load_corpus, load_qrels, load_queries
-    from medadapt.data.jsonl import require_file
-
     root = folder / task.name
     if not root.is_dir():
         raise DataError(f"task {task.name} is missing from {folder}: expected the BEIR folder {root} "
@@ -180,19 +186,11 @@ def load_task(folder: Path, task: TaskSpec, split: str) -> LoadedTask:
         return LoadedTask(task, paths, data)
     path = _task_jsonl(folder, task, split)
     if task.kind == "rerank":
-        from medadapt.eval.suites.layouts import load_mteb_rerank
-
         return LoadedTask(task, [path], load_mteb_rerank(path))
     if task.kind == "sts":
-        from medadapt.data.sts import load_sts
-
         return LoadedTask(task, [path], load_sts(path))
     if task.kind == "pool":
-        from medadapt.eval.pool import load_pool_task
-
         return LoadedTask(task, [path], load_pool_task(path))
-    from medadapt.eval.recommendation import load_recommendation
-
     return LoadedTask(task, [path], load_recommendation(path))
 
 
@@ -436,17 +434,13 @@ def evaluate_task(model, spec: SuiteSpec, loaded: LoadedTask, split: str, *, cac
                        {k: float(v) for k, v in metrics.items()}, q_prompt, d_prompt)
 
     if task.kind == "retrieval":
-        from medadapt.eval.retrieval import evaluate_retrieval
-
         with task_prompts(model, q_prompt, d_prompt):
             for lang, data in loaded.data.items():
-                rows.append(row(lang, evaluate_retrieval(model, data, split, task.metrics, cache=cache,
+                rows.append(row(lang, eval_retrieval.evaluate_retrieval(model, data, split, task.metrics, cache=cache,
                                                          batch_size=batch_size, show_progress=show_progress)))
         return rows
     lang = task.query_languages[0]
     if task.kind == "sts":
-        from medadapt.eval.sts import evaluate_sts
-
         both = spec.sts_instruction_both_sides and q_prompt
         with task_prompts(model, q_prompt, None):
             try:
@@ -457,16 +451,10 @@ def evaluate_task(model, spec: SuiteSpec, loaded: LoadedTask, split: str, *, cac
         return [row(lang, {m: metrics[m] for m in task.metrics})]
     with task_prompts(model, q_prompt, d_prompt):
         if task.kind == "rerank":
-            from medadapt.eval.rerank import evaluate_rerank
-
             metrics = evaluate_rerank(model, loaded.data, task.metrics, batch_size, show_progress)
         elif task.kind == "pool":
-            from medadapt.eval.pool import evaluate_pool
-
             metrics = evaluate_pool(model, loaded.data, task.metrics, batch_size, show_progress)
         else:
-            from medadapt.eval.recommendation import evaluate_recommendation
-
             metrics = evaluate_recommendation(model, loaded.data, batch_size, show_progress)
     return [row(lang, {m: metrics[m] for m in task.metrics})]
 

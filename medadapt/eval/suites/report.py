@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from medadapt.errors import MedAdaptError
 from medadapt.eval.report import save_figure
 from medadapt.eval.suites.base import SuiteResult
 from medadapt.io import atomic_write_json
@@ -50,8 +51,6 @@ def plot_suite(result: SuiteResult, path: str | Path) -> Path:
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError as exc:  # pragma: no cover - depends on the environment
-        from medadapt.errors import MedAdaptError
-
         raise MedAdaptError("plotting needs matplotlib: pip install 'medadapt[plot]'") from exc
     tasks = list(dict.fromkeys(r.task for r in result.rows))
     langs = list(dict.fromkeys(r.query_language for r in result.rows))

@@ -16,6 +16,7 @@ from torch import Tensor, nn
 
 from medadapt.errors import ConfigError
 from medadapt.heads.kan.edges import BSplineEdges
+from medadapt.heads.kan.pykan_backend import PykanEdges
 from medadapt.heads.kan.squash import Squash, SquashKind
 
 __all__ = ["KANBackend", "KANOptions", "KANLayer"]
@@ -83,8 +84,6 @@ class KANLayer(nn.Module):
                 zero_init=zero_init,
             )
         else:
-            from medadapt.heads.kan.pykan_backend import PykanEdges
-
             self.edges = PykanEdges(
                 in_dim,
                 out_dim,
