@@ -16,6 +16,7 @@ import torch
 import medadapt
 from medadapt.cache import EmbeddingCache
 from medadapt.data import load_beir
+from medadapt.errors import ConfigError
 from medadapt.eval import evaluate_retrieval
 from medadapt.heads import MoEHead, find_head
 from medadapt.losses.infonce import InfoNCELoss
@@ -146,7 +147,7 @@ def test_text_pair_step_with_tasks_and_hard_negatives(tiny_bert):
         torch.testing.assert_close(step.loss(out, batch)["infonce"], expected)
         plain = TextPairStep(tiny_bert, [(a, b) for a, b, *_ in items], InfoNCELoss(0.05))
         assert set(plain.forward(tiny_bert, batch)) == {"a", "b"}
-    with pytest.raises(Exception, match="same number of hard negatives"):
+    with pytest.raises(ConfigError, match="same number of hard negatives"):
         TextPairStep(tiny_bert, [("a", "b", "n"), ("a", "b")], InfoNCELoss())
 
 
