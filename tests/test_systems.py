@@ -29,6 +29,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from _helpers import tiny_system_recipe as _setup
 
 from medadapt.tiny import build_tiny_qwen2
 
@@ -39,48 +40,6 @@ TEXTS = ["symptoms of gout", "asthma is a condition with wheezing inhaler airway
 @pytest.fixture(scope="module")
 def qwen_dir(tmp_path_factory) -> Path:
     return build_tiny_qwen2(tmp_path_factory.mktemp("qwen"))
-
-
-def _asymmetric_base(bert: Path) -> Path:
-    """A saved asymmetric (Router) model of two tiny BERT towers: the base of a head on the query route."""
-    folder = bert.parent / "asymmetric"
-    if not (folder / "modules.json").is_file():
-        from conftest import build_tiny_bert
-        from sentence_transformers import SentenceTransformer
-
-        from medadapt.asym import build_asymmetric_model
-
-        query = SentenceTransformer(str(build_tiny_bert(bert.parent / "query-tower", seed=5)), device="cpu")
-        build_asymmetric_model(query, SentenceTransformer(str(bert), device="cpu"), device="cpu").save(str(folder))
-    return folder
-
-
-def _setup(kind: str, bert: Path, qwen: Path, beir: Path) -> tuple[Path, list[str]]:
-    if kind == "moe-hybrid":  # composition: MoE dense head + HyReC learned-lexical branch, one folder
-        return RECIPES / "med-moe-embed-hybrid-tiny.yaml", [
-            f"model.backbone={bert}", f"data.path={beir}", "data.hard_negatives.window=[2, 6]",
-            "training.batch_size=4", "branches.0.negatives.window=[2, 6]", "branches.0.training.batch_size=4",
-            "eval.split=test"]
-    if kind == "moe-care-query":  # composition: MoE head on the query route of an asymmetric model
-        recipe, overrides = _setup("moe", bert, qwen, beir)
-        return recipe, [*overrides, f"model.backbone={_asymmetric_base(bert)}", "head.route=query"]
-    if kind in ("moe-lora", "moe-backbone"):  # the backbone / LoRA path: one stage of the loop on the texts
-        recipe, overrides = _setup("moe", bert, qwen, beir)
-        trains = (["model.peft={kind: lora, r: 4, alpha: 8, dropout: 0.0, target_modules: [query, value]}"]
-                  if kind == "moe-lora" else ["model.freeze_backbone=false", "head={kind: none}"])
-        return recipe, [*overrides, *trains, "training.shared_epochs=0", "training.random_routing_epochs=0",
-                        "loss.load_balance_weight=0"]
-    if kind == "moe":
-        return RECIPES / "med-moe-embed-tiny.yaml", [
-            f"model.backbone={bert}", f"data.path={beir}", "data.hard_negatives.window=[2, 6]",
-            "training.batch_size=4", "training.shared_epochs=1", "training.random_routing_epochs=1",
-            "training.epochs=2", "eval.split=test"]
-    if kind == "hyrec":
-        return RECIPES / "hyrec-tiny.yaml", [f"model.backbone={bert}", f"data.path={beir}", "training.epochs=2"]
-    if kind == "care":
-        return RECIPES / "care-tiny.yaml", [f"document.model={qwen}", f"query.model={bert}", f"data.path={beir}"]
-    return RECIPES / "bmretriever-tiny.yaml", [f"model.name={qwen}", f"data.path={beir}",
-                                              f"stage2.base_retriever={bert}"]
 
 
 def _encodings(encoder) -> dict[str, np.ndarray]:
