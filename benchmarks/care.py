@@ -70,7 +70,7 @@ def measure_speeds(encoders: dict, queries: list[str], threads: int, repeats: in
 
     import torch
 
-    from medadapt.asym import query_speed
+    from medadapt.care import query_speed
 
     previous = torch.get_num_threads()
     torch.set_num_threads(threads)
@@ -88,9 +88,9 @@ def measure_speeds(encoders: dict, queries: list[str], threads: int, repeats: in
 def main() -> int:
     import torch
 
-    from medadapt.asym import (QueryAlignmentLoss, align_queries, build_asymmetric_model, evaluate_asymmetric,
+    from medadapt.care import (QueryAlignmentLoss, align_queries, build_asymmetric_model, evaluate_asymmetric,
                                joint_finetune, mined_pairs, self_contrastive_texts, teacher_targets)
-    from medadapt.asym.recipe import CareRecipe, build_document_tower, build_query_tower
+    from medadapt.care.recipe import CareRecipe, build_document_tower, build_query_tower
     from medadapt.cache import EmbeddingCache
     from medadapt.data import load_beir
     from medadapt.eval import evaluate_retrieval

@@ -12,7 +12,7 @@ medadapt's code as it runs on GPUs. With one process torch turns ``FULL_SHARD`` 
 each process holds half of every flat parameter.
 
 The recipes are the tiny CPU twins on random tiny models built here with the test suite's builders
-(``tests/conftest.py``, ``tests/test_asym.py``): ``care-tiny-init.yaml`` (six phases, RetroMAE included),
+(``tests/conftest.py``, ``tests/test_care_model.py``): ``care-tiny-init.yaml`` (six phases, RetroMAE included),
 ``hyrec-tiny.yaml`` with its RetroMAE pre-training, ``med-moe-embed-tiny.yaml``. CARE's query-tower
 RetroMAE and unsupervised phases keep the recipe's GradCache accumulation (2 chunks of 4). Each row: recipe, processes, engine, the FSDP units of
 each wrap, losses, metrics, seconds; ``table`` compares each FSDP row with the plain row of the same recipe

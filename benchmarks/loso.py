@@ -197,7 +197,7 @@ def main() -> int:
             seconds = res.train_seconds or time.perf_counter() - t
             row("MoE head (med-moe-embed.yaml)", source, dense(res.model), seconds, reference)
         if "care" in models and source in care_held:
-            from medadapt.asym.evaluate import evaluate_asymmetric
+            from medadapt.care.evaluate import evaluate_asymmetric
             from medadapt.recipes import load_recipe, run_recipe
 
             for stage1 in args.care_stage1.split(","):

@@ -12,7 +12,7 @@ so the choice is made on dev.
 
 The recipe schema has no "mine with another model's query tower" setting (CARE's stage II mines with the
 document tower, as the paper does), so for the run the script passes the previous tower as
-:func:`medadapt.asym.data.mined_pairs`' ``query_encoder``;
+:func:`medadapt.care.data.mined_pairs`' ``query_encoder``;
 it is a benchmark, not a recipe option, because the measured result was negative (docs/benchmarks.md).
 """
 
@@ -32,9 +32,9 @@ def main() -> None:
     args = ap.parse_args()
 
     import medadapt
-    import medadapt.asym.data as asym_data
-    from medadapt.asym.evaluate import evaluate_asymmetric
-    from medadapt.asym.model import tower
+    import medadapt.care.data as asym_data
+    from medadapt.care.evaluate import evaluate_asymmetric
+    from medadapt.care.model import tower
     from medadapt.cache import EmbeddingCache
     from medadapt.data import load_beir
     from medadapt.recipes import load_recipe, run_recipe

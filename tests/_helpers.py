@@ -14,7 +14,7 @@ from sentence_transformers import SentenceTransformer
 from sentence_transformers.base.modules import Normalize
 from torch import nn
 
-from medadapt.asym import build_asymmetric_model, decoder_tower_modules
+from medadapt.care import build_asymmetric_model, decoder_tower_modules
 from medadapt.losses import InfoNCELoss
 from medadapt.retrieval import Documents
 from medadapt.tiny import TOPICS, build_tiny_bert
@@ -23,7 +23,7 @@ from medadapt.training.loop import Stage, train
 ROOT = Path(__file__).resolve().parents[1]
 RECIPES = ROOT / "recipes"
 PACKAGE = ROOT / "medadapt"
-SYSTEMS = ("medadapt.moe", "medadapt.asym", "medadapt.care", "medadapt.hyrec", "medadapt.bmretriever")
+SYSTEMS = ("medadapt.moe", "medadapt.care", "medadapt.care", "medadapt.hyrec", "medadapt.bmretriever")
 
 
 # ---------------------------------------------------------------------------------------- models

@@ -266,7 +266,7 @@ def test_full_model_save_keeps_the_heads_and_their_state(tiny_bert_dir, tmp_path
 def _asymmetric(tmp_path, tiny_bert_dir):
     from conftest import build_tiny_bert
 
-    from medadapt.asym import build_asymmetric_model
+    from medadapt.care import build_asymmetric_model
 
     return build_asymmetric_model(_st(build_tiny_bert(tmp_path / "q", seed=3)), _st(tiny_bert_dir), device="cpu")
 

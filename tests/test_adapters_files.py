@@ -287,7 +287,7 @@ def _built_in_memory(tmp_path, tiny_bert_dir):
     from conftest import build_tiny_bert
     from sentence_transformers import SentenceTransformer
 
-    from medadapt.asym import build_asymmetric_model
+    from medadapt.care import build_asymmetric_model
 
     query = SentenceTransformer(str(build_tiny_bert(tmp_path / "q", seed=3)), device="cpu")
     model = build_asymmetric_model(query, SentenceTransformer(str(tiny_bert_dir), device="cpu"), device="cpu")

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1] / "medadapt"
-SYSTEMS = ("medadapt.moe", "medadapt.asym", "medadapt.hyrec", "medadapt.bmretriever")
+SYSTEMS = ("medadapt.moe", "medadapt.care", "medadapt.hyrec", "medadapt.bmretriever")
 NEUTRAL = ("adapters", "cards.py", "recipes", "training", "retrieval", "data", "eval", "losses", "curation", "config.py",
            "cache.py", "cache_shards.py", "io.py", "checksums.py", "identity.py", "tokenizer_id.py", "errors.py", "models.py",
            "model_names.py", "tiny.py", "finite.py", "locks.py", "progress.py", "yaml_input.py", "decoder.py", "report",

@@ -46,8 +46,8 @@ def test_count_positives_false_ranks_among_non_relevant_documents():
 
 
 def test_care_mining_is_the_shared_miner_with_unchanged_results():
-    pytest.importorskip("medadapt.asym.data")
-    from medadapt.asym.data import TrainPair, mine_hard_negatives
+    pytest.importorskip("medadapt.care.data")
+    from medadapt.care.data import TrainPair, mine_hard_negatives
 
     q, d = _embeddings()
     rng = np.random.default_rng(3)

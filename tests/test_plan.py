@@ -352,7 +352,7 @@ def test_every_paper_recipe_plans_on_8x80(recipe):
 def test_plan_package_imports_no_system():
     import ast
 
-    systems = ("medadapt.moe", "medadapt.asym", "medadapt.hyrec", "medadapt.bmretriever")
+    systems = ("medadapt.moe", "medadapt.care", "medadapt.hyrec", "medadapt.bmretriever")
     for path in (ROOT / "medadapt" / "plan").glob("*.py"):
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
             names = [a.name for a in node.names] if isinstance(node, ast.Import) else \

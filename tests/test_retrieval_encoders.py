@@ -13,7 +13,7 @@ from _helpers import TOY_DOCS, ToyEncoder
 from medadapt.errors import MedAdaptError
 from medadapt.retrieval import IndexMismatchError, Retriever, RetrieverConfig
 
-SYSTEMS = ("medadapt.hyrec", "medadapt.asym", "medadapt.bmretriever", "medadapt.moe")
+SYSTEMS = ("medadapt.hyrec", "medadapt.care", "medadapt.bmretriever", "medadapt.moe")
 
 
 def test_retrieval_imports_no_system_package():

@@ -51,7 +51,7 @@ def _head(tiny_bert_dir, folder, config, route, adapter_only: bool, seed: int):
 
 
 def _care(tiny_bert_dir, folder, same_document: bool):
-    from medadapt.asym import build_asymmetric_model, prune_layers
+    from medadapt.care import build_asymmetric_model, prune_layers
 
     base = _base(tiny_bert_dir)
     pruned = prune_layers(base, 1)  # a one-layer query tower (KALE-style), then "aligned" (moved)

@@ -12,7 +12,7 @@ Med-MoE-Embed's backbone / LoRA path (``moe-lora``: LoRA plus a MoE head; ``moe-
 weight) goes through save/load, resume and 2 processes (LoRA) or resume (backbone).
 
 "Beats the untrained model" is per system, with settings that make each system learn on tiny data
-(tests/test_train_recipe.py, test_asym_recipe.py, test_hyrec_recipe.py, test_bmretriever.py), and so are
+(tests/test_train_recipe.py, test_care_recipe.py, test_hyrec_recipe.py, test_bmretriever.py), and so are
 the systems' own distributed details (routing counters, resuming a 2-process checkpoint in one process:
 tests/test_distributed.py, test_hyrec_distributed.py, test_bmretriever_distributed.py).
 """

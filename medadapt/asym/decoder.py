@@ -1,8 +1,7 @@
-"""CARE's decoder-LLM document tower: :mod:`medadapt.decoder` (shared with BMRetriever), re-exported here;
-model folders saved with ``medadapt.asym.decoder.EosTransformer`` in their ``modules.json`` load through it."""
+"""Old path of :class:`medadapt.decoder.EosTransformer`, for folders saved before the rename."""
 
 from __future__ import annotations
 
-from medadapt.decoder import EosTransformer, append_eos, decoder_tower_modules
+from medadapt.decoder import EosTransformer
 
-__all__ = ["EosTransformer", "append_eos", "decoder_tower_modules"]
+__all__ = ["EosTransformer"]

@@ -2,7 +2,7 @@
 
 ``mine_from_embeddings`` is what medadapt's cached-embedding trainers call (Med-MoE-Embed heads on cached
 MiniLM embeddings through :mod:`medadapt.training.pairs`, CARE's stage II through
-:func:`medadapt.asym.data.mine_hard_negatives`): no model, no texts, one FAISS exact search for all
+:func:`medadapt.care.data.mine_hard_negatives`): no model, no texts, one FAISS exact search for all
 queries (:func:`medadapt.retrieval.exact.exact_search`, ``IndexFlatIP`` searched in query chunks, so
 memory is ``O(n_docs × dim + chunk × depth)``), then vectorised numpy filtering per query. Mining with any
 other searcher (BM25, a text-level duplicate guard) is :func:`medadapt.curation.mine_hard_negatives`. Same semantics as

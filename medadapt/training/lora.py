@@ -1,6 +1,6 @@
 """LoRA adapters on sentence-transformers models: the one attach / merge / gradient-checkpointing helper.
 
-CARE (the document route's ``Transformer``, :func:`medadapt.asym.attach_document_lora`), BMRetriever and
+CARE (the document route's ``Transformer``, :func:`medadapt.care.attach_document_lora`), BMRetriever and
 the Med-MoE-Embed slow path (the first ``Transformer``) all attach through :func:`attach_lora` with the
 recipe's :class:`~medadapt.recipes.base.LoraSection` (passed in: this neutral module does not import
 :mod:`medadapt.recipes`; anything with ``r``, ``alpha``, ``dropout`` and ``target_modules`` will do).
@@ -35,7 +35,7 @@ def first_transformer(model) -> Any:
         if isinstance(module, Transformer):
             return module
     raise ConfigError(f"{type(model).__name__} has no Transformer module to adapt with LoRA "
-                      "(for an asymmetric model use medadapt.asym.attach_document_lora)")
+                      "(for an asymmetric model use medadapt.care.attach_document_lora)")
 
 
 def has_lora(module) -> bool:

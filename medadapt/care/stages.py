@@ -23,9 +23,9 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from medadapt.asym.alignment_loss import QueryAlignmentLoss
-from medadapt.asym.data import TrainPair
-from medadapt.asym.model import route_modules
+from medadapt.care.alignment_loss import QueryAlignmentLoss
+from medadapt.care.data import TrainPair
+from medadapt.care.model import route_modules
 from medadapt.errors import ConfigError
 from medadapt.losses.asym_infonce import AsymInfoNCELoss
 from medadapt.training.config import OptimSection
@@ -155,7 +155,7 @@ class PairStep:
 
 class AlignStep:
     """Stage I: ``forward`` returns the query route's embedding of each text (``"student"``) and the
-    teacher's row (``"teacher"``); ``loss`` is :class:`~medadapt.asym.QueryAlignmentLoss` (eq. 3)."""
+    teacher's row (``"teacher"``); ``loss`` is :class:`~medadapt.care.QueryAlignmentLoss` (eq. 3)."""
 
     def __init__(self, model, texts: Sequence[str], teacher: Tensor, loss: nn.Module, *,
                  max_length: int | None = None) -> None:

@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Literal
 
-from medadapt.asym.truncate import MatryoshkaTruncate
+from medadapt.care.truncate import MatryoshkaTruncate
 from medadapt.decoder import strip_normalize
 from medadapt.errors import ConfigError
 
@@ -63,11 +63,11 @@ def build_asymmetric_model(
 
     Args:
         query: the query tower (a SentenceTransformer or its module list): any ST model, a pruned copy of the
-            document tower (:func:`~medadapt.asym.prune_layers`) or a ``StaticEmbedding``.
-        document: the document tower (ST model or modules, e.g. :func:`~medadapt.asym.decoder_tower_modules`).
+            document tower (:func:`~medadapt.care.prune_layers`) or a ``StaticEmbedding``.
+        document: the document tower (ST model or modules, e.g. :func:`~medadapt.care.decoder_tower_modules`).
         projection: HotelMatch variant: append a linear ``Dense(query_dim -> document_dim)`` to the query
             route instead of truncating the document embedding (CARE Table-4 discussion).
-        truncate_to: without projection, ``"auto"`` appends :class:`~medadapt.asym.MatryoshkaTruncate` to the
+        truncate_to: without projection, ``"auto"`` appends :class:`~medadapt.care.MatryoshkaTruncate` to the
             document route when the document tower is wider than the query tower; an int forces that width
             on both sides' comparison; ``None`` adds nothing (dimensions must then match).
         prompts: model prompts, e.g. ``{"query": "Instruct: ...\\nQuery: "}``; ``encode_query`` uses

@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterable, Sequence
 
 import numpy as np
 
-from medadapt.asym.model import is_asymmetric, tower
+from medadapt.care.model import is_asymmetric, tower
 from medadapt.cache import EmbeddingCache
 from medadapt.eval.metrics import evaluate_run, parse_metric
 from medadapt.eval.retrieval import dense_run

@@ -2,7 +2,7 @@
 document and query towers, how they are joined (``architecture``) and the training phases (``init``;
 ``stage1``, query alignment, eq. 3; ``stage2``, joint fine-tuning, eq. 4), and the system's ``train`` /
 ``evaluate`` for the one runner (:func:`medadapt.recipes.run_recipe`). Every phase's optimisation is a
-:class:`~medadapt.asym.stages.CarePhaseSection`; the sections are the Python API's configs too (a
+:class:`~medadapt.care.stages.CarePhaseSection`; the sections are the Python API's configs too (a
 ``CareRecipe`` built in Python equals the YAML). Importing this module registers the kind.
 """
 
@@ -16,15 +16,15 @@ from pydantic import Field, field_validator, model_validator
 
 import medadapt.training.lora as training_lora
 from medadapt.adapters.compose import branch_kind, check_composition
-from medadapt.asym.alignment_loss import QueryAlignmentLoss
-from medadapt.asym.data import mined_pairs, self_contrastive_texts
-from medadapt.asym.evaluate import evaluate_asymmetric
-from medadapt.asym.lora import attach_document_lora, merge_document_lora
-from medadapt.asym.model import build_asymmetric_model, tower
-from medadapt.asym.pruning import prune_layers
-from medadapt.asym.stages import (AlignReplay, CarePhaseSection, align_stage, init_stage, joint_stage,
+from medadapt.care.alignment_loss import QueryAlignmentLoss
+from medadapt.care.data import mined_pairs, self_contrastive_texts
+from medadapt.care.evaluate import evaluate_asymmetric
+from medadapt.care.lora import attach_document_lora, merge_document_lora
+from medadapt.care.model import build_asymmetric_model, tower
+from medadapt.care.pruning import prune_layers
+from medadapt.care.stages import (AlignReplay, CarePhaseSection, align_stage, init_stage, joint_stage,
                                   teacher_targets, trainable_only, unsupervised_stage)
-from medadapt.asym.static import static_from_document
+from medadapt.care.static import static_from_document
 from medadapt.config import validate_each
 from medadapt.data import load_beir
 from medadapt.decoder import decoder_tower_modules, strip_normalize
@@ -88,7 +88,7 @@ class PrunedQuerySection(Section):
 
 
 class StaticQuerySection(Section):
-    """A ``StaticEmbedding`` distilled from the document tower (:func:`~medadapt.asym.static_from_document`)."""
+    """A ``StaticEmbedding`` distilled from the document tower (:func:`~medadapt.care.static_from_document`)."""
 
     kind: Literal["static"] = "static"
     sif_a: float | None = Field(1e-3, gt=0)
@@ -552,7 +552,7 @@ def _unsupervised_pairs(data, recipe: CareRecipe, section: QueryUnsupervisedSect
 
 
 def evaluate(recipe: CareRecipe, model, ctx: RunContext) -> dict[str, float]:
-    """:func:`~medadapt.asym.evaluate_asymmetric` on ``eval.data`` (default ``data.path``), ``eval.split``:
+    """:func:`~medadapt.care.evaluate_asymmetric` on ``eval.data`` (default ``data.path``), ``eval.split``:
     the corpus through the document route via the embedding cache, keyed by that route's own modules (so a
     frozen document tower cached as a standalone model costs no re-encode, unlike ``evaluate_dense``); a
     composed model (``branches``) is evaluated by its last branch (``lexical/``, ``dense/``, ``hybrid/``)."""

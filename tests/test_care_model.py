@@ -1,4 +1,4 @@
-"""CARE asymmetric retrieval (medadapt.asym): towers, losses, stages, save/load, LoRA placement.
+"""CARE asymmetric retrieval (medadapt.care): towers, losses, stages, save/load, LoRA placement.
 
 Every model is tiny and random, built offline: the BERT query tower comes from ``conftest.py``, the Qwen2
 decoder document tower from :func:`medadapt.tiny.build_tiny_qwen2` (BPE tokenizer trained on the fly).
@@ -22,7 +22,7 @@ pytestmark = pytest.mark.filterwarnings("ignore")
 
 @pytest.fixture()
 def asym(tiny_bert, tiny_qwen2_dir):
-    from medadapt.asym import build_asymmetric_model
+    from medadapt.care import build_asymmetric_model
 
     return build_asymmetric_model(tiny_bert, doc_tower(tiny_qwen2_dir))
 
@@ -37,7 +37,7 @@ def same(a: dict, b: dict) -> bool:
 
 # ------------------------------------------------------------------------------------------ EOS pooling
 def test_append_eos_right_and_left_padding():
-    from medadapt.asym import append_eos
+    from medadapt.care import append_eos
 
     eos, pad = 9, 0
     right = torch.tensor([[5, 6, 7], [5, 0, 0]]), torch.tensor([[1, 1, 1], [1, 0, 0]])
@@ -104,7 +104,7 @@ def test_matryoshka_loss_averages_nested_dims():
 
 
 def test_mrl_truncation_to_query_dimension(asym, tmp_path):
-    from medadapt.asym import MatryoshkaTruncate, route_modules
+    from medadapt.care import MatryoshkaTruncate, route_modules
 
     doc_route = route_modules(asym, "document")
     assert isinstance(doc_route[-1], MatryoshkaTruncate) and doc_route[-1].dim == 32  # 48-d Qwen2 -> 32-d BERT
@@ -115,7 +115,7 @@ def test_mrl_truncation_to_query_dimension(asym, tmp_path):
 
 
 def test_projection_variant_maps_query_to_document_dim(tiny_bert, tiny_qwen2_dir):
-    from medadapt.asym import MatryoshkaTruncate, build_asymmetric_model, route_modules
+    from medadapt.care import MatryoshkaTruncate, build_asymmetric_model, route_modules
 
     model = build_asymmetric_model(tiny_bert, doc_tower(tiny_qwen2_dir), projection=True)
     assert not any(isinstance(m, MatryoshkaTruncate) for m in route_modules(model, "document"))
@@ -124,7 +124,7 @@ def test_projection_variant_maps_query_to_document_dim(tiny_bert, tiny_qwen2_dir
 
 # ------------------------------------------------------------------------------------------ losses
 def test_asym_infonce_and_alignment_loss():
-    from medadapt.asym import QueryAlignmentLoss
+    from medadapt.care import QueryAlignmentLoss
     from medadapt.losses import AsymInfoNCELoss
 
     torch.manual_seed(0)
@@ -144,7 +144,7 @@ def test_asym_infonce_and_alignment_loss():
 def test_rank_distillation_against_hand_computation():
     import torch.nn.functional as F
 
-    from medadapt.asym import QueryAlignmentLoss
+    from medadapt.care import QueryAlignmentLoss
 
     torch.manual_seed(0)
     docs, teacher, student = torch.randn(7, 4), torch.randn(3, 4), torch.randn(3, 4)
@@ -173,7 +173,7 @@ def test_rank_distillation_against_hand_computation():
 
 # ------------------------------------------------------------------------------------------ stages
 def _alignment_loss(model, texts, teacher) -> float:
-    from medadapt.asym import QueryAlignmentLoss, tower
+    from medadapt.care import QueryAlignmentLoss, tower
 
     with torch.no_grad():
         student = torch.from_numpy(tower(model, "query").encode_query(texts))
@@ -181,7 +181,7 @@ def _alignment_loss(model, texts, teacher) -> float:
 
 
 def test_stage1_updates_query_tower_only_and_aligns_it(asym):
-    from medadapt.asym import CarePhaseSection, align_queries, route_modules, tower
+    from medadapt.care import CarePhaseSection, align_queries, route_modules, tower
 
     texts = corpus_texts()
     teacher = torch.from_numpy(tower(asym, "document").encode_document(texts))
@@ -197,7 +197,7 @@ def test_stage1_updates_query_tower_only_and_aligns_it(asym):
 
 
 def test_phase_section_is_the_loops_optim_section_with_care_defaults():
-    from medadapt.asym import CarePhaseSection
+    from medadapt.care import CarePhaseSection
     from medadapt.training.config import OptimSection
 
     section = CarePhaseSection()
@@ -208,7 +208,7 @@ def test_phase_section_is_the_loops_optim_section_with_care_defaults():
 
 
 def test_lora_lands_on_document_tower_and_stage2_trains_it(asym):
-    from medadapt.asym import (CarePhaseSection, TrainPair, attach_document_lora, has_lora, joint_finetune,
+    from medadapt.care import (CarePhaseSection, TrainPair, attach_document_lora, has_lora, joint_finetune,
                                route_modules)
     from medadapt.recipes.base import LoraSection
 
@@ -230,7 +230,7 @@ def test_lora_lands_on_document_tower_and_stage2_trains_it(asym):
 
 
 def test_stage2_with_frozen_document_table(asym):
-    from medadapt.asym import CarePhaseSection, TrainPair, joint_finetune, route_modules, tower
+    from medadapt.care import CarePhaseSection, TrainPair, joint_finetune, route_modules, tower
 
     texts = corpus_texts()
     table = torch.from_numpy(tower(asym, "document").encode_document(texts))
@@ -245,7 +245,7 @@ def test_stage2_with_frozen_document_table(asym):
 
 
 def test_stage1_rank_distillation_teaches_the_teachers_ranking(asym):
-    from medadapt.asym import CarePhaseSection, QueryAlignmentLoss, align_queries, route_modules, tower
+    from medadapt.care import CarePhaseSection, QueryAlignmentLoss, align_queries, route_modules, tower
 
     texts = corpus_texts()
     docs = texts[::2]  # the documents of the tiny corpus, ranked for every text
@@ -276,7 +276,7 @@ def asym_no_dropout(tiny_bert_dir, tiny_qwen2_dir, tmp_path):
 
     from sentence_transformers import SentenceTransformer
 
-    from medadapt.asym import build_asymmetric_model
+    from medadapt.care import build_asymmetric_model
 
     bert = tmp_path / "bert"
     shutil.copytree(tiny_bert_dir, bert)
@@ -294,7 +294,7 @@ def asym_no_dropout(tiny_bert_dir, tiny_qwen2_dir, tmp_path):
 def test_stage2_accumulation_equals_the_large_batch(asym_no_dropout, train_document):
     """4 chunks of 3 pairs (GradCache) train exactly as one batch of 12: in-batch and hard negatives of the
     whole optimiser step reach every query (the loop gathers the steps' per-item embeddings)."""
-    from medadapt.asym import CarePhaseSection, TrainPair, joint_finetune, route_modules, tower
+    from medadapt.care import CarePhaseSection, TrainPair, joint_finetune, route_modules, tower
 
     texts = corpus_texts()
     pairs = [TrainPair(texts[i], i ^ 1, [(i + 2) % len(texts), (i + 5) % len(texts)]) for i in range(len(texts))]
@@ -318,7 +318,7 @@ def test_stage2_accumulation_equals_the_large_batch(asym_no_dropout, train_docum
 
 
 def test_stage_resumes_from_checkpoint(asym, tmp_path):
-    from medadapt.asym import CarePhaseSection, align_queries, route_modules, tower
+    from medadapt.care import CarePhaseSection, align_queries, route_modules, tower
     from medadapt.training.checkpoint import CheckpointConfig, latest_checkpoint
     from medadapt.training.loop import TrainingError
 
@@ -337,7 +337,7 @@ def test_stage_resumes_from_checkpoint(asym, tmp_path):
 
 
 def test_phases_refuse_empty_data(asym):
-    from medadapt.asym import CarePhaseSection, align_queries, joint_finetune
+    from medadapt.care import CarePhaseSection, align_queries, joint_finetune
 
     with pytest.raises(ConfigError, match="no training items"):
         joint_finetune(asym, [], [], CarePhaseSection())
@@ -349,7 +349,7 @@ def test_phases_refuse_empty_data(asym):
 def test_pruned_and_static_query_towers(tiny_bert, tmp_path):
     from sentence_transformers import SentenceTransformer
 
-    from medadapt.asym import build_asymmetric_model, prune_layers, static_from_document
+    from medadapt.care import build_asymmetric_model, prune_layers, static_from_document
 
     pruned = prune_layers(tiny_bert, 1)
     assert pruned[0].auto_model.config.num_hidden_layers == 1 and len(pruned[0].auto_model.encoder.layer) == 1
@@ -367,7 +367,7 @@ def test_pruned_and_static_query_towers(tiny_bert, tmp_path):
 def test_save_load_reproduces_encodings_exactly(asym, tmp_path):
     from sentence_transformers import SentenceTransformer
 
-    from medadapt.asym import EosTransformer, attach_document_lora, merge_document_lora, route_modules
+    from medadapt.care import EosTransformer, attach_document_lora, merge_document_lora, route_modules
     from medadapt.models import load
     from medadapt.recipes.base import LoraSection
 
@@ -388,10 +388,29 @@ def test_save_load_reproduces_encodings_exactly(asym, tmp_path):
         np.testing.assert_array_equal(loaded.encode_document(texts), d)
 
 
+def test_folders_saved_under_the_old_asym_package_name_still_open(asym, tmp_path):
+    """Folders written before ``medadapt.asym`` became ``medadapt.care`` name the old module paths."""
+    from medadapt.models import load
+
+    texts = corpus_texts()
+    q, d = asym.encode_query(texts), asym.encode_document(texts)
+    asym.save(str(tmp_path / "m"))
+    rewritten = 0
+    for f in (tmp_path / "m").rglob("*.json"):
+        text = f.read_text()
+        old = text.replace("medadapt.decoder.EosTransformer", "medadapt.asym.decoder.EosTransformer")
+        rewritten += old != text
+        f.write_text(old)
+    assert rewritten  # the folder really names the old path now
+    loaded = load(str(tmp_path / "m"), device="cpu")
+    np.testing.assert_array_equal(loaded.encode_query(texts), q)
+    np.testing.assert_array_equal(loaded.encode_document(texts), d)
+
+
 def test_evaluate_asymmetric_reuses_standalone_document_cache(tiny_bert_dir, tiny_beir_dir, tmp_path):
     from sentence_transformers import SentenceTransformer
 
-    from medadapt.asym import build_asymmetric_model, evaluate_asymmetric, prune_layers, tower
+    from medadapt.care import build_asymmetric_model, evaluate_asymmetric, prune_layers, tower
     from medadapt.cache import EmbeddingCache
     from medadapt.data import load_beir
     from medadapt.eval import evaluate_retrieval
@@ -415,7 +434,7 @@ def test_sentence_transformers_trainer_with_router_mapping(tiny_bert, tmp_path):
     from sentence_transformers import SentenceTransformerTrainer, SentenceTransformerTrainingArguments
     from sentence_transformers.sentence_transformer.losses import MultipleNegativesRankingLoss
 
-    from medadapt.asym import build_asymmetric_model, prune_layers, route_modules
+    from medadapt.care import build_asymmetric_model, prune_layers, route_modules
 
     model = build_asymmetric_model(prune_layers(tiny_bert, 1), tiny_bert)
     texts = corpus_texts()
@@ -430,7 +449,7 @@ def test_sentence_transformers_trainer_with_router_mapping(tiny_bert, tmp_path):
 
 
 def test_query_speed_reports_throughput_and_latency():
-    from medadapt.asym import query_speed
+    from medadapt.care import query_speed
 
     speed = query_speed(lambda batch: [len(t) for t in batch], ["a", "bb", "ccc"] * 10, batch_size=4,
                         latency_samples=5)
@@ -441,7 +460,7 @@ def test_mined_pairs_query_encoder_mines_with_its_own_query_embeddings(tiny_beir
     """``query_encoder`` replaces the document model for the query side of the mining only: with one-hot
     embeddings the hard negative of train query i is the document its query vector points at, d(i+1) when
     the document model encodes queries, d(i+2) with the other encoder; the corpus side is the same."""
-    from medadapt.asym.data import mined_pairs
+    from medadapt.care.data import mined_pairs
     from medadapt.data import load_beir
 
     data = load_beir(tiny_beir_dir)
@@ -468,7 +487,7 @@ def test_mined_pairs_query_encoder_mines_with_its_own_query_embeddings(tiny_beir
 
 # ------------------------------------------------------------------------- stage II with alignment replay
 def test_align_replay_rows_depend_on_item_and_epoch_only():
-    from medadapt.asym import AlignReplay, QueryAlignmentLoss
+    from medadapt.care import AlignReplay, QueryAlignmentLoss
 
     replay = AlignReplay([f"t{i}" for i in range(10)], torch.zeros(10, 4), QueryAlignmentLoss(), 1.0)
     whole = replay.rows(list(range(12)), seed=3, epoch=0)
@@ -485,7 +504,7 @@ def test_stage2_align_replay_adds_weighted_alignment_and_keeps_the_tower_on_the_
     computation); trained with the replay, the query tower ends nearer the teacher than without it."""
     import torch.nn.functional as F
 
-    from medadapt.asym import (AlignReplay, CarePhaseSection, QueryAlignmentLoss, TrainPair, joint_finetune,
+    from medadapt.care import (AlignReplay, CarePhaseSection, QueryAlignmentLoss, TrainPair, joint_finetune,
                                joint_stage, tower)
     from medadapt.training.loop import Batch
 
@@ -526,7 +545,7 @@ def test_stage2_align_replay_adds_weighted_alignment_and_keeps_the_tower_on_the_
 
 # ------------------------------------------------------------------------------- stage I on corpus sentences
 def test_corpus_sentences_split_join_short_pieces_and_keep_every_word():
-    from medadapt.asym.data import corpus_sentences
+    from medadapt.care.data import corpus_sentences
 
     text = "Gout is a form of arthritis. It hurts!  Treatment includes NSAIDs; rest helps too? Yes."
     out = corpus_sentences(text)
@@ -540,7 +559,7 @@ def test_corpus_sentences_split_join_short_pieces_and_keep_every_word():
 def test_self_contrastive_texts_on_corpus_sentences(tmp_path):
     from conftest import write_beir
 
-    from medadapt.asym import self_contrastive_texts
+    from medadapt.care import self_contrastive_texts
     from medadapt.data import load_beir
 
     root = write_beir(tmp_path / "b", {"d0": ("Gout", "Gout is a form of arthritis. It often starts in the toe."),

@@ -5,7 +5,7 @@ with LoRA, ``r=32`` in ``recipes/care.yaml``): the one helper :mod:`medadapt.tra
 
 from __future__ import annotations
 
-from medadapt.asym.model import route_modules
+from medadapt.care.model import route_modules
 from medadapt.errors import ConfigError
 from medadapt.recipes.base import LoraSection
 from medadapt.training.lora import attach_lora, has_lora, merge_lora

@@ -68,7 +68,7 @@ def test_run_trains_query_tower_then_branch_into_one_folder_that_eval_serves(com
     from typer.testing import CliRunner
 
     import medadapt
-    from medadapt.asym.evaluate import evaluate_asymmetric
+    from medadapt.care.evaluate import evaluate_asymmetric
     from medadapt.cli import app
 
     monkeypatch.setenv("MEDADAPT_CACHE", str(composed.root / "cache"))
@@ -229,7 +229,7 @@ def test_decoder_document_tower_is_refused_with_the_reason(composed, tiny_qwen2_
     from sentence_transformers import SentenceTransformer
 
     from medadapt.adapters.compose import branch_kind
-    from medadapt.asym.model import build_asymmetric_model
+    from medadapt.care.model import build_asymmetric_model
     from medadapt.hyrec.branch import HyReCLexicalBranch
     from medadapt.recipes import run_recipe
 

@@ -18,7 +18,7 @@ QUIET = {"show_progress": False, "log": lambda m: None}
 @pytest.mark.parametrize("name", ["care.yaml", "care-tiny.yaml", "care-minilm.yaml", "care-minilm-1layer.yaml",
                                   "care-minilm-1layer-general.yaml", "care-minilm-static.yaml"])
 def test_shipped_care_recipes_validate(name):
-    from medadapt.asym.recipe import CareRecipe
+    from medadapt.care.recipe import CareRecipe
     from medadapt.recipes import load_recipe
 
     recipe = load_recipe(RECIPES / name, expect=CareRecipe)
@@ -40,7 +40,7 @@ def test_shipped_care_recipes_validate(name):
 
 
 def test_schema_errors_are_clear():
-    from medadapt.asym.recipe import CareRecipe
+    from medadapt.care.recipe import CareRecipe
     from medadapt.errors import ConfigError
     from medadapt.recipes import load_recipe
 
@@ -62,7 +62,7 @@ def test_schema_errors_are_clear():
 
 
 def test_recipe_built_in_python_equals_the_minimal_yaml(tmp_path):
-    from medadapt.asym.recipe import CareRecipe, DocumentSection, PrunedQuerySection
+    from medadapt.care.recipe import CareRecipe, DocumentSection, PrunedQuerySection
     from medadapt.recipes import DataSection, load_recipe
 
     path = tmp_path / "care-min.yaml"
@@ -90,7 +90,7 @@ def test_tiny_recipe_runs_every_phase_beats_untrained_and_resumes(tiny_bert_dir,
                                                                   tmp_path):
     from sentence_transformers import SentenceTransformer
 
-    from medadapt.asym import has_lora, route_modules
+    from medadapt.care import has_lora, route_modules
     from medadapt.cache import EmbeddingCache
     from medadapt.recipes import run_recipe
 
@@ -154,8 +154,8 @@ def test_tiny_recipe_with_pruned_or_static_query_tower_and_frozen_documents(quer
                                                                            tmp_path):
     from sentence_transformers import SentenceTransformer
 
-    from medadapt.asym import evaluate_asymmetric
-    from medadapt.asym.recipe import build_document_tower
+    from medadapt.care import evaluate_asymmetric
+    from medadapt.care.recipe import build_document_tower
     from medadapt.cache import EmbeddingCache
     from medadapt.data import load_beir
     from medadapt.recipes import load_recipe, run_recipe
@@ -200,7 +200,7 @@ def test_stage2_align_weight_replays_stage1_and_needs_stage1(tiny_bert_dir, tiny
 
 
 def test_plan_notes_the_ranking_distillation_table():
-    from medadapt.asym.recipe import plan_spec
+    from medadapt.care.recipe import plan_spec
     from medadapt.recipes import load_recipe
 
     assert not any("ranking distillation" in n for n in plan_spec(load_recipe(RECIPES / "care.yaml")).notes)
