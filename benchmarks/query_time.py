@@ -11,8 +11,6 @@ model) is timed as it serves a hybrid query (dense vector and sparse vector), an
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from _common import base_parser, best_time, finish
 
 
@@ -31,13 +29,14 @@ def main() -> None:
     import medadapt
     from medadapt.data import load_beir
     from medadapt.hyrec.model import HyReCModel
+    from medadapt.retrieval.encoders import offers_sparse
 
     data = load_beir(args.data_dir / args.dataset, [args.split])
     queries = [data.queries[q] for q in sorted(data.qrels[args.split])][: args.queries]
     encoders = {"frozen all-MiniLM-L6-v2": medadapt.load("minilm", device="cpu").encode_query}
     for item in args.run:
         label, _, path = item.partition("=")
-        if (Path(path) / "hyrec").is_dir():
+        if offers_sparse(path):  # a model with a learned-lexical branch
             model = HyReCModel.load(path, device="cpu")
             encoders[f"{label} (dense + sparse)"] = (
                 lambda texts, model=model: model.encode(texts, "query", lexical=True, dense=True, batch_size=64))

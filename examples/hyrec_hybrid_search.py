@@ -35,8 +35,9 @@ def main() -> None:
     from medadapt.hyrec import HyReCModel
     from medadapt.recipes import run_recipe
     from medadapt.retrieval import FusionConfig, Retriever, RetrieverConfig, load_documents
+    from medadapt.retrieval.encoders import offers_sparse
 
-    if not (args.output / "hyrec" / "config.json").is_file():
+    if not offers_sparse(str(args.output)):  # no trained HyReC model there yet
         run_recipe(ROOT / "recipes" / "hyrec-tiny.yaml", args.output, show_progress=True, evaluate=False)
     model = HyReCModel.load(args.output, device="cpu")
     print(f"query: {args.query}\nheaviest terms: "

@@ -1,40 +1,12 @@
-"""CPU inference backends for the transformer of a loaded model: ``torch`` (default), ``onnx`` (ONNX
-Runtime), ``onnx-int8`` (ONNX Runtime, weights quantised to int8 dynamically) and ``openvino``.
+"""CPU inference backends for the transformer of a loaded model: ``torch`` (default), ``onnx``, ``onnx-int8``
+(ONNX Runtime dynamic quantisation) and ``openvino``.
 
-``medadapt.load(name, backend="onnx")`` (CLI: ``--backend onnx``) loads the model as usual (same code
-policy, adapter-only folders, head checks), then swaps the weights inside every sentence-transformers
-``Transformer`` module for an ONNX graph of the same network. The tokenizer, ``Pooling``, ``Normalize``
-and every medadapt head stay the torch modules they were, so heads keep working on top of an ONNX
-backbone and ``encode`` returns what it did (within float rounding; int8 within quantisation error).
-
-Exports are made once per source weights: ``<cache>/exports/<fingerprint>/model.onnx`` (and
-``model.int8.onnx``), where ``<cache>`` is :func:`medadapt.cache.default_cache_dir` and ``<fingerprint>``
-is :func:`medadapt.identity.modules_fingerprint` of the torch ``Transformer`` module (config and weights).
-Each file is written beside its final name and renamed into place, under the folder's lock, after the
-exported graph has been checked against the torch module on a test batch; ``meta.json`` records each
-file's SHA-256, checked on every load (a file that fails it is exported again). A second load therefore
-only hashes the file, never exports again.
-
-Each backend has its own model fingerprint (:func:`backend_key`, folded into
-:func:`medadapt.identity.modules_fingerprint`), so the embedding cache, index manifests and model identities
-keep backends apart: an ONNX or int8 model never reads embeddings cached by the torch model or by another
-backend. Torch fingerprints (and so existing caches) are unchanged.
-
-int8 note: ONNX Runtime's dynamic quantisation scales activations per tensor, i.e. per encode batch, so an
-int8 embedding depends slightly on the texts batched with it (float backends do not); cached int8 rows are
-those of the batch that first encoded them.
-
-Why partly hand-written: sentence-transformers' own ``backend="onnx"`` / ``"openvino"`` load through
-``optimum-onnx`` / ``optimum-intel``, whose releases pin ``transformers<4.58`` / ``<5.6`` while medadapt
-runs on the transformers 5 line that sentence-transformers 6 uses. So the export is
-``torch.onnx.export`` of the Hugging Face model, the int8 model is ONNX Runtime's own
-``quantize_dynamic`` (what optimum's ``AutoQuantizationConfig`` dynamic configs call), OpenVINO compiles
-the same ``.onnx`` file, and a small module (:class:`BackendModel`) stands in for the Hugging Face model
-inside sentence-transformers' ``Transformer`` module, which keeps tokenising and pooling as before.
-
-Limits: CPU only; text ``feature-extraction`` transformers (encoder models such as BERT, MiniLM,
-BGE); graphs under 2 GB (a single ``.onnx`` file); a model on a non-torch backend is for inference:
-``save`` refuses it (load it with ``backend="torch"`` to train or save).
+``medadapt.load(name, backend=...)`` swaps the weights inside every sentence-transformers ``Transformer`` module
+for an exported graph (:class:`BackendModel`); tokenizer, pooling, ``Normalize`` and medadapt heads stay torch.
+Exports are made once per source weights under ``<cache>/exports/<fingerprint>/``, checked against torch and by
+SHA-256, and each backend has its own fingerprint (:func:`backend_key`) so caches and indexes never mix
+backends. Hand-written because sentence-transformers' own backends need optimum, which pins an older
+transformers. Details and limits: docs/cache.md, "CPU backends".
 """
 
 from __future__ import annotations
@@ -90,7 +62,7 @@ def require_backend(name: str) -> None:
 
 
 def export_root() -> Path:
-    """Where exported graphs are kept: ``<embedding cache dir>/exports`` (see the module docstring)."""
+    """Where exported graphs are kept: ``<embedding cache dir>/exports``."""
     return default_cache_dir() / "exports"
 
 

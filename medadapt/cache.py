@@ -1,62 +1,11 @@
-"""On-disk embedding cache: encode each text once per model setting, reuse it everywhere.
+"""On-disk embedding cache: encode each text once per model setting and reuse it everywhere.
 
-Why hand-written: sentence-transformers and FAISS have no persistent, text-keyed embedding store, and
-training heads on frozen backbones (the medadapt fast path) needs exactly that.
-
-Layout (all files safetensors / JSON, never pickle)::
-
-    <root>/<namespace>/meta.json                 # what the namespace is (model fingerprint, role, ...)
-    <root>/<namespace>/shard-<uuid>.safetensors  # {"hashes": uint8[n,16], "embeddings": float[n,d]}
-
-* The **namespace** is a hash of the backbone identity (:func:`medadapt.identity.modules_fingerprint`), max
-  sequence length, role (query / document / plain), effective prompt and storage dtype.
-* An **asymmetric** model (first module a sentence-transformers ``Router``) is cached **per route**: for
-  role ``"query"`` / ``"document"`` the cache uses a *route view* (:func:`route_view`: the route's modules
-  followed by the modules after the Router, shared, not copied), so the namespace is the one of the
-  standalone tower: a document tower that is an unchanged, already cached model costs no re-encoding, and a
-  head at the end of one route is applied on read like any other head. Role ``"plain"`` keys the whole model.
-* The backbone fingerprint is computed from the weights on **every** call (no memo by object identity or
-  by tensor version counters: PEFT's LoRA merge and other edits through ``tensor.data`` change weights
-  without bumping torch's version counter, and a freed model's ``id`` is reused). It costs ~0.1 s for
-  MiniLM (22M parameters); backbones over 300M parameters hash a strided sample of each tensor.
-* What is stored is the output of the model's **backbone**: every module before the trailing run of
-  embedding-level modules (``Normalize`` and medadapt heads, see :func:`split_backbone`). Those are applied
-  on read, in torch, in eval mode. So one encode of a corpus serves the plain backbone, the backbone with
-  any trained head (evaluating a new head costs no transformer pass), and the un-normalised head inputs
-  that training needs (``normalize=False``). Each **text** is keyed by a 128-bit BLAKE2b hash of its UTF-8 bytes, so any subset or
-  re-ordering of a corpus hits the cache.
-* Missing texts are encoded in chunks (``chunk_size`` texts, longest first); every finished chunk is
-  written as its own shard with temp-file + ``os.replace``. A killed run loses at most the chunk in
-  flight, never corrupts the cache, and the next run resumes where it stopped. Token tensors exist only
-  for one encode batch at a time, so a 1M-document corpus never needs them all in memory.
-* **Integrity**: every shard stores the SHA-256 of its ``hashes`` and of its ``embeddings`` bytes in the
-  safetensors metadata (``sha256_hashes`` / ``sha256_embeddings``); :meth:`EmbeddingCache._index` verifies
-  the hashes and :meth:`EmbeddingCache._gather` the embeddings of every shard it reads rows from. Non-finite
-  encoder output is refused before anything is written. A shard that safetensors cannot open, or with a bad
-  checksum, non-finite values or a wrong dtype / shape is *corrupt*: it is renamed ``corrupt-<name>`` in the
-  same folder (no longer read, kept for inspection) with one :class:`CacheCorruptionWarning`, and its texts
-  are re-encoded in the same call. Shards written before checksums existed (no metadata) are checked for
-  finiteness, dtype and shape only.
-* **Concurrent writers**: encoding missing texts holds an exclusive advisory lock on ``<namespace>/.lock``
-  (``fcntl.flock``; no lock where ``fcntl`` does not exist) and re-indexes under it, so a second process
-  filling the same namespace waits and then encodes only what is still missing. Readers never lock: they
-  read the snapshot of shard files :meth:`EmbeddingCache._index` listed.
-* **Threads**: every method may be called from several threads at once. Threads of one process writing one
-  namespace take turns on a lock of their own (:func:`medadapt.locks.path_lock`, before the ``flock``),
-  and every call holds the model's lock (:func:`medadapt.locks.model_lock`) while it fingerprints or
-  encodes with it: a Hugging Face tokenizer's settings are mutable state that concurrent calls corrupt.
-  Calls on one model therefore run one at a time; calls on different models run in parallel.
-* **Long texts**: a text is clipped to ``max_seq_length * CLIP_CHARS_PER_TOKEN`` characters before it is
-  handed to the model (the fast tokenizer would otherwise tokenize a 10 MB document whole before
-  truncating it, ~1.8 GB). The budget is widened while the clipped text yields fewer than twice
-  ``max_seq_length`` tokens (whitespace- or ``[UNK]``-heavy text), so the tokens the model keeps are the
-  same as without clipping. The cache key stays the hash of the full text.
-* **Out of core**: :meth:`EmbeddingCache.view` / :meth:`EmbeddingCache.iter_embeddings` read rows from
-  memory-mapped shards (:class:`~medadapt.cache_shards.CachedEmbeddings`, indexed by a sorted-array
-  :class:`~medadapt.cache_shards.ShardIndex`) without loading the matrix; each shard is verified once per
-  process (:func:`~medadapt.cache_shards.verified_layout`). Reading and verifying shard files lives in
-  :mod:`medadapt.cache_shards`. Storage may be
-  float16 (its own namespace). :mod:`medadapt.encode` fills a namespace on several processes.
+sentence-transformers and FAISS have no persistent, text-keyed embedding store, and training heads on frozen
+backbones needs one. A namespace per (backbone fingerprint, max length, role, prompt, dtype) holds atomic,
+checksummed safetensors shards of *backbone* outputs keyed by a hash of each text; heads and ``Normalize`` run
+on read, and a ``Router`` model is cached per route. Shard reading and verification live in
+:mod:`medadapt.cache_shards`. Layout, integrity, locking, threads and out-of-core reads: docs/cache.md and
+docs/guarantees.md.
 """
 
 from __future__ import annotations
@@ -202,11 +151,9 @@ def _route_view_modules(model, route: str) -> list:
 
 
 def route_view(model, role: Role):
-    """For a model whose first module is a ``Router`` with a route for ``role``: a ``SentenceTransformer``
-    made of that route's modules followed by the modules after the Router (shared, not copied), with the
-    same prompts (so :func:`effective_prompt` gives the same string for ``role``). Its ``encode_query`` /
-    ``encode_document`` returns what ``model``'s does, and its backbone is the route's own, so it has the
-    cache namespace of the standalone tower. ``None`` when ``model`` has no such route."""
+    """A ``SentenceTransformer`` of the ``role`` route's modules plus the modules after the ``Router``
+    (shared, same prompts): it encodes as ``model`` does for ``role`` and has the standalone tower's cache
+    namespace. ``None`` when ``model`` has no such route."""
     route = router_route(model, role)
     if route is None:
         return None
@@ -219,11 +166,9 @@ def route_view(model, role: Role):
 
 
 def clip_text(encoder, text: str) -> str:
-    """``text`` cut to ``encoder.max_seq_length * CLIP_CHARS_PER_TOKEN`` characters, so the tokenizer never
-    sees a whole multi-megabyte document only to truncate it. The cut never changes which tokens the model
-    keeps for a realistic text: when the clipped text yields fewer than ``2 * max_seq_length`` tokens
-    (mostly whitespace, words the tokenizer maps to one ``[UNK]``), the budget grows 4x at a time up to
-    ``_CLIP_MAX_GROWTH``x. Texts within the budget, and models without ``max_seq_length``, are unchanged."""
+    """``text`` cut to ``max_seq_length * CLIP_CHARS_PER_TOKEN`` characters so the tokenizer never sees a
+    whole multi-megabyte document; the budget grows (4x at a time, up to ``_CLIP_MAX_GROWTH``x) while the cut
+    yields fewer than ``2 * max_seq_length`` tokens, so the tokens the model keeps do not change."""
     try:
         max_len = encoder.max_seq_length
     except Exception:  # noqa: BLE001 - e.g. a first module without one: no clip
@@ -256,13 +201,9 @@ def clip_text(encoder, text: str) -> str:
 
 @contextlib.contextmanager
 def namespace_lock(ns_dir: Path, shared: bool = False) -> Iterator[None]:
-    """Exclusive advisory lock on ``<ns_dir>/.lock`` (``fcntl.flock``): writers of one namespace take turns.
-    ``shared=True`` takes a shared lock instead: the processes of one distributed encode
-    (:func:`medadapt.encode.encode_corpus`), which write disjoint texts, hold it together, and a plain writer
-    (exclusive) waits for all of them. Threads of one process take turns first on a process-wide lock of
-    the namespace (:func:`medadapt.locks.path_lock`), so the ``flock`` only ever orders processes (and
-    threads are ordered where ``flock`` is missing too). The ``flock`` is a no-op where ``fcntl`` does not
-    exist or the file system refuses it. Released when the block ends or the process dies."""
+    """Advisory lock on ``<ns_dir>/.lock``: writers of one namespace take turns (threads first on
+    :func:`medadapt.locks.path_lock`, then processes on ``fcntl.flock``, a no-op where unavailable).
+    ``shared=True`` is for the processes of one distributed encode, which write disjoint texts."""
     with path_lock(ns_dir / ".lock"):
         with _flock(ns_dir, shared):
             yield
@@ -350,11 +291,8 @@ class EmbeddingCache:
 
     # ------------------------------------------------------------------ keys
     def fingerprint(self, model) -> str:
-        """Fingerprint of the model's *backbone* modules (see :func:`split_backbone`), computed from the
-        weights now: a backbone with or without heads shares one namespace, and a backbone changed in place
-        (training, a LoRA merge, ``load_state_dict``) gets a new one. A transformer running on another
-        backend (:mod:`medadapt.backends`: ONNX, int8, OpenVINO) has its own fingerprint, so caches of two
-        backends never mix."""
+        """Fingerprint of the model's backbone modules (:func:`split_backbone`), hashed from the weights on
+        every call so a model changed in place gets a new namespace; other backends get their own."""
         return modules_fingerprint(split_backbone(model)[0])
 
     def role_fingerprint(self, model, role: Role) -> str:
@@ -540,9 +478,8 @@ class EmbeddingCache:
         return len({h for h in map(text_hash, texts) if h not in index})
 
     def _encode_missing(self, model, ns_dir, missing, role, prompt, batch_size, show_progress, desc) -> None:
-        """Encode ``missing`` ({hash: text}) under the namespace lock: texts another process wrote while this
-        one waited are skipped. The lock is held only here, never across a caller's barrier
-        (``accelerator.main_process_first``): a rank blocks at most while another one encodes."""
+        """Encode ``missing`` ({hash: text}) under the namespace lock, skipping texts another process wrote
+        meanwhile; the lock is never held across a caller's barrier."""
         with namespace_lock(ns_dir):  # one writer per namespace; released before encode() reads
             index, _ = self._index(ns_dir)  # another process may have written some meanwhile
             missing = {h: t for h, t in missing.items() if h not in index}
@@ -572,10 +509,8 @@ class EmbeddingCache:
 
     def _gather(self, shards: list[Path], index: dict[bytes, tuple[int, int]],
                 hashes: list[bytes]) -> np.ndarray | None:
-        """Rows of ``hashes`` read from ``shards``, the very list ``index`` was built from (listing the folder
-        again could number the shards differently once another process has added one). ``None`` when a
-        hash is not indexed, or a shard is gone or corrupt (then set aside): the caller indexes again and
-        re-encodes what is missing."""
+        """Rows of ``hashes`` from ``shards``, the list ``index`` was built from (a fresh listing could number
+        shards differently). ``None`` when a hash is missing or a shard is gone or corrupt (set aside)."""
         if any(h not in index for h in hashes):
             return None
         locs = np.array([index[h] for h in hashes], dtype=np.int64)
@@ -667,6 +602,15 @@ class EmbeddingCache:
         memory-mapped shards: memory stays at one batch whatever the corpus size. ``view_kwargs`` are those
         of :meth:`view` (``normalize``, ``prompt``, ``encode_missing``, ...)."""
         yield from self.view(model, texts, role, **view_kwargs).iter_batches(batch_size)
+
+    def token_states_folder(self, key: dict) -> Path:
+        """The namespace folder of per-token states a frozen encoder part gives (e.g. HyReC's sharing backbone,
+        whose token states training reuses), keyed by ``key`` (its weights fingerprint, token limit, ...) like an
+        embedding namespace; texts are keyed by their hash, and the shards are the owner's (checksummed) format."""
+        meta = {"format": CACHE_FORMAT, "stored": "token_states", **key}
+        ns_dir = self.root / hashlib.sha256(json.dumps(meta, sort_keys=True).encode()).hexdigest()[:32]
+        _ensure_namespace(ns_dir, meta)
+        return ns_dir
 
     def clear(self) -> None:
         """Delete every cached embedding under ``root``."""

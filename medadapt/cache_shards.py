@@ -1,13 +1,8 @@
-"""The embedding cache's shard files: reading and verifying them, and memory-mapped views over them.
-
-A shard is one safetensors file ``{"hashes": uint8[n, 16], "embeddings": float32|float16[n, d]}`` whose
-metadata holds the SHA-256 of each tensor (see :mod:`medadapt.cache` for the layout of a namespace and
-who writes shards). This module is the read side: :func:`read_hashes` / :func:`read_embeddings` load and
-check one tensor (the in-memory path of :meth:`medadapt.cache.EmbeddingCache.encode`, verified on every
-read), :func:`verified_layout` checks a shard once per process by streaming it, and :class:`ShardIndex` /
-:class:`CachedEmbeddings` serve rows from memory-mapped shards without loading the matrix (the out-of-core
-path of :meth:`medadapt.cache.EmbeddingCache.view`). Anything malformed raises :class:`_CorruptShard`,
-which the cache turns into setting the shard aside.
+"""The read side of the embedding cache's shard files (one safetensors file of ``hashes`` and ``embeddings``
+with the SHA-256 of each in its metadata): :func:`read_hashes` / :func:`read_embeddings` load and check one
+tensor, :func:`verified_layout` checks a shard once per process by streaming it, and :class:`ShardIndex` /
+:class:`CachedEmbeddings` serve rows from memory-mapped shards. Anything malformed raises
+:class:`_CorruptShard`, which the cache turns into setting the shard aside. See docs/cache.md.
 """
 
 from __future__ import annotations
@@ -256,9 +251,7 @@ def verified_layout(path: Path) -> ShardLayout:
     """The layout of a shard whose hashes and embeddings passed their checks (SHA-256, finiteness, dtype,
     shape), verified **once per process**: the result is remembered under the file's (path, device, inode,
     size, modification and change time), so memory-mapped reads of it cost no re-hashing. Shards this
-    process wrote count as verified. Trade-off: a shard rewritten *in place* with the same size within one
-    tick of the file-system clock is not noticed by a process that had verified it (medadapt never rewrites
-    a shard in place; :meth:`EmbeddingCache.encode` still verifies on every read)."""
+    process wrote count as verified (the trade-off: docs/cache.md, "Verification once per process")."""
     key = _file_key(path)
     with _VERIFIED_LOCK:
         hit = _VERIFIED.get(key)

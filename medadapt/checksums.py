@@ -5,11 +5,9 @@ SHA256SUMS`` checks a folder by hand too. The sums file needs no checksum of its
 files it will load (``cover``) or asks that every file be listed (``complete``), so a damaged sums file
 fails a digest, drops a file the reader needs, or does not parse; each is one :class:`ChecksumError`.
 
-Used for adapter folders (the adapter config and weights), HyReC's ``hyrec/`` files, training checkpoints
-(medadapt's loop and sentence-transformers' trainer) and BMRetriever's finished stage-I model. Hand-written
-because neither safetensors nor the trainer checkpoints nor ``hashlib`` keep a checked list of a folder's
-files. As everywhere in medadapt, this catches accidents (truncation, bit rot, an edit, a half-copied
-folder), not someone who can rewrite both the files and their sums.
+Used for adapter folders, HyReC's ``hyrec/`` files, training checkpoints and BMRetriever's finished stage-I
+model; hand-written because no library keeps a checked list of a folder's files. It catches accidents
+(truncation, bit rot, an edit, a half-copied folder), not someone who can rewrite files and sums.
 """
 
 from __future__ import annotations

@@ -1,16 +1,9 @@
-"""Decoder-LLM encoders shared by every system: append EOS, pool the last token (CARE Appendix C.3, the
-document tower; BMRetriever §3.1, the retriever).
+"""Decoder-LLM encoders shared by every system: append EOS, pool the last token (CARE Appendix C.3, the document
+tower; BMRetriever §3.1, the retriever).
 
-    "For the document encoder, we append an [EOS] token to the input sequence and use its output hidden state
-    as the document embedding."
-
-:class:`EosTransformer` is sentence-transformers' ``Transformer`` (any ``AutoModel``: Qwen2/Qwen3, Llama,
-Pythia/GPT-NeoX, Gemma, ...) whose ``preprocess`` reserves one position and appends the tokenizer's EOS id
-after each sequence's last real token, for right *and* left padding (decoder tokenizers such as Qwen's do not
-add it themselves). Pooling is ST's ``Pooling(pooling_mode="lasttoken")``, which reads the last position
-whose attention mask is 1 in either padding layout, i.e. the appended EOS. Hand-written because
-sentence-transformers has no option to append EOS for non-chat decoders (Qwen3-Embedding does it in its
-tokenizer post-processor, which a base Qwen3 checkpoint lacks). Neutral: imports no system package.
+:class:`EosTransformer` is sentence-transformers' ``Transformer`` whose ``preprocess`` appends the tokenizer's
+EOS id after each sequence's last real token, for right and left padding; ST's ``Pooling("lasttoken")`` then
+reads it. Hand-written because sentence-transformers has no option to append EOS for non-chat decoders.
 """
 
 from __future__ import annotations

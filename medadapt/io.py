@@ -1,16 +1,10 @@
-"""Atomic file writes: write to a temporary file in the same directory, fsync, then ``os.replace``.
+"""Atomic writes and the one output policy of medadapt.
 
-A killed process therefore leaves either the old file or the new one, never a half-written file.
-Hand-written because the standard library has no one-call atomic write.
-
-Every file medadapt publishes gets the mode a plain ``open()`` gives (``0o666`` less the umask): single files
-through :func:`atomic_open`, and every file of a folder swapped in by :func:`swap_in` (libraries that write
-into those folders, e.g. safetensors' ``save_file`` behind ``save_pretrained``, create owner-only 0600 files).
-
-One output policy for every writer (:func:`check_output`): a file output is never a folder or a device node,
-a folder output never replaces a file, the current folder or a non-empty folder of another kind, two outputs
-of one call are never the same path, and a symlink is written through. Temporary names are unique per
-process *and* thread (:func:`temp_name`), and cleanup never removes a live writer's folder (:func:`live`).
+Files are written to a temporary name in the same folder, fsynced and renamed (:func:`atomic_open`); folders
+are written beside their target and swapped in whole (:func:`swap_in`), with the mode a plain ``open()``
+gives. :func:`check_output` is the policy every writer follows (no file over a folder or device, no
+non-empty folder of another kind replaced, no two outputs on one path, symlinks written through); temporary
+names are unique per process and thread and cleanup spares live writers. See docs/guarantees.md.
 """
 
 from __future__ import annotations

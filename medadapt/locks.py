@@ -1,19 +1,7 @@
-"""Process-wide locks for threads of one process: one per path (a folder being saved, a cache namespace) and
-one per model object.
-
-Locks between *processes* are elsewhere (``flock`` on a namespace's ``.lock``, :mod:`medadapt.cache`); these
-make the same code safe for several threads of one process, which share a process id and would otherwise
-only be told apart by luck:
-
-* :func:`path_lock`: writers of one target folder (:func:`medadapt.io.replace_folder`) swap in turn;
-  writers of one cache namespace encode in turn.
-* :func:`model_lock`: work that tokenises with a model. A Hugging Face fast tokenizer keeps its truncation
-  and padding settings as mutable state that every call sets, so two threads tokenising with one model at
-  once can corrupt each other's batches (``expected sequence of length 128 at dim 1 (got 27)``) or hash
-  the wrong ids into a fingerprint. medadapt's own uses (the embedding cache, adapter saves) take it; a
-  caller's own ``model.encode`` in another thread does not.
-
-Both are re-entrant (:class:`threading.RLock`): a thread holding one may take it again.
+"""Process-wide locks for threads of one process: :func:`path_lock` per path (a folder being saved, a cache
+namespace) and :func:`model_lock` per model (a Hugging Face tokenizer's settings are mutable state that
+concurrent calls corrupt). Both are re-entrant; locks between processes are ``flock`` in :mod:`medadapt.cache`.
+See docs/guarantees.md.
 """
 
 from __future__ import annotations

@@ -1,34 +1,11 @@
 """Resolve model names (aliases, local folders, hub ids) and load them as ``SentenceTransformer``.
 
-``medadapt.load(path)`` is ``SentenceTransformer(path)`` plus alias resolution, clear errors, a device check
-and a code policy: **medadapt never runs Python code shipped in a model folder** unless the caller passes
-``trust_remote_code=True``.
-
-* A **local folder** (or a packaged alias) whose ``modules.json`` (and any ``Router``'s
-  ``router_config.json``) names only ``sentence_transformers.*`` and ``medadapt.*`` classes loads with
-  ``trust_remote_code=False``: the medadapt classes are imported from the installed medadapt package and
-  handed to sentence-transformers directly (``SentenceTransformer._load_with_module_classes``), so Hugging
-  Face never gets the flag and never imports anything from the folder. (With a sentence-transformers
-  version without that hook, ``trust_remote_code=True`` is set for such folders, after the checks below and
-  a check that every ``Dense`` activation is a ``torch.*`` class.)
-* A local folder naming any other module class, or with an ``auto_map`` in **any** of its ``*.json`` files
-  (``config.json``, ``tokenizer_config.json``, ``processor_config.json``, ``preprocessor_config.json``, those
-  of ``0_Transformer/`` and other module folders: Hugging Face would import the folder's own ``*.py``), is
-  refused with a :class:`~medadapt.errors.ModelLoadError` before anything is constructed, unless the caller
-  passes ``trust_remote_code=True``.
-* A ``sentence_transformers.*`` name that is no module class of the installed sentence-transformers (a
-  function such as ``sentence_transformers.util.http_get``, a whole model class) is refused before anything
-  is constructed, whatever ``trust_remote_code`` says (it is resolved in the installed package only).
-* A local folder whose weights are only a **pickle** file (``pytorch_model.bin`` with no safetensors file
-  beside it; unpickling can run code) is refused unless the caller passes ``trust_remote_code=True``.
-* A ``modules.json`` / ``router_config.json`` / ``config.json`` nested too deeply to parse is one
-  :class:`~medadapt.errors.ModelLoadError`.
-* A **hub id** never gets ``trust_remote_code`` implicitly (pass ``trust_remote_code=True`` for models
-  that need it). A name that looks like a path (:func:`resolve_model_path`) is never looked up on the hub:
-  a missing one is an error at once, with the closest existing folders.
-
-After construction every medadapt ``AdapterStack`` is checked against the width of the embedding it reads
-(a 32-d head on a 48-d backbone is refused at load, not at the first ``encode``).
+``medadapt.load(path)`` is ``SentenceTransformer(path)`` plus alias resolution, clear errors, a device check,
+a width check of every ``AdapterStack`` and a code policy: medadapt never runs code shipped in a model folder
+unless the caller passes ``trust_remote_code=True``. Folders naming only ``sentence_transformers.*`` /
+``medadapt.*`` module classes load with those classes imported from the installed packages; foreign classes,
+``auto_map`` in any JSON file and pickle-only weights are refused, and path-like names are never looked up on
+the hub. The full policy: docs/guarantees.md, "Untrusted input".
 """
 
 from __future__ import annotations
@@ -182,28 +159,34 @@ def _medadapt_classes(folder: Path, name: str) -> dict[str, type]:
     """Every ``medadapt.*`` module class ``folder`` names, imported from the installed medadapt package
     (never from the folder), mapped from the name ``modules.json`` uses. Each must be a ``torch.nn.Module``
     class defined in medadapt."""
+    found: dict[str, type] = {}
+    for ref in module_classes(folder):
+        if not ref.startswith("medadapt.") or ref in found:
+            continue
+        found[ref] = medadapt_module_class(ref, name)
+    return found
+
+
+def medadapt_module_class(ref: str, name: str) -> type:
+    """The ``torch.nn.Module`` class ``ref`` names in the installed medadapt package (never from a folder);
+    anything else is a :class:`ModelLoadError` naming ``name``."""
     import importlib
     import inspect
 
     from torch import nn
 
-    found: dict[str, type] = {}
-    for ref in module_classes(folder):
-        if not ref.startswith("medadapt.") or ref in found:
-            continue
-        module_path, _, attr = ref.rpartition(".")
-        obj = None
-        if not any(part.startswith("__") for part in ref.split(".")):  # e.g. medadapt.__main__ runs the CLI
-            try:
-                obj = getattr(importlib.import_module(module_path), attr, None)
-            except ImportError:
-                pass
-        if not (inspect.isclass(obj) and issubclass(obj, nn.Module)
-                and str(getattr(obj, "__module__", "")).startswith("medadapt")):
-            raise ModelLoadError(f"model folder {name!r} names module class {ref!r}, which is not a module "
-                                 "class of the installed medadapt")
-        found[ref] = obj
-    return found
+    module_path, _, attr = ref.rpartition(".")
+    obj = None
+    if ref.startswith("medadapt.") and not any(part.startswith("__") for part in ref.split(".")):
+        try:  # (a dunder part: e.g. medadapt.__main__ runs the CLI)
+            obj = getattr(importlib.import_module(module_path), attr, None)
+        except ImportError:
+            pass
+    if not (inspect.isclass(obj) and issubclass(obj, nn.Module)
+            and str(getattr(obj, "__module__", "")).startswith("medadapt")):
+        raise ModelLoadError(f"model folder {name!r} names module class {ref!r}, which is not a module "
+                             "class of the installed medadapt")
+    return obj
 
 
 def _not_a_module_class(folder: Path) -> str | None:
@@ -277,6 +260,39 @@ try:  # a truncated or damaged model.safetensors raises safetensors' own error t
 except ImportError:  # pragma: no cover - safetensors comes with transformers
     class _SafetensorError(Exception):
         pass
+
+
+#: Modules a folder keeps beside its own files, appended on load: ``[{"path": ..., "type": ...}]`` (an
+#: adapter-only folder's learned-lexical branch). A HyReC folder saved before its branch was a module names
+#: none and holds it in ``hyrec/``.
+SIDE_MODULES = "side_modules.json"
+_OLD_LAYOUT_SIDE_MODULES = [{"path": "hyrec", "type": "medadapt.hyrec.model.LexicalBranch"}]
+
+
+def side_module_refs(folder: Path) -> list[dict]:
+    """The side modules of ``folder`` (:data:`SIDE_MODULES`) not already in its ``modules.json``."""
+    if (folder / SIDE_MODULES).is_file():
+        entries = _read_json(folder / SIDE_MODULES)
+    elif (folder / "hyrec" / "config.json").is_file():
+        entries = _OLD_LAYOUT_SIDE_MODULES
+    else:
+        return []
+    if not isinstance(entries, list) or not all(isinstance(e, dict) for e in entries):
+        raise ModelLoadError(f"{folder / SIDE_MODULES}: expected a list of {{path, type}} objects")
+    named = set(module_classes(folder)) if (folder / "modules.json").is_file() else set()
+    return [e for e in entries if e.get("type") not in named]
+
+
+def add_side_modules(model, folder: Path) -> None:
+    """Append ``folder``'s side modules to ``model``, each read by its class's ``load_side(path, model)``
+    (medadapt classes only, from the installed package)."""
+    for entry in side_module_refs(folder):
+        ref, path = str(entry.get("type", "")), str(entry.get("path", ""))
+        cls = medadapt_module_class(ref, str(folder))
+        if not path or ".." in Path(path).parts or not callable(getattr(cls, "load_side", None)):
+            raise ModelLoadError(f"{folder}: side module {ref!r} at {path!r} is not a medadapt side module")
+        module = cls.load_side(folder / path, model)
+        model.add_module(str(len(model._modules)), module.to(model.device))
 
 
 def check_device(device) -> None:
@@ -369,7 +385,7 @@ def load(name_or_path: str, device: str | None = None, *, trust_remote_code: boo
             have the same weights).
         device: ``"cpu"``, ``"cuda"``, ``"cuda:1"``, ``"mps"`` (default: sentence-transformers' choice);
             a device this machine lacks is refused (:func:`check_device`).
-        trust_remote_code: ``None`` (default) applies the code policy (see the module docstring): medadapt
+        trust_remote_code: ``None`` (default) applies the code policy (module docstring): medadapt
             classes come from the installed package, code shipped in a folder is refused, hub ids never get
             the flag. ``False``: the same checks, and the flag is never set. ``True``: passed on as given (you
             trust the model's code, ``auto_map`` and foreign module classes included).
@@ -393,6 +409,7 @@ def load(name_or_path: str, device: str | None = None, *, trust_remote_code: boo
     if local and is_adapter_folder(resolved):
         model = load_adapter_model(resolved, load, base=base, device=device,
                                    trust_remote_code=trust_remote_code, **kwargs)
+        add_side_modules(model, Path(resolved))
         set_identity(model, name_or_path, resolved, replace=True)  # the base's identity was set on its load
         return apply_backend(model, backend)
     if base is not None:
@@ -454,6 +471,8 @@ def load(name_or_path: str, device: str | None = None, *, trust_remote_code: boo
                 f"({', '.join(sorted(ALIASES))}), and the hub lookup failed ({first}){hint}"
             ) from exc
         raise ModelLoadError(f"cannot load model {name_or_path!r}: {first}{hint}") from exc
+    if local:
+        add_side_modules(model, Path(resolved))
     check_head_widths(model, str(name_or_path))
     set_identity(model, name_or_path, resolved)
     return apply_backend(model, backend)

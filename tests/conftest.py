@@ -28,6 +28,8 @@ from pathlib import Path
 
 import pytest
 
+from medadapt import progress
+from medadapt.cli import main as cli_main
 from medadapt.tiny import (  # noqa: F401 - re-exported: tests import the builders from conftest
     TOPICS,
     build_tiny_beir,
@@ -113,6 +115,68 @@ def run_cli_processes(arg_lists: list[list[str]], env: dict | None = None, cwd: 
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     with ThreadPoolExecutor(max_workers=min(4, max(2, cores))) as pool:
         return list(pool.map(one, arg_lists))
+
+
+def run_cli(args: list[str], env: dict | None = None, cwd: Path | None = None):
+    """``medadapt ARGS`` in this process, through the console script's entry point (``medadapt.cli.main``) with
+    ``sys.argv``, the environment (``env`` replaces it, as for a subprocess) and the working folder set for the
+    call and restored after. A ``subprocess.CompletedProcess`` as :func:`run_cli_processes` gives: the exit code
+    ``sys.exit`` asked for, stdout and stderr as printed, and an exception that escapes as its traceback on stderr
+    with code 1 (what the interpreter would do). No import of torch per call, so a test can afford many bad
+    inputs; what only a real process shows (import-time warnings on stderr) is for :func:`run_cli_cases`."""
+    import contextlib
+    import io
+    import logging
+    import subprocess
+    import sys
+    import traceback
+    import warnings
+
+    out, err, code = io.StringIO(), io.StringIO(), 0
+    saved_env, saved_argv, saved_cwd, saved_level = dict(os.environ), sys.argv, os.getcwd(), progress.level()
+    loggers = {name: logging.getLogger(name).level for name in ("sentence_transformers", "accelerate", "datasets",
+                                                                "faiss", "jieba", "mteb", "transformers")}
+    try:
+        if env is not None:
+            os.environ.clear()
+            os.environ.update(env)
+        if cwd is not None:
+            os.chdir(cwd)
+        sys.argv = ["medadapt", *map(str, args)]
+        with warnings.catch_warnings(), contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            try:
+                cli_main()
+            except SystemExit as exc:
+                if exc.code is None or isinstance(exc.code, int):
+                    code = exc.code or 0
+                else:
+                    print(exc.code, file=sys.stderr)
+                    code = 1
+            except Exception:  # noqa: BLE001 - shown as the interpreter would show it
+                traceback.print_exc(file=sys.stderr)
+                code = 1
+    finally:
+        sys.argv = saved_argv
+        os.chdir(saved_cwd)
+        os.environ.clear()
+        os.environ.update(saved_env)
+        progress.set_level(saved_level)
+        for name, value in loggers.items():
+            logging.getLogger(name).setLevel(value)
+    return subprocess.CompletedProcess(["medadapt", *map(str, args)], code, out.getvalue(), err.getvalue())
+
+
+def run_cli_cases(arg_lists: list[list[str]], env: dict | None = None, cwd: Path | None = None,
+                  processes: int = 1, timeout: float = 300) -> list:
+    """The first ``processes`` argument lists as real ``python -m medadapt`` processes (:func:`run_cli_processes`:
+    the exit code and stderr of the process itself, import-time output included), the rest in this process
+    (:func:`run_cli`) while those run. Results in the order given."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        real = pool.submit(run_cli_processes, arg_lists[:processes], env, cwd, timeout)
+        here = [run_cli(args, env, cwd) for args in arg_lists[processes:]]
+        return [*real.result(), *here]
 
 
 @pytest.fixture(scope="session")

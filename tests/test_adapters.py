@@ -287,9 +287,9 @@ def test_head_on_the_query_route_leaves_documents_untouched(tiny_bert_dir, tmp_p
 
 
 def test_composition_table_refuses_with_a_reason():
-    from medadapt.adapters.compose import ALLOWED, check_composition
+    from medadapt.adapters.compose import allowed, check_composition
 
-    for (base, component, where) in ALLOWED:
+    for (base, component, where) in allowed():
         check_composition(base, [(component, where)])
     for head in ("moe", "linear", "search_adaptor"):  # every head type is a "head"
         check_composition("dense", [(head, "query")])
@@ -308,10 +308,11 @@ def test_unknown_route_on_a_one_tower_model_is_refused(tiny_bert_dir):
 
 def test_cli_bad_adapter_inputs_give_one_clear_line_and_write_nothing(tiny_bert_dir, tiny_beir_dir, tmp_path):
     """A disallowed composition, an unknown head type and an adapter on the wrong backbone: one line on
-    stderr, exit 1, no traceback, no output folder."""
+    stderr, exit 1, no traceback, no output folder. The first case in a real ``python -m medadapt`` process, the
+    others through the same entry point in this one (:func:`conftest.run_cli_cases`)."""
     import os
 
-    from conftest import build_tiny_bert, run_cli_processes
+    from conftest import build_tiny_bert, run_cli_cases
 
     recipes = Path(__file__).resolve().parents[1] / "recipes"
     model = _st(tiny_bert_dir)
@@ -333,7 +334,7 @@ def test_cli_bad_adapter_inputs_give_one_clear_line_and_write_nothing(tiny_bert_
     (adapter / "medadapt_adapter.json").write_text(json.dumps(config))
     write_sums(adapter, COVERED)  # a consistent folder pointing at another base
     env = {**os.environ, "MEDADAPT_CACHE": str(tmp_path / "cache"), "HF_HUB_OFFLINE": "1"}
-    for (args, message, out), proc in zip(cases, run_cli_processes([[*a, "-q"] for a, _, _ in cases], env)):
+    for (args, message, out), proc in zip(cases, run_cli_cases([[*a, "-q"] for a, _, _ in cases], env)):
         assert proc.returncode == 1, (args, proc.stdout[-2000:], proc.stderr[-2000:])
         assert "Traceback" not in proc.stderr + proc.stdout
         err_lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]

@@ -142,7 +142,7 @@ def test_a_hyrec_models_adapter_save_follows_the_same_policy(tiny_bert_dir, tmp_
     and otherwise swaps in a complete folder (adapter config and hyrec/ with its sums)."""
     import torch
 
-    from medadapt.hyrec.model import HyReCConfig, HyReCModel
+    from medadapt.hyrec.model import HyReCConfig, HyReCModel, LexicalBranch
 
     torch.manual_seed(0)
     model = HyReCModel.from_backbone(str(tiny_bert_dir), HyReCConfig(branch_layers=1, language="en",
@@ -155,7 +155,7 @@ def test_a_hyrec_models_adapter_save_follows_the_same_policy(tiny_bert_dir, tmp_
     model.save_adapter(tmp_path / "branch", base=str(tiny_bert_dir))
     model.save_adapter(tmp_path / "branch", base=str(tiny_bert_dir))  # an adapter folder now: replaced
     assert (tmp_path / "branch" / ADAPTER_CONFIG).is_file()
-    assert HyReCModel.read_config(tmp_path / "branch").n_word_buckets == 100  # hyrec/SHA256SUMS verified
+    assert LexicalBranch.read(tmp_path / "branch" / "hyrec").config.n_word_buckets == 100  # sums verified
     assert sorted(p.name for p in tmp_path.iterdir()) == ["branch", "keep"]
 
 

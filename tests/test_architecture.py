@@ -1,10 +1,14 @@
 """Architecture rules, checked on the source (docs/architecture.md): neutral packages import no system, the
-module graph has no cycle (imports anywhere in a file count, function-level ones included), no two packages
-import each other, and function-level imports of medadapt modules only ever become fewer."""
+module graph has no cycle (imports anywhere in a file count, function-level ones included, and so do modules
+named in a string: lazy tables, ``importlib.import_module("medadapt.x")``), no two packages import each other,
+and function-level imports of medadapt modules only ever become fewer."""
 
 from __future__ import annotations
 
 import ast
+import functools
+import re
+import sys
 from pathlib import Path
 
 import pytest
@@ -14,7 +18,7 @@ SYSTEMS = ("medadapt.moe", "medadapt.care", "medadapt.hyrec", "medadapt.bmretrie
 NEUTRAL = ("adapters", "cards.py", "recipes", "training", "retrieval", "data", "eval", "losses", "curation", "config.py",
            "cache.py", "cache_shards.py", "io.py", "checksums.py", "identity.py", "tokenizer_id.py", "errors.py", "models.py",
            "model_names.py", "tiny.py", "finite.py", "locks.py", "progress.py", "yaml_input.py", "decoder.py", "report",
-           "plan", "encode.py", "backends.py", "plugins.py")
+           "plan", "encode.py", "backends.py", "systems.py")
 #: Imports of medadapt modules inside functions (hidden edges of the module graph). Lower it when you hoist one;
 #: a new one fails this ceiling: import medadapt modules at module level (laziness is for optional third-party
 #: packages only).
@@ -60,7 +64,25 @@ def _import_nodes(path: Path, top_level_only: bool) -> list[tuple[ast.Import | a
 
 
 def _imports(path: Path, top_level_only: bool) -> set[str]:
-    return {m for node, _ in _import_nodes(path, top_level_only) for m in _targets(node, path)}
+    found = {m for node, _ in _import_nodes(path, top_level_only) for m in _targets(node, path)}
+    return found if top_level_only else found | _named_modules(path)
+
+
+_MODULE_NAME = re.compile(r"medadapt(\.\w+)+")
+
+
+@functools.lru_cache(maxsize=4)
+def _module_names(root: Path) -> frozenset[str]:
+    return frozenset(_module_name(p) for p in root.rglob("*.py"))
+
+
+def _named_modules(path: Path) -> set[str]:
+    """The medadapt modules a file names in a string (``"medadapt.cli.eval"`` in a lazy table, an
+    ``importlib.import_module`` argument): imported by name when used, so still edges of the module graph.
+    Only whole module names count (a class path in a folder's ``modules.json`` format is data)."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    return {n.value for n in ast.walk(tree) if isinstance(n, ast.Constant) and isinstance(n.value, str)
+            and _MODULE_NAME.fullmatch(n.value) and n.value in _module_names(ROOT)}
 
 
 def _files(*names: str) -> list[Path]:
@@ -79,15 +101,23 @@ def test_neutral_modules_import_no_system(path):
 
 def _module_graph() -> dict[str, set[str]]:
     """Module -> the medadapt modules it imports anywhere in the file (function level, ``TYPE_CHECKING`` and
-    all); a package and its own submodules are not edges of each other (``__init__`` re-exports)."""
+    all); a package and its own submodules are not edges of each other (``__init__`` re-exports), except a
+    submodule the package names in a string (a lazy table: ``medadapt.cli`` -> ``medadapt.cli.eval``)."""
     modules = {_module_name(p): p for p in ROOT.rglob("*.py")}
+
+    def known(m: str) -> str:
+        while m and m not in modules:  # `from pkg.mod import name` -> pkg.mod
+            m = m.rsplit(".", 1)[0] if "." in m else ""
+        return m
+
     graph = {}
     for name, path in modules.items():
         deps = set()
-        for m in _imports(path, top_level_only=False):
-            while m and m not in modules:  # `from pkg.mod import name` -> pkg.mod
-                m = m.rsplit(".", 1)[0] if "." in m else ""
+        for m in map(known, _imports(path, top_level_only=False)):
             if m and m != name and not (name.startswith(m + ".") or m.startswith(name + ".")):
+                deps.add(m)
+        for m in _named_modules(path):
+            if m != name and not name.startswith(m + "."):
                 deps.add(m)
         graph[name] = deps
     return graph
@@ -142,6 +172,23 @@ def test_module_graph_has_no_cycle():
     lines = [", ".join(c) + "  [" + "; ".join(f"{a} -> {b}" for a in c for b in sorted(graph[a]) if b in c) + "]"
              for c in cycles]
     assert not cycles, "import cycles (strongly connected modules, and their edges):\n" + "\n".join(lines)
+
+
+def test_a_module_named_in_a_lazy_table_is_an_edge(tmp_path, monkeypatch):
+    """``medadapt.cli``'s table names ``medadapt.cli.eval``: a cycle through that string fails like any other."""
+    pkg = tmp_path / "medadapt"
+    (pkg / "cli").mkdir(parents=True)
+    (pkg / "__init__.py").write_text("")
+    (pkg / "cli" / "__init__.py").write_text('COMMANDS = {"eval": ("medadapt.cli.eval", "eval_cmd", "Evaluate.")}\n')
+    (pkg / "cli" / "eval.py").write_text("from medadapt.report import page\n")
+    (pkg / "report.py").write_text("import importlib\n")
+    monkeypatch.setattr(sys.modules[__name__], "ROOT", pkg)
+    assert _named_modules(pkg / "cli" / "__init__.py") == {"medadapt.cli.eval"}
+    assert _strongly_connected(_module_graph()) == []
+    (pkg / "report.py").write_text("from medadapt.cli import COMMANDS\n")  # closes the cycle through the table
+    assert _strongly_connected(_module_graph()) == [["medadapt.cli", "medadapt.cli.eval", "medadapt.report"]]
+    (pkg / "report.py").write_text('import importlib\nCLI = importlib.import_module("medadapt.cli")\n')
+    assert _strongly_connected(_module_graph()) == [["medadapt.cli", "medadapt.cli.eval", "medadapt.report"]]
 
 
 def _function_level_imports() -> list[str]:

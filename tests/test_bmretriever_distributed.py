@@ -7,7 +7,8 @@ so both stages' loss curves must agree within floating-point noise.
 Launch line: ``accelerate launch --multi_gpu --num_processes 2 -m medadapt train ...`` with the recipe's
 ``training.device: cpu``. (``accelerate launch --cpu --num_processes 2`` starts multi-CPU jobs only through
 ``mpirun``; the ``--multi_gpu`` launcher is torchrun, and ``device: cpu`` makes every rank a CPU/gloo rank, so
-this runs on machines with or without GPUs.) Both runs are subprocesses started together; ~30-60 s.
+this runs on machines with or without GPUs.) The launch starts first; the one-process run goes through the CLI's
+entry point in this process meanwhile (``conftest.run_cli``: no third interpreter importing torch); ~30-60 s.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import build_tiny_bert, write_beir, TOPICS
+from conftest import TOPICS, build_tiny_bert, run_cli, write_beir
 from medadapt.tiny import build_tiny_qwen2
 
 pytestmark = pytest.mark.filterwarnings("ignore")
@@ -50,16 +51,16 @@ def test_two_processes_match_one_process(tmp_path):
     launch = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
               "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
               "--main_process_port", "29517", "-m", "medadapt"]
-    single = [sys.executable, "-m", "medadapt"]
-    runs = {
-        "one": (single + common + ["--output", str(tmp_path / "one"), "--cache-dir", str(tmp_path / "c1")]),
-        "two": (launch + common + ["--output", str(tmp_path / "two"), "--cache-dir", str(tmp_path / "c2")]),
-    }
-    procs = {k: subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                 text=True) for k, cmd in runs.items()}
-    outputs = {k: p.communicate(timeout=300)[0] for k, p in procs.items()}
-    for k, p in procs.items():
-        assert p.returncode == 0, f"{k}-process run failed:\n{outputs[k][-4000:]}"
+    runs = ("one", "two")
+    with open(tmp_path / "two.log", "w") as log:  # a file, not a pipe: nobody reads it while `one` runs
+        two = subprocess.Popen(launch + common + ["--output", str(tmp_path / "two"), "--cache-dir",
+                                                  str(tmp_path / "c2")],
+                               cwd=tmp_path, env=env, stdout=log, stderr=subprocess.STDOUT, text=True)
+        one = run_cli(common + ["--output", str(tmp_path / "one"), "--cache-dir", str(tmp_path / "c1")], env,
+                      tmp_path)
+        two.wait(timeout=300)
+    assert one.returncode == 0, f"one-process run failed:\n{(one.stdout + one.stderr)[-4000:]}"
+    assert two.returncode == 0, f"two-process run failed:\n{(tmp_path / 'two.log').read_text()[-4000:]}"
     logs = {k: json.loads((tmp_path / k / "train_log.json").read_text()) for k in runs}
     assert logs["one"]["num_processes"] == 1 and logs["two"]["num_processes"] == 2
     for stage in ("stage1", "stage2"):

@@ -78,10 +78,10 @@ def test_bad_inputs_give_one_clear_line(tiny_bert_dir, tiny_beir_dir, tmp_path):
         (["--model", str(tmp_path / "no-model"), "--data", str(tiny_beir_dir)], "does not exist"),
         (["--model", str(tiny_bert_dir), "--data", str(tiny_beir_dir), "--metrics", "ndcg"], "NAME@K"),
     ]
-    from conftest import run_cli_processes
+    from conftest import run_cli_cases
 
-    env = dict(os.environ, HF_HUB_OFFLINE="1")
-    for (args, message), proc in zip(cases, run_cli_processes([["eval", *a, "-q"] for a, _ in cases], env)):
+    env = dict(os.environ, HF_HUB_OFFLINE="1")  # the first case in a real process, the others in this one
+    for (args, message), proc in zip(cases, run_cli_cases([["eval", *a, "-q"] for a, _ in cases], env)):
         assert proc.returncode == 1, (args, proc.stdout, proc.stderr)
         assert "Traceback" not in proc.stderr + proc.stdout
         err_lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]

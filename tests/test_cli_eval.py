@@ -88,7 +88,7 @@ def test_an_impossible_mode_names_the_modes_the_input_supports(tiny_bert_dir, ti
          rf"^error: --mode hybrid: index {re.escape(str(folder))} \(lexical\) supports --mode lexical$"),
         (["--model", str(tiny_bert_dir), "--mode", "lexical"],
          r"^error: --mode lexical: .* is a dense model: it supports --mode dense or hybrid \(dense \+ BM25\); "
-         r"--mode lexical needs a HyReC model folder"),
+         r"--mode lexical needs a model with a learned-lexical module"),
         (["--index", str(folder), "--task", "sts"], r"^error: --index evaluates retrieval .*--task sts does not apply"),
         (["--model", str(tiny_bert_dir), "--task", "sts", "--mode", "hybrid"],
          r"^error: --mode hybrid applies to --task retrieval$"),

@@ -5,15 +5,21 @@ from __future__ import annotations
 
 import ast
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 import typer
+from rich.markup import escape
 from typer.testing import CliRunner
 
+import medadapt
+import medadapt.cli as medadapt_cli
+import medadapt.cli.data as cli_data
 from medadapt.cache import default_cache_dir
 from medadapt.cli import app
-from medadapt.cli._help import one_paragraph_per_block
+from medadapt.cli._help import App, Lazy, one_paragraph_per_block
 
 CLI = Path(__file__).resolve().parents[1] / "medadapt" / "cli"
 
@@ -102,3 +108,88 @@ def test_command_functions_are_short():
                 if size > 60:
                     long.append(f"{path.name}:{node.name} ({size} lines)")
     assert not long, long
+
+
+# ------------------------------------------------------------------ lazy commands: fast root help, no drift
+_PROBE = """
+import sys
+from typer.testing import CliRunner
+
+watched = set({watched!r})
+
+def loaded():
+    return sorted(watched & set(sys.modules))
+
+import medadapt, medadapt.errors, medadapt.progress
+from medadapt.cli import app
+import medadapt.cli._console, medadapt.cli._help
+assert not loaded(), ("import", loaded())
+for args, code in ((["--help"], 0), (["version"], 0), (["--version"], 0), (["data", "--help"], 0), (["evl"], 2)):
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == code, (args, result.output)
+    assert not loaded(), (args, loaded())
+print("ok")
+"""
+
+
+def test_root_help_and_version_import_no_command_module():
+    """``medadapt --help``, ``version``, ``--version``, ``data --help`` answer without torch, sentence-transformers
+    or any command's module (they took 8-12 s when the CLI imported every command)."""
+    tables = (*medadapt_cli.COMMANDS.values(), *medadapt_cli.DATA_COMMANDS.values())
+    watched = {"torch", "sentence_transformers", "transformers", "medadapt.cli._common"} | {e.module for e in tables}
+    result = subprocess.run([sys.executable, "-c", _PROBE.format(watched=sorted(watched))], capture_output=True,
+                            text=True, timeout=120)
+    assert result.returncode == 0 and result.stdout.strip() == "ok", result.stderr
+    result = subprocess.run([sys.executable, "-m", "medadapt", "--version"], capture_output=True, text=True,
+                            timeout=120)
+    assert result.returncode == 0 and result.stdout.strip() == medadapt.__version__, result.stderr
+
+
+def _rendered_help(group) -> str:
+    """``group``'s own ``--help`` (this click group object, not one typer builds afresh)."""
+    with CliRunner().isolation(env={"COLUMNS": "200"}) as (stdout, _, _):
+        with pytest.raises(SystemExit) as exit_:
+            group.main(["--help"], prog_name="medadapt")
+        assert exit_.value.code == 0
+        return stdout.getvalue().decode()
+
+
+def test_the_lazy_tables_match_the_commands():
+    """Each table line is the first paragraph of its command's help, so a group's help is the same before and
+    after its commands are imported; the ``data`` group is ``medadapt.cli.data.data_app``'s."""
+    root = typer.main.get_command(app)
+    data = root.commands["data"]
+    assert list(root.commands) == [*medadapt_cli.COMMANDS, "version", "data"]
+    before = {"root": _rendered_help(root), "data": _rendered_help(data)}
+    assert all(root.commands.pending(name) for name in medadapt_cli.COMMANDS)  # listed, none resolved
+    for group, table in ((root, medadapt_cli.COMMANDS), (data, medadapt_cli.DATA_COMMANDS)):
+        for name, entry in table.items():
+            command = group.commands[name]
+            assert command.name == name
+            assert command.help.split("\n\n")[0] == one_paragraph_per_block(escape(entry.help)), name
+    assert {"root": _rendered_help(root), "data": _rendered_help(data)} == before
+    real = typer.main.get_group(cli_data.data_app)
+    assert data.help == real.help and list(data.commands) == list(real.commands)
+    for name, command in real.commands.items():
+        assert [(p.name, p.help) for p in data.commands[name].params] == [(p.name, p.help) for p in command.params]
+
+
+def test_a_lazy_command_imports_its_module_only_when_it_runs(tmp_path, monkeypatch):
+    for name in ("medadapt_fake_a", "medadapt_fake_b"):
+        (tmp_path / f"{name}.py").write_text(
+            f'def run(count: int = 1) -> None:\n    """Run {name}.\n\n    More."""\n    print("{name}", count)\n')
+        monkeypatch.delitem(sys.modules, name, raising=False)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    fake = App(name="fake", add_completion=False, lazy_commands={
+        "alpha": Lazy("medadapt_fake_a", "run", "Run medadapt_fake_a."),
+        "beta": Lazy("medadapt_fake_b", "run", "Run medadapt_fake_b.")})
+    runner = CliRunner()
+    text = runner.invoke(fake, ["--help"], env={"COLUMNS": "200"}).output
+    assert re.search(r"alpha\s+Run medadapt_fake_a\.", text) and re.search(r"beta\s+Run medadapt_fake_b\.", text)
+    assert "medadapt_fake_a" not in sys.modules and "medadapt_fake_b" not in sys.modules
+    result = runner.invoke(fake, ["alpha", "--count", "3"])
+    assert (result.exit_code, result.output) == (0, "medadapt_fake_a 3\n")
+    assert "medadapt_fake_a" in sys.modules and "medadapt_fake_b" not in sys.modules
+    assert "--count" in runner.invoke(fake, ["beta", "--help"]).output and "medadapt_fake_b" in sys.modules
+    result = runner.invoke(fake, ["alpah"])
+    assert result.exit_code == 2 and "Did you mean 'alpha'?" in result.output

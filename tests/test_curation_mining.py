@@ -19,6 +19,7 @@ from medadapt.curation import (
     write_training_groups,
 )
 from medadapt.data import load_beir, load_training_groups
+from medadapt.errors import ConfigError
 
 CANDS = [(f"d{i}", 1.0 - i / 100) for i in range(1, 31)]  # d1 at rank 1 (0.99) ... d30 at rank 30 (0.70)
 
@@ -64,7 +65,7 @@ def test_mining_config_presets_and_validation():
     assert MiningConfig.preset("med-moe").window == (6, 10) and MiningConfig.preset("med-moe").num_negatives == 5
     bm = MiningConfig.preset("bmretriever", seed=3)
     assert (bm.window, bm.num_negatives, bm.seed, bm.depth) == ((1, 100), 1, 3, 100)
-    with pytest.raises(ValueError, match="valid presets: hyrec, med-moe, bmretriever"):
+    with pytest.raises(ConfigError, match="valid presets: bmretriever, hyrec, med-moe"):
         MiningConfig.preset("ance")
     with pytest.raises(ValueError, match="window"):
         MiningConfig(window=(10, 5))

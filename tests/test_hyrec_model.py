@@ -97,34 +97,130 @@ def test_encode_lexical_is_normalised_and_within_term_range(tiny_bert_dir):
     assert len(decoded) == 3 and all(isinstance(s, str) for s, _ in decoded)
 
 
-def test_save_load_round_trip_is_exact(tiny_bert_dir, tmp_path):
+def _perturbed(tiny_bert_dir) -> HyReCModel:
     model = make(tiny_bert_dir)
     with torch.no_grad():
         model.weight_proj.linear.bias.fill_(0.5)
         for p in model.lexicon.parameters():
             p.add_(0.01 * torch.randn_like(p))
         model.projector.linear.weight.mul_(1.1)
-    d1, l1 = model.encode(TEXTS, "document")
-    model.save(tmp_path / "m")
-    again = HyReCModel.load(tmp_path / "m")
-    d2, l2 = again.encode(TEXTS, "document")
-    np.testing.assert_array_equal(d1, d2)
-    assert l1 == l2
-    assert again.config == model.config and again.n_terms == model.n_terms
-    assert set(model.words.strings) <= set(again.words.strings)
-    import medadapt
+    return model
 
-    st = medadapt.load(str(tmp_path / "m"), device="cpu")  # the dense side is a plain ST folder
-    np.testing.assert_allclose(st.encode(TEXTS[:1], normalize_embeddings=True), d1[:1], atol=1e-5)
+
+def _outputs(model) -> dict:
+    """Dense and sparse encodings of both roles (the retrieval protocol's view of the model)."""
+    return {role: (model.encode_dense(TEXTS, role), model.encode_lexical(TEXTS, role)) for role in ("query", "document")}
+
+
+def _assert_same(a: dict, b: dict) -> None:
+    for role in a:
+        np.testing.assert_array_equal(a[role][0], b[role][0])
+        assert a[role][1] == b[role][1]
+
+
+def save_old_layout(model: HyReCModel, folder) -> None:
+    """The layout before the lexical branch was a module: the dense side as a plain sentence-transformers
+    folder plus ``hyrec/`` (the same files, config without ``lexicon_layer``)."""
+    from sentence_transformers import SentenceTransformer
+
+    from medadapt.checksums import write_sums
+    from medadapt.hyrec.model import LEXICAL_FILES, dense_modules
+
+    SentenceTransformer(modules=dense_modules(model.st), device="cpu").save(str(folder))
+    model.branch.save(str(folder / "hyrec"))
+    config = json.loads((folder / "hyrec" / "config.json").read_text())
+    del config["lexicon_layer"]
+    (folder / "hyrec" / "config.json").write_text(json.dumps(config))
+    write_sums(folder / "hyrec", LEXICAL_FILES)
+
+
+def test_save_load_both_ways_is_exact(tiny_bert_dir, tmp_path):
+    """The lexical branch is a module of the saved sentence-transformers folder: medadapt.load and plain
+    SentenceTransformer(folder, trust_remote_code=True) give the model's dense and sparse outputs bit for bit."""
+    from sentence_transformers import SentenceTransformer
+
+    import medadapt
+    from medadapt.hyrec.model import LexicalBranch
+    from medadapt.retrieval.encoders import SparseEncoder, as_encoder, open_encoder
+
+    model = _perturbed(tiny_bert_dir)
+    before, dense_st = _outputs(model), model.st.encode(TEXTS)
+    model.save(tmp_path / "m")
+    assert not (tmp_path / "m" / "hyrec").exists()
+    assert json.loads((tmp_path / "m" / "modules.json").read_text())[-1]["type"] == "medadapt.hyrec.model.LexicalBranch"
+    loaded = medadapt.load(str(tmp_path / "m"), device="cpu")
+    plain = SentenceTransformer(str(tmp_path / "m"), trust_remote_code=True, device="cpu")
+    for st in (loaded, plain):
+        assert isinstance(st[-1], LexicalBranch)
+        encoder = as_encoder(st)  # the capability of the loaded model: dense + learned sparse
+        assert isinstance(encoder, SparseEncoder) and encoder.n_terms == model.n_terms
+        _assert_same(before, _outputs(encoder))
+        np.testing.assert_array_equal(st.encode(TEXTS), dense_st)  # the branch leaves the embedding unchanged
+    again = HyReCModel.load(tmp_path / "m")
+    _assert_same(before, _outputs(again))
+    _assert_same(before, _outputs(open_encoder(str(tmp_path / "m"))))
+    assert again.config == model.config and set(model.words.strings) <= set(again.words.strings)
+    assert again.encoder_identity() == model.encoder_identity()
     with pytest.raises(ModelLoadError):
-        HyReCModel.load(tmp_path)
+        HyReCModel.load(tiny_bert_dir)  # a model without a lexical branch
+
+
+def test_a_composed_folder_opens_both_ways_with_identical_outputs(tiny_bert, tiny_bert_dir, tmp_path):
+    """A MoE head plus the lexical branch on a frozen backbone (what ``branches: [{kind: hyrec_lexical}]``
+    builds): the whole folder opens with medadapt.load and plain SentenceTransformer, the adapter-only folder
+    (heads tied to the base, the branch in ``hyrec/``) with medadapt.load, all bit for bit."""
+    from sentence_transformers import SentenceTransformer
+
+    import medadapt
+    from medadapt.moe import MoEConfig
+    from medadapt.retrieval.encoders import as_encoder
+
+    torch.manual_seed(0)
+    tiny_bert.add_adapter(MoEConfig.single_expert(32, zero_init_output=False), adapter_name="med")
+    model = HyReCModel(tiny_bert, HyReCConfig(branch_layers=1, language="en", pooling="mean", variant="frozen",
+                                              n_word_buckets=1000, query_max_length=16, passage_max_length=32))
+    with torch.no_grad():
+        model.weight_proj.linear.bias.fill_(0.5)
+    before = _outputs(model)
+    model.save(tmp_path / "whole")
+    model.save_adapter(tmp_path / "adapter", base=str(tiny_bert_dir))
+    assert json.loads((tmp_path / "adapter" / "side_modules.json").read_text())[0]["path"] == "hyrec"
+    side = tmp_path / "adapter" / "side_modules.json"
+    for ref in ("medadapt.__main__.main", "medadapt.models.load", "os.system"):  # never imported or run
+        side.write_text(json.dumps([{"path": "hyrec", "type": ref}]))
+        with pytest.raises(ModelLoadError, match="not a module class of the installed medadapt"):
+            medadapt.load(str(tmp_path / "adapter"))
+    side.write_text(json.dumps([{"path": "hyrec", "type": "medadapt.hyrec.model.LexicalBranch"}]))
+    for st in (medadapt.load(str(tmp_path / "whole"), device="cpu"), medadapt.load(str(tmp_path / "adapter")),
+               SentenceTransformer(str(tmp_path / "whole"), trust_remote_code=True, device="cpu")):
+        assert [type(m).__name__ for m in st][-3:] == ["AdapterStack", "Normalize", "LexicalBranch"]
+        _assert_same(before, _outputs(as_encoder(st)))
+
+
+def test_a_folder_of_the_old_layout_opens_with_identical_outputs(tiny_bert_dir, tmp_path):
+    """A ``hyrec/`` side folder (the layout before the branch was a module) is appended on load by
+    medadapt.load and HyReCModel.load; saving it again writes the new layout."""
+    import medadapt
+    from medadapt.retrieval.encoders import as_encoder, offers_sparse
+
+    model = _perturbed(tiny_bert_dir)
+    before = _outputs(model)
+    save_old_layout(model, tmp_path / "old")
+    assert offers_sparse(str(tmp_path / "old")) and not offers_sparse(str(tiny_bert_dir))
+    _assert_same(before, _outputs(HyReCModel.load(tmp_path / "old")))
+    upgraded = as_encoder(medadapt.load(str(tmp_path / "old"), device="cpu"))
+    _assert_same(before, _outputs(upgraded))
+    assert upgraded.encoder_identity() == model.encoder_identity()  # indexes built from the old folder open
+    upgraded.save(tmp_path / "new")
+    assert not (tmp_path / "new" / "hyrec").exists()
+    _assert_same(before, _outputs(HyReCModel.load(tmp_path / "new")))
 
 
 def test_a_lexical_side_of_format_1_loads_with_a_warning(tiny_bert_dir, tmp_path):
     from medadapt.errors import MedAdaptWarning
 
     model = make(tiny_bert_dir)
-    model.save(tmp_path / "m")
+    save_old_layout(model, tmp_path / "m")
     sub = tmp_path / "m" / "hyrec"
     (sub / "SHA256SUMS").unlink()
     config = json.loads((sub / "config.json").read_text())
@@ -136,12 +232,12 @@ def test_a_lexical_side_of_format_1_loads_with_a_warning(tiny_bert_dir, tmp_path
 
 @pytest.mark.parametrize("damage", ["scale-lexical", "edit-config", "no-sums", "truncate-config"])
 def test_a_damaged_lexical_side_is_refused_before_it_is_read(tiny_bert_dir, tmp_path, damage):
-    """``hyrec/`` decides the lexical scores: a file changed behind the model's back (valid, same names) must
-    not load as another model."""
+    """The branch's files decide the lexical scores: a file changed behind the model's back (valid, same
+    names) must not load as another model."""
     from safetensors.torch import load_file, save_file
 
     make(tiny_bert_dir).save(tmp_path / "m")
-    sub = tmp_path / "m" / "hyrec"
+    [sub] = (tmp_path / "m").glob("*_LexicalBranch")
     if damage == "scale-lexical":
         state = load_file(str(sub / "lexical.safetensors"))
         save_file({k: 100 * v for k, v in state.items()}, str(sub / "lexical.safetensors"))
@@ -158,7 +254,7 @@ def test_a_damaged_lexical_side_is_refused_before_it_is_read(tiny_bert_dir, tmp_
         match = "config.json: checksum differs"
     with pytest.raises(ModelLoadError, match=match):
         HyReCModel.load(tmp_path / "m")
-    if damage == "truncate-config":  # `medadapt eval` reads the config first: one error line, no traceback
+    if damage == "truncate-config":  # `medadapt eval` loads the model first: one error line, no traceback
         from typer.testing import CliRunner
 
         from conftest import build_tiny_beir
@@ -203,7 +299,9 @@ def test_lexical_index_equals_brute_force(tiny_bert_dir):
         assert list(found) == sorted(found, key=lambda i: (-brute[i], i))
 
 
-def test_state_cache_gives_the_same_outputs(tiny_bert_dir, tmp_path):
+def test_state_cache_gives_the_same_outputs(tiny_bert_dir, tmp_path, monkeypatch):
+    from medadapt.cache import EmbeddingCache
+
     model = make(tiny_bert_dir, variant="frozen")
     with torch.no_grad():
         model.weight_proj.linear.bias.fill_(0.3)
@@ -212,9 +310,13 @@ def test_state_cache_gives_the_same_outputs(tiny_bert_dir, tmp_path):
     d2, l2 = model.encode(TEXTS, "document", state_cache=cache)
     np.testing.assert_allclose(d1, d2, atol=2e-3)  # states are stored in fp16
     assert set(map(frozenset, l1)) == set(map(frozenset, l2))
-    assert list((tmp_path / "states").rglob("shard-*.safetensors"))
-    fresh = SharedStateCache(tmp_path / "states")
+    [shard_dir] = {p.parent for p in (tmp_path / "states").rglob("shard-*.safetensors")}
+    meta = json.loads((shard_dir / "meta.json").read_text())  # a token-states namespace of the EmbeddingCache
+    assert meta["stored"] == "token_states" and meta["model"] == model.shared_fingerprint()
+    fresh = SharedStateCache(EmbeddingCache(tmp_path / "states"))  # another run on the same cache
+    monkeypatch.setattr(model, "shared_states", lambda *a, **k: pytest.fail("states computed again"))
     ids, mask, states = fresh.batch(model, TEXTS[:2], "document")  # read back from disk
+    monkeypatch.undo()
     ref = model.tokenize(TEXTS[:2], "document")
     assert torch.equal(ids, ref["input_ids"]) and torch.equal(mask, ref["attention_mask"])
     d3, _ = model.encode(TEXTS, "document", state_cache=cache, lexical=False, cached_pooled=True)

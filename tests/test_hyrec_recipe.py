@@ -135,7 +135,7 @@ def test_cli_trains_tiny_recipe_end_to_end(tiny_bert_dir, tiny_beir_dir, tmp_pat
         assert got["ndcg@10"] == pytest.approx(metrics[f"{mode}/ndcg@10"], abs=1e-6)
     bad = runner.invoke(app, ["eval", "--model", str(tiny_bert_dir), "--data", str(tiny_beir_dir),
                               "--mode", "lexical", "--quiet"])
-    assert bad.exit_code == 1 and "HyReC model folder" in bad.output
+    assert bad.exit_code == 1 and "a learned-lexical module" in bad.output
 
 
 def _run(tiny_bert_dir, tiny_beir_dir, out, overrides):

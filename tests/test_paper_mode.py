@@ -74,6 +74,7 @@ def test_the_moe_paper_head_is_equation_1(tiny_bert_dir, tiny_beir_dir, tmp_path
     saved = load_recipe(out / "recipe.yaml")
     assert (saved.head.expansion, saved.head.residual, saved.loss.temperature) == (4, False, 1.0)
     assert saved.head.expert_options["mlp_kan"]["groups"] == 1
+    assert saved.head.renormalize_top_k is False
     losses = [r["loss"] for r in json.loads((out / "train_log.json").read_text())["loss_history"]]
     assert losses[-1] < losses[0]
 
@@ -91,6 +92,9 @@ def test_the_moe_paper_head_is_equation_1(tiny_bert_dir, tiny_beir_dir, tmp_path
         torch.testing.assert_close(out_h, shared + head.alpha * routed)  # h itself, not v + h
         head.alpha.fill_(0.5)  # a trained alpha may stay near its start: pin it so the check can fail
         torch.testing.assert_close(head.transform(v), shared + 0.5 * routed)
+        decision = head.router(v, "learned")  # eq. (2): g_i = s_i for the kept experts, not renormalised
+        torch.testing.assert_close(decision.weights[decision.selected], decision.probs[decision.selected])
+        assert (decision.weights.sum(-1) < 1 - 1e-6).all()
         head.set_routing("off")
         torch.testing.assert_close(head.transform(v), shared)
     widths = {m.out_features for e in head.routed_experts for m in e.modules() if isinstance(m, torch.nn.Linear)}
@@ -101,7 +105,7 @@ def test_a_kind_without_a_paper_mode_is_one_clear_error(tmp_path, monkeypatch):
     from medadapt.recipes import registry
 
     care = get_kind("care")  # every shipped kind has a paper mode: a stand-in kind without one
-    monkeypatch.setitem(registry._KINDS, "nopaper", registry.RecipeKind("nopaper", care.schema, care.train))
+    monkeypatch.setitem(registry.systems._SYSTEMS, "nopaper", registry.RecipeKind("nopaper", care.schema, care.train))
     recipe = tmp_path / "nopaper.yaml"
     recipe.write_text("kind: nopaper\nname: x\ndata: {path: medmini}\n")
     with pytest.raises(ConfigError, match="recipe kind 'nopaper' has no paper mode"):

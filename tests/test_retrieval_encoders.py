@@ -7,6 +7,7 @@ import ast
 from pathlib import Path
 
 import pytest
+import torch
 
 import medadapt.retrieval.encoders as enc
 from _helpers import TOY_DOCS, ToyEncoder
@@ -49,38 +50,26 @@ def test_any_object_with_the_protocol_is_an_encoder(tiny_bert):
     assert lexical_only.learned_sparse and lexical_only.search("wheezing", 1).ids == ["b"]
 
 
-def test_index_reloads_a_registered_encoder_kind_by_name(tmp_path, monkeypatch):
-    monkeypatch.setattr(enc, "_KINDS", dict(enc._KINDS))
+def test_a_module_of_the_model_offers_its_own_encoder(tiny_bert):
+    """A loaded model's capability decides: a module with ``as_encoder(model)`` (such as HyReC's learned-lexical
+    branch) gives the model's encoder; without one the model is a dense SentenceTransformer."""
+    class Offers(torch.nn.Module):
+        def as_encoder(self, model):
+            return ToyEncoder(len(model._modules))
+
+    assert not enc.offers_sparse(tiny_bert)
+    tiny_bert.add_module(str(len(tiny_bert._modules)), Offers())
+    got = enc.as_encoder(tiny_bert)
+    assert isinstance(got, ToyEncoder) and got.scale == len(tiny_bert._modules)
+    assert enc.offers_sparse(tiny_bert) and not enc.offers_sparse("no-such-folder")
+
+
+def test_an_index_of_an_object_reloads_with_the_given_model(tmp_path):
     r = Retriever.build(TOY_DOCS, ToyEncoder(), kind="hybrid", model_name="toy-1", show_progress=False)
     r.save(tmp_path / "index")
-    with pytest.raises(MedAdaptError, match="no encoder 'toy' is registered"):
+    with pytest.raises(MedAdaptError, match="toy-1"):  # the recorded name is no model medadapt.load opens
         Retriever.load(tmp_path / "index")
-    enc.register_encoder(enc.EncoderKind("toy", load=lambda name, device=None: ToyEncoder(float(name.split("-")[1]))))
-    again = Retriever.load(tmp_path / "index")
+    again = Retriever.load(tmp_path / "index", model=ToyEncoder(1.0))
     assert again.search("asthma", 1).ids == ["b"]
     with pytest.raises(IndexMismatchError, match="fingerprint"):  # another toy: another fingerprint
         Retriever.load(tmp_path / "index", model=ToyEncoder(2.0))
-
-
-def test_encoder_kinds_come_from_entry_points(tmp_path, monkeypatch):
-    """A package names the module that registers its kind in the ``medadapt.encoders`` entry-point group;
-    it is imported only when an unknown tag (or a folder) must be resolved."""
-    from importlib.metadata import EntryPoint
-
-    (tmp_path / "medadapt_test_toy_kind.py").write_text(
-        "from medadapt.retrieval.encoders import EncoderKind, register_encoder\n"
-        "register_encoder(EncoderKind('toy2', load=lambda name, device=None: name,\n"
-        "                             detect=lambda folder: (folder / 'toy2.json').is_file()))\n"
-    )
-    monkeypatch.syspath_prepend(str(tmp_path))
-    monkeypatch.setattr(enc, "_KINDS", dict(enc._KINDS))
-    monkeypatch.setattr(enc, "_entry_points_loaded", False)
-    eps = [EntryPoint("toy2", "medadapt_test_toy_kind", enc.ENTRY_POINT_GROUP)]
-    monkeypatch.setattr("importlib.metadata.entry_points", lambda group=None: eps if group == enc.ENTRY_POINT_GROUP
-                        else [])
-    folder = tmp_path / "model"
-    folder.mkdir()
-    assert enc.detect_encoder_kind(folder) is None
-    (folder / "toy2.json").write_text("{}")
-    assert enc.detect_encoder_kind(folder).tag == "toy2"
-    assert enc.get_encoder_kind("toy2").load("x") == "x" and "toy2" in enc.encoder_kinds()

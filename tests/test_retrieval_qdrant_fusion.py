@@ -200,3 +200,53 @@ def test_bm25_idf_counts_documents_without_terms_as_in_process():
     a, b = q.search("gout toe", 4), r.search("gout toe", 4)
     assert a.ids == b.ids == ["a", "c"]
     np.testing.assert_allclose(a.scores, b.scores, rtol=1e-6)
+
+
+@pytest.mark.parametrize("case", ["dense+bm25", "learned"])
+def test_langchain_qdrant_vector_store_in_hybrid_mode_serves_a_medadapt_collection(tiny_bert, case):
+    """LangChain's own QdrantVectorStore (retrieval_mode=HYBRID) over a medadapt collection gives the ranking and
+    RRF scores of medadapt's server-side fusion (both prefetch k per list: depth = k) and medadapt's metadata."""
+    pytest.importorskip("langchain_qdrant")
+    from langchain_qdrant import RetrievalMode
+
+    from medadapt.errors import ConfigError
+    from medadapt.retrieval.langchain_qdrant import qdrant_vector_store
+
+    model, docs, queries = (tiny_bert, tiny_docs(), QUERIES) if case == "dense+bm25" else (
+        WeightedToy(), TOY_DOCS, TOY_QUERIES)
+    k = 5
+    cfg = RetrieverConfig(kind="hybrid", fusion={"method": "rrf", "rrf_k": 60, "depth": k})
+    client, server, _ = _pair(model, docs, cfg, server_fusion="rrf")
+    store = qdrant_vector_store(client, "c", model=model)
+    assert store.retrieval_mode == RetrievalMode.HYBRID
+    checked = 0
+    for query in queries:
+        lists = [server._query(u, v, k + 1)[0] for u, v in (("dense", [server._dense_queries([query])[0].tolist()]),
+                                                             ("sparse", server._sparse_queries([query])))]
+        if not all(_no_ties([p.score for p in pts]) for pts in lists):
+            continue  # equal scores at a prefetch cut are ordered by Qdrant its own way
+        want = server.search(query, k)
+        got = store.similarity_search_with_score(query, k=k)
+        checked += 1
+        fused = [s for _, s in got]
+        np.testing.assert_allclose(fused, want.scores, rtol=1e-9)  # Rrf(k = rrf_k + 1): medadapt's constant
+        # equal fused scores (rank 1 + rank 2 = rank 2 + rank 1) are ordered by Qdrant its own way: compare
+        # the documents per score, except at the cut, where a tie may keep another of the equal documents
+        by_score = [{(round(s, 9), i) for s, i in zip(fused, [d.id for d, _ in got]) if round(s, 9) > round(fused[-1], 9)},
+                    {(round(s, 9), i) for s, i in zip(want.scores, want.ids) if round(s, 9) > round(fused[-1], 9)}]
+        assert by_score[0] == by_score[1]
+        for doc, _ in got:  # medadapt's metadata and text, whatever the order
+            j = want.ids.index(doc.id) if doc.id in want.ids else None
+            if j is not None:
+                assert doc.metadata["id"] == doc.id and doc.page_content == want.texts[j]
+                assert doc.metadata["title"] == want.titles[j]
+    assert checked >= 3
+    assert store.as_retriever(search_kwargs={"k": 3}).invoke(queries[0])[0].id == server.search(queries[0], 3).ids[0]
+    dense = qdrant_vector_store(client, "c", model=model, mode="dense")
+    assert [d.id for d in dense.similarity_search(queries[0], k=3)] == [
+        str(p.payload["doc_id"]) for p in server._query("dense", [server._dense_queries([queries[0]])[0].tolist()], 3)[0]]
+    with pytest.raises(ConfigError, match="mode must be one of dense, sparse, hybrid, got 'fused'"):
+        qdrant_vector_store(client, "c", model=model, mode="fused")
+    export_to_qdrant(client, "d", docs, model, config=RetrieverConfig(kind="dense"), model_name="m")
+    with pytest.raises(ConfigError, match="collection 'd' is dense: it has no vectors for mode 'hybrid'"):
+        qdrant_vector_store(client, "d", model=model, mode="hybrid")

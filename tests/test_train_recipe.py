@@ -100,7 +100,7 @@ def test_saved_folder_loads_to_the_trained_model(tiny_bert_dir, synonym_beir_dir
         trained.append(kind.train(recipe, ctx))
         return trained[-1]
 
-    monkeypatch.setitem(registry._KINDS, "moe", dataclasses.replace(kind, train=keep))
+    monkeypatch.setitem(registry.systems._SYSTEMS, "moe", dataclasses.replace(kind, train=keep))
     recipe = load_recipe(TINY, [*overrides(tiny_bert_dir, synonym_beir_dir), "training.epochs=3",
                                 "head.residual_scale=0.5"])
     out = tmp_path / "run"

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from _helpers import loop_run
+from conftest import run_cli, run_cli_processes
 from medadapt import io as mio
 
 # ---------------------------------------------------------------- files and folders
@@ -324,10 +325,11 @@ def test_resume_refuses_a_base_model_folder_replaced_by_other_weights(tiny_beir_
 # ---------------------------------------------------------------- through the command line
 
 
-def _cli(args, env_extra, tmp_path):
+def _cli(args, env_extra, tmp_path, process: bool = False):
+    """``medadapt ARGS`` through the CLI's entry point in this process (:func:`conftest.run_cli`), or in a real
+    ``python -m medadapt`` process (``process=True``: the recovery test's second run, this file's one)."""
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false", **env_extra}
-    return subprocess.run([sys.executable, "-m", "medadapt", *args], capture_output=True, text=True, env=env,
-                          timeout=300, cwd=tmp_path)
+    return run_cli_processes([args], env, tmp_path)[0] if process else run_cli(args, env, tmp_path)
 
 
 def test_cli_shows_a_recovery_as_one_warning_line_and_gives_the_same_numbers(tiny_bert_dir, tiny_beir_dir,
@@ -343,7 +345,8 @@ def test_cli_shows_a_recovery_as_one_warning_line_and_gives_the_same_numbers(tin
     assert "warning:" not in first.stderr
     shard = sorted(cache.rglob("shard-*.safetensors"))[0]
     shard.write_bytes(shard.read_bytes()[:-7])
-    second = _cli([*args, "--output", str(tmp_path / "b.json")], {"MEDADAPT_CACHE": str(cache)}, tmp_path)
+    second = _cli([*args, "--output", str(tmp_path / "b.json")], {"MEDADAPT_CACHE": str(cache)}, tmp_path,
+                  process=True)
     assert second.returncode == 0, second.stderr
     warnings = [ln for ln in second.stderr.splitlines() if ln.startswith("warning:")]
     assert len(warnings) == 1 and "corrupt" in warnings[0] and "Traceback" not in second.stderr

@@ -276,11 +276,6 @@ def test_metric_cutoff_has_an_upper_bound():
 # -- through the CLI: exit 1, one `error:` line, no traceback, nothing written ----------------------------
 
 
-def _cli(args: list[str], env: dict) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "medadapt", *args], capture_output=True, text=True, env=env,
-                          timeout=300)
-
-
 def _assert_one_error(proc: subprocess.CompletedProcess, message: str, args) -> None:
     assert proc.returncode == 1, (args, proc.stdout[-2000:], proc.stderr[-2000:])
     assert "Traceback" not in proc.stderr + proc.stdout, (args, proc.stderr[-2000:])
@@ -290,7 +285,9 @@ def _assert_one_error(proc: subprocess.CompletedProcess, message: str, args) -> 
 
 
 def test_cli_bad_data_gives_one_clear_line_and_writes_nothing(tiny_bert_dir, tiny_beir_dir, tmp_path):
-    from conftest import build_tiny_beir
+    """The first case in a real ``python -m medadapt`` process, the others through the same entry point in this
+    one (:func:`conftest.run_cli_cases`)."""
+    from conftest import build_tiny_beir, run_cli, run_cli_cases
 
     env = {**os.environ, "MEDADAPT_CACHE": str(tmp_path / "cache"), "HF_HUB_OFFLINE": "1",
            "TOKENIZERS_PARALLELISM": "false"}
@@ -301,7 +298,7 @@ def test_cli_bad_data_gives_one_clear_line_and_writes_nothing(tiny_bert_dir, tin
         return root
 
     idx = tmp_path / "lex"
-    proc = _cli(["index", "--corpus", str(tiny_beir_dir), "--out", str(idx), "--kind", "lexical", "-q"], env)
+    proc = run_cli(["index", "--corpus", str(tiny_beir_dir), "--out", str(idx), "--kind", "lexical", "-q"], env)
     assert proc.returncode == 0 and idx.is_dir(), proc.stderr[-2000:]  # the good data works
     dup_tsv = tmp_path / "dup.tsv"
     dup_tsv.write_text("a\tasthma\nb\tgout\na\teczema\n", encoding="utf-8")
@@ -339,8 +336,6 @@ def test_cli_bad_data_gives_one_clear_line_and_writes_nothing(tiny_bert_dir, tin
           "--output", str(tmp_path / "o5.json")], r"K must be at most", "o5.json"),
         (["train", str(recipe), "--output", str(tmp_path / "run")], r"bad.yaml:\d+: not valid UTF-8", "run"),
     ]
-    from conftest import run_cli_processes
-
-    for (args, message, out), proc in zip(cases, run_cli_processes([[*a, "-q"] for a, _, _ in cases], env)):
+    for (args, message, out), proc in zip(cases, run_cli_cases([[*a, "-q"] for a, _, _ in cases], env)):
         _assert_one_error(proc, message, args)
         assert not (tmp_path / out).exists(), args

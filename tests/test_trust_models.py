@@ -11,7 +11,6 @@ import http.server
 import json
 import os
 import shutil
-import subprocess
 import sys
 import threading
 from pathlib import Path
@@ -20,6 +19,7 @@ import numpy as np
 import pytest
 
 import medadapt
+from conftest import run_cli, run_cli_cases
 from medadapt.errors import ConfigError, MedAdaptError, ModelLoadError
 from medadapt.retrieval import Retriever, load_documents
 from medadapt.retrieval.errors import IndexCorruptError, IndexMismatchError
@@ -60,10 +60,11 @@ def _plant_code(folder: Path, json_name: str, marker: Path) -> None:
 
 
 def _cli(args: list[str], tmp_path: Path, env_extra: dict | None = None, cwd: Path | None = None):
+    """``medadapt ARGS`` through the CLI's entry point in this process (:func:`conftest.run_cli`); the
+    fuzzing test below runs one case in a real process."""
     env = {**os.environ, "MEDADAPT_CACHE": str(tmp_path / "cli-cache"), "HF_HUB_OFFLINE": "1",
            "TOKENIZERS_PARALLELISM": "false", **(env_extra or {})}
-    return subprocess.run([sys.executable, "-m", "medadapt", *args], capture_output=True, text=True, env=env,
-                          timeout=300, cwd=cwd)
+    return run_cli(args, env, cwd)
 
 
 def _one_error_line(proc, *needles: str) -> str:
@@ -450,11 +451,10 @@ def test_cli_bad_device_output_factory_and_http_give_one_line_and_write_nothing(
         (["index", "--corpus", str(tiny_beir_dir), "--out", str(tmp_path / "idx_ivf"), "--model", str(tiny_bert_dir),
           "--factory", "IVF4096,Flat"], "nlist=4096", "idx_ivf"),
     ]
-    from conftest import run_cli_processes
-
     env = {**os.environ, "MEDADAPT_CACHE": str(tmp_path / "cli-cache"), "HF_HUB_OFFLINE": "1",
            "TOKENIZERS_PARALLELISM": "false"}
-    for (args, message, out), proc in zip(cases, run_cli_processes([[*a, "-q"] for a, _, _ in cases], env)):
+    for (args, message, out), proc in zip(cases, run_cli_cases([[*a, "-q"] for a, _, _ in cases], env,
+                                                               processes=0)):
         _one_error_line(proc, message)
         if out is not None:
             assert not (tmp_path / out).exists(), args
@@ -520,12 +520,11 @@ def test_cli_outputs_devices_and_values_found_bad_are_refused_before_any_work(ti
         (["eval", "--model", str(tiny_bert_dir), "--data", str(tiny_beir_dir), "--output", str(fifo)],
          "not a regular file", None),
     ]
-    from conftest import run_cli_processes
-
     env = {**os.environ, "MEDADAPT_CACHE": str(tmp_path / "cli-cache"), "HF_HUB_OFFLINE": "1",
            "TOKENIZERS_PARALLELISM": "false"}
     quiet = [[*a, *([] if a[0] == "plan" else ["-q"])] for a, _, _ in cases]  # plan prints no bars
-    for (args, message, out), proc in zip(cases, run_cli_processes(quiet, env)):
+    # the first case in a real `python -m medadapt` process (this file's one), the others in this process
+    for (args, message, out), proc in zip(cases, run_cli_cases(quiet, env, processes=1)):
         _one_error_line(proc, message)
         if out is not None:
             assert not (tmp_path / out).exists(), args

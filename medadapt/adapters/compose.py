@@ -2,36 +2,37 @@
 
 A composed model is a base model plus *components*: heads on the pooled embedding of a route (``"all"``:
 every input, ``"query"`` / ``"document"``: one route of an asymmetric ``Router`` model, or of a one-tower
-model split into routes that share its backbone) and *branches*
-(a second output beside the dense embedding, e.g. HyReC's learned-lexical branch). Recipes describe them
-as data (the ``moe`` recipe's ``head.route`` and ``branches``); :func:`check_composition` accepts exactly
-the rows of :data:`ALLOWED` and refuses the rest with the reason from :data:`REFUSED` (or the list of what
-is allowed), and pairs of components listed in :data:`REFUSED_TOGETHER`.
+model split into routes that share its backbone) and *branches* (a second output beside the dense
+embedding, such as a learned-lexical branch). Recipes describe them as data (a recipe's ``head.route`` and
+``branches``); :func:`check_composition` accepts exactly the rows of :func:`allowed` and refuses the rest
+(with the reason from :data:`REFUSED`, or the list of what is allowed), and the pairs of components in
+:func:`refused_together`.
 
-Branches are registered by the system that provides them (:class:`BranchKind`, entry-point group
-``medadapt.branches``); nothing here imports a system.
+Heads compose alike whatever they compute (:data:`ALLOWED`, here). A branch is offered by a system
+(:class:`BranchKind` in its :class:`~medadapt.systems.System`) and declares its own rows: the bases it
+composes on and what it refuses beside; nothing here imports or names a system.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
+from medadapt import systems
 from medadapt.adapters.types import adapter_types
 from medadapt.errors import ConfigError
-from medadapt.plugins import load_group, lookup
 
-__all__ = ["ALLOWED", "HEAD", "REFUSED", "REFUSED_TOGETHER", "BranchKind", "base_kind", "branch_kind",
-           "branch_kinds", "check_composition", "register_branch"]
+__all__ = ["ALLOWED", "HEAD", "REFUSED", "BranchKind", "allowed", "base_kind", "branch_kind", "branch_kinds",
+           "check_composition", "refused_together"]
 
-#: The component name of every head type (``moe``, ``linear``, ``search_adaptor`` and any other registered
+#: The component name of every head type (``linear``, ``search_adaptor`` and any other registered
 #: :class:`~medadapt.adapters.types.AdapterType`): heads compose alike, whatever they compute.
 HEAD = "head"
 
-#: (base, component, where) -> what the combination gives. ``base``: ``dense`` (one tower) or ``asymmetric``
-#: (a Router with query and document routes); ``component``: ``head`` (any head type) or a branch kind;
-#: ``where``: a route (``all``, ``query``, ``document``) for heads, ``branch`` for branches.
+#: (base, component, where) -> what the combination gives, for heads. ``base``: ``dense`` (one tower) or
+#: ``asymmetric`` (a Router with query and document routes); ``where``: a route (``all``, ``query``,
+#: ``document``). Branches add their rows (``where`` = ``branch``) through :class:`BranchKind`.
 ALLOWED: dict[tuple[str, str, str], str] = {
     ("dense", HEAD, "all"): "head on the pooled embedding of every input (queries and documents)",
     ("dense", HEAD, "query"): "head on queries only: the one-tower model is split into a Router whose query "
@@ -47,29 +48,10 @@ ALLOWED: dict[tuple[str, str, str], str] = {
     ("asymmetric", HEAD, "document"): "head on the document route only: documents are re-indexed through the "
                                       "head, which runs on the document tower's cached embeddings (no "
                                       "transformer pass over the corpus when that tower is unchanged)",
-    ("dense", "hyrec_lexical", "branch"): "HyReC learned-lexical branch beside the dense embedding (with or "
-                                          "without a head on every input): one hybrid model, one index",
-    ("asymmetric", "hyrec_lexical", "branch"): "HyReC learned-lexical branch on the document tower: it reads "
-                                               "the document tower's token states for queries and documents "
-                                               "alike (queries pay one pass through its first layers), the "
-                                               "dense side stays the two towers, so the document tower's "
-                                               "cached embeddings and any document index stay valid; needs a "
-                                               "BERT-like encoder document tower (checked on the model: "
-                                               "decoder LLM towers are refused)",
 }
 
 #: combinations refused with a specific reason (checked on the whole list of components)
 REFUSED: dict[tuple[str, str, str], str] = {}
-
-#: pairs of components refused together on one base, with the reason
-REFUSED_TOGETHER: dict[tuple[str, tuple[str, str], tuple[str, str]], str] = {
-    ("dense", (HEAD, "query"), ("hyrec_lexical", "branch")):
-        "a head on one route of a one-tower model splits it into a Router, and the learned-lexical branch is "
-        "composed on the one-tower model; put the head on route all, or start from an asymmetric model",
-    ("dense", (HEAD, "document"), ("hyrec_lexical", "branch")):
-        "a head on one route of a one-tower model splits it into a Router, and the learned-lexical branch is "
-        "composed on the one-tower model; put the head on route all, or start from an asymmetric model",
-}
 
 
 def base_kind(model) -> str:
@@ -90,21 +72,23 @@ def _component(name: str) -> str:
 
 def check_composition(base: str, components: list[tuple[str, str]]) -> None:
     """Raise :class:`~medadapt.errors.ConfigError` unless every ``(component, where)`` is allowed on
-    ``base`` (a head type's name counts as ``head``) and no pair of them is in :data:`REFUSED_TOGETHER`.
-    This is the table only: a branch kind's ``check`` then looks at the model itself (e.g. the HyReC branch
-    on an asymmetric model refuses a document tower that is not a BERT-like encoder)."""
+    ``base`` (a head type's name counts as ``head``) and no pair of them is in :func:`refused_together`.
+    This is the table only: a branch kind's ``check`` then looks at the model itself (e.g. a branch that
+    reads token states refuses a tower that is not a BERT-like encoder)."""
     parts = [(_component(c), w) for c, w in components]
+    table = allowed()
     for (component, where), (named, _) in zip(parts, components):
         key = (base, component, where)
-        if key in ALLOWED:
+        if key in table:
             continue
         reason = REFUSED.get(key)
-        allowed = "; ".join(f"{c} on {w} ({b} base)" for (b, c, w) in ALLOWED)
+        listed = "; ".join(f"{c} on {w} ({b} base)" for (b, c, w) in table)
         raise ConfigError(f"cannot compose {named} ({where}) on a {base} base model: "
-                          f"{reason or 'not a supported combination'} (allowed: {allowed})")
+                          f"{reason or 'not a supported combination'} (allowed: {listed})")
+    together = refused_together()
     for i, first in enumerate(parts):
         for second in parts[i + 1:]:
-            reason = REFUSED_TOGETHER.get((base, first, second)) or REFUSED_TOGETHER.get((base, second, first))
+            reason = together.get((base, first, second)) or together.get((base, second, first))
             if reason:
                 raise ConfigError(f"cannot compose {first[0]} ({first[1]}) with {second[0]} ({second[1]}) on a "
                                   f"{base} base model: {reason}")
@@ -115,7 +99,7 @@ class BranchKind:
     """A branch a system offers.
 
     Attributes:
-        name: the ``kind`` of a ``branches:`` entry (``"hyrec_lexical"``).
+        name: the ``kind`` of a ``branches:`` entry.
         section: the pydantic class that validates the entry.
         build_and_train: ``fn(model, section, recipe, ctx) -> composed model``: adds the branch to the trained
             model (a SentenceTransformer, possibly with heads) and trains it; the result has ``save`` /
@@ -123,6 +107,9 @@ class BranchKind:
         evaluate: ``fn(recipe, model, section, ctx) -> {metric: value}`` for the composed model.
         check: optional ``fn(model, section, recipe)`` run on the loaded base model before any training; raises
             :class:`~medadapt.errors.ConfigError` for a branch that cannot sit on it.
+        composes_on: base (``dense`` / ``asymmetric``) -> what the branch gives there (the bases it sits on).
+        refused_with: ``(base, (component, where)) -> reason``: components it cannot sit beside on that base
+            (``component`` is :data:`HEAD` for any head).
     """
 
     name: str
@@ -130,21 +117,32 @@ class BranchKind:
     build_and_train: Callable[..., Any]
     evaluate: Callable[..., dict[str, float]]
     check: Callable[..., None] | None = None
+    composes_on: dict[str, str] = field(default_factory=dict)
+    refused_with: dict[tuple[str, tuple[str, str]], str] = field(default_factory=dict)
 
 
-_BRANCHES: dict[str, BranchKind] = {}
-ENTRY_POINT_GROUP = "medadapt.branches"
+def _branches() -> dict[str, BranchKind]:
+    return {b.name: b for s in systems.registered() for b in s.branches}
 
 
-def register_branch(kind: BranchKind) -> BranchKind:
-    _BRANCHES[kind.name] = kind
-    return kind
+def allowed() -> dict[tuple[str, str, str], str]:
+    """(base, component, where) -> what it gives: :data:`ALLOWED` plus each registered branch's bases."""
+    return {**ALLOWED, **{(base, b.name, "branch"): text for b in _branches().values()
+                          for base, text in b.composes_on.items()}}
+
+
+def refused_together() -> dict[tuple[str, tuple[str, str], tuple[str, str]], str]:
+    """(base, component, component) -> why the two cannot sit together, from the registered branches."""
+    return {(base, other, (b.name, "branch")): reason for b in _branches().values()
+            for (base, other), reason in b.refused_with.items()}
 
 
 def branch_kinds() -> list[str]:
-    load_group(ENTRY_POINT_GROUP, _BRANCHES)
-    return sorted(_BRANCHES)
+    return sorted(_branches())
 
 
 def branch_kind(name: str) -> BranchKind:
-    return lookup(ENTRY_POINT_GROUP, _BRANCHES, name, "branch kind")
+    found = _branches().get(name)
+    if found is None:
+        raise ConfigError(f"unknown branch kind {name!r} (valid: {', '.join(branch_kinds()) or 'none'})")
+    return found

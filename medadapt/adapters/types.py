@@ -1,11 +1,10 @@
 """Adapter types: which head configs ``SentenceTransformer.add_adapter`` accepts, and how to rebuild them.
 
-A system registers each head it offers as an :class:`AdapterType` (Med-MoE-Embed registers ``"moe"`` from
-:mod:`medadapt.moe.adapter`). Nothing here imports a system: the modules that register types are found
-through the ``medadapt.adapter_types`` entry-point group (``pyproject.toml``) and imported only when a
-saved adapter names a type not yet registered. Hand-written because PEFT's method registry wraps layers
-*inside* a transformers model (``nn.Linear`` targets), while medadapt heads act on the pooled embedding
-after it; see :mod:`medadapt.adapters`.
+The core registers its own heads with :func:`register_adapter_type` (``linear``, ``search_adaptor``:
+:mod:`medadapt.adapters.linear`); a system lists its heads in its :class:`~medadapt.systems.System`
+(``adapter_types``), found through the ``medadapt.systems`` entry points when a lookup first needs them.
+Hand-written because PEFT's method registry wraps layers *inside* a transformers model (``nn.Linear``
+targets), while medadapt heads act on the pooled embedding after it; see :mod:`medadapt.adapters`.
 """
 
 from __future__ import annotations
@@ -14,12 +13,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from medadapt.plugins import load_group, lookup
-
+from medadapt import systems
+from medadapt.errors import ConfigError
 
 __all__ = ["AdapterType", "adapter_type", "adapter_type_of", "adapter_types", "register_adapter_type"]
-
-ENTRY_POINT_GROUP = "medadapt.adapter_types"
 
 
 @dataclass(frozen=True)
@@ -45,32 +42,35 @@ class AdapterType:
     describe: Callable[[Any], str] = lambda module: type(module).__name__
 
 
-_TYPES: dict[str, AdapterType] = {}
+_TYPES: dict[str, AdapterType] = {}  # the core's own heads
 
 
 def register_adapter_type(kind: AdapterType) -> AdapterType:
-    """Register (or re-register) an adapter type; returns it."""
+    """Register (or re-register) a core adapter type; returns it (a system lists its types in its
+    :class:`~medadapt.systems.System` instead)."""
     _TYPES[kind.name] = kind
     return kind
 
 
-def _load_entry_points() -> None:
-    load_group(ENTRY_POINT_GROUP, _TYPES)  # a type whose optional dependencies are missing stays unknown
+def _all() -> dict[str, AdapterType]:
+    """Every adapter type: the systems' (entry points loaded first), then the core's."""
+    return {**{t.name: t for s in systems.registered() for t in s.adapter_types}, **_TYPES}
 
 
 def adapter_types() -> list[str]:
     """Names of the registered adapter types."""
-    _load_entry_points()
-    return sorted(_TYPES)
+    return sorted(_all())
 
 
 def adapter_type(name: str) -> AdapterType:
     """The registered type ``name``; an unknown name lists the valid ones."""
-    return lookup(ENTRY_POINT_GROUP, _TYPES, name, "adapter type")
+    found = _TYPES.get(name) or _all().get(name)
+    if found is None:
+        raise ConfigError(f"unknown adapter type {name!r} (valid: {', '.join(adapter_types()) or 'none'})")
+    return found
 
 
 def adapter_type_of(config: Any) -> AdapterType | None:
     """The type whose config classes include ``config``'s class (``None``: not a medadapt head config, e.g.
     a PEFT ``LoraConfig``)."""
-    _load_entry_points()
-    return next((t for t in _TYPES.values() if isinstance(config, t.config_classes)), None)
+    return next((t for t in _all().values() if isinstance(config, t.config_classes)), None)

@@ -1,20 +1,9 @@
-"""BMRetriever (Xu et al., 2024): decoder-LLM biomedical retrievers trained in two stages (issue #8).
+"""BMRetriever (Xu et al., 2024): decoder-LLM biomedical retrievers trained in two stages.
 
-* Encoder: :func:`build_retriever` (CARE's EOS-pooling decoder tower or any ST model, dot product,
-  instructions as prompts); LoRA through :mod:`medadapt.training.lora` (PEFT, r=16, alpha=32).
-* Stage I data (§3.2): :mod:`~medadapt.bmretriever.pretrain_data` (title -> abstract pairs, two disjoint
-  random spans for untitled documents, streaming).
-* Stage II data (§3.3): :mod:`~medadapt.bmretriever.finetune_data` (hard negatives from the curation tools),
-  :mod:`~medadapt.bmretriever.synthetic` (pluggable query / task generators, Appendix A.1 prompts with sampled
-  attributes, consistency filter, generate-N-keep-what-passes accounting).
-* Training: :func:`contrastive_stage` / :func:`train_stage` (a Stage of the one loop: dot-product InfoNCE
-  at temperature τ, in-batch (+ hard) negatives of the global batch, GradCache accumulation, one data set per
-  batch), configured by the recipe's :class:`BmStageSection`.
-* Recipes: :class:`BmRetrieverRecipe` (``kind: bmretriever``, registered by
-  :mod:`medadapt.bmretriever.recipe`, run by :func:`medadapt.recipes.run_recipe`).
-* Instruction tables (Appendix B): :mod:`~medadapt.bmretriever.instructions`.
-
-Heavy libraries are imported inside functions.
+:func:`build_retriever` (EOS-pooling decoder tower or any ST model, dot product, instructions as prompts),
+stage I pairs (:mod:`~medadapt.bmretriever.pretrain_data`), stage II data (:mod:`~medadapt.bmretriever.finetune_data`,
+:mod:`~medadapt.bmretriever.synthetic`), training as stages of the one loop (:func:`contrastive_stage`,
+:func:`train_stage`), and the ``kind: bmretriever`` recipe (:class:`BmRetrieverRecipe`). See docs/bmretriever.md.
 """
 
 from __future__ import annotations

@@ -1,13 +1,6 @@
-"""The BMRetriever encoder (§3.1): one sentence-transformers model for queries and passages.
-
-* ``kind="decoder"``: a decoder LLM (Pythia, Gemma, BioMistral, Qwen, Llama: any ``AutoModel``) through
-  the shared decoder code that CARE's document tower uses too, :func:`medadapt.decoder.decoder_tower_modules`
-  (``EosTransformer`` appends ``<EOS>``, ``Pooling("lasttoken")`` reads its final hidden state).
-* ``kind="sentence_transformer"``: any ST model (the CPU-sized run uses the packaged MiniLM).
-
-Similarity is the dot product (Appendix E); ``normalize=True`` adds a ``Normalize`` module (dot = cosine).
-Instructions are the model's ``prompts`` (``query`` / ``document``), applied by ``encode_query`` /
-``encode_document``. LoRA (Appendix D) goes through :mod:`medadapt.training.lora`.
+"""The BMRetriever encoder (§3.1): one sentence-transformers model for queries and passages, either a decoder
+LLM through the shared :func:`medadapt.decoder.decoder_tower_modules` (EOS + last-token pooling) or any ST
+model. Dot-product similarity (Appendix E); instructions are the model's ``query`` / ``document`` prompts.
 """
 
 from __future__ import annotations

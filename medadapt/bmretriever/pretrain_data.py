@@ -1,22 +1,10 @@
 """Stage I data: silver (query, passage) pairs from unlabelled corpora (BMRetriever §3.2).
 
-Two rules, per document:
-
-* **titled** documents give ``(title, text)``: the title is the query, the abstract / body the passage;
-* **untitled** documents give two *disjoint* random word spans, one as the query, the other as the passage
-  (Contriever-style independent cropping, Izacard et al. 2022). Documents too short for two spans of
-  ``min_words`` are skipped.
-
-Negatives are the other passages of the batch (in-batch negatives, eq. 2), so a pair is just
-``{"anchor": query, "positive": passage}``.
-
-Everything streams: :func:`iter_corpus` reads a JSONL file line by line, :func:`iter_pretrain_pairs` yields
-pairs lazily, and :func:`pretrain_dataset` materialises them with ``datasets.Dataset.from_generator``
-(written to an Arrow file on disk, not held in memory). ``max_pairs`` keeps the first pairs after an
-optional reservoir subsample. Deterministic: every document's crop comes from a generator seeded with
-``(seed, doc_id)``, so results do not depend on order of other documents or on process count.
-
-Hand-written: sentence-transformers and ``datasets`` have no title/crop pair builder.
+Titled documents give ``(title, text)``; untitled ones two disjoint random word spans (Contriever cropping).
+Negatives are in-batch, so a pair is ``{"anchor": query, "positive": passage}``. Everything streams (JSONL line
+by line, pairs lazily, an on-disk ``datasets.Dataset``), and each document's crop is seeded by
+``(seed, doc_id)``, so results do not depend on order or process count. Hand-written: no library builds
+title / crop pairs. See docs/bmretriever.md.
 """
 
 from __future__ import annotations

@@ -1,21 +1,10 @@
 """BMRetriever recipes: the typed YAML schema (``kind: bmretriever``).
 
-A recipe names the backbone, the instruction tables, and the two stages::
-
-    kind: bmretriever
-    name: bmretriever-410m
-    data:   {path: ../shared/data/medquad}                 # BEIR folder: stage II tasks default here, eval
-    model:  {kind: decoder, name: EleutherAI/pythia-410m, max_seq_length: 512, torch_dtype: bfloat16,
-             lora: {r: 16, alpha: 32}, gradient_checkpointing: true}
-    instructions: {...}                                    # Appendix B, Tables 9-10 (defaults built in)
-    stage1: {sources: [{path: pubmed.jsonl}], epochs: 2, batch_size: 256, lr: 5.0e-5, warmup_steps: 100}
-    stage2: {tasks: [{name: medquad, split: train}], base_retriever: minilm, epochs: 1, lr: 5.0e-5}
-    training: {seed: 42, mixed_precision: bf16}
-    eval:   {split: test, metrics: [ndcg@10], instruction: "Given a question, ..."}
-
-A stage's optimisation is a :class:`BmStageSection` (an ``OptimSection`` with the paper's defaults), handed
-as it is to :func:`~medadapt.bmretriever.train.contrastive_stage`; hard-negative mining is
-:class:`medadapt.curation.MiningConfig`.
+A recipe names the backbone, the instruction tables (Appendix B, defaults built in) and the two stages; each
+stage's optimisation is a :class:`BmStageSection` (an ``OptimSection`` with the paper's defaults) handed to
+:func:`~medadapt.bmretriever.train.contrastive_stage`, and hard-negative mining is a
+:class:`medadapt.curation.MiningConfig`. Shipped examples: ``recipes/bmretriever-*.yaml``; every setting:
+docs/bmretriever.md and docs/recipes.md.
 """
 
 from __future__ import annotations

@@ -1,44 +1,13 @@
-"""Synthetic training data (BMRetriever §3.3 "Synthetic Data Augmentation with LLMs", Appendices A.1 and
-B.2), pluggable generators, generate-N-keep-what-passes accounting.
+"""Synthetic training data (BMRetriever §3.3, Appendices A.1 and B.2) through pluggable generators.
 
-Two levels, each a small ``Protocol`` so any LLM client plugs in:
-
-* **Instance level** (:class:`QueryGenerator`): one query per passage of a corpus. The paper: GPT-3.5
-  (``gpt-3.5-turbo-1106``) on passages of PubMed and of Meadow (medalpaca/medical_meadow_cord19, the COVID-19
-  corpus), each source with its own instruction (Appendix B.2; ``instructions.synthetic``). The paper prints
-  those instructions, not the prompt around them: :data:`INSTANCE_PROMPT` is ours.
-* **Task level** (:class:`TaskGenerator`): brainstorm retrieval tasks (:data:`TASK_BRAINSTORM_PROMPT`,
-  Appendix A.1 Listing 1), then examples per task, each a query, a positive and a hard-negative document
-  (:data:`TASK_EXAMPLE_PROMPT`, Listing 2), every example prompt filled with diversity attributes drawn
-  from :data:`TASK_ATTRIBUTES` (Listing 2's value lists: query type, query length, clarity, number of words,
-  difficulty). The paper: GPT-4 (``gpt-4-turbo-1106``), ~200 tasks (Figure 2: "Synthetic Retrieval Data (200
-  Tasks)") and 20,000 examples in all (Appendix B.2), so about 100 per task (the per-task number is not
-  printed).
-
-**Generate N, keep what passes.** :func:`generate_instance_data` and :func:`generate_task_data` take the
-number to KEEP and a cap on what is generated; they generate in rounds (each next round sized by the keep
-rate so far) until the target is kept, the cap is reached or the candidates run out, and return a
-:class:`SyntheticReport` (generated, rejected, duplicates, filtered, kept, why it stopped). The paper
-generated 500K queries and kept ~420K after consistency filtering (Appendix B.2).
-
-Filters: an instance-level pair is kept only when a base retriever ranks its passage in its top 3 for the
-generated query (§3.3 consistency filtering, :func:`medadapt.curation.filter_consistent_groups`). A task-level
-example may be checked by :func:`filter_task_groups` (the base retriever scores its positive above its hard
-negative): the paper describes no filter for the task level; this check is ours and optional.
-
-**Where the paper is silent** (our choices): the instance-level prompt; which passages get queries (ours: a
-seeded uniform sample) and how the 500K / 420K split between PubMed and Meadow; whether it generated a fixed
-number or until a target was kept (ours: until the target, under a cap); the examples per task (~100 is
-20,000 / 200); decoding temperature; how attributes are drawn (ours: each uniformly and independently per
-example, seeded by the task and the attempt); replies that are not the JSON asked for and examples whose
-query their task already has (ours: dropped and counted).
-
-Shipped generators: :class:`FakeQueryGenerator` / :class:`FakeTaskGenerator` (deterministic, offline; what
-the tests and the tiny recipe use), and :class:`LLMQueryGenerator` / :class:`LLMTaskGenerator` over a
-:class:`ChatClient`: :class:`TransformersChatClient` (a local ``transformers`` causal / chat LM) or
-:class:`OpenAICompatibleClient` (any ``/chat/completions`` endpoint: OpenAI, vLLM, TGI, llama.cpp server).
-The API key is read from an environment variable at each request (the recipe names the variable, never the
-key); it is not stored on the client, written to disk, logged, or echoed in errors.
+Two levels, each a small ``Protocol`` so any LLM client plugs in: instance level (:class:`QueryGenerator`,
+one query per passage) and task level (:class:`TaskGenerator`: brainstormed tasks, then examples per task
+with attributes drawn from :data:`TASK_ATTRIBUTES`). :func:`generate_instance_data` /
+:func:`generate_task_data` generate in rounds until the number to keep passes the filters or a cap is reached,
+and report the accounting (:class:`SyntheticReport`). Generators: the offline fakes, or
+:class:`LLMQueryGenerator` / :class:`LLMTaskGenerator` over a :class:`ChatClient` (local ``transformers`` or any
+OpenAI-compatible endpoint; the API key is read from an environment variable per request, never stored).
+The paper's values and where it is silent: docs/bmretriever.md.
 """
 
 from __future__ import annotations

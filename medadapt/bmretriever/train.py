@@ -1,15 +1,10 @@
 """BMRetriever's two training stages as :class:`~medadapt.training.loop.Stage` objects of the one loop.
 
-Both stages minimise InfoNCE with dot-product similarity and temperature ``τ`` (paper: 1;
-:class:`~medadapt.losses.InfoNCELoss` with ``similarity="dot"``) over in-batch negatives (stage I, eq. 2) or
-in-batch + hard negatives (stage II, eq. 3: ``negative`` columns). Batch sizes are **global**: the loop shards
-each batch over the processes and gathers their embeddings, so the negatives are those of the global batch
-and ``N`` processes train as one. ``gradient_accumulation_steps = k`` trains as one batch of ``k *
-batch_size`` (the loop's GradCache: in-batch negatives span the whole optimiser step). Instructions are prompts
-per data set and column; a dict of data sets trains one data set per batch, data sets drawn in proportion to
-their size, with no text twice in a batch under ``no_duplicates`` and each data set's last partial batch
-dropped (:class:`~medadapt.training.steps.DatasetBatches`, sentence-transformers' samplers' semantics).
-Fractional ``epochs`` and ``warmup_steps`` are mapped onto the loop's section (:func:`loop_optim`).
+Both minimise dot-product InfoNCE at temperature ``τ`` (paper: 1) over in-batch negatives (stage I, eq. 2) or
+in-batch + hard negatives (stage II, eq. 3) of the global batch, with GradCache accumulation. Instructions are
+prompts per data set and column; several data sets train one data set per batch, drawn in proportion to size
+(:class:`~medadapt.training.steps.DatasetBatches`). Fractional ``epochs`` / ``warmup_steps`` map onto the loop's
+section (:func:`loop_optim`). See docs/bmretriever.md.
 """
 
 from __future__ import annotations

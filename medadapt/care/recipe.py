@@ -30,10 +30,9 @@ from medadapt.data import load_beir
 from medadapt.decoder import decoder_tower_modules, strip_normalize
 from medadapt.losses import AsymInfoNCELoss, InfoNCELoss, LearnableTemperatureInfoNCELoss, MatryoshkaLoss
 from medadapt.models import load, resolve_model_path
-from medadapt.plan import LoraSpec, ModelSpec, PhaseSpec, PlanSpec, Usage, find_config, register_planner
+from medadapt.plan import LoraSpec, ModelSpec, PhaseSpec, PlanSpec, Usage, find_config
 from medadapt.plan.memory import mlm_logit_bytes
 from medadapt.recipes.base import LoraSection, RecipeBase, RunSection, Section
-from medadapt.recipes.registry import RecipeKind, register_kind
 from medadapt.training.lora import attach_lora, merge_lora
 from medadapt.training.retromae import RetroMAESection, retromae_stage
 
@@ -636,11 +635,6 @@ def frozen_base(recipe: CareRecipe, ctx: RunContext):
     return build_document_tower(recipe.document, device=ctx.device)
 
 
-register_kind(RecipeKind("care", CareRecipe, train, evaluate,
-                         summary="CARE asymmetric retrieval: small query tower aligned to a large document tower",
-                         paper=PAPER, base=frozen_base))
-
-
 def plan_spec(recipe: CareRecipe):
     """What ``medadapt plan`` needs (:mod:`medadapt.plan`): the two towers and the phases that train them
     (init per tower, the query tower's RetroMAE / unsupervised steps when set, stage I with the document tower frozen, stage II); texts per example as each phase
@@ -697,10 +691,3 @@ def plan_spec(recipe: CareRecipe):
                      "(N x d fp32, e.g. 1M x 4096 = 16 GiB) plus a (batch x N) score matrix; not counted, "
                      "the plan does not know the corpus size")
     return PlanSpec(recipe.name, tuple(models), tuple(phases), recipe.training.mixed_precision, tuple(notes))
-
-
-def _register_planner() -> None:
-    register_planner("care", plan_spec)
-
-
-_register_planner()

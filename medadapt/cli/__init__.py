@@ -1,8 +1,10 @@
 """The ``medadapt`` command line (Typer + rich).
 
-One module per command (``eval.py``, ...); this file only assembles the app. Every user error
-(:class:`medadapt.errors.MedAdaptError`, bad option values) is printed as one ``error: ...`` line on
-stderr with exit code 1 and no traceback.
+One module per command (``eval.py``, ...); this file only assembles the app from a table of where each
+command lives (:data:`COMMANDS`, :data:`DATA_COMMANDS`): a command's module (and torch with it) is imported
+only when that command runs or shows its own help, so ``medadapt --help`` and ``medadapt version`` answer at
+once. Every user error (:class:`medadapt.errors.MedAdaptError`, bad option values) is printed as one
+``error: ...`` line on stderr with exit code 1 and no traceback.
 """
 
 from __future__ import annotations
@@ -12,17 +14,54 @@ import sys
 import typer
 
 from medadapt import __version__
-from medadapt.cli._common import console, err_console, tagged
-from medadapt.cli._help import App
-from medadapt.cli.data import data_app
-from medadapt.cli.encode import encode_cmd
-from medadapt.cli.eval import eval_cmd
-from medadapt.cli.index import index_app, search_cmd
-from medadapt.cli.plan import plan_cmd
-from medadapt.cli.report import report_cmd
-from medadapt.cli.train import train_cmd
+from medadapt.cli._console import console, err_console, tagged
+from medadapt.cli._help import App, Lazy
 from medadapt.errors import MedAdaptError, MedAdaptWarning
 from medadapt.progress import set_level
+
+#: ``medadapt <command>`` -> where it lives and the line ``medadapt --help`` shows for it (the first paragraph
+#: of its help; ``tests/test_cli_help.py`` checks that the two agree).
+COMMANDS = {
+    "eval": Lazy("medadapt.cli.eval", "eval_cmd",
+                 "Evaluate a model or an index on retrieval (nDCG/Recall/MRR/MAP@k), rerank (MAP@10), STS "
+                 "(Pearson/Spearman), QA (Recall@5/20, nDCG@20), entity linking (Recall@1/5, MRR@5) or paper "
+                 "recommendation (MAP, nDCG)."),
+    "train": Lazy("medadapt.cli.train", "train_cmd",
+                  "Train a head (or backbone / LoRA) as a recipe describes; resumes from OUTPUT.checkpoints after "
+                  "a kill."),
+    "search": Lazy("medadapt.cli.index", "search_cmd",
+                   "Search an index: one query as a table, or --queries as a TREC run (qid Q0 docid rank score "
+                   "tag)."),
+    "encode": Lazy("medadapt.cli.encode", "encode_cmd",
+                   "Encode a corpus into the embedding cache (resumable; split across `accelerate launch` "
+                   "processes)."),
+    "plan": Lazy("medadapt.cli.plan", "plan_cmd",
+                 "Plan a recipe before any download: parameters (trainable / frozen), memory per device, tokens "
+                 "per optimizer step and the gradient accumulation the paper's global batch needs; exit 1 with "
+                 "the reason when it cannot fit."),
+    "report": Lazy("medadapt.cli.report", "report_cmd",
+                   "Write an HTML report of a training run: loss curves, expert load, positive vs hard-negative "
+                   "scores, metrics vs the frozen baseline, and the queries that gained or lost most."),
+    "index": Lazy("medadapt.cli.index", "index_app",
+                  "Build a dense, lexical or hybrid index over a corpus and save it as a checked folder (`medadapt "
+                  "index upgrade-queries`: give a built index a new query encoder)."),
+}
+#: ``medadapt data <command>``, likewise.
+DATA_COMMANDS = {
+    "mine": Lazy("medadapt.cli.data", "mine_cmd",
+                 "Mine hard negatives by rank window; write FlagEmbedding JSONL {query, pos, neg, *_scores}."),
+    "filter": Lazy("medadapt.cli.data", "filter_cmd",
+                   "Consistency filter (BMRetriever): keep synthetic pairs whose passage ranks in the retriever's "
+                   "top-k."),
+    "dedup": Lazy("medadapt.cli.data", "dedup_cmd",
+                  "Diversity-aware dedup (CARE App. B): stream into an index; drop items with > m neighbours above "
+                  "τ."),
+    "label": Lazy("medadapt.cli.data", "label_cmd",
+                  "Multi-judge consensus labels (CMedTEB): keep pairs the judges agree on; report Fleiss' kappa."),
+    "sts-triplets": Lazy("medadapt.cli.data", "sts_cmd",
+                         "Synonym STS data (CMedTEB): positive / hard-negative / easy-negative sentences per "
+                         "synonym pair."),
+}
 
 app = App(
     name="medadapt",
@@ -30,14 +69,18 @@ app = App(
     no_args_is_help=True,
     pretty_exceptions_enable=False,
     add_completion=False,
+    lazy_commands=COMMANDS,
 )
-app.command("eval")(eval_cmd)
-app.command("train")(train_cmd)
-app.add_typer(index_app, name="index")
-app.command("search")(search_cmd)
-app.command("encode")(encode_cmd)
-app.command("plan")(plan_cmd)
-app.command("report")(report_cmd)
+#: ``medadapt data``: the same group as ``medadapt.cli.data.data_app``, its commands from :data:`DATA_COMMANDS`.
+data_app = App(
+    name="data",
+    help="Curate training data: hard negatives, consistency filter, diversity dedup, LLM consensus labels, "
+    "synonym STS triplets.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    add_completion=False,
+    lazy_commands=DATA_COMMANDS,
+)
 app.add_typer(data_app, name="data")
 
 

@@ -1,9 +1,5 @@
-"""Shared CLI helpers: consoles, one-line errors, quiet third-party logging.
-
-Everything the CLI prints goes through :data:`console` / :data:`err_console`, which print text as it is
-(:func:`medadapt.progress.plain_console`): a query, a document title, an id, a path or a warning holding
-``[/bold]``, ``[red]`` or ``[link=x]`` is printed literally, never read as rich markup. Colour comes only
-from ``rich.text.Text`` styles (:func:`tagged`)."""
+"""Shared CLI helpers: one-line errors, ``--quiet`` / ``--verbose``, ``--cache-dir`` / ``--backend``, quiet
+third-party logging. The consoles and :func:`tagged` live in :mod:`medadapt.cli._console` (re-exported here)."""
 
 from __future__ import annotations
 
@@ -15,21 +11,15 @@ from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
-from rich.text import Text
 
 from medadapt.backends import check_backend, require_backend
+from medadapt.cli._console import console, err_console, tagged
 from medadapt.errors import MedAdaptError, MedAdaptWarning
-from medadapt.progress import level, plain_console, set_level
+from medadapt.progress import level, set_level
 from medadapt.training.distributed import close_process_group
 
-console = plain_console()
-err_console = plain_console(stderr=True)
-
-
-def tagged(tag: str, style: str, message: str) -> Text:
-    """``tag message`` with only the tag styled (``tagged("error:", "bold red", message)``): the message,
-    whatever brackets it holds, stays literal."""
-    return Text.assemble((tag, style), " ", str(message))
+__all__ = ["console", "err_console", "tagged", "fail", "user_errors", "quiet_libraries", "closes_process_group",
+           "QuietOpt", "VerboseOpt", "CACHE_DEFAULT", "CacheDirOpt", "BackendOption", "check_backend_option"]
 
 
 def _quiet_flag(value: bool) -> bool:

@@ -69,12 +69,6 @@ class Language(str, enum.Enum):
     zh = "zh"
 
 
-class Preset(str, enum.Enum):
-    hyrec = "hyrec"
-    med_moe = "med-moe"
-    bmretriever = "bmretriever"
-
-
 class Kind(str, enum.Enum):
     query = "query"
     document = "document"
@@ -194,8 +188,9 @@ def mine_cmd(
     retriever: Annotated[Retriever, typer.Option(help="Candidate retriever.")] = Retriever.dense,
     model: ModelOpt = "minilm",
     language: LanguageOpt = Language.auto,
-    preset: Annotated[Optional[Preset], typer.Option(
-        help="Paper settings: hyrec (ranks 20-100, 3 negs), med-moe (6-10, 5), bmretriever (1-100, 1)."
+    preset: Annotated[Optional[str], typer.Option(
+        help="Paper settings, contributed by the systems: hyrec (ranks 20-100, 3 negs), med-moe (6-10, 5), "
+             "bmretriever (1-100, 1)."
     )] = None,
     window: Annotated[Optional[str], typer.Option(help="Rank window lo-hi (1-based).")] = None,
     num_negatives: Annotated[Optional[int], typer.Option(min=1, help="Negatives per query.")] = None,
@@ -226,7 +221,7 @@ def mine_cmd(
             overrides["window"] = _parse_window(window)
         if num_negatives is not None:
             overrides["num_negatives"] = num_negatives
-        config = MiningConfig.preset(preset.value, **overrides) if preset else MiningConfig(**overrides)
+        config = MiningConfig.preset(preset, **overrides) if preset else MiningConfig(**overrides)
         dataset = load_beir(data, [split])
         searcher = _searcher(retriever, dataset.doc_ids, dataset.doc_texts(), model, device, cache_dir,
                              language, quiet)

@@ -1,5 +1,6 @@
 """``medadapt eval``: retrieval, rerank, STS, and BMRetriever's QA / entity-linking / paper-recommendation
-tasks from the command line (file formats: docs/evaluation.md); what runs is :mod:`medadapt.cli._eval_dispatch`."""
+tasks from the command line (file formats: docs/evaluation.md); what runs is :mod:`medadapt.cli._eval_dispatch`,
+every task through :func:`medadapt.eval.tasks.evaluate`."""
 
 from __future__ import annotations
 
@@ -31,9 +32,10 @@ SplitOpt = _opt(str, "qrels split (retrieval) or file split.")
 MetricsOpt = _opt(Optional[str], "Comma-separated metrics, e.g. ndcg@10,recall@100,f1@10.")
 DeviceOpt = _opt(Optional[str], "cpu, cuda, mps ... (default: auto).")
 NoCacheOpt = Annotated[bool, typer.Option("--no-cache", help="Encode without reading or writing the cache.")]
-ModeOpt = _opt(Optional[Mode], "Retrieval side: dense, lexical or hybrid. A HyReC folder offers all three "
-                               "(default hybrid), an index its own kind (a hybrid index all three), a dense model "
-                               "dense (default) or hybrid (dense + BM25 over the corpus, min-max fusion).")
+ModeOpt = _opt(Optional[Mode], "Retrieval side: dense, lexical or hybrid. A model with a learned-lexical branch "
+                               "(HyReC, composed) offers all three (default hybrid), an index its own kind (a hybrid "
+                               "index all three), a dense model dense (default) or hybrid (dense + BM25 over the "
+                               "corpus, min-max fusion).")
 PromptOpt = _opt(Optional[str], "Instruction prepended to queries (sets the model's 'query' prompt), e.g. 'Given a "
                                 "question, retrieve ...\\nQuery: '.")
 SimilarityOpt = _opt(StsSimilarity, "STS: cosine (as the papers score STS), dot, or the model's own.")

@@ -33,7 +33,7 @@ from medadapt.io import atomic_open, check_output
 from medadapt.models import check_device, load
 from medadapt.retrieval.config import RetrieverConfig
 from medadapt.retrieval.corpus import load_documents
-from medadapt.retrieval.encoders import ST_TAG, detect_encoder_kind, open_encoder
+from medadapt.retrieval.encoders import ST_TAG, offers_sparse, open_encoder
 from medadapt.retrieval.retriever import Retriever, with_fusion_defaults
 from medadapt.retrieval.storage import INDEX_FOLDER, load_manifest
 from medadapt.retrieval.upgrade import upgrade_qdrant_queries, upgrade_queries
@@ -94,7 +94,7 @@ def index_cmd(
     quiet_libraries()
     with user_errors():
         check_device(device)  # before reading the corpus or loading a model
-        check_backend_option(backend, **{"a HyReC model": detect_encoder_kind(model) is not None})
+        check_backend_option(backend, **{"a HyReC model": offers_sparse(model)})
         config = _index_config(kind, batch_size, factory, ef_construction, ef_search, nprobe, language, fusion,
                                dense_weight)
         check_output(out, INDEX_FOLDER, what="--out")  # a file, a non-index folder, unwritable: refused first
@@ -149,7 +149,7 @@ def _index_encoder(model: str, config: RetrieverConfig, docs, device: str | None
     """``(encoder or None, is_main_process)``: the model's encoder when the index needs one (dense side, or a
     model with learned lexical vectors such as a HyReC folder); under ``accelerate launch`` every process
     encodes its share of the documents into the cache first."""
-    if detect_encoder_kind(model) is None and not config.uses_dense:
+    if not offers_sparse(model) and not config.uses_dense:
         return None, True
     state = None
     if launched_processes() > 1:  # under `accelerate launch`: the processes share the corpus encode

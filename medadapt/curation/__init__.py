@@ -1,17 +1,14 @@
-"""Training-data curation for medical retrieval (issue #4).
+"""Training-data curation for medical retrieval (docs/curation.md).
 
-* Hard-negative mining by rank window with false-negative guards (HyReC App. B, Med-MoE-Embed §IV-A,
-  BMRetriever §3.3): :func:`mine_hard_negatives` (any searcher), :func:`mine_from_embeddings` (cached
-  embeddings fast path), the pure core :func:`sample_negatives`, :class:`MiningConfig`.
+* Hard-negative mining by rank window with false-negative guards: :func:`mine_hard_negatives` (any searcher),
+  :func:`mine_from_embeddings` (cached embeddings), :func:`sample_negatives`, :class:`MiningConfig`.
 * Searchers: the ``search(query_texts, k)`` protocol, :class:`DenseSearcher`, :class:`BM25Searcher`.
 * Consistency filtering of synthetic pairs (BMRetriever §3.3): :func:`consistency_mask`,
   :func:`filter_consistent_groups`.
-* Diversity-aware dedup (CARE §4.1, App. B): :func:`diversity_dedup`, :class:`DedupConfig`.
+* Diversity-aware dedup (CARE §4.1): :func:`diversity_dedup`, :class:`DedupConfig`.
 * Multi-judge consensus labels (CMedTEB §3.1): :func:`label_pairs`, :class:`PromptJudge`,
   :data:`CMEDTEB_RUBRIC`, :data:`CURE_RUBRIC`, :class:`OpenAIChat`, :func:`fleiss_kappa`.
 * Synonym STS triplets (CMedTEB §3.1): :func:`build_sts_triplets`.
-
-Heavy dependencies (FAISS, jieba, torch) are imported inside functions, not at import time.
 """
 
 from medadapt.curation.bm25 import BM25Searcher
@@ -23,7 +20,7 @@ from medadapt.curation.fast_mining import mine_from_embeddings
 from medadapt.curation.judges import Judge, JudgeError, PromptJudge, parse_grades
 from medadapt.curation.kappa import category_counts, fleiss_kappa
 from medadapt.curation.mining import MiningReport, mine_hard_negatives
-from medadapt.curation.mining_config import PRESETS, MiningConfig
+from medadapt.curation.mining_config import MiningConfig, presets
 from medadapt.curation.negatives import margin_threshold, sample_negatives
 from medadapt.curation.openai_backend import BackendError, OpenAIChat
 from medadapt.curation.rubrics import CMEDTEB_RUBRIC, CURE_RUBRIC, RUBRICS, Rubric, get_rubric
@@ -43,10 +40,10 @@ from medadapt.curation.writers import write_jsonl, write_training_groups
 __all__ = [
     "BM25Searcher", "BackendError", "CMEDTEB_RUBRIC", "CURE_RUBRIC", "ConsensusResult", "DedupConfig",
     "DedupResult", "DenseSearcher", "Judge", "JudgeError", "LabeledPair", "MiningConfig", "MiningReport",
-    "OpenAIChat", "PRESETS", "PromptGenerator", "PromptJudge", "RUBRICS", "Rubric", "Scorer", "Searcher",
+    "OpenAIChat", "PromptGenerator", "PromptJudge", "RUBRICS", "Rubric", "Scorer", "Searcher",
     "StsReport", "StsTriplet", "SynonymExample", "batched_search", "build_sts_triplets", "category_counts",
     "consistency_mask", "decide", "dedup_texts", "diversity_dedup", "filter_consistent_groups",
     "fleiss_kappa", "get_rubric", "is_near_duplicate", "jaccard", "label_pairs", "load_synonyms",
-    "margin_threshold", "mine_from_embeddings", "mine_hard_negatives", "parse_grades", "sample_negatives",
-    "to_sts_pairs", "write_jsonl", "write_training_groups",
+    "margin_threshold", "mine_from_embeddings", "mine_hard_negatives", "parse_grades", "presets",
+    "sample_negatives", "to_sts_pairs", "write_jsonl", "write_training_groups",
 ]

@@ -1,14 +1,6 @@
-"""Multi-judge consensus labelling (CMedTEB §3.1): several judges grade every (query, passage) pair; a
-pair is kept only when the judges agree, and pairs with partial agreement are dropped.
-
-Policies:
-
-* ``unanimous`` (the paper's rule): all judges give the same value.
-* ``majority``: strictly more than half of the judges give the same value (ties are dropped).
-
-``agreement_on="label"`` (default) compares the binary labels the rubric derives from the grades
-(e.g. S/A = positive for CMedTEB); ``"grade"`` compares the raw grades. Agreement among judges is
-reported as Fleiss' kappa over all pairs, on labels and on grades (:mod:`medadapt.curation.kappa`).
+"""Multi-judge consensus labelling (CMedTEB §3.1): several judges grade every (query, passage) pair, and a pair
+is kept only when they agree (``unanimous``, the paper's rule, or strict ``majority``), on labels or raw
+grades; agreement is reported as Fleiss' kappa. See docs/curation.md.
 """
 
 from __future__ import annotations

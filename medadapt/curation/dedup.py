@@ -1,20 +1,10 @@
-"""Diversity-aware deduplication (CARE / CMedTEB §4.1 and Appendix B, Table 14).
+"""Diversity-aware deduplication (CARE / CMedTEB §4.1, Appendix B): a streaming index seeded with ``seed_size``
+items; a candidate is discarded when more than ``max_neighbors`` of its top-``k`` neighbours are above
+``threshold``, else inserted.
 
-Streaming rule from the paper: a vector index is seeded with ``seed_size`` items; each further candidate
-retrieves its top-``k`` neighbours from the evolving index and is **discarded when more than
-``max_neighbors`` (m) of them have similarity above ``threshold`` (τ)**, otherwise it is inserted. Queries
-and documents are deduplicated separately; paper defaults ``k=5``, ``m=1``, ``τ=0.85`` for queries and
-``τ=0.78`` for documents (:meth:`DedupConfig.for_queries` / :meth:`DedupConfig.for_documents`). Note the
-rule's literal meaning: with ``m=1`` a candidate with a single near-duplicate is still kept; ``m=0``
-discards on any neighbour above τ.
-
-Implementation (hand-written; FAISS provides the index, not the policy): candidates are processed in
-batches. A batch is searched against the index (top-``k``), then checked against the earlier *kept*
-members of the same batch with a ``batch × batch`` similarity block; kept items are added to the index.
-Because the number of top-``k`` neighbours above τ equals ``min(k, #items above τ)``, this is exactly the
-one-at-a-time streaming result with an exact (``flat``) index, while memory stays
-``O(n × dim + batch²)``. ``index="hnsw"`` (FAISS ``IndexHNSWFlat``) trades exactness for speed on
-millions of items. Embeddings are L2-normalised, so similarity is cosine.
+Hand-written policy over a FAISS index: candidates go in batches (searched against the index, then checked
+against the batch's earlier kept members), which equals the one-at-a-time result with a flat index at
+``O(n x dim + batch^2)`` memory; ``index="hnsw"`` trades exactness for speed. See docs/curation.md.
 """
 
 from __future__ import annotations

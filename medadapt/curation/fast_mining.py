@@ -1,19 +1,9 @@
 """Hard-negative mining straight from precomputed embeddings: the one embedding miner of medadapt.
 
-``mine_from_embeddings`` is what medadapt's cached-embedding trainers call (Med-MoE-Embed heads on cached
-MiniLM embeddings through :mod:`medadapt.training.pairs`, CARE's stage II through
-:func:`medadapt.care.data.mine_hard_negatives`): no model, no texts, one FAISS exact search for all
-queries (:func:`medadapt.retrieval.exact.exact_search`, ``IndexFlatIP`` searched in query chunks, so
-memory is ``O(n_docs × dim + chunk × depth)``), then vectorised numpy filtering per query. Mining with any
-other searcher (BM25, a text-level duplicate guard) is :func:`medadapt.curation.mine_hard_negatives`. Same semantics as
-:func:`~medadapt.curation.negatives.sample_negatives` (rank window with positives counted, relative /
-absolute margin against the lowest positive score), except that the near-duplicate guard compares
-*embeddings*: a candidate whose cosine with any positive document is >= ``config.embedding_dup_threshold``
-is excluded. Sampling uses ``numpy.random.default_rng((seed, query_index))`` per query, so the output
-does not depend on chunking.
-
-Measured cost (2 shared CPU cores, load ~7): 5,820 queries × 7,244 documents × 384 dims, window
-(20, 100), 2–3 s including the search.
+One exact FAISS search for all queries (in chunks), then vectorised filtering with the semantics of
+:func:`~medadapt.curation.negatives.sample_negatives`, except that the near-duplicate guard compares
+embeddings (``config.embedding_dup_threshold``). Sampling is seeded per query, so chunking does not change the
+output. Used by the cached-embedding trainers; see docs/curation.md, "Fast path".
 """
 
 from __future__ import annotations

@@ -1,13 +1,8 @@
-"""Hard-negative mining over a BEIR dataset with any searcher (HyReC Appendix B, Med-MoE-Embed §IV-A,
-BMRetriever §3.3), writing FlagEmbedding training groups ``{query, pos, neg, pos_scores, neg_scores}``.
-
-For each judged query of a split: positives are its documents with grade > 0; the searcher retrieves
-``config.depth`` candidates; :func:`~medadapt.curation.negatives.sample_negatives` picks negatives in the
-rank window with the false-negative guards of :class:`~medadapt.curation.mining_config.MiningConfig`.
-
-With embeddings already at hand (no searcher, no texts), :func:`~medadapt.curation.mine_from_embeddings` is
-the one embedding miner (same window / margin rules, vectorised, an embedding duplicate guard instead of
-the text one).
+"""Hard-negative mining over a BEIR dataset with any searcher, writing FlagEmbedding training groups
+``{query, pos, neg, pos_scores, neg_scores}``: positives are a judged query's documents with grade > 0, and
+:func:`~medadapt.curation.negatives.sample_negatives` picks negatives from the searcher's candidates. With
+embeddings at hand, :func:`~medadapt.curation.mine_from_embeddings` is the faster equivalent. See
+docs/curation.md.
 """
 
 from __future__ import annotations

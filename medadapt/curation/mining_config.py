@@ -1,23 +1,24 @@
-"""Typed configuration of hard-negative mining, with the papers' settings as named presets."""
+"""Typed configuration of hard-negative mining, with the papers' settings as named presets (each system
+contributes its paper's: :attr:`medadapt.systems.System.mining_presets`)."""
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any
 
 from pydantic import Field, model_validator
 
+from medadapt import systems
 from medadapt.config import Section
+from medadapt.errors import ConfigError
 
 MINING_CONFIG_VERSION = 1
 
-PresetName = Literal["hyrec", "med-moe", "bmretriever"]
 
-#: Settings taken from the papers (see :mod:`medadapt.curation.negatives` for the citations).
-PRESETS: dict[str, dict] = {
-    "hyrec": {"window": (20, 100), "num_negatives": 3},
-    "med-moe": {"window": (6, 10), "num_negatives": 5},
-    "bmretriever": {"window": (1, 100), "num_negatives": 1},
-}
+def presets() -> dict[str, dict[str, Any]]:
+    """The named presets the registered systems contribute (see :mod:`medadapt.curation.negatives` for the
+    papers' settings), by name."""
+    found = {name: dict(values) for s in systems.registered() for name, values in s.mining_presets.items()}
+    return dict(sorted(found.items()))
 
 
 class MiningConfig(Section):
@@ -66,7 +67,8 @@ class MiningConfig(Section):
 
     @classmethod
     def preset(cls, name: str, **overrides) -> MiningConfig:
-        """A config from a paper preset (``hyrec``, ``med-moe``, ``bmretriever``) plus overrides."""
-        if name not in PRESETS:
-            raise ValueError(f"unknown mining preset {name!r}; valid presets: {', '.join(PRESETS)}")
-        return cls(**{**PRESETS[name], **overrides})
+        """A config from a paper preset (:func:`presets`) plus overrides."""
+        known = presets()
+        if name not in known:
+            raise ConfigError(f"unknown mining preset {name!r}; valid presets: {', '.join(known)}")
+        return cls(**{**known[name], **overrides})

@@ -1,28 +1,9 @@
 """The pure core of hard-negative mining: pick negatives from one query's ranked candidates.
 
-Rank-window sampling as in the three papers medadapt reproduces:
-
-* HyReC (Appendix B, "ANN-style hard negative mining"): non-positive passages ranked 20th–100th by the
-  first-stage model -> ``window=(20, 100)``; 3 negatives per query in its high-quality fine-tuning stage.
-* Med-MoE-Embed (§IV-A, MCQA-Retri): BM25 ranks 6th–10th -> ``window=(6, 10)``, 5 negatives.
-* BMRetriever (§3.3, "Hard Negative Mining and Data Filter"): 1 random passage from the top 100 of E5
-  -> ``window=(1, 100)``, 1 negative.
-
-**Ranks** are 1-based positions in the retriever's list *including* positives (a positive at rank 3 still
-occupies rank 3); positives themselves are never sampled.
-
-**False-negative guards** (CMedTEB §4.1 / Appendix B: with topic intensity, top-ranked "negatives" are
-often unlabeled positives):
-
-* ``margin`` (relative): drop candidates with ``score > pos_score - margin * |pos_score|``. For a
-  non-negative positive score this is ``pos_score * (1 - margin)`` (the relative margin of
-  sentence-transformers' ``mine_hard_negatives``); the ``|·|`` keeps the cut-off at or below the
-  positive's score when scores are negative. ``margin=0`` drops candidates scoring above the positive.
-* ``absolute_margin``: drop candidates with ``score > pos_score - absolute_margin``.
-* ``excluded_ids``: ids known to be duplicates of a positive (e.g. by text, see
-  :mod:`medadapt.curation.textsim`).
-
-Hand-written: no library exposes rank-window sampling with these guards as a pure function.
+Rank-window sampling as in HyReC (ranks 20-100), Med-MoE-Embed (6-10) and BMRetriever (1-100), with
+false-negative guards (``margin``, ``absolute_margin``, ``excluded_ids``). Ranks are 1-based and count
+positives, which are never sampled. Hand-written: no library exposes rank-window sampling with these guards as
+a pure function. Presets and guards: docs/curation.md.
 """
 
 from __future__ import annotations

@@ -1,17 +1,11 @@
 """Optional completion backend for any OpenAI-compatible chat-completions server (OpenAI, vLLM, SGLang,
-llama.cpp server, DeepSeek ...). Uses ``httpx`` when installed, else the standard library ``urllib``.
-No request is made at import or construction time; medadapt's tests never call a network.
+llama.cpp server, ...), through ``httpx`` when installed, else ``urllib``; no request at import or
+construction.
 
-The API key goes only to the configured base URL: it is refused over plain ``http://`` to a host other than
-this machine (``localhost``, ``127.0.0.0/8``, ``::1``) unless ``allow_insecure_http=True``, and redirects
-are never followed (``httpx`` does not follow them unless asked; the ``urllib`` fallback uses an opener
-without a redirect handler, because ``urllib`` would otherwise re-send the ``Authorization`` header to
-whatever host a redirect names). A redirect is an error naming its target.
-
-Text the server sends back (an error body, a reply that is not JSON, a redirect target) reaches an error
-message only through :func:`medadapt.errors.redact`: the API key, the values of the headers sent and anything
-that looks like a credential are replaced by ``***`` (a server answering 401 may echo the ``Authorization``
-header).
+The API key goes only to the configured base URL: plain ``http://`` to a non-loopback host is refused unless
+``allow_insecure_http=True``, redirects are never followed (the ``urllib`` fallback would re-send the
+``Authorization`` header), and server text reaches errors only through :func:`medadapt.errors.redact`. See
+docs/guarantees.md.
 """
 
 from __future__ import annotations

@@ -1,14 +1,8 @@
 """Relevance rubrics as data: grade levels, which grades count as positive, and the prompt template.
 
-* :data:`CMEDTEB_RUBRIC`: the 5-level S/A/B/C/D scale of CMedTEB (CARE paper §3.1, prompt of Appendix F,
-  Table 23), rating all passages of a query in one prompt; the judge answers a JSON object
-  ``{"Passage-0": "A", ...}``.
-* :data:`CURE_RUBRIC`: CURE's 0–2 scale (CURE Appendix B), one passage per prompt; the judge answers
-  ``{"explanation": ..., "score": "0|1|2"}``.
-
-The templates restate the papers' prompts (typos fixed) with ``str.format`` fields. Which grades count as
-a positive label is a medadapt choice, documented per rubric and overridable with
-:meth:`Rubric.with_positive`.
+:data:`CMEDTEB_RUBRIC` (S/A/B/C/D, all passages of a query in one prompt; CMedTEB Appendix F) and
+:data:`CURE_RUBRIC` (0-2, one passage per prompt; CURE Appendix B) restate the papers' prompts. Which grades
+count as positive is medadapt's choice, overridable with :meth:`Rubric.with_positive`. See docs/curation.md.
 """
 
 from __future__ import annotations

@@ -1,14 +1,9 @@
 """The search protocol that decouples curation from any particular retriever.
 
-A *searcher* is any callable ``search(query_texts: list[str], k: int) -> list[list[tuple[str, float]]]``
-returning, for each query, up to ``k`` ``(doc_id, score)`` pairs, best first. Higher scores mean more
-relevant. Optionally a searcher also offers ``score(query_texts, doc_ids) -> list[list[float]]`` (the
-score of given documents for each query); hard-negative mining uses it to know a positive's score when the
-positive was not retrieved (needed by the false-negative margin, see :mod:`medadapt.curation.negatives`).
-
-Adapters shipped here: :class:`medadapt.curation.dense.DenseSearcher` (any SentenceTransformer, embedding
-cache, FAISS exact search) and :class:`medadapt.curation.bm25.BM25Searcher` (medadapt.retrieval BM25). Any other retrieval
-layer plugs in by being such a callable.
+A searcher is any callable ``search(query_texts, k) -> list[list[(doc_id, score)]]``, best first; optionally
+``score(query_texts, doc_ids)`` gives a positive's score when it was not retrieved (the false-negative
+margin needs it). Shipped: :class:`~medadapt.curation.dense.DenseSearcher` and
+:class:`~medadapt.curation.bm25.BM25Searcher`. See docs/curation.md, "Searchers".
 """
 
 from __future__ import annotations

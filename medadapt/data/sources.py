@@ -1,14 +1,9 @@
 """Per-source splits of a BEIR folder whose queries carry ``metadata.source`` (MedQuAD's six sites).
 
-:func:`leave_one_source_out` builds the fold that measures generalisation rather than assuming it: train
-on the questions of every source but one, evaluate on the questions of the held-out source (``test-out``)
-beside the usual test questions of the sources trained on (``test-in``). Hand-written because BEIR, MTEB
-and ``datasets`` split by query list, not by a metadata field; the loader :func:`medadapt.data.load_beir`
-keeps only a query's text, so the sources are read here from ``queries.jsonl`` itself.
-
-The fold folder shares the original ``corpus.jsonl`` and ``queries.jsonl`` by link (a symlink, else a
-hard link; never a copy) and holds its own ``qrels/``; ``fold.json`` records the held-out source and the
-number of judged queries per split.
+:func:`leave_one_source_out` builds the fold that measures generalisation: train on every source but one and
+evaluate on the held-out source's questions (``test-out``) beside the usual test questions (``test-in``).
+Hand-written because BEIR, MTEB and ``datasets`` split by query list, not by a metadata field. The fold links
+the original ``corpus.jsonl`` / ``queries.jsonl`` and holds its own ``qrels/`` and ``fold.json``.
 """
 
 from __future__ import annotations

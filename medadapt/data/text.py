@@ -1,12 +1,8 @@
-"""The text-input policy every loader and the CLI apply: text is Unicode that UTF-8 can encode, and a JSON
-line decodes to one unambiguous object.
-
-* :func:`check_text` refuses a string holding a lone surrogate (``U+D800``-``U+DFFF`` on its own). JSON lets
-  ``"\\ud800"`` through and a command-line argument with bytes that are not UTF-8 arrives as ``U+DCxx``;
-  such a string is accepted by Python but crashes later, when it is hashed, cached or tokenised.
-* :func:`decode_json` turns every JSON problem into one :class:`DataError` naming the file and the line:
-  invalid JSON, nesting too deep for the parser, integers longer than :data:`MAX_INT_DIGITS` digits, a key
-  given twice in one object, and lone surrogates in any key or string.
+"""The text-input policy every loader and the CLI apply: text is Unicode that UTF-8 can encode, and a JSON line
+decodes to one unambiguous object. :func:`check_text` refuses lone surrogates (accepted by Python, fatal
+later when hashed or tokenised); :func:`decode_json` turns every JSON problem (invalid, too deep, huge
+integers, duplicate keys, surrogates) into one :class:`DataError` naming file and line. See
+docs/guarantees.md.
 """
 
 from __future__ import annotations

@@ -1,5 +1,6 @@
 """Evaluation as in CMedTEB and CURE: retrieval (nDCG/Recall/MRR/MAP/P/F1/Accuracy@K), rerank MAP@10,
-STS Pearson/Spearman; results as a table, JSON and plots."""
+STS Pearson/Spearman; results as a table, JSON and plots. Tasks are objects scored by one
+:func:`evaluate` (:mod:`medadapt.eval.tasks`)."""
 
 from medadapt.eval.metrics import ALL_METRICS, DEFAULT_METRICS, evaluate_run, parse_metric, truncate_run
 from medadapt.eval.report import plot_results, results_table, write_json
@@ -56,3 +57,8 @@ __all__ += [
 from medadapt.eval.suites import evaluate_suite  # noqa: E402  (suites: cmedteb, cure, bmretriever, medmoe)
 
 __all__ += ["evaluate_suite"]
+
+# Evaluation tasks as objects: one class per task kind, one entry point (medadapt.eval.tasks).
+from medadapt.eval.tasks import EvalTask, TaskMetadata, evaluate, task_kind, task_kinds  # noqa: E402
+
+__all__ += ["EvalTask", "TaskMetadata", "evaluate", "task_kind", "task_kinds"]

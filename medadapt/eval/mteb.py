@@ -51,18 +51,19 @@ from medadapt.cache import EmbeddingCache
 from medadapt.data import load_beir
 from medadapt.errors import ConfigError, DataError, MedAdaptError, warn
 from medadapt.eval.report import results_table, write_json
+from medadapt.eval.tasks import EvalTask
+from medadapt.eval.tasks.retrieval import sparse_encoder
 from medadapt.io import atomic_write_text
 from medadapt.models import ALIASES, ALIAS_NAMES, load, model_fingerprint, model_name_for
 from medadapt.progress import level
-from medadapt.retrieval.encoders import detect_encoder_kind
 from medadapt.yaml_input import load_yaml, read_yaml
 
 if TYPE_CHECKING:  # pragma: no cover
     from medadapt.data.beir import BeirDataset
 
 __all__ = ["MTEB_SOURCES", "PROVENANCE_FILE", "Provenance", "leak_message", "local_retrieval_task", "medadapt_scores",
-           "model_identity", "model_provenance", "mteb_model", "mteb_tasks_for", "named_task", "recipe_base_model",
-           "recipe_training_data", "require_mteb", "result_path", "run_mteb", "task_name_for"]
+           "model_identity", "model_provenance", "mteb_model", "mteb_task_of", "mteb_tasks_for", "named_task",
+           "recipe_base_model", "recipe_training_data", "require_mteb", "result_path", "run_mteb", "task_name_for"]
 
 #: Scores of mteb's retrieval result (``ndcg_at_10``) under medadapt's metric names (``ndcg@10``).
 _MTEB_PREFIXES = {"ndcg_at_": "ndcg", "recall_at_": "recall", "map_at_": "map", "mrr_at_": "mrr",
@@ -637,8 +638,8 @@ def run_mteb(model, task, *, output: str | Path | None = None, name: str | None 
              overwrite: bool = True, show_progress: bool = False, source: str | Path | None = None,
              provenance: Provenance | None = None) -> dict[str, Any]:
     """Evaluate ``model`` (a SentenceTransformer, or an mteb encoder from :func:`mteb_model`) on ``task``
-    (an mteb task: :func:`local_retrieval_task`, :func:`named_task`, ``mteb.get_task(...)``) with
-    ``mteb.evaluate``.
+    (an mteb task: :func:`local_retrieval_task`, :func:`named_task`, ``mteb.get_task(...)``; or a loaded
+    medadapt retrieval task, :func:`mteb_task_of`) with ``mteb.evaluate``.
 
     Args:
         output: folder of mteb's result cache: result files land in
@@ -661,6 +662,8 @@ def run_mteb(model, task, *, output: str | Path | None = None, name: str | None 
     mteb = require_mteb()
     from sentence_transformers import SentenceTransformer
 
+    if isinstance(task, EvalTask):
+        task = mteb_task_of(task)
     wrapped = mteb_model(model, name=name, revision=revision, use_cache=use_cache, cache=cache,
                          batch_size=batch_size, source=source, provenance=provenance) \
         if isinstance(model, SentenceTransformer) else model
@@ -730,24 +733,36 @@ def _verbose() -> bool:
     return level() == "verbose"
 
 
-def _dense_side_note(source: str | Path | None) -> str | None:
-    """For a model folder with a side mteb cannot score (a HyReC or composed model's learned-lexical branch:
-    mteb's retrieval is dense), the line saying that mteb scores its dense side; else ``None``."""
-    kind = detect_encoder_kind(source) if source is not None else None
-    if kind is None:
+def _dense_side_note(model, source: str | Path | None) -> str | None:
+    """For a model with a side mteb cannot score (a HyReC or composed model's learned-lexical branch: mteb's
+    retrieval is dense), the line saying that mteb scores its dense side; else ``None``."""
+    encoder = sparse_encoder(model)
+    if encoder is None:
         return None
-    return (f"note: {Path(str(source)).name} is a hybrid model ({kind.tag}: dense + learned-lexical); mteb scores "
+    name = Path(str(source)).name if source is not None else "the model"
+    return (f"note: {name} is a hybrid model ({encoder.encoder_tag}: dense + learned-lexical); mteb scores "
             "its dense side, the model medadapt.load gives (medadapt eval --mode hybrid scores both)")
 
 
-def cli_write_mteb(model, dataset: BeirDataset, split: str, results: dict[str, float], output: str | Path,
-                   cache, batch_size: int = 64, quiet: bool = False, console=None,
+def mteb_task_of(task: EvalTask | BeirDataset, split: str | None = None):
+    """The mteb task of a loaded medadapt retrieval task (:mod:`medadapt.eval.tasks`) or BEIR split: the same
+    corpus, queries and qrels, for mteb to score what :func:`medadapt.eval.tasks.evaluate` scored."""
+    if isinstance(task, EvalTask):
+        if task.kind != "retrieval" or task.data is None:
+            raise MedAdaptError(f"the mteb export takes a loaded retrieval task, not {task!r}")
+        return local_retrieval_task(task.dataset, task.split)
+    return local_retrieval_task(task, split or "test")
+
+
+def cli_write_mteb(model, task: EvalTask | BeirDataset, split: str, results: dict[str, float],
+                   output: str | Path, cache, batch_size: int = 64, quiet: bool = False, console=None,
                    source: str | Path | None = None) -> dict[str, Any]:
     """``medadapt eval ... --mteb-output DIR``: mteb evaluates ``model`` (loaded from ``source``: its
-    provenance goes into ``model_meta.json``) on the same split (embeddings through medadapt's cache, so
-    nothing is encoded twice) and writes its result files under ``DIR``."""
-    task = local_retrieval_task(dataset, split)
-    note = _dense_side_note(source)
+    provenance goes into ``model_meta.json``) on the task :func:`medadapt.eval.tasks.evaluate` scored into
+    ``results`` (embeddings through medadapt's cache, so nothing is encoded twice) and writes its result
+    files under ``DIR``; a figure that differs from ``results`` by more than 0.002 is a warning."""
+    task = mteb_task_of(task, split)
+    note = _dense_side_note(model, source)
     if note is not None and console is not None:
         console.print(note, highlight=False, soft_wrap=True)
     result = run_mteb(model, task, output=output, use_cache=True, cache=cache, batch_size=batch_size,
@@ -772,7 +787,7 @@ def cli_mteb_task(name: str, model: str, data: str | None, split: str, output: s
     local = None if data in (None, "medmini") else data
     task = named_task(name, local, split)
     st_model = load(model, device=device)
-    note = _dense_side_note(model)
+    note = _dense_side_note(st_model, model)
     if note is not None and console is not None:
         console.print(note, highlight=False, soft_wrap=True)
     with tempfile.TemporaryDirectory() as tmp:

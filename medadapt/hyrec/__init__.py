@@ -18,6 +18,7 @@ from typing import Any
 _LAZY = {
     "HyReCModel": "medadapt.hyrec.model",
     "HyReCConfig": "medadapt.hyrec.model",
+    "LexicalBranch": "medadapt.hyrec.model",
     "UnionLabeler": "medadapt.hyrec.labels",
     "segment": "medadapt.hyrec.labels",
     "align_labels": "medadapt.hyrec.labels",

@@ -9,8 +9,8 @@ model's and stays as it was trained; ``loss.hybrid_weight > 0`` adds InfoNCE on 
 fixed, training the branch on what the dense side misses). The result is a
 :class:`~medadapt.hyrec.model.HyReCModel` whose dense side *is* the composed model, so one folder, one
 ``medadapt eval --mode hybrid``, one Retriever index (dense + learned sparse) and one LangChain retriever
-serve it. Its folder is adapter-only (the heads, ``hyrec/`` and the base model's name) when
-``save.adapter_only`` is set.
+serve it. Its folder is adapter-only (the heads, the branch in ``hyrec/`` and the base model's name)
+when ``save.adapter_only`` is set.
 
 On an **asymmetric** model (a CARE recipe's ``branches:``, e.g. ``recipes/care-minilm-query-ft-hybrid.yaml``)
 the branch reads the *document* tower: its tokenizer, embeddings and first layers give the token states of
@@ -19,7 +19,8 @@ queries and documents alike (a query pays one extra pass through the frozen docu
 (``encode_query``: the query tower; ``encode_document``: the unchanged document tower, whose cached
 embeddings and any document index stay valid). The document tower must be a BERT-like sentence-transformers
 encoder (``Transformer`` with an ``encoder.layer`` stack, pooled by cls or mean); a decoder LLM tower is
-refused by :func:`check` before anything trains. The folder is the whole asymmetric model plus ``hyrec/``.
+refused by :func:`check` before anything trains. The folder is the whole asymmetric model, the branch its last
+module.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from typing import Literal
 from pydantic import Field, field_validator, model_validator
 
 import medadapt.hyrec.train as hyrec_train
-from medadapt.adapters.compose import BranchKind, base_kind, register_branch
+from medadapt.adapters.compose import base_kind
 from medadapt.cache import backbone_view
 from medadapt.config import Section
 from medadapt.data import load_beir
@@ -180,7 +181,7 @@ def build_and_train(model, section: HyReCLexicalBranch, recipe, ctx):
     hy = HyReCModel(model, config).to(ctx.device)
     split = recipe.data.train_split
     data = load_beir(ctx.resolve(recipe.data.path), [split])
-    state_cache = SharedStateCache(SharedStateCache.default_root() if tr.state_cache == "disk" else None)
+    state_cache = SharedStateCache(ctx.cache if tr.state_cache == "disk" else None)
     view = backbone_view(hy.st)
     cache = ctx.cache
 
@@ -251,6 +252,3 @@ def check(model, section: HyReCLexicalBranch, recipe) -> None:
     if section.eval.tune_dense_weight and section.eval.tune_split == recipe.eval.split:
         raise ConfigError(f"branches.hyrec_lexical.eval.tune_split {section.eval.tune_split!r} is the split the "
                           "run reports; choose the fusion weight on a held-out split")
-
-
-register_branch(BranchKind("hyrec_lexical", HyReCLexicalBranch, build_and_train, evaluate, check))

@@ -6,16 +6,16 @@ cache of the frozen variant.
   (:class:`~medadapt.curation.dense.DenseSearcher` on a frozen embedder through the EmbeddingCache) or BM25
   (:class:`~medadapt.curation.bm25.BM25Searcher`, for languages where the frozen embedder is useless).
 * :class:`SharedStateCache` stores the frozen sharing backbone's token states (fp16) per text, keyed on the
-  backbone fingerprint, the token limit and the text hash, in memory and optionally as safetensors shards
-  on disk (``$MEDADAPT_CACHE/../hyrec-states``), so the corpus is pushed through the frozen layers once for
-  every training epoch, every ablation and the evaluation. Hand-written for the same reason as
-  :class:`medadapt.cache.EmbeddingCache`: nothing caches per-token states.
+  backbone fingerprint, the token limit and the text hash, in memory and optionally on disk as a token-states
+  namespace of the :class:`~medadapt.cache.EmbeddingCache` (checksummed safetensors shards), so the corpus
+  is pushed through the frozen layers once for every training epoch, every ablation and the evaluation.
 """
 
 from __future__ import annotations
 
 import contextlib
 import hashlib
+import json
 import random
 import uuid
 import weakref
@@ -29,7 +29,7 @@ from torch import Tensor
 from torch.nn.utils.rnn import pad_sequence
 
 from medadapt import models
-from medadapt.cache import default_cache_dir
+from medadapt.cache import EmbeddingCache, default_cache_dir
 from medadapt.curation.bm25 import BM25Searcher
 from medadapt.curation.dense import DenseSearcher
 from medadapt.curation.mining import mine_hard_negatives
@@ -249,13 +249,16 @@ class SharedStateCache:
     """Per-text token states of a frozen sharing backbone.
 
     Args:
-        root: folder for safetensors shards (``None``: memory only).
+        cache: the :class:`~medadapt.cache.EmbeddingCache` (or its root folder) whose token-states namespace
+            holds the shards (``None``: memory only).
         chunk_size: texts encoded (and written as one shard) at a time.
         batch_size: encoding batch size.
     """
 
-    def __init__(self, root: str | Path | None = None, chunk_size: int = 512, batch_size: int = 32):
-        self.root = Path(root).expanduser() if root is not None else None
+    def __init__(self, cache: EmbeddingCache | str | Path | None = None, chunk_size: int = 512,
+                 batch_size: int = 32):
+        self.cache = EmbeddingCache(cache) if isinstance(cache, (str, Path)) else cache
+        self._keys: dict[str, dict] = {}  # namespace -> its EmbeddingCache key
         self.chunk_size = chunk_size
         self.batch_size = batch_size
         self._mem: dict[str, dict[str, tuple[Tensor, Tensor]]] = {}
@@ -287,15 +290,19 @@ class SharedStateCache:
 
     @staticmethod
     def default_root() -> Path:
-        return default_cache_dir().parent / "hyrec-states"
+        """The default EmbeddingCache root (token states are one of its namespaces)."""
+        return default_cache_dir()
 
     def namespace(self, model, role: str) -> str:
         """Cache namespace of ``model``'s frozen sharing backbone for ``role`` (memoised per model object while
         its weights are unchanged, :meth:`_memoised`)."""
         def compute() -> str:
             max_len = model.config.query_max_length if role == "query" else model.config.passage_max_length
-            ident = f"{model.shared_fingerprint()}|{max_len}|states-{STATE_FORMAT}"
-            return hashlib.sha256(ident.encode()).hexdigest()[:32]
+            key = {"model": model.shared_fingerprint(), "max_seq_length": max_len, "states": "hyrec-shared",
+                   "state_format": STATE_FORMAT}
+            ns = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:32]
+            self._keys[ns] = key
+            return ns
 
         return self._memoised(model, ("namespace", role), [model.auto_model.embeddings, *model.shared_layers],
                               compute)
@@ -311,10 +318,10 @@ class SharedStateCache:
         """Read the namespace's shards into memory. A shard that does not read back intact (unreadable,
         checksum differs, non-finite states, no checksum) is moved aside as ``corrupt-<name>`` with one
         warning; its texts are computed again on demand."""
-        if ns in self._loaded or self.root is None:
+        if ns in self._loaded or self.cache is None:
             return
         mem = self._mem.setdefault(ns, {})
-        for shard in sorted((self.root / ns).glob("shard-*.safetensors")):
+        for shard in sorted(self.cache.token_states_folder(self._keys[ns]).glob("shard-*.safetensors")):
             try:
                 state = _read_shard(shard)
             except ValueError as exc:
@@ -360,7 +367,7 @@ class SharedStateCache:
                         new[_hash(t)] = (feats["input_ids"][i, :n].to(torch.int32).cpu(), half[i, :n].cpu())
                     bar.update(len(batch))
                 mem.update(new)
-                if self.root is not None:
+                if self.cache is not None:
                     self._write(ns, new)
         finally:
             bar.close()
@@ -374,7 +381,8 @@ class SharedStateCache:
         for h, (ids, st) in new.items():
             state[f"{h}.ids"], state[f"{h}.h"] = ids.contiguous(), st.contiguous()
         data = save(state, metadata={"format": str(STATE_FORMAT), "sha256": _state_digest(state)})
-        with atomic_open(self.root / ns / f"shard-{uuid.uuid4().hex}.safetensors", "wb") as f:
+        folder = self.cache.token_states_folder(self._keys[ns])
+        with atomic_open(folder / f"shard-{uuid.uuid4().hex}.safetensors", "wb") as f:
             f.write(data)
 
     def batch(self, model, texts: Sequence[str], role: str) -> tuple[Tensor, Tensor, Tensor]:
@@ -415,7 +423,8 @@ class SharedStateCache:
                 mem[_hash(t)] = x[0].clone() if model.config.pooling == "cls" else x.mean(0)
             return mem
         self.ensure(model, missing, role, show_progress=show_progress)
-        missing.sort(key=lambda t: len(self._mem[self.namespace(model, role)][_hash(t)][0]), reverse=True)
+        states = self._mem[self.namespace(model, role)]  # one fingerprint, not one per text
+        missing.sort(key=lambda t: len(states[_hash(t)][0]), reverse=True)
         was = model.training
         model.eval()
         try:

@@ -31,7 +31,7 @@ from medadapt.data.beir import BeirDataset
 from medadapt.errors import ConfigError
 from medadapt.eval.metrics import evaluate_run, parse_metric
 from medadapt.eval.search import exact_search
-from medadapt.hyrec.model import HyReCModel
+from medadapt.hyrec.model import HyReCModel, find_branch
 from medadapt.models import check_device
 from medadapt.retrieval.fusion import fuse_runs, hybrid_topk
 from medadapt.retrieval.inverted import to_csr
@@ -45,6 +45,8 @@ MODES = ("lexical", "dense", "hybrid")
 def _load(model_or_dir, device: str | None = None):
     if isinstance(model_or_dir, HyReCModel):
         return model_or_dir
+    if find_branch(model_or_dir) is not None:  # a loaded model with a lexical branch
+        return HyReCModel(model_or_dir)
     check_device(device)
     if device is None:  # sentence-transformers' choice, as medadapt.load makes it
         import torch
@@ -73,7 +75,7 @@ def evaluate_hyrec(model_or_dir, dataset, split: str = "test",
     """Metrics of ``mode`` on ``split`` (plus ``q_terms`` / ``d_terms`` when the lexical side is used).
 
     Args:
-        model_or_dir: a :class:`~medadapt.hyrec.model.HyReCModel` or a saved folder.
+        model_or_dir: a :class:`~medadapt.hyrec.model.HyReCModel`, a model with a lexical branch, or a folder.
         dataset: a loaded :class:`~medadapt.data.beir.BeirDataset`, a BEIR folder or a builtin name.
         state_cache: a :class:`~medadapt.hyrec.data.SharedStateCache` (frozen variant) to reuse token states.
         return_runs: also return ``{mode: run}`` for every mode computed.

@@ -1,38 +1,36 @@
-"""The HyReC model: GLAE + weight / union / dense projectors + bagging (§3.1).
+"""The HyReC model (§3.1: GLAE, weight / union / dense projectors, bagging) as one sentence-transformers model.
 
-``forward`` maps tokenised texts to ``{"dense": (B, D), "term_weights": (B, T), "union_logits": (B, T, 4),
-"term_mask": (B, T), "input_ids": (B, T)}``. :meth:`HyReCModel.encode_dense` returns normalised dense
-vectors; :meth:`HyReCModel.encode_lexical` returns one ``{term_id: weight}`` per text (tokenizer terms plus
-bagged words, L2-normalised: the Normalisation Module), ready for
-:meth:`medadapt.retrieval.LexicalIndex.from_sparse` with ``n_terms = model.n_terms``.
-
-Saved folder = a sentence-transformers model (the dense side: ``Transformer`` -> ``Pooling`` ->
-:class:`~medadapt.hyrec.projectors.DenseProjector` -> ``Normalize``; ``medadapt.load(folder)`` gives the
-dense retriever alone) plus ``hyrec/``: ``config.json``, ``lexical.safetensors`` (lexicon encoder, weight and
-union projectors) and ``words.json`` (strings of learned words). :meth:`HyReCModel.load` restores both sides
-exactly.
-
-Term mask: padding, special tokens ([CLS], [SEP], ...) and the unknown token never become terms.
-
-**Asymmetric dense side** (a composed CARE model, :mod:`medadapt.hyrec.branch`): ``st`` may be an
-asymmetric ``SentenceTransformer`` (first module a ``Router`` with ``query`` and ``document`` routes). The
-lexical branch then reads the *document* route's ``Transformer`` (its tokenizer and first layers) for queries
-and documents alike, while dense vectors come from the routes themselves (``st.encode_query`` /
-``st.encode_document``: the query tower for queries, the unchanged document tower for documents), so the
-document tower's cached embeddings and any dense document index stay valid.
+The lexical side is :class:`LexicalBranch`, the last module of the model, saved and loaded with it
+(``SentenceTransformer(folder, trust_remote_code=True)``, ``medadapt.load``). It leaves ``sentence_embedding``
+unchanged (the dense side and the EmbeddingCache work as without it); the sparse side reads the token states of
+the branch tower (the ``Transformer``, or an asymmetric model's document route, for queries too), so it is
+computed by :class:`HyReCModel`, the training and encoding view that ``LexicalBranch.as_encoder`` gives
+retrieval: ``encode_query`` / ``encode_document`` (dense) and ``encode_lexical`` (``{term_id: weight}``:
+tokenizer terms and bagged words, L2-normalised; padding, special and unknown tokens never become terms).
+A folder of the old layout (a ``hyrec/`` side folder) is appended on load and saved in the new one.
 """
 
 from __future__ import annotations
 
+import contextlib
+import copy
 import dataclasses
+import hashlib
 import json
-from collections.abc import Sequence
+from collections import OrderedDict
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
+try:
+    from typing import Self
+except ImportError:  # pragma: no cover - Python < 3.11
+    from typing_extensions import Self
+
 import numpy as np
 import torch
+from sentence_transformers.base.modules import Module
 from torch import Tensor, nn
 
 from medadapt.adapters.compose import base_kind
@@ -48,49 +46,35 @@ from medadapt.hyrec.normalize import normalize_sparse
 from medadapt.hyrec.projectors import DenseProjector, UnionProjector, WeightProjector
 from medadapt.identity import modules_fingerprint, tokenizer_fingerprint
 from medadapt.io import atomic_save_tensors, atomic_write_json, replace_folder
-from medadapt.models import load, model_fingerprint
+from medadapt.models import SIDE_MODULES, load
 from medadapt.progress import progress
-from medadapt.retrieval.encoders import EncoderKind, register_encoder
-from medadapt.retrieval.tokenize import cjk_characters  # noqa: F401  (the one CJK pattern; used below)
+from medadapt.retrieval.tokenize import cjk_characters
 
-__all__ = ["HyReCConfig", "HyReCModel", "HYREC_FORMAT"]
+__all__ = ["HyReCConfig", "HyReCModel", "LexicalBranch", "HYREC_FORMAT"]
 
-#: 2: ``hyrec/SHA256SUMS`` covers the lexical files (a folder of format 1, written before it, loads with a
-#: warning; the config is the same).
+#: 2: ``SHA256SUMS`` covers the lexical files (a ``hyrec/`` side folder of format 1, written before it, loads
+#: with a warning; the config is the same).
 HYREC_FORMAT = 2
+#: The side folder of the old layout, and of adapter-only folders (beside the adapter files).
 SUBDIR = "hyrec"
-#: The lexical side's files in ``hyrec/``, covered by ``hyrec/SHA256SUMS``.
+#: The lexical side's files, covered by its ``SHA256SUMS``.
 LEXICAL_FILES = ("lexical.safetensors", "words.json", "config.json")
 Role = Literal["query", "document"]
 
 
 @dataclass
 class HyReCConfig:
-    """Architecture and inference settings.
+    """Architecture and inference settings (docs/hyrec.md).
 
-    Attributes:
-        branch_layers: ``N``, layers of the lexicon encoder and of the dense encoder.
-        variant: ``full`` (all trains) or ``frozen`` (sharing backbone frozen).
-        pooling: dense pooling, ``cls`` (the paper, eq. 6) or ``mean`` (what MiniLM was trained with).
-        union: predict the semantic union and bag words at inference.
-        n_word_buckets: size of the learned-word id range above the tokenizer vocabulary.
-        keep_subterms: a bagged word also keeps its tokens as terms.
-        min_union: union probability (eq. 7) a word needs to be emitted.
-        query_max_length / passage_max_length: token limits (paper: 64 / 256).
-        dense_weight: ``S = S_lex + dense_weight * S_den`` (eq. 9; 1 in the paper).
-        language: union labelling language, ``zh`` or ``en``.
-        dense_max_length: token limit of the saved sentence-transformers (dense) side when it encodes on its
-            own (``encode_dense`` through the EmbeddingCache); default ``passage_max_length``.
-        lexicon_layers: layers of the lexicon encoder, copied from the first dense-encoder layers (default
-            ``branch_layers``, the paper's symmetric GLAE).
-        term_bias: add a learned per-term bias inside the weight projector (a learned IDF-like prior; not in
-            the paper, off by default; useful when the backbone's token embeddings are frozen and new).
-        union_source: what bags tokens into words at inference: ``learned`` (the union head, eq. 7-8) or
-            ``labels`` (the labelling tool's jieba + regex segmentation, the paper's "Jieba" row of Table 3;
-            works without a union head too, so a model trained without the union can be bagged by jieba).
-        union_context: ``0`` = the paper's linear union projector (eq. 4); ``k > 0`` = a small MLP over a
-            window of ``2k + 1`` lexicon states (not in the paper; for a frozen lexicon encoder, which cannot
-            learn the word-boundary features itself).
+    ``branch_layers``: N, layers of the lexicon and dense encoders (``lexicon_layers``: fewer copied into the
+    lexicon encoder); ``variant``: ``full`` or ``frozen`` (sharing backbone frozen); ``pooling``: ``cls`` (eq. 6)
+    or ``mean``; ``union``: predict the semantic union and bag words; learned words get ids in
+    ``n_word_buckets`` above the vocabulary, keep their tokens with ``keep_subterms`` and need union probability
+    ``min_union``; ``query_max_length`` / ``passage_max_length``: token limits (``dense_max_length``: of the
+    dense side encoding alone); ``dense_weight``: eq. 9's weight; ``language``: of the union labels;
+    ``term_bias``: a learned per-term prior in the weight projector; ``union_source``: ``learned`` (eq. 7-8) or
+    ``labels`` (jieba + regex); ``union_context``: 0 = the linear union projector (eq. 4), k = an MLP over a
+    window of 2k + 1 states. The last three are not in the paper.
     """
 
     branch_layers: int = 1
@@ -127,28 +111,190 @@ class HyReCConfig:
         return cls(**obj)
 
 
-class HyReCModel(nn.Module):
-    """HyReC over a sentence-transformers model (see the module docstring).
+def branch_tower(st_model):
+    """The ``Transformer`` the lexical branch reads: the model's first module, or for an asymmetric model its
+    document route's first module."""
+    route = _document_route(st_model)
+    return route[0] if route is not None else st_model[0]
 
-    Build one with :meth:`from_backbone`, reload with :meth:`load`.
+
+def find_branch(st_model) -> LexicalBranch | None:
+    """The model's :class:`LexicalBranch` module, if it has one."""
+    return next((m for m in getattr(st_model, "_modules", {}).values() if isinstance(m, LexicalBranch)), None)
+
+
+def dense_modules(st_model) -> list:
+    """The model's modules without its lexical branch (what the dense side runs)."""
+    return [m for m in st_model._modules.values() if not isinstance(m, LexicalBranch)]
+
+
+class LexicalBranch(Module):
+    """HyReC's learned-lexical side as a sentence-transformers module: the lexicon encoder (eq. 2), the weight
+    and union projectors (eq. 4-5), the learned words and the settings. Saved as ``config.json`` (plus
+    ``lexicon_layer``: how to build the layers), ``lexical.safetensors``, ``words.json`` and ``SHA256SUMS``
+    (checked before anything is read). ``forward`` changes nothing; :meth:`as_encoder` gives the encoder."""
+
+    operates_on_sentence_embedding: bool = True  # leaves the embedding unchanged: a head applied on read
+    encoder_tag = "hyrec"  # the retrieval protocol's tag of a model with this branch
+
+    def __init__(self, config: HyReCConfig, lexicon: nn.ModuleList, hidden: int, vocab_size: int,
+                 words: WordVocab | None = None, lexicon_layer: dict[str, Any] | None = None):
+        super().__init__()
+        self.config = config
+        self.lexicon = lexicon
+        self.weight_proj = WeightProjector(hidden, init_bias=1.0, vocab_size=vocab_size if config.term_bias else None)
+        self.union_proj = UnionProjector(hidden, context=config.union_context)
+        self.words = words or WordVocab(vocab_size, config.n_word_buckets)
+        self.lexicon_layer = lexicon_layer
+
+    @classmethod
+    def from_tower(cls, transformer, config: HyReCConfig) -> LexicalBranch:
+        """A fresh branch on a ``Transformer``: the lexicon encoder copies its dense-encoder layers (GLAE)."""
+        auto = transformer.auto_model
+        lexicon = split_layers(auto, config.branch_layers, config.lexicon_layers)[2]
+        return cls(config, lexicon, auto.config.hidden_size, len(transformer.tokenizer), None, _layer_spec(auto))
+
+    def forward(self, features: dict[str, Any], **kwargs: Any) -> dict[str, Any]:
+        return features
+
+    @property
+    def n_terms(self) -> int:
+        return self.words.n_terms
+
+    def as_encoder(self, model) -> HyReCModel:
+        """``model`` (which holds this branch) as a dense + learned-sparse encoder."""
+        return HyReCModel(model)
+
+    # ------------------------------------------------------------------ persistence
+    def save(self, output_path: str, *args: Any, **kwargs: Any) -> None:
+        folder = Path(output_path)
+        folder.mkdir(parents=True, exist_ok=True)
+        state = {f"lexicon.{k}": v for k, v in self.lexicon.state_dict().items()}
+        state.update({f"weight_proj.{k}": v for k, v in self.weight_proj.state_dict().items()})
+        state.update({f"union_proj.{k}": v for k, v in self.union_proj.state_dict().items()})
+        atomic_save_tensors(folder / "lexical.safetensors", state)
+        atomic_write_json(folder / "words.json", self.words.to_json())
+        atomic_write_json(folder / "config.json", {**self.config.to_dict(), "lexicon_layer": self.lexicon_layer})
+        write_sums(folder, LEXICAL_FILES)  # checked by read before any of them is read
+
+    @classmethod
+    def load(cls, model_name_or_path: str, subfolder: str = "", token: bool | str | None = None,
+             cache_folder: str | None = None, revision: str | None = None, local_files_only: bool = False,
+             **kwargs: Any) -> Self:
+        folder = cls.load_dir_path(model_name_or_path, subfolder=subfolder, token=token,
+                                   cache_folder=cache_folder, revision=revision, local_files_only=local_files_only)
+        return cls.read(folder)
+
+    @classmethod
+    def load_side(cls, folder: str | Path, model) -> Self:
+        """The branch kept beside ``model``'s own files (an adapter-only folder, or the old layout's
+        ``hyrec/``, whose config has no ``lexicon_layer``: the layers are then copied from the branch tower
+        and the saved weights loaded into them)."""
+        return cls.read(folder, tower=branch_tower(model))
+
+    @classmethod
+    def read(cls, folder: str | Path, tower=None) -> Self:
+        """Read a saved branch after its ``SHA256SUMS`` is checked (format 1, saved before the sums: with a
+        warning).
+
+        Raises:
+            ModelLoadError: no config, sums missing or not matching, an unreadable file, no layer description
+                and no ``tower`` to copy the layers from."""
+        from safetensors.torch import load_file
+
+        folder = Path(folder)
+        raw = _read_config(folder)
+        spec = raw.pop("lexicon_layer", None)
+        try:
+            config = HyReCConfig.from_dict(raw)
+            words = WordVocab.from_json(json.loads((folder / "words.json").read_text(encoding="utf-8")))
+        except (OSError, ValueError, TypeError) as exc:
+            raise ModelLoadError(f"HyReC lexical branch {folder}: cannot read its files ({exc})") from None
+        state = load_file(str(folder / "lexical.safetensors"))
+        if spec is not None:
+            lexicon = _build_layers(spec, config.lexicon_layers or config.branch_layers, folder)
+        elif tower is not None:  # the old layout: layers copied from the tower, the saved weights loaded below
+            spec = _layer_spec(tower.auto_model)
+            lexicon = split_layers(tower.auto_model, config.branch_layers, config.lexicon_layers)[2]
+        else:
+            raise ModelLoadError(f"{folder}: a HyReC lexical side of the old layout loads with its model "
+                                 "(medadapt.load of the model folder)")
+        hidden = int(state["weight_proj.linear.weight"].shape[1])
+        bias = state.get("weight_proj.term_bias.weight")
+        branch = cls(config, lexicon, hidden, int(bias.shape[0]) if bias is not None else words.vocab_size, words,
+                     spec)
+        for prefix, module in (("lexicon.", branch.lexicon), ("weight_proj.", branch.weight_proj),
+                               ("union_proj.", branch.union_proj)):
+            part = {k[len(prefix):]: v for k, v in state.items() if k.startswith(prefix)}
+            module.load_state_dict(part, strict=True)
+        return branch
+
+
+def _read_config(folder: Path) -> dict[str, Any]:
+    """The raw config of a saved branch, after its sums are checked (see :meth:`LexicalBranch.read`)."""
+    if not (folder / "config.json").is_file():
+        raise ModelLoadError(f"{folder}: not a HyReC lexical branch (no config.json)")
+    if (folder / SUMS).is_file() or _format_of(folder / "config.json") != 1:
+        try:
+            verify_sums(folder, cover=LEXICAL_FILES)
+        except ChecksumError as exc:
+            raise ModelLoadError(f"HyReC model {folder.parent}: {exc}; save or train it again") from None
+    else:
+        warn(f"HyReC model {folder.parent} was saved before {folder.name}/{SUMS} existed: its lexical files are "
+             "not checked; save it again (HyReCModel.save) to add them")
+    try:
+        raw = json.loads((folder / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise ModelLoadError(f"HyReC model {folder.parent}: cannot read {folder.name}/config.json ({exc})") from None
+    if not isinstance(raw, dict):
+        raise ModelLoadError(f"HyReC model {folder.parent}: {folder.name}/config.json is not an object")
+    return raw
+
+
+def _layer_spec(auto_model) -> dict[str, Any]:
+    """How to build the lexicon layers again: the class of the backbone's layers, its configuration and
+    attention implementation (the saved ``lexicon_layer``)."""
+    layer = encoder_layers(auto_model)[0]
+    return {"class": f"{type(layer).__module__}.{type(layer).__qualname__}", "config": auto_model.config.to_dict(),
+            "attn_implementation": auto_model.config._attn_implementation}
+
+
+def _build_layers(spec: dict[str, Any], n: int, folder: Path) -> nn.ModuleList:
+    """``n`` fresh lexicon layers from a saved layer description (a class of the installed transformers
+    package, its model configuration and attention implementation)."""
+    from sentence_transformers.util import import_from_string
+    from transformers import AutoConfig
+
+    ref = str(spec.get("class", ""))
+    if not ref.startswith("transformers.") or any(p.startswith("_") for p in ref.split(".")):
+        raise ModelLoadError(f"{folder}: lexicon layer class {ref!r} is not a transformers layer")
+    try:
+        layer_cls = import_from_string(ref)
+        settings = dict(spec["config"])
+        config = AutoConfig.for_model(settings.pop("model_type"), **settings)
+        config._attn_implementation = spec.get("attn_implementation") or "eager"
+        return nn.ModuleList(layer_cls(config) for _ in range(n))
+    except (ImportError, KeyError, TypeError, ValueError) as exc:
+        raise ModelLoadError(f"{folder}: cannot build the lexicon layers ({exc})") from None
+
+
+class HyReCModel(nn.Module):
+    """HyReC over a sentence-transformers model whose last module is its :class:`LexicalBranch`: the
+    training-time and encoding view (see the module docstring). Build one with :meth:`from_backbone`, reload
+    with :meth:`load`; ``HyReCModel(st)`` views a loaded model, ``HyReCModel(st, config)`` adds a fresh branch.
     """
 
-    def __init__(self, st_model, config: HyReCConfig, lexicon: nn.ModuleList | None = None,
-                 words: WordVocab | None = None):
+    def __init__(self, st_model, config: HyReCConfig | None = None):
         super().__init__()
         self.st = st_model
-        self.config = config
-        auto = self.auto_model
-        shared, dense, lex = split_layers(auto, config.branch_layers, config.lexicon_layers)
-        self._n_shared = len(shared)
-        self.lexicon = lexicon if lexicon is not None else lex
-        hidden = auto.config.hidden_size
-        self.weight_proj = WeightProjector(hidden, init_bias=1.0,
-                                           vocab_size=len(self.tokenizer) if config.term_bias else None)
-        self.union_proj = UnionProjector(hidden, context=config.union_context)
-        self.words = words or WordVocab(len(self.tokenizer), config.n_word_buckets)
+        if find_branch(st_model) is None:
+            if config is None:
+                raise ConfigError("this model has no HyReC lexical branch; pass a HyReCConfig to add one")
+            branch = LexicalBranch.from_tower(branch_tower(st_model), config)
+            st_model.add_module(str(len(st_model._modules)), branch.to(_device_of(st_model)))
+        self._n_shared = len(encoder_layers(self.auto_model)) - self.config.branch_layers
         self._excluded_ids = torch.tensor(sorted(set(self.tokenizer.all_special_ids)), dtype=torch.long)
-        if config.variant == "frozen":
+        if self.config.variant == "frozen":
             self.freeze_shared()
 
     # ------------------------------------------------------------------ construction
@@ -181,7 +327,42 @@ class HyReCModel(nn.Module):
         model = cls(st, config)
         return model.to(device) if device else model
 
+    @classmethod
+    def load(cls, folder: str | Path, device: str | None = None) -> HyReCModel:
+        """A saved HyReC or composed folder (either layout: :func:`medadapt.load` appends an old ``hyrec/``).
+
+        Raises:
+            ModelLoadError: the folder does not load, or its model has no lexical branch."""
+        st = load(str(folder), device=device or "cpu")
+        if find_branch(st) is None:
+            raise ModelLoadError(f"{folder}: not a HyReC model (no learned-lexical branch)")
+        return cls(st)
+
     # ------------------------------------------------------------------ parts
+    @property
+    def branch(self) -> LexicalBranch:
+        return find_branch(self.st)
+
+    @property
+    def config(self) -> HyReCConfig:
+        return self.branch.config
+
+    @property
+    def lexicon(self) -> nn.ModuleList:
+        return self.branch.lexicon
+
+    @property
+    def weight_proj(self) -> WeightProjector:
+        return self.branch.weight_proj
+
+    @property
+    def union_proj(self) -> UnionProjector:
+        return self.branch.union_proj
+
+    @property
+    def words(self) -> WordVocab:
+        return self.branch.words
+
     @property
     def asymmetric(self) -> bool:
         """``True`` when the dense side is an asymmetric (``Router``) model (module docstring)."""
@@ -189,10 +370,8 @@ class HyReCModel(nn.Module):
 
     @property
     def transformer(self):
-        """The ``Transformer`` the lexical branch reads: the model's first module, or for an asymmetric dense
-        side the document route's first module."""
-        route = _document_route(self.st)
-        return route[0] if route is not None else self.st[0]
+        """The ``Transformer`` the lexical branch reads (:func:`branch_tower`)."""
+        return branch_tower(self.st)
 
     @property
     def auto_model(self) -> nn.Module:
@@ -212,7 +391,7 @@ class HyReCModel(nn.Module):
 
         if self.asymmetric:
             return nn.Sequential(*next(iter(self.st._modules.values())).sub_modules["query"])
-        mods = [m for m in list(self.st._modules.values())[2:] if not isinstance(m, Normalize)]
+        mods = [m for m in dense_modules(self.st)[2:] if not isinstance(m, Normalize)]
         return mods[0] if len(mods) == 1 else nn.Sequential(*mods)
 
     @property
@@ -248,8 +427,6 @@ class HyReCModel(nn.Module):
 
     def shared_fingerprint(self) -> str:
         """Identity of the frozen sharing backbone and tokenizer (keys the shared-state cache)."""
-        import hashlib
-
         mods = [self.auto_model.embeddings, *self.shared_layers]
         tok = tokenizer_fingerprint(self.tokenizer)  # vocabulary (added tokens too) and what it does to text
         return hashlib.sha256(f"{modules_fingerprint(mods)}|{tok}".encode()).hexdigest()[:24]
@@ -409,7 +586,7 @@ class HyReCModel(nn.Module):
         if route_dense:
             from sentence_transformers.base.modules import Normalize
 
-            route_normalized = isinstance(list(self.st._modules.values())[-1], Normalize)
+            route_normalized = isinstance(dense_modules(self.st)[-1], Normalize)
         try:
             what = "queries" if role == "query" else "documents"
             for start in progress(range(0, len(texts), batch_size), desc=desc or f"encoding {what}", unit="batch",
@@ -500,7 +677,7 @@ class HyReCModel(nn.Module):
 
     # ------------------------------------------------------------------ retrieval encoder protocol
     #: :mod:`medadapt.retrieval.encoders`: a HyReC model is a dense + learned-sparse (hybrid) encoder.
-    encoder_tag = "hyrec"
+    encoder_tag = LexicalBranch.encoder_tag
     similarity_fn_name = "cosine"  # encode_dense returns L2-normalised vectors
 
     @property
@@ -512,15 +689,18 @@ class HyReCModel(nn.Module):
     def fusion_defaults(self) -> dict[str, Any]:
         """The hybrid fusion this model was trained (and, with ``eval.tune_dense_weight``, tuned) for: its NM
         sum (eq. 9) at its ``dense_weight``. ``Retriever.build`` without a config and ``medadapt index``
-        without ``--fusion`` / ``--dense-weight`` use it (:class:`~medadapt.retrieval.encoders.Encoder`)."""
+        without ``--fusion`` / ``--dense-weight`` use it."""
         return {"method": "sum", "dense_weight": float(self.config.dense_weight)}
 
     def encoder_identity(self) -> dict[str, Any]:
-        """What a retrieval index records to recognise this model: a fingerprint over every module (dense
-        side, lexicon encoder, projectors) and the configuration (bagging settings, lengths)."""
-        import hashlib
-
-        ident = model_fingerprint(self) + json.dumps(self.config.to_dict(), sort_keys=True)
+        """What a retrieval index records to recognise this model: a fingerprint over the dense side, the
+        lexicon encoder, the projectors and the configuration (the same value as before the branch was a
+        module, so indexes built then still open)."""
+        dense = copy.copy(self.st)  # the dense side alone, sharing the modules
+        dense.__dict__["_modules"] = OrderedDict((k, m) for k, m in self.st._modules.items()
+                                                 if not isinstance(m, LexicalBranch))
+        ident = modules_fingerprint([dense, self.lexicon, self.weight_proj, self.union_proj]) + \
+            json.dumps(self.config.to_dict(), sort_keys=True)
         return {"fingerprint": hashlib.sha256(ident.encode()).hexdigest()[:32], "similarity": "cosine",
                 "max_seq_length": self.config.passage_max_length}
 
@@ -542,84 +722,43 @@ class HyReCModel(nn.Module):
 
     # ------------------------------------------------------------------ persistence
     def save(self, folder: str | Path) -> None:
-        """Write the sentence-transformers folder (dense side) and ``hyrec/`` (lexical side)."""
+        """Write the sentence-transformers folder; the lexical branch is one of its modules."""
         folder = Path(folder)
         folder.mkdir(parents=True, exist_ok=True)
         self.st.save(str(folder))  # `medadapt train` saves into a fresh folder swapped in as a whole
-        self._save_lexical(folder)
 
     def save_adapter(self, folder: str | Path, *, base: str | None = None, name: str | None = None) -> None:
-        """Adapter-only save of a model whose backbone is unchanged (a composed model: frozen base + medadapt
-        dense heads + this lexical branch): the dense heads as an adapter folder tied to ``base``
-        (:mod:`medadapt.adapters.files`) plus ``hyrec/``. :meth:`load` (and ``medadapt.load`` for the dense
-        side) loads the base model and puts both back.
-
-        Written to a temporary sibling and swapped in as a whole, under the output policy of
-        :func:`medadapt.io.check_output`: ``folder`` may be new, empty or an adapter folder (replaced); a
-        symlink is written through.
+        """Adapter-only save of a composed model on an unchanged backbone: the dense heads as an adapter folder
+        tied to ``base`` (:mod:`medadapt.adapters.files`), the branch in ``hyrec/`` named in
+        ``side_modules.json``; :func:`medadapt.load` puts both back on the base. Swapped in as a whole under
+        :func:`medadapt.io.check_output` (``folder`` new, empty or an adapter folder).
 
         Raises:
-            ConfigError: ``folder`` is a file, a non-empty folder that is not an adapter, the current folder
-                or one above it, or cannot be written; nothing is changed."""
+            ConfigError: ``folder`` cannot take an adapter folder; nothing is changed."""
         folder = Path(folder)
+        branch = self.branch
         with replace_folder(folder, ADAPTER_FOLDER, what="adapter folder") as tmp:
-            write_adapter(self.st, tmp, base=base, name=name or folder.name, allow_empty=True)
-            self._save_lexical(tmp)
+            with _without_branch(self.st):  # the base's fingerprint covers the backbone only
+                write_adapter(self.st, tmp, base=base, name=name or folder.name, allow_empty=True)
+            branch.save(str(tmp / SUBDIR))
+            ref = f"{type(branch).__module__}.{type(branch).__qualname__}"
+            atomic_write_json(tmp / SIDE_MODULES, [{"path": SUBDIR, "type": ref}])
 
-    def _save_lexical(self, folder: Path) -> None:
-        sub = folder / SUBDIR
-        sub.mkdir(parents=True, exist_ok=True)
-        state = {f"lexicon.{k}": v for k, v in self.lexicon.state_dict().items()}
-        state.update({f"weight_proj.{k}": v for k, v in self.weight_proj.state_dict().items()})
-        state.update({f"union_proj.{k}": v for k, v in self.union_proj.state_dict().items()})
-        atomic_save_tensors(sub / "lexical.safetensors", state)
-        atomic_write_json(sub / "words.json", self.words.to_json())
-        atomic_write_json(sub / "config.json", self.config.to_dict())
-        write_sums(sub, LEXICAL_FILES)  # checked by load before any of them is read
 
-    @staticmethod
-    def read_config(folder: str | Path) -> HyReCConfig:
-        """The :class:`HyReCConfig` of a saved folder, after ``hyrec/SHA256SUMS`` is checked (a folder of
-        format 1, saved before the sums and holding none, is read with a warning).
+@contextlib.contextmanager
+def _without_branch(st_model) -> Iterator[None]:
+    """``st_model`` without its last module, the lexical branch, inside the block."""
+    key, branch = next(reversed(st_model._modules.items()))
+    assert isinstance(branch, LexicalBranch)
+    del st_model._modules[key]
+    try:
+        yield
+    finally:
+        st_model._modules[key] = branch
 
-        Raises:
-            ModelLoadError: not a HyReC folder, sums missing or not matching, an unreadable config."""
-        folder = Path(folder)
-        sub = folder / SUBDIR
-        if not (sub / "config.json").is_file():
-            raise ModelLoadError(f"{folder}: not a HyReC model (no {SUBDIR}/config.json)")
-        if (sub / SUMS).is_file() or _format_of(sub / "config.json") != 1:
-            try:
-                verify_sums(sub, cover=LEXICAL_FILES)
-            except ChecksumError as exc:
-                raise ModelLoadError(f"HyReC model {folder}: {exc}; save or train it again") from None
-        else:
-            warn(f"HyReC model {folder} was saved before {SUBDIR}/{SUMS} existed: its lexical files are not "
-                 "checked; save it again (HyReCModel.save) to add them")
-        try:
-            return HyReCConfig.from_dict(json.loads((sub / "config.json").read_text(encoding="utf-8")))
-        except (OSError, ValueError, TypeError) as exc:
-            raise ModelLoadError(f"HyReC model {folder}: cannot read {SUBDIR}/config.json ({exc})") from None
 
-    @classmethod
-    def load(cls, folder: str | Path, device: str | None = None) -> HyReCModel:
-        from safetensors.torch import load_file
-
-        folder = Path(folder)
-        sub = folder / SUBDIR
-        config = cls.read_config(folder)  # the sums of hyrec/ are checked here, before anything is read
-        try:
-            words = WordVocab.from_json(json.loads((sub / "words.json").read_text(encoding="utf-8")))
-        except (OSError, ValueError) as exc:  # format 1 folders (no sums): a damaged file is still one error
-            raise ModelLoadError(f"HyReC model {folder}: cannot read {SUBDIR}/words.json ({exc})") from None
-        st = load(str(folder), device="cpu")
-        model = cls(st, config, words=words)
-        state = load_file(str(sub / "lexical.safetensors"))
-        for prefix, module in (("lexicon.", model.lexicon), ("weight_proj.", model.weight_proj),
-                               ("union_proj.", model.union_proj)):
-            part = {k[len(prefix):]: v for k, v in state.items() if k.startswith(prefix)}
-            module.load_state_dict(part, strict=True)
-        return model.to(device) if device else model
+def _device_of(st_model) -> torch.device:
+    return next(iter(st_model.parameters())).device
 
 
 def _format_of(path: Path) -> int | None:
@@ -662,14 +801,3 @@ def extend_vocabulary(transformer, characters: Sequence[str], seed: int = 0) -> 
     return len(tok) - before
 
 
-def _register_retrieval_encoder() -> None:
-    """Let retrieval index folders reload a HyReC model by name (encoder tag ``"hyrec"``) and recognise a
-    HyReC folder (it holds ``hyrec/config.json``)."""
-    register_encoder(EncoderKind(
-        tag=HyReCModel.encoder_tag,
-        load=lambda folder, device=None: HyReCModel.load(folder, device=device),
-        detect=lambda folder: (Path(folder) / SUBDIR / "config.json").is_file(),
-    ))
-
-
-_register_retrieval_encoder()

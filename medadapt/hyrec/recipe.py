@@ -32,9 +32,8 @@ from medadapt.hyrec.sections import (  # noqa: F401 - re-exported: the sections 
     HyReCDataSection, HyReCEvalSection, HyReCLossSection, HyReCModelSection, HyReCRecipe, HyReCTrainingSection,
     NegativesSection, PrefinetuneSection, PretrainSection)
 from medadapt.models import load
-from medadapt.plan import ModelSpec, PhaseSpec, PlanSpec, Usage, find_config, register_planner
+from medadapt.plan import ModelSpec, PhaseSpec, PlanSpec, Usage, find_config
 from medadapt.plan.memory import mlm_logit_bytes
-from medadapt.recipes.registry import RecipeKind, register_kind
 
 __all__ = ["HyReCDataSection", "HyReCEvalSection", "HyReCLossSection", "HyReCModelSection", "HyReCRecipe",
            "HyReCTrainingSection", "NegativesSection", "PrefinetuneSection", "PretrainSection", "evaluate",
@@ -77,7 +76,7 @@ def train(recipe: HyReCRecipe, ctx):
             f"{m.branch_layers} dense layers ({m.variant}), {model.vocab_size} tokenizer terms")
     state_cache = None
     if tr.state_cache != "off":
-        state_cache = SharedStateCache(SharedStateCache.default_root() if tr.state_cache == "disk" else None)
+        state_cache = SharedStateCache(cache if tr.state_cache == "disk" else None)
     view = backbone_view(model.st) if tr.dense_inputs == "cache" else None
     cached_dense = None
 
@@ -240,11 +239,6 @@ PAPER = {
     "eval.dense_source": ("model", "a trained encoder has no cached states to read"),
 }
 
-register_kind(RecipeKind("hyrec", HyReCRecipe, train, evaluate,
-                         summary="HyReC: learned lexical + dense retrieval from one model (GLAE, semantic union)",
-                         paper=PAPER))
-
-
 def plan_spec(recipe: HyReCRecipe):
     """What ``medadapt plan`` needs (:mod:`medadapt.plan`): the GLAE encoder (the backbone's first
     ``num_layers`` layers plus the lexicon copy of ``lexicon_layers`` layers) with its projectors, the
@@ -290,10 +284,3 @@ def plan_spec(recipe: HyReCRecipe):
                 "GB per example); the one-layer decoder is not; the lexicon copy does not run there but is counted")
         notes += (note,)
     return PlanSpec(recipe.name, tuple(models), phases, tr.mixed_precision, notes)
-
-
-def _register_planner() -> None:
-    register_planner("hyrec", plan_spec)
-
-
-_register_planner()

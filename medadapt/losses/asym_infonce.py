@@ -1,26 +1,11 @@
-"""Asymmetric InfoNCE (CARE, arXiv "CARE/CMedTEB" §4.2.1 eq. 1 and §4.2.2 eq. 4).
+"""Asymmetric InfoNCE (CARE §4.2.1 eq. 1 and §4.2.2 eq. 4): queries through the small query tower, targets
+through the large document tower, candidates = every target and hard negative of the (gathered) batch.
 
-    L = -1/B sum_i log( exp(s(q_i, d_i) / tau) / sum_{d in D_i} exp(s(q_i, d) / tau) ),
-    s(q, d) = cos(E_Q(q), E_D(d))
+    L = -1/B sum_i log( exp(s(q_i, d_i) / tau) / sum_{d in D_i} exp(s(q_i, d) / tau) ),  s = cosine
 
-``q`` is embedded by the small **query** encoder ``E_Q`` and ``d`` by the large **document** encoder
-``E_D``; the two towers differ, which is the only thing that makes it "asymmetric". The candidate set
-``D_i`` is every target in the batch (the ``B - 1`` other targets are in-batch negatives) plus every hard
-negative in the batch.
-
-* **Stage I (eq. 1, self-contrastive)**: ``q_i`` and ``d_i`` are the *same* unlabeled text; the student
-  ``E_Q(x_i)`` must pick the teacher's ``E_D(x_i)`` out of the batch. No hard negatives.
-* **Stage II (eq. 4)**: ``(q_i, d_i)`` is a labelled (query, positive document) pair, with hard negatives.
-
-The paper writes the similarity without a temperature; like every InfoNCE in medadapt we divide cosine
-similarities by ``temperature`` (0.05 by default). Hand-written: sentence-transformers'
-``MultipleNegativesRankingLoss`` computes the same quantity but only inside its trainer (it takes texts,
-runs the model itself and cannot be given cached teacher embeddings), which stage I needs.
-
-Distributed training: the candidate set must be the *global* batch. medadapt's loops pass embeddings
-all-gathered across processes with :func:`medadapt.training.distributed.gather_with_grad` (identity in one
-process), so this loss is computed on the global batch by every process; see that module for the gradient
-scaling this implies.
+Stage I pairs a text with itself (student vs cached teacher embedding), stage II a query with its positive.
+Unlike the paper, cosines are divided by ``temperature`` as in every medadapt InfoNCE. Hand-written because
+sentence-transformers' loss runs the model itself and cannot take cached teacher embeddings.
 """
 
 from __future__ import annotations

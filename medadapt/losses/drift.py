@@ -1,13 +1,9 @@
-"""An L2 pull of adapted embeddings toward the frozen ones (Search-Adaptor's regularisation, Yoon et al.,
-ACL 2024, §3: keep the customised embeddings close to the originals so a small training set cannot drag
-them far from what the backbone knows).
+"""An L2 pull of adapted embeddings toward the frozen ones (Search-Adaptor's regularisation, Yoon et al., ACL
+2024), so a small training set cannot drag them far from what the backbone knows:
 
     L_drift = weight * mean_rows || e'/|e'| - e/|e| ||^2
 
-on the rows a head maps (``e``: the frozen embedding, ``e'``: the head's output). Both sides are
-L2-normalised first, as ``Normalize`` does at inference, so the term reads what cosine retrieval sees and a
-weight carries over between backbones whose raw embedding norms differ. Its value lies in ``[0, 4]``
-(``2 - 2 cos``); zero when the head returns its input.
+on the rows a head maps, both sides L2-normalised as retrieval sees them (value in ``[0, 4]``).
 """
 
 from __future__ import annotations

@@ -1,17 +1,11 @@
-"""InfoNCE contrastive loss on cosine similarity (paper eq. 3; van den Oord et al. 2018).
+"""InfoNCE contrastive loss on cosine similarity (Med-MoE-Embed eq. 3; van den Oord et al. 2018).
 
     L = -log( exp(s(q, d+)) / ( sum_{d in positives} exp(s(q, d)) + sum_{d-} exp(s(q, d-)) ) ),
     s(q, d) = cos(q, d) / tau
 
-with ``sim`` the cosine similarity. For query ``i`` the candidate set is every positive in the batch (its own
-positive is the target, the other ``B - 1`` are in-batch negatives) plus every hard negative in the batch
-(``B * n``, shared across queries as in the paper's "negative samples of q in the current batch"). Eq. 3 is
-written without a temperature; we divide similarities by ``temperature`` as is standard (0.05 by default).
-
-Distributed training: the candidate set must be the *global* batch. medadapt's loops pass embeddings
-all-gathered across processes with :func:`medadapt.training.distributed.gather_with_grad` (identity in one
-process), so this loss is computed on the global batch by every process; see that module for the gradient
-scaling this implies.
+Candidates for query ``i`` are every positive of the batch plus every hard negative of the batch. Unlike
+eq. 3, similarities are divided by ``temperature`` (0.05 by default). The loop passes the gathered global
+batch (:func:`medadapt.training.distributed.gather_with_grad`), so in-batch negatives span all processes.
 """
 
 from __future__ import annotations
@@ -28,10 +22,9 @@ __all__ = ["InfoNCELoss", "cosine_candidate_scores", "fp32_cosines", "fp32_dots"
 
 
 def fp32_cosines(a: Tensor, b: Tensor) -> Tensor:
-    """``(len(a), len(b))`` cosine similarities computed in float32, also under autocast. Autocast runs the
-    matmul in bf16, whose resolution near 1 is 2^-8 = 0.004 (0.08 in logits at temperature 0.05). On an H100 a
-    random-init tower's similarities, which differ by ~3e-4, all rounded to one value: the loss read exactly
-    ln(B) for 30 steps. The matrix is small next to the encoders, so float32 costs nothing measurable."""
+    """``(len(a), len(b))`` cosine similarities computed in float32, also under autocast: bf16's resolution
+    near 1 (2^-8) rounds the close similarities of a random-init tower to one value and stalls the loss at
+    ln(B). The matrix is small next to the encoders."""
     with torch.autocast(device_type=a.device.type, enabled=False):
         return F.normalize(a.float(), dim=-1) @ F.normalize(b.float(), dim=-1).T
 

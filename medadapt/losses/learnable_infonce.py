@@ -1,17 +1,10 @@
-"""InfoNCE with a learnable temperature (CARE Appendix C.1.1, "unsupervised pretrain"; CLIP, Radford et al.
-2021): the temperature is a parameter of the loss, trained with the model.
+"""InfoNCE with a learnable temperature (CARE Appendix C.1.1 "unsupervised pretrain"; CLIP):
+``L = -log(exp(cos(a_i, b_i) / tau) / sum_j exp(cos(a_i, b_j) / tau))`` with ``tau = exp(log_tau)`` clamped
+below at ``min_temperature``; in-batch negatives, optional hard negatives.
 
-    L = -log( exp(cos(a_i, b_i) / tau) / sum_j exp(cos(a_i, b_j) / tau) ),   tau = exp(log_tau)
-
-``tau`` is log-parametrised, so it is positive whatever the optimiser does; like CLIP (which caps its
-logit scale at 100) it is clamped below at ``min_temperature`` so that the logits cannot blow up. In-batch
-negatives only by default (the paper's unsupervised pairs: title-content positives, other documents of the
-batch as negatives); optional hard negatives as in :class:`~medadapt.losses.InfoNCELoss`.
-
-Hand-written: sentence-transformers' ``MultipleNegativesRankingLoss`` has a fixed scale, and
-``CachedMultipleNegativesRankingLoss`` owns the model call (the project's loop does GradCache itself).
-The loop trains and checkpoints the temperature only if it is a parameter of the module it trains:
-wrap ``(model, loss)`` in one module (:class:`medadapt.training.steps.TowerWithLoss` does).
+Hand-written because sentence-transformers' losses have a fixed scale or own the model call. The loop trains
+the temperature only as part of the module it trains: wrap ``(model, loss)`` in
+:class:`medadapt.training.steps.TowerWithLoss`.
 
 Example:
     >>> loss = LearnableTemperatureInfoNCELoss(temperature=0.05)

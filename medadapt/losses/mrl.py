@@ -1,14 +1,9 @@
-"""Matryoshka Representation Learning loss (Kusupati et al. 2022; CARE Appendix C.1.2 eq. 5).
+"""Matryoshka Representation Learning loss (Kusupati et al. 2022; CARE Appendix C.1.2 eq. 5): the wrapped
+contrastive loss averaged over nested prefix dimensions, ``L_MRL = 1/|M| sum_{m in M} L(q[:m], d+[:m], d-[:m])``,
+so the first ``m`` coordinates are an embedding on their own.
 
-    L_MRL = 1/|M| sum_{m in M} L(q[:m], d+[:m], d-[:m])
-
-the wrapped contrastive loss ``L`` averaged over a set ``M`` of nested prefix dimensions, so that the first
-``m`` coordinates of an embedding are a usable embedding on their own. CARE trains its LLM document
-encoder this way and then keeps the first 768 dimensions (the query encoder's width).
-
-Applied to **embeddings** (the inputs are sliced), never by patching the model's forward as
-sentence-transformers' ``MatryoshkaLoss`` does: any medadapt loss that takes ``(query, positive,
-negatives)`` embeddings and returns a dict of parts can be wrapped.
+Applied to embeddings (inputs sliced), not by patching the model's forward as sentence-transformers'
+``MatryoshkaLoss`` does, so any medadapt loss returning a dict of parts can be wrapped.
 """
 
 from __future__ import annotations

@@ -10,11 +10,12 @@
 * :mod:`medadapt.moe.sections`: the ``head`` / ``loss`` / ``training`` sections (the configs of both the
   Python API and the recipe).
 * :mod:`medadapt.moe.recipe`: the ``kind: moe`` recipe (:class:`MoERecipe`) behind ``medadapt train``.
+* :mod:`medadapt.moe.system`: the one :func:`~medadapt.systems.register_system` call.
 """
 
 from __future__ import annotations
 
-import medadapt.moe.adapter  # noqa: F401  (registers the "moe" adapter type; installs add_adapter)
+import medadapt.moe.system  # noqa: F401  (registers Med-MoE-Embed: its kind, the "moe" head type, ...)
 from medadapt.moe.config import MoEConfig
 from medadapt.moe.experts import available_experts, build_expert, expert_class, register_expert
 from medadapt.moe.head import MoEHead

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from medadapt.adapters.types import AdapterType, register_adapter_type
+from medadapt.adapters.types import AdapterType
 from medadapt.errors import ConfigError
 from medadapt.moe.config import MoEConfig
 from medadapt.moe.head import MoEHead
@@ -43,6 +43,6 @@ def _scales(head: MoEHead) -> str:
     return "residual scale by domain " + ", ".join(f"{d} {g:g}" for d, g in zip(c.domains, c.domain_scales))
 
 
-MOE_ADAPTER = register_adapter_type(AdapterType(
+MOE_ADAPTER = AdapterType(
     name="moe", config_classes=(MoEConfig, MoEHeadSection), build=_build,
-    config_of=lambda head: head.get_config_dict(), from_dict=_from_dict, describe=_describe))
+    config_of=lambda head: head.get_config_dict(), from_dict=_from_dict, describe=_describe)

@@ -1,11 +1,7 @@
-"""Med-MoE-Embed's backbone / LoRA path as a stage of the one loop (:func:`medadapt.training.loop.train`).
-
-The backbone trains on the training texts (every weight, or only a LoRA adapter's matrices), together with
-the head if there is one: one stage, ``train``, of ``training.epochs``. Its step is the neutral
-:class:`~medadapt.training.steps.TextPairStep`: queries go through the model as ``encode_query`` does (its
-query prompt and route), positives and mined hard negatives as ``encode_document`` does, and the loss is the
-fast path's InfoNCE (cosine, ``loss.temperature``) over in-batch + hard negatives of the whole gathered
-optimiser step (GradCache when accumulating).
+"""Med-MoE-Embed's backbone / LoRA path as one stage, ``train``, of the one loop: every backbone weight or only a
+LoRA adapter's matrices train with the head (if any) through the neutral
+:class:`~medadapt.training.steps.TextPairStep` (queries as ``encode_query``, positives and mined hard negatives
+as ``encode_document``) and the fast path's InfoNCE. See docs/training.md, "Med-MoE-Embed slow path".
 
 Example:
     >>> stage = backbone_stage(model, text_items(data, pairs, negatives), training, InfoNCESection())

@@ -39,12 +39,8 @@ class MoEConfig:
             ``zero_init_output`` is set, otherwise alpha and the routed experts' output layers would both get
             zero gradient forever.
         residual: output ``v + residual_scale * h`` instead of ``h``.
-        residual_scale: scale ``γ`` of the learned correction at inference. Training always learns the
-            full-strength correction (:func:`medadapt.moe.schedule.head_training` sets ``γ = 1`` while it
-            trains); a saved ``γ < 1`` interpolates between the backbone (0) and the trained head (1),
-            which is WiSE-FT's weight-space ensembling for a zero-initialised residual head (Wortsman et
-            al., CVPR 2022): it trades a little in-domain gain for robustness on unseen query styles (see
-            docs/benchmarks.md).
+        residual_scale: scale ``γ`` of the learned correction at inference (training always uses ``γ = 1``);
+            ``γ < 1`` interpolates between the backbone (0) and the trained head (1), WiSE-FT style.
         zero_init_output: zero the last layer of every expert, so ``h = 0`` at initialisation.
         routing: ``"learned"`` (top-k gate), ``"random"`` (warm-up) or ``"off"`` (routed branch skipped);
             can be switched at train time with :meth:`MoEHead.set_routing`.

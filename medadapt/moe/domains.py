@@ -1,16 +1,10 @@
-"""Domain routing of a trained MoE head: one residual scale per domain of a ``data.mix``, chosen on each
-domain's dev split, and a linear domain classifier that gives every input its domain's scale.
+"""Domain routing of a trained MoE head: one residual scale per domain of a ``data.mix``, chosen on each domain's
+dev split, and a linear domain classifier that gives every input ``gamma = sum_k p_k gamma_k``
+(:meth:`MoEHead.scale_for`).
 
-One head trained on several medical domains (issue 40: MedQuAD's templated questions and NIH answers, real
-patients' questions with doctors' answers) does not want one interpolation ``v + γ h`` for all of them: on
-dev, MedQuAD keeps gaining up to ``γ = 1`` while patients' questions are best near ``γ = 0.3`` and fall
-below the frozen model above ``0.5``. :func:`fit_domain_routing` sweeps ``γ`` per domain on its dev split
-(one trained head, the scale applied at inference), then fits a multinomial logistic regression
-(``nn.Linear`` + softmax, class-balanced cross-entropy, full-batch L-BFGS, zero-initialised: deterministic)
-from the frozen backbone's normalised embedding to the domain, on every domain's training queries and corpus.
-At inference each input gets ``γ = Σ_k p_k γ_k`` (:meth:`MoEHead.scale_for`): a soft choice, so an input
-between domains gets a scale between theirs. Written here because sentence-transformers' ``Router`` routes
-by task (query / document), not by content, and scikit-learn is not a dependency of the core install.
+Domains want different interpolations ``v + gamma h``, and sentence-transformers' ``Router`` routes by task,
+not content. The classifier is a class-balanced logistic regression on the frozen embedding, fitted with
+deterministic L-BFGS in torch (scikit-learn is not a core dependency). See docs/heads.md, "Domain routing".
 """
 
 from __future__ import annotations

@@ -40,11 +40,8 @@ def _scalar_to_vector(name: str):
 class MoEHead(Module):
     """Shared + top-k routed experts on the sentence embedding (see :class:`MoEConfig` for every option).
 
-    Identity-preserving by default (``residual=True``, ``zero_init_output=True``): the head outputs
-    ``v + h`` and the last layer of every expert starts at zero, so an untrained head returns the backbone
-    embedding *exactly*. Attaching a fresh head therefore never degrades a strong backbone, training starts
-    from the backbone's retrieval quality instead of from a random projection, and the head only has to learn
-    a correction. (alpha must then start non-zero; :class:`MoEConfig` enforces it.)
+    Identity-preserving by default (``residual=True``, ``zero_init_output=True``): an untrained head returns
+    the backbone embedding exactly, so training learns a correction (docs/heads.md).
 
     A single-expert residual MLP head is the special case with one shared expert and no routed experts
     (``MoEConfig.single_expert(dim)``, ``top_k=0``); it has no gate, no ``alpha`` and a zero aux loss.

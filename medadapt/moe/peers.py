@@ -1,21 +1,9 @@
 """Peer baselines trained in the same run (``eval.peers``): is the head worth more than a simpler one?
 
-A ``moe`` recipe on the fast path (frozen backbone + head) can name peers in ``eval.peers``. Each peer is a
-small head of another kind trained **in the same run on the same cached training embeddings** (the
-``(query, positive)`` rows the head trained on, after ``data.balance``: no second encode) and scored on the
-same evaluation split (and every ``eval.also`` set) through the run's embedding cache. Only its scores are
-kept (``metrics.json`` under ``"peers"``, the final table, the model card); the peer itself is not saved.
-When a peer beats the trained head on the recipe's first metric, the run logs one warning line per set.
-
-Peer kinds:
-
-* ``linear_query`` (:class:`LinearQueryPeer`): the query-only linear adapter of LlamaIndex / Chroma
-  (:class:`~medadapt.heads.linear.LinearHead` on the query route, identity-initialised ``W q``), in-batch
-  negatives only; its defaults are ``recipes/linear-query-demo.yaml``'s.
-
-The peer trains with :func:`~medadapt.moe.schedule.train_head` (the fast path's loop, the run's
-accelerator and seed) on a second copy of the backbone loaded from ``model.backbone`` (weights only: its
-cache namespace is the frozen backbone's, so nothing is re-encoded), dropped once scored.
+Each peer (``linear_query``: :class:`LinearQueryPeer`, the query-only linear adapter) trains on the run's cached
+training embeddings with :func:`~medadapt.moe.schedule.train_head` and is scored on the same sets through the
+run's cache; only its scores are kept (``metrics.json`` ``"peers"``, the final table, the card), with a warning
+where it beats the head. See docs/training.md, "Peer baselines in the same run".
 """
 
 from __future__ import annotations

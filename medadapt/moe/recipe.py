@@ -52,11 +52,10 @@ from medadapt.moe.backbone import backbone_stage, text_items
 from medadapt.moe.domains import fit_domain_routing
 from medadapt.moe.peers import MoEEvalSection, peers_problem, run_peers
 from medadapt.moe.schedule import expert_load_log, head_stages, head_training, merge_routing_stats
-from medadapt.plan import LoraSpec, ModelSpec, PhaseSpec, PlanSpec, Usage, find_config, register_planner
+from medadapt.plan import LoraSpec, ModelSpec, PhaseSpec, PlanSpec, Usage, find_config
 from medadapt.moe.sections import (HeadSection, InfoNCESection, LossSection, MoEHeadSection,
                                    MoETrainingSection, NoHead)
 from medadapt.recipes.base import DataSection, LoraSection, RecipeBase
-from medadapt.recipes.registry import RecipeKind, register_kind
 from medadapt.recipes.run import RunContext, evaluate_dense
 from medadapt.training.lora import attach_lora, merge_lora
 from medadapt.training.pairs import pairs_from_qrels, prepare_head_training
@@ -385,14 +384,10 @@ PAPER = {
     "head.zero_init_output": (False, "eq. (1) without a residual: a zero-initialised h would output nothing"),
     "head.expert_options": ({"kan": {"grid_size": 5}, "mlp_kan": {"groups": 1, "grid_size": 5}},
                             "§III-B: full KAN layers (grid not given; pykan's default 5), MLP-KAN not block-diagonal"),
+    "head.renormalize_top_k": (False, "eq. (2): g_i = s_i, the kept experts' raw softmax affinities (not "
+                                      "renormalised to sum to 1)"),
     "loss.temperature": (1.0, "eq. (3): InfoNCE on plain sim(q, d), no temperature"),
 }
-
-KIND = register_kind(RecipeKind(
-    "moe", MoERecipe, train, evaluate,
-    "Med-MoE-Embed head on a frozen backbone (two-step schedule on cached embeddings), or backbone / LoRA "
-    "fine-tuning", paper=PAPER))
-
 
 def plan_spec(recipe: MoERecipe):
     """What ``medadapt plan`` needs (:mod:`medadapt.plan`). Fast path: the frozen backbone encodes the
@@ -428,6 +423,3 @@ def plan_spec(recipe: MoERecipe):
     rest = bool((moe and recipe.head.routed_experts and tr.random_routing_epochs) or tr.epochs)
     optimizers = int(shared) + int(rest) if recipe.fast else 1
     return PlanSpec(recipe.name, tuple(models), phases, tr.mixed_precision, notes, optimizers=optimizers)
-
-
-register_planner("moe", plan_spec)

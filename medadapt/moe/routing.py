@@ -1,18 +1,9 @@
 """Top-k router over routed experts (paper eq. 2) with learned or random assignment and routing statistics.
 
-Affinity ``s_i = softmax_i(v^T e_i)`` with a learnable centroid ``e_i`` per routed expert. The gate keeps the
-``k`` largest ``s_i`` and zeroes the rest. By default the kept scores are renormalised to sum to 1 (as in
-Mixtral / DeepSeek-V3); the paper's eq. 2 uses the raw scores, available with ``renormalize=False``. With
-``k = 1`` and renormalisation the kept weight is always 1, so the centroids then only learn from the
-load-balancing term.
-
-Modes (switchable at any time through ``mode``):
-
-* ``"learned"``: the top-k of ``s`` as above.
-* ``"random"``: the paper's warm-up (§III-D): each input goes to ``k`` experts drawn uniformly without
-  replacement (global torch RNG), each with weight ``1/k``, so every expert receives data early on. The
-  affinity is still computed so the load-balancing loss and statistics stay defined.
-* ``"off"``: routed experts are skipped entirely (used to pre-train shared experts alone).
+Affinity ``s_i = softmax_i(v^T e_i)`` with a learnable centroid per expert; the gate keeps the ``k`` largest,
+renormalised to sum to 1 by default (``renormalize=False``: the paper's raw scores). ``mode`` is
+``"learned"``, ``"random"`` (the paper's warm-up: ``k`` uniform experts at ``1/k`` each, affinity still
+computed for the statistics) or ``"off"`` (routed experts skipped, to pre-train shared experts).
 """
 
 from __future__ import annotations

@@ -1,23 +1,11 @@
-"""Med-MoE-Embed's training schedule (paper §III-D) on cached frozen-backbone embeddings, as stages of the
-one loop (:func:`medadapt.training.loop.train`).
+"""Med-MoE-Embed's training schedule (paper §III-D) on cached frozen-backbone embeddings, as stages of the one
+loop (:func:`medadapt.training.loop.train`).
 
-The backbone is frozen, so its raw pooled embeddings (before ``Normalize``) are cached and only the head
-trains; it maps queries and documents alike, and InfoNCE L2-normalises both sides as ``Normalize`` does at
-inference. :func:`head_stages` gives a :class:`~medadapt.moe.head.MoEHead` three stages: ``shared``
-(``training.shared_epochs`` on the shared experts alone, routing off, its own optimiser: the paper
-pre-trains them separately, in place is equivalent), ``random`` (``training.random_routing_epochs`` on all
-parameters with random routing, a warm-up feeding every routed expert) and ``learned`` (``training.epochs``
-with the learned top-k gate); the last two share one optimiser and LR schedule.
-Stages a head has nothing for are skipped; any other head (``LinearHead``, ``SearchAdaptorHead``, your own)
-trains all its parameters in one stage, ``main``, of ``training.epochs`` (the MoE-only stages are refused).
-
-The loss of an optimiser step (:class:`MoEStep`) is InfoNCE over in-batch + hard negatives plus
-``loss.load_balance_weight`` x the Switch load-balancing loss (MoE heads), both on the whole gathered step,
-plus the parts a head's own ``penalty(frozen, adapted)`` returns on the rows it maps (Search-Adaptor's
-``drift``, :class:`~medadapt.losses.drift.DriftLoss`). Random
-routing draws one seeded set of scores per step for every row of ``batch.all_indices``, so the random stage
-is the same on 1 or N processes, with or without accumulation. :func:`head_training` trains the
-full-strength correction (``residual_scale = 1``) and restores the head's scale and routing afterwards.
+:func:`head_stages` gives a MoE head the stages ``shared`` (shared experts alone), ``random`` (random routing)
+and ``learned`` (top-k gate; shares the optimiser of ``random``); other heads train in one stage, ``main``.
+The loss (:class:`MoEStep`) is InfoNCE over in-batch + hard negatives, the load-balancing term and a head's
+own ``penalty`` on the whole gathered step; random routing is seeded per step, so 1 and N processes agree.
+See docs/training.md.
 
 Example:
     >>> result = train_head(head, q_emb, pos_emb, neg_emb, MoETrainingSection(epochs=3, shared_epochs=1))

@@ -1,8 +1,8 @@
 """``medadapt plan``: what a recipe needs (parameters, memory per device, tokens per step, gradient
 accumulation) before any weight is downloaded.
 
-Neutral package: systems register how their recipes map to models and phases
-(:func:`register_planner`, next to their schema); the planner builds the named architectures on the meta
+Neutral package: systems say how their recipes map to models and phases (the ``plan`` of their
+:class:`~medadapt.systems.System`); the planner builds the named architectures on the meta
 device from their ``config.json`` (:mod:`medadapt.plan.configs`) and applies the memory model of
 :mod:`medadapt.plan.memory` on the hardware of :mod:`medadapt.plan.hardware`.
 
@@ -24,11 +24,10 @@ from medadapt.plan.planner import (
                                    Plan,
                                    describe_recipe,
                                    plan_recipe,
-                                   register_planner,
 )
 from medadapt.plan.specs import LoraSpec, ModelSpec, PhaseSpec, PlanSpec, Usage
 
 __all__ = ["Architecture", "DoesNotFit", "Hardware", "LoraSpec", "ModelPlan", "ModelSpec", "PhasePlan", "PhaseSpec",
            "Plan", "PlanSpec", "StateBytes", "Usage", "activation_bytes", "architecture", "describe_recipe",
-           "find_config", "plan_recipe", "read_accelerate_config", "register_planner", "state_bytes",
+           "find_config", "plan_recipe", "read_accelerate_config", "state_bytes",
            "step_peak_bytes"]

@@ -1,14 +1,9 @@
 """Architecture configs of the models a recipe names, and their parameter counts, without any weights.
 
-:func:`find_config` maps a recipe's model name to a ``config.json``: a local model folder's own file
-(a sentence-transformers folder, an alias such as ``minilm``), else the published config shipped under
-``recipes/configs/<name>/config.json`` (``<name>`` = the hub id's last part, e.g. ``Qwen3-4B``), else
-one already in the Hugging Face cache (``local_files_only``: nothing is downloaded). :func:`architecture`
-builds the model on the meta device (``accelerate.init_empty_weights`` + ``AutoModel.from_config``;
-no memory is allocated) and wraps it in PEFT's LoRA exactly as training does, so parameter counts are
-the ones training will report. A ``model_type`` that transformers cannot build without remote code
-(gte-multilingual-base's ``new``) is counted from its config fields instead (documented in
-:func:`_analytic_params`).
+:func:`find_config` finds a ``config.json`` (a local folder's, a shipped ``recipes/configs/<name>/``, or the
+Hugging Face cache; never a download); :func:`architecture` builds the model on the meta device, wrapped in
+PEFT's LoRA as training does, so counts match training. A ``model_type`` that needs remote code is counted
+from its config fields (:func:`_analytic_params`). See docs/recipes.md.
 """
 
 from __future__ import annotations

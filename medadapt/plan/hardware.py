@@ -1,20 +1,8 @@
 """The hardware a plan is for: GPU count and memory, and how Accelerate shares state between them.
 
-:func:`read_accelerate_config` reads an ``accelerate`` config YAML (``accelerate config`` writes one;
-``recipes/accelerate/*.yaml``): ``num_processes`` x ``num_machines`` devices, ``distributed_type``
-(``MULTI_GPU`` = DDP replicas, ``DEEPSPEED`` with ``deepspeed_config.zero_stage``, ``FSDP`` with
-``fsdp_config.fsdp_sharding_strategy``) and ``mixed_precision``. What is sharded over ``N`` devices:
-
-============================  =========  =========  ===========  =======================================
-strategy                      weights    gradients  optim. state  notes
-============================  =========  =========  ===========  =======================================
-single / DDP (``MULTI_GPU``)  full       full       full         DDP also keeps gradient buckets (+grads)
-ZeRO-0                        full       full       full         DeepSpeed mixed precision: 2+2+12 bytes
-ZeRO-1                        full       full       / N
-ZeRO-2, FSDP SHARD_GRAD_OP    full       / N        / N
-ZeRO-3, FSDP FULL_SHARD       / N        / N        / N          + the gathered layers in flight
-FSDP HYBRID_SHARD             / GPUs per node (replicated across nodes)
-============================  =========  =========  ===========  =======================================
+:func:`read_accelerate_config` reads an ``accelerate`` config YAML (devices, ``distributed_type``, ZeRO stage,
+FSDP sharding strategy, mixed precision). What each strategy shards: docs/recipes.md, "How the plan counts
+memory".
 """
 
 from __future__ import annotations

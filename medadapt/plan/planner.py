@@ -1,8 +1,8 @@
 """``plan_recipe``: parameters, memory per device, tokens per step and the gradient accumulation a recipe
 needs on given hardware, from architecture configs alone (nothing is downloaded or allocated).
 
-Systems describe their recipes through :func:`register_planner` (next to their schema; neutral code never
-imports a system). For each phase the planner finds the largest per-device micro-batch that fits in the
+Systems describe their recipes through the ``plan`` of their :class:`~medadapt.systems.System` (neutral code
+never imports a system). For each phase the planner finds the largest per-device micro-batch that fits in the
 usable memory (:class:`~medadapt.plan.hardware.Hardware`), and from it the gradient-accumulation steps
 that keep the phase's global batch (the paper's); medadapt's accumulation is GradCache-exact (the loss
 sees the whole global batch), so accumulating changes memory, not the result. A phase whose state (weights,
@@ -12,38 +12,32 @@ gradients, optimizer) plus one example's activations does not fit is refused wit
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
-from typing import Any
 
+from medadapt import systems
 from medadapt.errors import ConfigError, MedAdaptError
 from medadapt.plan.configs import Architecture, architecture
 from medadapt.plan.hardware import Hardware
 from medadapt.plan.memory import activation_bytes, state_bytes
 from medadapt.plan.specs import PlanSpec
 
-__all__ = ["DoesNotFit", "ModelPlan", "PhasePlan", "Plan", "describe_recipe", "plan_recipe", "register_planner"]
+__all__ = ["DoesNotFit", "ModelPlan", "PhasePlan", "Plan", "describe_recipe", "plan_recipe"]
 
 GiB = 2**30
-_PLANNERS: dict[str, Callable[[Any], PlanSpec]] = {}
 
 
 class DoesNotFit(MedAdaptError):
     """The recipe cannot train on the declared hardware at any gradient accumulation; the message says why."""
 
 
-def register_planner(kind: str, describe: Callable[[Any], PlanSpec]) -> None:
-    """Register how recipes of ``kind`` describe their models and phases (``describe(recipe) -> PlanSpec``)."""
-    _PLANNERS[kind] = describe
-
-
 def describe_recipe(recipe) -> PlanSpec:
-    """The :class:`PlanSpec` of a validated recipe (its system must have registered a planner)."""
-    describe = _PLANNERS.get(recipe.kind)
-    if describe is None:
+    """The :class:`PlanSpec` of a validated recipe, from its system's ``plan``."""
+    system = systems.find(recipe.kind)
+    if system is None or system.plan is None:
+        planned = sorted(s.kind for s in systems.registered() if s.plan is not None)
         raise ConfigError(f"recipe kind {recipe.kind!r} has no planner (planned kinds: "
-                          f"{', '.join(sorted(_PLANNERS)) or 'none'})")
-    return describe(recipe)
+                          f"{', '.join(planned) or 'none'})")
+    return system.plan(recipe)
 
 
 @dataclass

@@ -1,6 +1,6 @@
 """What a system tells the planner about a recipe: the models it holds and the phases that train them.
 
-A system registers a describer (:func:`medadapt.plan.register_planner`) that turns its recipe into a
+A system's ``plan`` (:class:`medadapt.systems.System`) turns its recipe into a
 :class:`PlanSpec`; the planner (neutral code) never imports a system. All sizes are global (the recipe's
 ``batch_size`` is split over the processes, as the trainers do).
 """

@@ -28,10 +28,9 @@ from medadapt.adapters.api import adapter_names
 from medadapt.adapters.files import describe_heads, read_adapter_config, write_adapter
 from medadapt.cache import EmbeddingCache
 from medadapt.cards import write_card
-from medadapt.data import load_beir
 from medadapt.encode import share_encoding
 from medadapt.errors import ConfigError, ModelLoadError
-from medadapt.eval import evaluate_retrieval
+from medadapt.eval.tasks import evaluate, task_kind
 from medadapt.io import (FolderKind, atomic_write_json, atomic_write_text, check_output, clean_leftovers,
                          replace_folder)
 from medadapt.models import check_device, load
@@ -450,10 +449,11 @@ def _jsonable(obj):
 
 
 def evaluate_dense(recipe: RecipeBase, model, ctx: RunContext) -> dict[str, float]:
-    """The evaluation most systems use: ``evaluate_retrieval`` of a SentenceTransformer (queries through
-    ``encode_query``, documents through ``encode_document``) on ``eval.data`` (default: ``data.path``),
-    split ``eval.split``, through the run's embedding cache."""
+    """The evaluation most systems use: the retrieval task on ``eval.data`` (default: ``data.path``), split
+    ``eval.split``, scored dense by :func:`medadapt.eval.tasks.evaluate` (queries through ``encode_query``,
+    documents through ``encode_document``) through the run's embedding cache."""
     ev = recipe.eval
-    data = load_beir(recipe.resolve(ev.data or recipe.data.path), [ev.split])
-    return evaluate_retrieval(model, data, ev.split, ev.metrics, cache=ctx.cache,
-                              batch_size=recipe.training.encode_batch_size, show_progress=ctx.show_progress)
+    folder = recipe.resolve(ev.data or recipe.data.path)
+    task = task_kind("retrieval").create(Path(folder).name or str(folder)).load_data(folder, ev.split)
+    return evaluate(model, task, metrics=ev.metrics, mode="dense", cache=ctx.cache,
+                    batch_size=recipe.training.encode_batch_size, show_progress=ctx.show_progress).metrics

@@ -1,14 +1,8 @@
-"""What the report computes with the models: per-query nDCG@10 of the frozen base and the trained model
-(pytrec_eval), the similarity of queries to their positives and hard negatives, and the expert load of
-routed heads on the evaluation data.
+"""What the report computes with the models: per-query nDCG@10 of the frozen base and the trained model, the
+similarity of queries to their positives and hard negatives, and the expert load of routed heads.
 
-Both models are encoded through :class:`medadapt.cache.EmbeddingCache`: a frozen-backbone run's heads are
-applied to the cached backbone outputs, so after ``medadapt train`` (which cached the evaluation corpus)
-the report costs no transformer pass. The frozen base is the trained model with its medadapt heads
-disabled, or (a full fine-tune) the recipe's ``model.backbone``.
-
-Expert load reaches this neutral package through a small protocol, :class:`RoutingStatsSource` (any module
-with ``routing_stats()`` / ``reset_routing_stats()``, as Med-MoE-Embed's head has), never by importing a
+Both models encode through :class:`medadapt.cache.EmbeddingCache`, so after ``medadapt train`` the report costs
+no transformer pass. Expert load comes through the :class:`RoutingStatsSource` protocol, never by importing a
 system.
 """
 

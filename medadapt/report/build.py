@@ -7,7 +7,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from medadapt import __version__
+from medadapt import __version__, systems
 from medadapt.cache import EmbeddingCache
 from medadapt.data import available_splits, load_beir, resolve_data_dir
 from medadapt.errors import MedAdaptError
@@ -43,13 +43,9 @@ def _expert_section(run: RunFolder, analysis) -> tuple[dict[str, Figure], dict[s
     notes: list[str] = []
     names = final.get("names") or inference.get("names") or per_step.get("names")
     if not names:
-        if run.kind == "moe" and analysis is None:
-            notes.append("No expert load to show: train_log.json holds none (a run trained through the "
-                         "backbone path, or by an older medadapt) and the model was not run on data (see the "
-                         "notes below).")
-        elif run.kind == "moe":
-            notes.append("This run's head routes no experts (not a Med-MoE-Embed head with routed "
-                         "experts): no expert load to show.")
+        system = systems.find(run.kind)
+        if system is not None and system.report_notes is not None:  # the system says why
+            notes += system.report_notes(run, analysis)
         else:
             notes.append(f"Not a MoE head (recipe kind {run.kind!r}): no expert load to show.")
         return figures, None, notes

@@ -1,12 +1,6 @@
-"""The report's HTML: one self-contained page rendered with Jinja2 (installed with torch) from a template in
-this module, with **autoescaping on**: every value from data (query texts, ids, recipe names, metric names)
-is escaped as ``html.escape`` would. A ``Content-Security-Policy`` meta tag allows no script and no network
-access at all (images only as ``data:`` URIs), so even a text that escaped escaping could not run or fetch
-anything.
-
-Images are embedded as base64 ``data:`` URIs: the page is one file that can be mailed, attached to a CI run
-or moved without breaking links, and it is written atomically in one step (no page referring to images
-that are not there yet).
+"""The report's HTML: one self-contained page rendered with Jinja2 with autoescaping on, a
+``Content-Security-Policy`` that allows no script and no network access, and figures embedded as ``data:``
+URIs, so the page is one file written atomically. See docs/report.md.
 """
 
 from __future__ import annotations

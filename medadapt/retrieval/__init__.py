@@ -46,8 +46,6 @@ _LAZY = {
     "SparseEncoder": "medadapt.retrieval.encoders",
     "HybridEncoder": "medadapt.retrieval.encoders",
     "SentenceTransformerEncoder": "medadapt.retrieval.encoders",
-    "EncoderKind": "medadapt.retrieval.encoders",
-    "register_encoder": "medadapt.retrieval.encoders",
     "open_encoder": "medadapt.retrieval.encoders",
     "build_shard": "medadapt.retrieval.sharding",
     "merge_shards": "medadapt.retrieval.sharding",
@@ -56,6 +54,8 @@ _LAZY = {
     "IndexCorruptError": "medadapt.retrieval.errors",
     "MedAdaptRetriever": "medadapt.retrieval.langchain",
     "MedAdaptEmbeddings": "medadapt.retrieval.langchain",
+    "MedAdaptQdrantVectorStore": "medadapt.retrieval.langchain_qdrant",
+    "qdrant_vector_store": "medadapt.retrieval.langchain_qdrant",
     "upgrade_queries": "medadapt.retrieval.upgrade",
     "upgrade_qdrant_queries": "medadapt.retrieval.upgrade",
     "UpgradeResult": "medadapt.retrieval.upgrade",
@@ -73,12 +73,10 @@ if TYPE_CHECKING:  # pragma: no cover
     from medadapt.retrieval.encoders import (
         DenseEncoder,
         Encoder,
-        EncoderKind,
         HybridEncoder,
         SentenceTransformerEncoder,
         SparseEncoder,
         open_encoder,
-        register_encoder,
     )
     from medadapt.retrieval.exact import exact_search
     from medadapt.retrieval.fusion import (
@@ -93,6 +91,7 @@ if TYPE_CHECKING:  # pragma: no cover
     )
     from medadapt.retrieval.inverted import InvertedIndex
     from medadapt.retrieval.langchain import MedAdaptEmbeddings, MedAdaptRetriever
+    from medadapt.retrieval.langchain_qdrant import MedAdaptQdrantVectorStore, qdrant_vector_store
     from medadapt.retrieval.lexical import LexicalIndex
     from medadapt.retrieval.retriever import Hit, Retriever, SearchResult
     from medadapt.retrieval.sharding import build_shard, merge_shards, train_shard_template

@@ -1,14 +1,9 @@
-"""BM25 as sparse vectors: each document becomes ``{term_id: bm25 weight}``, each query
-``{term_id: count}``, and their dot product is the BM25 score.
+"""BM25 as sparse vectors: documents become ``{term_id: bm25 weight}``, queries ``{term_id: count}``, and their
+dot product is the BM25 score (bm25s' Lucene variant, equal to bm25s to float32 precision on the same tokens).
 
-Weights follow bm25s' default (``method="lucene"``, Kamphuis et al. 2020):
-``idf(t) = ln(1 + (N - df + 0.5) / (df + 0.5))`` and
-``w(t, d) = idf(t) * tf / (tf + k1 * (1 - b + b * |d| / avgdl))``, where ``|d|`` counts tokens after
-stopword removal. A query repeating a term counts it twice, as bm25s does. Scores therefore equal bm25s'
-to float32 precision on the same tokens.
-
-Hand-written because bm25s keeps its weights in its own object; here they are plain sparse vectors
-that the shared :class:`~medadapt.retrieval.inverted.InvertedIndex` scores.
+``idf(t) = ln(1 + (N - df + 0.5) / (df + 0.5))``, ``w(t, d) = idf(t) * tf / (tf + k1 * (1 - b + b * |d| / avgdl))``.
+Hand-written because bm25s keeps its weights in its own object; here they are plain sparse vectors for the
+shared :class:`~medadapt.retrieval.inverted.InvertedIndex`.
 """
 
 from __future__ import annotations

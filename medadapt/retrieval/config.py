@@ -96,9 +96,7 @@ class FusionConfig(_Strict):
         depth: documents taken from each list before fusing.
         rrf_k: the RRF constant (60, as in Cormack et al. 2009).
 
-    Index folders written before this meaning (manifest format 1, where ``dense_weight`` was the convex
-    share ``w`` of ``w * dense + (1 - w) * lexical``) are converted on load to ``w / (1 - w)``: the same
-    ranking.
+    Format-1 index manifests (``dense_weight`` a convex share ``w``) convert on load to ``w / (1 - w)``.
     """
 
     method: FusionMethod = "minmax"

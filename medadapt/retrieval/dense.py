@@ -1,10 +1,8 @@
 """Dense index on FAISS: any ``index_factory`` string, inner product on (normalised) vectors.
 
-* Built in chunks: :meth:`DenseIndex.build_from_model` encodes ``chunk_size`` documents at a time with
-  the encoder (sentence-transformers models through the :class:`~medadapt.cache.EmbeddingCache`) and adds
-  them, so a million-document corpus never holds more than one chunk of embeddings (and one encode batch
-  of token tensors) at once. IVF / PQ indexes
-  are trained first on a sample of ``train_size`` documents.
+* Built in chunks: :meth:`DenseIndex.build_from_model` encodes ``chunk_size`` documents at a time (through
+  the :class:`~medadapt.cache.EmbeddingCache`) and adds them; IVF / PQ indexes are trained first on a sample
+  of ``train_size`` documents.
 * GPU: with faiss-gpu installed (extra ``[gpu]``) and ``use_gpu`` ``"auto"``/``True``, the index is
   cloned to every visible GPU for adding and searching; otherwise it stays on CPU. Saved files are
   always CPU indexes.

@@ -12,24 +12,22 @@ checks a class name and imports no system package.
   "document_prompt"}`` (all but the fingerprint optional), checked when an index is reopened.
 
 A ``SentenceTransformer`` is used through :class:`SentenceTransformerEncoder` (dense; documents through
-the :class:`~medadapt.cache.EmbeddingCache`). Any other model becomes an encoder by offering the methods
-above (:class:`medadapt.hyrec.HyReCModel` does: dense + learned sparse). To let an index folder reload it
-by name, its package registers an :class:`EncoderKind` (``tag``, ``load``, ``detect``) with
-:func:`register_encoder` when imported, and names that module in the ``medadapt.encoders`` entry-point group
-(``pyproject.toml``), which is read only when an unknown tag or a model folder must be resolved.
+the :class:`~medadapt.cache.EmbeddingCache`), unless one of its modules offers the model's encoder itself:
+a module with ``as_encoder(model)`` (HyReC's learned-lexical branch gives dense + learned sparse). That is
+a capability of the loaded model, never a guess from a folder's files. Any other object becomes an encoder
+by offering the methods above.
 
 Example::
 
     from medadapt.retrieval.encoders import open_encoder, SparseEncoder
-    enc = open_encoder("runs/hyrec")          # a registered kind recognises its folder, else sentence-transformers
-    isinstance(enc, SparseEncoder)            # True for a HyReC folder
+    enc = open_encoder("runs/hyrec")          # medadapt.load, then the model's own encoder if it offers one
+    isinstance(enc, SparseEncoder)            # True for a model with a learned-lexical branch
 """
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, ClassVar, Literal, Protocol, runtime_checkable
 
@@ -38,18 +36,16 @@ import numpy as np
 from medadapt import models
 from medadapt.cache import EmbeddingCache, effective_prompt
 from medadapt.errors import MedAdaptError
-from medadapt.models import model_fingerprint
+from medadapt.models import model_fingerprint, side_module_refs
 from medadapt.progress import encode_with_progress
 
 __all__ = [
     "ST_TAG", "Encoder", "DenseEncoder", "SparseEncoder", "HybridEncoder", "SentenceTransformerEncoder",
-    "EncoderKind", "register_encoder", "get_encoder_kind", "encoder_kinds", "detect_encoder_kind",
-    "as_encoder", "open_encoder",
+    "as_encoder", "open_encoder", "offers_sparse",
 ]
 
 Role = Literal["query", "document"]
 ST_TAG = "sentence-transformers"
-ENTRY_POINT_GROUP = "medadapt.encoders"
 
 
 # ------------------------------------------------------------------------------------------ protocols
@@ -173,90 +169,20 @@ def _is_sentence_transformer_like(model) -> bool:
     return callable(getattr(model, "encode_query", None)) and callable(getattr(model, "encode_document", None))
 
 
-# ------------------------------------------------------------------------------------------ registry
-@dataclass(frozen=True)
-class EncoderKind:
-    """How an index folder reloads an encoder by name.
-
-    Attributes:
-        tag: the encoder's ``encoder_tag`` (recorded in index manifests).
-        load: ``load(name_or_folder, device=None) -> encoder``.
-        detect: ``detect(folder) -> bool``: the folder holds such a model (lets ``Retriever.build`` and
-            :func:`open_encoder` take a folder name); ``None``: never guessed from a folder.
-    """
-
-    tag: str
-    load: Callable[..., Any]
-    detect: Callable[[Path], bool] | None = None
-
-
-_KINDS: dict[str, EncoderKind] = {}
-_BROKEN: dict[str, str] = {}
-_entry_points_loaded = False
-
-
-def register_encoder(kind: EncoderKind) -> EncoderKind:
-    """Register (or re-register) an encoder kind; returns it."""
-    _KINDS[kind.tag] = kind
-    return kind
-
-
-def _load_entry_points() -> None:
-    global _entry_points_loaded
-    if _entry_points_loaded:
-        return
-    _entry_points_loaded = True
-    from importlib.metadata import entry_points
-
-    for ep in entry_points(group=ENTRY_POINT_GROUP):
-        if ep.name not in _KINDS:
-            try:
-                ep.load()
-            except ImportError as exc:  # a package whose optional dependencies are missing
-                _BROKEN[ep.name] = str(exc)
-
-
-def encoder_kinds() -> list[str]:
-    """Tags of the registered encoder kinds."""
-    _load_entry_points()
-    return sorted(_KINDS)
-
-
-def get_encoder_kind(tag: str) -> EncoderKind:
-    """The registered :class:`EncoderKind` for ``tag`` (entry points are read when it is not known yet)."""
-    if tag not in _KINDS:
-        _load_entry_points()
-    if tag in _KINDS:
-        return _KINDS[tag]
-    if tag in _BROKEN:
-        raise MedAdaptError(f"encoder {tag!r} cannot be loaded: {_BROKEN[tag]}")
-    raise MedAdaptError(f"no encoder {tag!r} is registered (known: {', '.join(encoder_kinds())}); import the "
-                        "package that provides it, or pass model=... explicitly")
-
-
-def detect_encoder_kind(folder: str | Path) -> EncoderKind | None:
-    """The registered kind (other than plain sentence-transformers) that recognises ``folder``, if any."""
-    path = Path(folder).expanduser()
-    if not path.is_dir():
-        return None
-    _load_entry_points()
-    for kind in list(_KINDS.values()):
-        if kind.tag != ST_TAG and kind.detect is not None and kind.detect(path):
-            return kind
+# ------------------------------------------------------------------------------------------ resolving
+def _module_encoder(model):
+    """The encoder one of ``model``'s modules offers for it (``module.as_encoder(model)``), or ``None``."""
+    for module in getattr(model, "_modules", {}).values():
+        make = getattr(module, "as_encoder", None)
+        if callable(make):
+            return make(model)
     return None
 
 
-def _load_sentence_transformer(name: str, device: str | None = None) -> SentenceTransformerEncoder:
-    return SentenceTransformerEncoder(models.load(str(name), device=device))
-
-
-register_encoder(EncoderKind(ST_TAG, _load_sentence_transformer))
-
-
-# ------------------------------------------------------------------------------------------ resolving
 def as_encoder(model, *, cache=None):
     """``model`` as an encoder: an object satisfying :class:`DenseEncoder` / :class:`SparseEncoder` is
-    returned as is, a ``SentenceTransformer`` is wrapped in :class:`SentenceTransformerEncoder` (with
+    returned as is; a ``SentenceTransformer`` gives the encoder one of its modules offers (a learned-lexical
+    branch: dense + learned sparse), else it is wrapped in :class:`SentenceTransformerEncoder` (with
     ``cache``).
 
     Raises:
@@ -265,7 +191,7 @@ def as_encoder(model, *, cache=None):
     if isinstance(model, Encoder) and isinstance(model, (DenseEncoder, SparseEncoder)):
         return model
     if _is_sentence_transformer_like(model):
-        return SentenceTransformerEncoder(model, cache)
+        return _module_encoder(model) or SentenceTransformerEncoder(model, cache)
     raise MedAdaptError(
         f"{type(model).__name__} cannot be used for retrieval: an encoder offers encode_query / encode_document "
         "(dense) or encode_lexical + n_terms (learned sparse), with encoder_tag and encoder_identity(); a "
@@ -274,12 +200,28 @@ def as_encoder(model, *, cache=None):
 
 
 def open_encoder(model, device: str | None = None, *, cache=None):
-    """An encoder from an object (see :func:`as_encoder`) or a name: a folder recognised by a registered
-    kind (e.g. a HyReC model folder) is loaded by that kind, any other name (alias, folder, hub id) with
-    :func:`medadapt.load` as a sentence-transformers model."""
+    """An encoder from an object (see :func:`as_encoder`) or a name (alias, folder, hub id), loaded with
+    :func:`medadapt.load`."""
     if isinstance(model, (str, Path)):
-        kind = detect_encoder_kind(model)
-        if kind is not None:
-            return kind.load(str(model), device=device)
-        return SentenceTransformerEncoder(models.load(str(model), device=device), cache)
+        return as_encoder(models.load(str(model), device=device), cache=cache)
     return as_encoder(model, cache=cache)
+
+
+def offers_sparse(model) -> bool:
+    """Whether ``model`` gives learned sparse vectors: a loaded model through its encoder's protocol; a
+    folder, before loading it, by the capability of the module classes it names (``modules.json``, side
+    modules)."""
+    if not isinstance(model, (str, Path)):
+        return isinstance(as_encoder(model), SparseEncoder)
+    folder = Path(model).expanduser()
+    if not folder.is_dir():
+        return False
+    refs = [str(e.get("type", "")) for e in side_module_refs(folder)]
+    refs += models.module_classes(folder) if (folder / "modules.json").is_file() else []
+    for ref in (r for r in refs if r.startswith("medadapt.")):
+        try:
+            if callable(getattr(models.medadapt_module_class(ref, str(folder)), "as_encoder", None)):
+                return True
+        except MedAdaptError:  # not a medadapt module class: loading the folder says so
+            continue
+    return False

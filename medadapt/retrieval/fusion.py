@@ -1,24 +1,9 @@
 """Score fusion as small pure functions over ``{doc_id: score}`` lists, and the one hybrid score.
 
-**The hybrid score** (HyReC eq. 9, the Normalisation Module sum) is the one meaning of ``dense_weight``
-in medadapt::
-
-    score = lexical + dense_weight * dense                      # hybrid_score()
-
-HyReC's evaluation (:func:`medadapt.hyrec.evaluate_hyrec`), HyReC's training-time score and the
-:class:`~medadapt.retrieval.Retriever` (``FusionConfig.dense_weight``, every method) all use it:
-:func:`hybrid_topk` ranks exactly scored candidates, :func:`hybrid_weights` gives the per-list weights
-``(dense, lexical)`` for the list fusions below (``minmax`` / ``zscore`` normalise first, ``rrf`` sums
-weighted reciprocal ranks). ``dense_weight = 1`` weighs both sides equally.
-
-Missing-document rule (the same for every weighted-sum method): a document absent from one list is
-given that list's **lowest normalised score** among the documents it did return (0 after min-max, even
-for a constant list such as a single hit, which normalises to 1; the list's minimum z-score after
-z-score). A document is therefore never rewarded for being missing, and
-never punished below the worst document the list did retrieve. For reciprocal rank fusion a missing
-document contributes nothing from that list (rank = infinity). An empty list contributes nothing at all.
-
-Ties in the fused ranking break by document id, so results are deterministic.
+The hybrid score (HyReC eq. 9) is the one meaning of ``dense_weight`` in medadapt:
+``score = lexical + dense_weight * dense`` (:func:`hybrid_score`), used by HyReC's evaluation and training and
+by the Retriever. A document missing from a list gets that list's lowest normalised score (nothing in RRF);
+ties break by document id. See docs/retrieval.md, "Fusion".
 """
 
 from __future__ import annotations

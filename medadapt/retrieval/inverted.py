@@ -1,14 +1,10 @@
-"""A generic exact top-k engine over sparse ``{term_id: weight}`` vectors, scored by dot product.
+"""A generic exact top-k engine over sparse ``{term_id: weight}`` vectors, scored by dot product; BM25 and
+learned lexical weights share it.
 
-Documents are stored as postings: a term-major CSR matrix (``n_terms × n_docs``), so scoring a query
-reads only the posting lists of its terms. BM25 (:mod:`medadapt.retrieval.bm25`) and learned lexical
-weights (HyReC-style sparse heads) are both "documents as sparse vectors, queries as sparse vectors",
-so they share this engine.
-
-Hand-written because neither FAISS nor scipy offers exact top-k sparse retrieval with persistence;
-bm25s has one hard-wired to BM25. Scoring is a scipy sparse product (C++), top-k an ``argpartition``
-over the touched documents only; ties break towards the lower document index, so results are
-deterministic and equal to brute force.
+Documents are stored as term-major CSR postings, so a query reads only its terms' lists; scoring is a scipy
+sparse product, top-k an ``argpartition``, ties towards the lower document index (equal to brute force).
+Hand-written because neither FAISS nor scipy offers exact top-k sparse retrieval with persistence, and bm25s'
+is hard-wired to BM25.
 """
 
 from __future__ import annotations

@@ -1,17 +1,10 @@
-"""LangChain adapters (extra ``[langchain]``: langchain-core only).
+"""LangChain adapters (extra ``[langchain]``: langchain-core only), imported lazily by :mod:`medadapt.retrieval`.
 
-* :class:`MedAdaptRetriever` wraps a :class:`~medadapt.retrieval.Retriever` (or a
-  :class:`~medadapt.retrieval.vectordb.QdrantRetriever`) as a LangChain
-  ``BaseRetriever``; ``invoke`` / ``ainvoke`` return ``Document`` objects whose ``id`` is the corpus id and
-  whose metadata holds ``id``, ``score``, ``rank``, ``title`` and the retriever ``kind``. An empty or blank
-  query (``invoke("")``, ``invoke("  ")``) or one that is not a string raises
-  :class:`~medadapt.errors.DataError` (a ``MedAdaptError``) before anything is encoded, whatever the
-  wrapped retriever would do with it.
-* :class:`MedAdaptEmbeddings` exposes a SentenceTransformer as LangChain ``Embeddings`` using
-  ``encode_query`` for queries and ``encode_document`` for documents (asymmetric models stay correct).
-
-This module imports langchain-core at import time; :mod:`medadapt.retrieval` only imports it when one of
-these names is first used, so the rest of medadapt works without it.
+:class:`MedAdaptRetriever` wraps a :class:`~medadapt.retrieval.Retriever` or
+:class:`~medadapt.retrieval.vectordb.QdrantRetriever` as a ``BaseRetriever`` (documents carry ``id``, ``score``,
+``rank``, ``title``, ``kind``; empty queries are a :class:`~medadapt.errors.DataError`);
+:class:`MedAdaptEmbeddings` exposes a model as ``Embeddings`` through ``encode_query`` / ``encode_document``.
+See docs/retrieval.md, "LangChain".
 """
 
 from __future__ import annotations

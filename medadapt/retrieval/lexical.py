@@ -1,14 +1,6 @@
-"""The lexical index: a tokenizer and BM25 weights in front of the shared inverted-index engine.
-
-Two ways to fill it:
-
-* :meth:`LexicalIndex.build_bm25` tokenises texts (:mod:`~medadapt.retrieval.tokenize`) and stores BM25
-  document weights; queries are strings.
-* :meth:`LexicalIndex.from_sparse` takes precomputed ``{term_id: weight}`` document vectors (a learned
-  lexical head such as HyReC's); queries are then sparse vectors from the same head.
-
-Saved as ``lexical.safetensors`` (postings, document frequencies) and ``lexical.json`` (settings and the
-term list); no pickle.
+"""The lexical index: a tokenizer and BM25 weights (:meth:`LexicalIndex.build_bm25`) or a learned head's
+``{term_id: weight}`` vectors (:meth:`LexicalIndex.from_sparse`) in front of the shared inverted-index engine.
+Saved as ``lexical.safetensors`` and ``lexical.json``; no pickle. See docs/retrieval.md, "Lexical index".
 """
 
 from __future__ import annotations

@@ -32,7 +32,6 @@ from typing import Any
 import numpy as np
 
 from medadapt import __version__
-from medadapt import models
 from medadapt.data.text import check_text
 from medadapt.errors import DataError, MedAdaptError
 from medadapt.io import atomic_save_npy, atomic_write_json
@@ -47,8 +46,8 @@ from medadapt.retrieval.encoders import (
     SentenceTransformerEncoder,
     SparseEncoder,
     as_encoder,
-    detect_encoder_kind,
-    get_encoder_kind,
+    offers_sparse,
+    open_encoder,
 )
 from medadapt.retrieval.errors import IndexCorruptError, IndexMismatchError
 from medadapt.retrieval.fusion import fuse, hybrid_topk, hybrid_weights
@@ -207,9 +206,8 @@ class Retriever:
 
         Args:
             docs: a :class:`Documents` (see :func:`~medadapt.retrieval.load_documents`).
-            model: an encoder (:mod:`medadapt.retrieval.encoders`), a ``SentenceTransformer``, or a name: a
-                folder a registered encoder kind recognises (e.g. a HyReC model folder), else a name for
-                :func:`medadapt.load`. A dense model is needed for ``dense`` / ``hybrid``; an encoder that
+            model: an encoder (:mod:`medadapt.retrieval.encoders`), a ``SentenceTransformer``, or a name for
+                :func:`medadapt.load` (a HyReC folder gives its own encoder). A dense model is needed for ``dense`` / ``hybrid``; an encoder that
                 also gives learned sparse vectors (e.g. HyReC) fills the lexical index with them instead of
                 BM25 (any kind; both sides are encoded in one pass when the encoder offers it).
             kind: ``"dense"``, ``"lexical"`` or ``"hybrid"`` (overrides ``config.kind``).
@@ -474,22 +472,18 @@ class Retriever:
 
 
 def _build_encoder(model, config: RetrieverConfig, cache) -> tuple[Any, str | None]:
-    """``(encoder or None, name)`` for :meth:`Retriever.build`: a folder recognised by a registered encoder
-    kind is loaded by it; another name is a sentence-transformers model when the index is dense / hybrid
-    (a lexical index then uses BM25); an object is used through :func:`~medadapt.retrieval.encoders.as_encoder`
-    (kept for a lexical index only when it gives learned sparse vectors)."""
+    """``(encoder or None, name)`` for :meth:`Retriever.build`: a name is loaded (:func:`open_encoder`) when
+    the index is dense / hybrid or the model gives learned sparse vectors (else a lexical index uses BM25); an
+    object is used through :func:`~medadapt.retrieval.encoders.as_encoder` (kept for a lexical index only when
+    it gives learned sparse vectors)."""
     if model is None:
         return None, None
     name = None
     if isinstance(model, (str, Path)):
         name = str(model)
-        kind = detect_encoder_kind(model)
-        if kind is not None:
-            encoder = kind.load(name)
-        elif config.uses_dense:
-            encoder = SentenceTransformerEncoder(models.load(name), cache)
-        else:
+        if not config.uses_dense and not offers_sparse(name):
             return None, None
+        encoder = open_encoder(name, cache=cache)
     else:
         encoder = as_encoder(model, cache=cache)
     if not config.uses_dense and not isinstance(encoder, SparseEncoder):
@@ -522,7 +516,7 @@ def _keyed(scores: dict[int, float]) -> dict[str, float]:
 
 
 def _check_model(folder: Path, manifest: Manifest, model, device, dense: bool, encoders: dict | None = None):
-    """The index's encoder: reloaded from the name its manifest records (by the encoder kind of its tag), or
+    """The index's encoder: reloaded from the name its manifest records (:func:`open_encoder`), or
     the given model, checked against the manifest (tag and fingerprint; for a dense index also dimension,
     similarity and prompts). A name recorded as a local folder is loaded from that folder only, never
     looked up as a hub id. ``encoders`` keeps models loaded by name across :meth:`Retriever.load`'s attempts."""
@@ -542,7 +536,7 @@ def _check_model(folder: Path, manifest: Manifest, model, device, dense: bool, e
         key = (tag, str(model), device)
         encoder = encoders.get(key) if encoders is not None else None
         if encoder is None:
-            encoder = get_encoder_kind(tag).load(str(model), device=device)
+            encoder = open_encoder(str(model), device=device)
             if encoders is not None:
                 encoders[key] = encoder
     else:

@@ -1,29 +1,10 @@
 """Dense indexes at scale: IVF / HNSW / PQ indexes built from a stream of embedding batches.
 
-A corpus of 10M documents x 384 dims is 15 GB as float32: it is never loaded whole. The build reads a
-*vector source*, the small protocol shared with the out-of-core embedding cache:
-
-* an iterable of ``(ids, vectors)`` batches (``vectors``: float32 or float16 ``n x d`` numpy arrays, e.g.
-  slices of a memory-mapped file; ``ids``: the batch's document ids, or ``None``), that can be iterated
-  again (a list, an object whose ``__iter__`` starts over, or a zero-argument callable returning a fresh
-  iterator), or
-* a 2-D array or ``np.memmap`` (read in ``chunk_size`` slices, ids ``0..n-1``).
-
-:func:`build_dense_index` then
-
-1. trains the index (IVF centroids, PQ codebooks) on a uniform random sample of ``train_size`` vectors
-   drawn in one pass over the source (each row gets a seeded random key and the ``train_size`` smallest
-   keys are kept: memory ``train_size x d``, the same sample for the same seed whatever the batch sizes),
-2. adds the batches one at a time (float16 is widened to float32 one batch at a time),
-3. returns the :class:`~medadapt.retrieval.dense.DenseIndex`, the ids in index order, and a build record
-   (factory, ``nprobe`` / ``efSearch`` / ``k_factor``, vectors trained on, seed, seconds, GPUs) that
-   :func:`retriever_from_vectors` writes into the index manifest's ``build``.
-
-FAISS does all of the indexing (``index_factory`` strings such as ``"IVF4096,PQ48x4fs,RFlat"`` or
-``"HNSW32"``); with faiss-gpu (extra ``[gpu]``) the index is trained and filled on every visible GPU
-(``DenseConfig.gpu_shard=True``: split across them with FAISS's ``IndexShards``). Written by hand here
-are only the sampling pass and the batch plumbing, which FAISS has no API for. The
-:class:`~medadapt.retrieval.Retriever` and the LangChain retriever serve the result unchanged.
+A 10M x 384 corpus is never loaded whole: :func:`build_dense_index` reads a *vector source* (re-iterable
+``(ids, vectors)`` batches, or an array / memmap), trains the FAISS index on a seeded uniform sample drawn in
+one pass, adds the batches one at a time and returns the index, the ids and a build record for the manifest.
+FAISS does the indexing (faiss-gpu and ``IndexShards`` when present); only the sampling and batch plumbing are
+hand-written. See docs/scaling.md.
 """
 
 from __future__ import annotations

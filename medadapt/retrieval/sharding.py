@@ -1,23 +1,9 @@
 """Sharded dense builds for corpora larger than one machine's memory.
 
-Recipe (documented in ``docs/retrieval.md``):
-
-1. :func:`train_shard_template` trains the index once on a sample (IVF centroids, PQ codebooks) and
-   writes the empty, trained index: every shard must share it.
-2. :func:`build_shard` (one per machine / process) adds a contiguous slice of the corpus, with the
-   slice's global document positions as FAISS ids, and writes ``shard-XXXX.faiss``.
-3. :func:`merge_shards` combines the shard files into one index:
-   * IVF indexes (``IVF…``): inverted lists are merged (``IndexIVF.merge_from``); with ``ondisk=True``
-     the lists are instead merged into one ``.ivfdata`` file with ``faiss.contrib.ondisk.merge_ondisk``,
-     so the merged index never has to fit in memory;
-   * Flat / PQ / SQ (flat-code indexes): codes are appended (``merge_from``);
-   * graph indexes (HNSW), which cannot be merged: a ``faiss.IndexShards`` searches every shard and
-     merges the top-k lists at query time.
-
-FAISS is used for all of it; the hand-written part is only the bookkeeping of ids, files and checks.
-The template and every shard are written atomically with a ``<file>.sha256`` beside them (``sha256sum``
-format), checked before FAISS parses the file: a truncated or half-copied shard is one clear error, not a
-FAISS crash or a silently smaller index.
+:func:`train_shard_template` trains the index once, :func:`build_shard` adds one slice per machine,
+:func:`merge_shards` merges IVF lists (optionally on disk), appends flat codes, or serves HNSW shards through
+``faiss.IndexShards``. FAISS does the work; the bookkeeping and a ``<file>.sha256`` beside every file (checked
+before FAISS parses it) are ours. See docs/retrieval.md.
 """
 
 from __future__ import annotations

@@ -1,15 +1,9 @@
 """Index folders: atomic directory writes, file checksums and the manifest.
 
-A folder is written next to its target under a temporary name and swapped in as a whole
-(:func:`medadapt.io.replace_folder`); a killed ``save`` leaves the previous index (or nothing), never a mix. The manifest lists every file with
-its size and SHA-256, so a truncated or edited file is refused on load with one clear error.
-
-The manifest itself is covered by ``manifest.sha256`` (``sha256sum`` format: ``<hex>  manifest.json``),
-written in the same folder swap, and checked by :func:`read_manifest` before the manifest is used (a
-changed byte is refused before any model is loaded). Indexes of format 1 and 2 (written before it existed)
-have no ``manifest.sha256`` and are still read; from format 3 on a missing ``manifest.sha256`` is an error.
-The checksum catches corruption and accidental edits; it is no signature (whoever can write the folder can
-rewrite both files).
+A folder is written beside its target and swapped in whole (:func:`medadapt.io.replace_folder`). The manifest
+lists every file with its size and SHA-256 and is itself covered by ``manifest.sha256`` (required from format
+3; formats 1 and 2 are still read), so a truncated or edited file is one clear error on load. The checksum
+catches corruption, not tampering. See docs/retrieval.md, "Persistence and safety".
 """
 
 from __future__ import annotations

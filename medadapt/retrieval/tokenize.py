@@ -1,12 +1,7 @@
-"""Text to terms for BM25, compatible with ``bm25s.tokenize``.
-
-English: lowercase, words of two or more word characters (``(?u)\\b\\w\\w+\\b``, bm25s' pattern), drop
-English stopwords (the Lucene list bm25s uses), then the Snowball English stemmer from PyStemmer.
-Chinese: jieba's search mode (as the medadapt baselines), blanks dropped. A token list produced here is
-the same list ``bm25s.tokenize(..., stopwords="en", stemmer=Stemmer.Stemmer("english"))`` yields.
-
-Hand-written (rather than calling ``bm25s.tokenize``) so the lexical index needs neither bm25s nor its
-vocabulary objects, and because per-word stem memoisation makes query-time tokenisation cheap.
+"""Text to terms for BM25, the same token lists as ``bm25s.tokenize(..., stopwords="en",
+stemmer=Stemmer.Stemmer("english"))``: lowercase words of two or more characters, Lucene English stopwords
+dropped, Snowball stems; Chinese by jieba's search mode. Hand-written so the lexical index needs neither bm25s
+nor its vocabulary objects, with per-word stem memoisation for cheap queries.
 """
 
 from __future__ import annotations

@@ -1,32 +1,16 @@
 """Swap the query encoder of a built index for a model with the same document encoder, without re-encoding.
 
-A query-route head (``model.add_adapter(config, route="query")``) or a CARE query tower trained against the
-document encoder an index was built with changes only what ``encode_query`` computes, so the index's
-document vectors stay valid. :func:`upgrade_queries` (``medadapt index upgrade-queries``) makes such a model
-the index's model:
-
-* **refused** (one :class:`~medadapt.retrieval.errors.IndexMismatchError`, nothing changed) unless the new
-  model's document side is the one the documents were encoded with: the same document fingerprint (the
-  modules ``encode_document`` runs, heads and ``Normalize`` included: the manifest's
-  ``model.document_fingerprint``, or for an index built before it was recorded, its recorded model reloaded
-  and checked), the same document prompt, similarity and dimension;
-* **no document is encoded**: one probe query checks the new model's query dimension; the index's files are
-  carried into the new folder as they are (hard links where the file system allows, else copies) and
-  checked against the manifest's sizes and SHA-256 before the swap;
-* the folder is **written as a whole** (:func:`~medadapt.retrieval.storage.atomic_dir`, the output policy of
-  :func:`medadapt.io.check_output`): only ``manifest.json`` / ``manifest.sha256`` are new; the manifest names
-  the new model and records the upgrade (old and new model, document fingerprint, medadapt version, time)
-  under ``query_upgrades``.
-
-:func:`upgrade_qdrant_queries` does the same for a collection written by
-:func:`~medadapt.retrieval.vectordb.export_to_qdrant`: one update of the collection's metadata (its
-manifest); no point is written.
+A query-route head or a CARE query tower trained against an index's document encoder changes only what
+``encode_query`` computes, so the document vectors stay valid. :func:`upgrade_queries` (``medadapt index
+upgrade-queries``) refuses a model whose document side differs (fingerprint, prompt, similarity, dimension),
+carries the index files over unchanged and checked, and swaps in a folder whose manifest records the upgrade
+under ``query_upgrades``; :func:`upgrade_qdrant_queries` updates a Qdrant collection's manifest. See
+docs/retrieval.md, "Upgrading the query encoder of a built index".
 
 Example::
 
     from medadapt.retrieval.upgrade import upgrade_queries
     result = upgrade_queries("medquad.index", "runs/query-head")   # a run trained with route: query
-    result.old.name, result.new.name, result.changed
 """
 
 from __future__ import annotations

@@ -1,59 +1,11 @@
-"""Qdrant as the serving backend: export dense and learned sparse vectors with document metadata, search
-them with the same :class:`~medadapt.retrieval.retriever.SearchResult` as the in-process Retriever.
+"""Qdrant as the serving backend (extra ``[qdrant]``): export dense and sparse vectors with document metadata,
+and search them with the same :class:`~medadapt.retrieval.retriever.SearchResult` as the in-process Retriever.
 
-Extra ``[qdrant]`` (``qdrant-client``). The same code runs against an embedded local database, a server or
-a cluster; only the client differs::
-
-    from qdrant_client import QdrantClient
-    client = QdrantClient(path="medquad.qdrant")          # embedded, on disk (or ":memory:")
-    client = QdrantClient(url="http://localhost:6333")      # a server / cluster: same calls below
-
-    from medadapt.retrieval import load_documents
-    from medadapt.retrieval.vectordb import QdrantRetriever, export_to_qdrant
-    r = export_to_qdrant(client, "medquad", load_documents("../shared/data/medquad"), "minilm")
-    r = QdrantRetriever(client, "medquad")                   # reopen: reloads and checks the recorded model
-    r.search("what causes gout?", k=5)
-
-Why Qdrant (over Milvus): its Python client has an embedded mode written in Python (``QdrantClient(path=...)``
-/ ``":memory:"``: no server process, no native binary, every OS), and the very same client class talks to
-a server or a distributed cluster; one collection holds named dense vectors *and* sparse vectors (learned
-term weights such as HyReC's, ``{term_id: weight}`` exactly as medadapt stores them) with a JSON payload,
-and one query API searches either, or both with server-side fusion (RRF / DBSF / formulas) over
-prefetches. Milvus Lite also embeds, but as a native binary (Linux / macOS only) behind pymilvus, which the
-tests could not run everywhere. See ``docs/scaling.md``.
-
-Layout of a collection: point id = document position; named vectors ``dense`` (Cosine for cosine models,
-normalised like the FAISS index; Dot for dot-product models) and ``sparse`` (lexical / hybrid collections);
-payload ``{"doc_id", "title", "text"}``. The collection's ``metadata`` holds the medadapt manifest (model
-fingerprint, similarity, dimension, corpus hash, retriever config) and ``medadapt_complete``, set only after
-the last point is written, so a half-written export is refused when opened (re-running the export
-resumes: points are upserted by position).
-
-Sparse vectors: a model with a learned-lexical branch (a :class:`~medadapt.retrieval.encoders.SparseEncoder`
-such as HyReC) stores its term weights; **any other model gets BM25** as Qdrant sparse vectors with the
-``IDF`` modifier, the same choice :meth:`Retriever.build <medadapt.retrieval.Retriever.build>` makes. The
-BM25 document value of a term is its saturated frequency ``tf / (tf + k1 * (1 - b + b * |d| / avgdl))``
-(medadapt's tokenizer and ``LexicalConfig``: bm25s' Lucene scoring), the query value is the term's count
-in the query (1 per distinct term), and Qdrant multiplies in ``idf = ln(1 + (N - df + 0.5) / (df + 0.5))``
-at query time, the formula medadapt uses: the scores are medadapt's in-process BM25 scores. The term ids
-are the corpus vocabulary, kept in the collection's metadata (``medadapt_bm25``) to encode queries.
-
-Search: dense and sparse queries are exact on the embedded database (brute force) and, with
-``exact=True`` (the default), on a server too; results are sorted by score with ties broken by document
-position. Hybrid search fuses the two top-``depth`` lists either in the client with medadapt's own fusion
-functions (``FusionConfig``: ``minmax`` / ``zscore`` / ``rrf``, and ``sum``, which rescores every candidate
-exactly: the same rankings as the in-process :class:`~medadapt.retrieval.Retriever`), or, with
-``server_fusion="rrf"`` / ``"dbsf"``, **in Qdrant**: one Query API call per query with a dense and a sparse
-``prefetch`` (each top-``depth``) and ``RrfQuery`` / ``FusionQuery(DBSF)``.
-
-The RRF constant: medadapt's RRF is ``sum 1 / (rrf_k + rank)`` with ranks from 1 and ``rrf_k = 60``
-(Cormack et al.); Qdrant's is ``sum 1 / (k + position)`` with positions from 0 and ``k = 2`` unless the
-query sets it. Server-side RRF therefore sends ``Rrf(k=rrf_k + 1)``: the same scores, so the same ranking
-as medadapt's ``rrf`` wherever the two input lists are ordered alike (Qdrant orders equal scores its own
-way). With ``dense_weight != 1`` the weights go to Qdrant's weighted RRF, ``1 / (rank / w + k - 1)``, which
-is not medadapt's ``w / (rrf_k + rank)``: the rankings may differ. DBSF (Qdrant's distribution-based score
-fusion: each list scaled by mean +- 3 standard deviations, then summed) has no weights and no medadapt
-counterpart; ``dense_weight`` does not apply to it.
+Qdrant, because one client class runs embedded in pure Python (tests, laptops) and against a server or cluster,
+and one collection holds dense and sparse vectors, a payload and the medadapt manifest. Models without a
+learned-lexical branch get BM25 sparse vectors (``IDF`` modifier), so scores equal the in-process BM25. Hybrid
+queries fuse in the client (``FusionConfig``) or in Qdrant (``server_fusion="rrf" | "dbsf"``, RRF sent as
+``Rrf(k=rrf_k + 1)``). Collection layout, ties, the RRF constant and DBSF: docs/scaling.md.
 """
 
 from __future__ import annotations
@@ -192,7 +144,7 @@ class QdrantRetriever:
         fusion: override the recorded :class:`~medadapt.retrieval.config.FusionConfig` (hybrid only).
         server_fusion: ``None`` (default) fuses the dense and sparse lists in the client with ``fusion``;
             ``"rrf"`` / ``"dbsf"`` has Qdrant fuse them (one Query API call with two prefetches of ``depth``;
-            RRF with ``k = rrf_k + 1``, which is medadapt's ``rrf_k``: see the module docstring).
+            RRF with ``k = rrf_k + 1``, which is medadapt's ``rrf_k``: see docs/scaling.md).
 
     Raises:
         MedAdaptError: the collection does not exist, is not a medadapt collection, or its export did not

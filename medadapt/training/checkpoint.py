@@ -1,19 +1,11 @@
 """Atomic, resumable training checkpoints.
 
-Each checkpoint is a directory ``step-XXXXXXXX`` written under a temporary name and renamed into place, so
-a killed run leaves only complete checkpoints; :func:`latest_checkpoint` ignores temporaries. Weights go to
-``head.safetensors``; optimizer / scheduler states go to ``optimizer.pt`` (``torch.save`` of tensors and
-plain containers, read back with ``torch.load(weights_only=True)``, which refuses arbitrary objects);
-counters and loss history go to ``state.json``; ``SHA256SUMS`` (:mod:`medadapt.checksums`) holds the SHA-256
-of all three and must list every file of the folder. Hand-written
-because Accelerate's ``save_state`` writes in place (non-atomically) and expects one optimizer per run, while
-the Med-MoE schedule has two.
-
-A checkpoint that cannot be read back (truncated, bit-flipped, edited) is reported by
-:func:`load_checkpoint` as :class:`CheckpointCorruptError`; :func:`readable_checkpoints` lets the loop fall
-back to the previous one. A checkpoint that cannot be *written* (a full disk, a quota, a read-only file
-system) is one :class:`CheckpointWriteError` line (``cannot write checkpoint PATH: No space left on
-device``); the half-written temporary folder is removed and the previous checkpoints stay as they were.
+Each ``step-XXXXXXXX`` folder (weights, optimizer / scheduler state read back with ``weights_only=True``,
+``state.json``, and a ``SHA256SUMS`` that must list every file) is written under a temporary name and renamed
+into place. Unreadable checkpoints raise :class:`CheckpointCorruptError` so the loop can fall back
+(:func:`readable_checkpoints`); write failures are one :class:`CheckpointWriteError` and keep earlier ones.
+Hand-written because Accelerate's ``save_state`` writes in place and expects one optimizer per run. See
+docs/training.md.
 """
 
 from __future__ import annotations

@@ -1,14 +1,10 @@
 """Data-parallel helpers of medadapt's one training loop (:mod:`medadapt.training.loop`).
 
-InfoNCE-style losses use the other documents of the batch as negatives. Under ``accelerate launch
---num_processes N`` each process embeds only its shard of the global batch, so a loss on the shard alone
-would see ``B / N`` in-batch negatives instead of ``B``: another (easier) objective. The loop therefore
-splits each global batch with :func:`shard_bounds` (contiguous, balanced, rank order = batch order),
-all-gathers the outputs with :func:`gather_with_grad` (the local slice keeps its gradient) and computes the
-**global** loss on every process. Backward then gives process ``r`` the gradient through its own
-embeddings, the full gradient being the sum over processes; since DDP and :func:`average_gradients`
-*average*, the loop multiplies the loss by ``N`` before backward (``mean_r(N * g_r) = sum_r g_r``). With
-one process (or no ``torch.distributed`` process group) every helper is the identity / a no-op.
+A loss on one process's shard alone would see ``B / N`` in-batch negatives instead of ``B``. The loop splits
+each global batch with :func:`shard_bounds` (contiguous, balanced, rank order), all-gathers the outputs with
+:func:`gather_with_grad` (the local slice keeps its gradient), computes the global loss on every process,
+scales the local slice's gradient by ``N`` and averages gradients (:func:`average_gradients`), so ``N``
+processes train as one. With one process every helper is the identity / a no-op. See docs/training.md.
 """
 
 from __future__ import annotations
@@ -50,28 +46,16 @@ def fsdp_wrap_policy(model: torch.nn.Module):
     """The FSDP1 auto-wrap policy for ``model`` (a ``torch.distributed.fsdp.wrap.CustomPolicy``), or ``None``
     when nothing inside it should be a unit of its own.
 
-    - Every transformer layer is a unit: the classes named by the ``_no_split_modules`` of each Hugging Face
-      model *inside* ``model``. Accelerate's ``TRANSFORMER_BASED_WRAP`` reads ``_no_split_modules`` of the
-      root only, which a ``SentenceTransformer`` does not have, so it wrapped nothing: the whole model was one
-      flat parameter, all-gathered at once.
-    - When some parameters are frozen and others trainable (LoRA), every leaf module (no children) of a
-      Hugging Face model that has a trainable parameter is a unit too. FSDP1 flattens a unit's parameters into
-      one tensor and gives all of it a gradient, so a LoRA matrix in a unit of frozen weights gave those
-      weights float32 gradients ("equivalent to not freezing those parameters", torch's FSDP docs): on an
-      H100, Pythia-410M with LoRA peaked at 4.13 GiB against 2.66 planned without them.
+    - Every transformer layer is a unit: the ``_no_split_modules`` classes of each Hugging Face model
+      *inside* ``model`` (Accelerate's ``TRANSFORMER_BASED_WRAP`` reads the root's only, which a
+      ``SentenceTransformer`` lacks).
+    - With some parameters frozen (LoRA), every leaf module of a Hugging Face model that has a trainable
+      parameter is a unit too, so frozen weights sharing its flat parameter get no gradients.
 
-    This is the rule of PEFT's ``fsdp_auto_wrap_policy``, which Hugging Face's Trainer applies only when the
-    model *is* a ``PeftModel`` and which reads ``_no_split_modules`` of the root only, applied to the models
-    inside a ``SentenceTransformer``. A unit's parameters are gathered for its own forward only, so only
-    modules that their Hugging Face model's forward calls are split off, and only leaves (``Linear``,
-    ``Embedding``, a norm), which read their parameters there. Everything else stays in the enclosing unit:
-    parameters of modules with children (Med-MoE-Embed's ``alpha``), heads outside the Hugging Face model, and
-    modules a training step calls directly rather than through the wrapped model (CARE's learnable
-    temperature lives in its loss: split off, it failed on CPU with an autograd view error). A layer or leaf
-    whose parameter a module outside it shares (tied weights) stays there too: the parameter would be
-    gathered for that unit only (CARE's RetroMAE head ties its decoder to the tower's word embeddings, and
-    with two processes the decoder met a 1-D shard). The trainable set is read now: call this right before
-    wrapping."""
+    This is PEFT's ``fsdp_auto_wrap_policy`` applied to the models inside a ``SentenceTransformer``. Only
+    leaves their Hugging Face model's forward calls are split off; parameters of modules with children,
+    heads outside the Hugging Face model, modules a step calls directly (a learnable temperature) and tied
+    weights stay in the enclosing unit. The trainable set is read now: call this right before wrapping."""
 
     names: set[str] = set()
     inside: set[int] = set()  # modules of Hugging Face models, which their model's forward calls

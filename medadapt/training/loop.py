@@ -1,34 +1,13 @@
-"""The one hand-written training loop of medadapt, on Hugging Face Accelerate.
+"""The one training loop of medadapt, on Hugging Face Accelerate.
 
-Every trainer that sentence-transformers' own trainer cannot run (heads on cached embeddings, HyReC,
-CARE's two-route phases) is a list of :class:`Stage` objects handed to :func:`train`: a system supplies a
+Every system trains as a list of :class:`Stage` objects handed to :func:`train`: a system supplies a
 :class:`Step` per stage (``forward``: per-item outputs; ``loss``: named parts on the whole step) and the
-parameters to train. The loop does the rest, identically for every system:
-
-* **sharded global batches**: each process runs ``forward`` on a contiguous shard of the global batch and
-  the loop all-gathers the outputs (:func:`~medadapt.training.distributed.gather_with_grad`), so ``loss``
-  sees the global batch (in-batch negatives included) on every process; the gradient reaching each local
-  slice is scaled by ``N`` (the other slices are detached copies) and gradients are averaged by one flat
-  all-reduce (no DDP wrapper: a step may run the model twice and leave parameters unused). Parameters the
-  loss reads directly (a learnable temperature) see the same global loss on every process and keep their
-  plain gradient (``N x loss`` back-propagated had given them ``N`` times theirs). DeepSpeed / FSDP engines
-  prepared by Accelerate average their own: FSDP wraps the model
-  once for every stage; DeepSpeed runs one optimiser that owns every trainable parameter (else refused).
-* **gradient accumulation that keeps the objective** (GradCache, Gao et al. 2021): the ``k`` chunks of a
-  step are run without gradients, the loss is computed once on all of them, then each chunk is re-run with
-  gradients and back-propagated with its cached output gradients (RNG replayed, so dropout repeats):
-  ``k`` steps at batch ``b`` equal one step at batch ``k * b``.
-* mixed precision through ``accelerator.autocast()`` / ``accelerator.backward``; AdamW with weight decay on
-  matrices only; ``transformers.get_scheduler``; clipping through ``accelerator.clip_grad_norm_``;
-* named loss parts in every logged row; a non-finite loss raises :class:`TrainingError` before the
-  optimiser moves;
-* atomic resumable checkpoints (:mod:`medadapt.training.checkpoint`) carrying the run's fingerprint; data
-  order (per ``(seed, stage, epoch)``) and the torch RNG (per step) are functions of the step, so a resumed
-  run repeats the uninterrupted one.
-
-Stages naming the same ``schedule`` share one optimiser and learning-rate schedule (Med-MoE-Embed's
-random- and learned-routing stages). Hand-written because Accelerate has no contrastive-aware
-accumulation or multi-stage schedule, and transformers' ``Trainer`` owns its data loading.
+parameters to train; the loop does the rest identically for all: sharded global batches with gathered outputs,
+GradCache accumulation (``k`` chunks of ``b`` equal one batch of ``k * b``), mixed precision, AdamW with decay
+on matrices only, clipping, a stop at a non-finite loss, and atomic checkpoints with exact resume. Stages
+naming the same ``schedule`` share one optimiser and learning-rate schedule. Hand-written because Accelerate
+has no contrastive-aware accumulation or multi-stage schedule. Details (multi-process, FSDP, DeepSpeed):
+docs/training.md.
 """
 
 from __future__ import annotations
@@ -220,12 +199,9 @@ def _engine(accelerator) -> str | None:
 
 
 def _check_deepspeed(model: nn.Module, groups: dict[str, list[Stage]], ids: set[int]) -> None:
-    """DeepSpeed wraps one model with one optimiser that must own every trainable parameter (ZeRO reduces
-    gradients by the optimiser's parameter groups; on an H100, ZeRO-2 failed inside its gradient reduction
-    with ``IndexError`` when a stage trained part of the model). Refuse what it cannot run, before any step.
-    GradCache accumulation is refused too: its chunk backwards go through ``torch.autograd.backward`` with
-    cached output gradients, which DeepSpeed's engine (its own loss scaling and accumulation boundaries,
-    ``engine.backward`` only) does not see. FSDP and plain processes accumulate."""
+    """Refuse, before any step, what DeepSpeed cannot run: several optimisers, trainable parameters outside
+    the optimiser (ZeRO reduces gradients by the optimiser's groups), and GradCache accumulation (its chunk
+    backwards bypass ``engine.backward``). FSDP and plain processes accumulate."""
     accumulating = [s.name for members in groups.values() for s in members
                     if s.optim.gradient_accumulation_steps > 1]
     if accumulating:
@@ -245,11 +221,9 @@ def _check_deepspeed(model: nn.Module, groups: dict[str, list[Stage]], ids: set[
 
 
 def _release(sch: _Schedule) -> None:
-    """Free what a schedule whose last stage has ended still holds: its optimiser state (AdamW keeps two
-    float32 tensors per parameter) and its parameters' last gradients. Kept, they stayed on the device for
-    the rest of the run: CARE's later phases measured ~10 GB above ``medadapt plan`` on an H100 with four
-    finished query-tower optimisers alive. A checkpoint saved afterwards holds the emptied state, which a
-    resumed run never steps. DeepSpeed keeps its state inside the engine (one schedule, freed with it)."""
+    """Free what a schedule whose last stage has ended still holds (optimiser state, last gradients), so
+    later phases do not carry earlier phases' AdamW state on the device. A checkpoint saved afterwards holds
+    the emptied state, which a resumed run never steps. DeepSpeed keeps its state inside the engine."""
     if sch.engine and not sch.fsdp:
         return
     sch.optimizer.state.clear()
@@ -584,12 +558,9 @@ def _piece(whole: Tensor, sizes: list[int], like: Tensor) -> Tensor:
 
 def _gather_optimizer(optimizer, shapes: dict[int, tuple[int, ...]]) -> dict[str, Any]:
     """``optimizer.state_dict()`` with every state tensor whole (see :func:`_whole`). Hand-written because
-    torch's ``optim_state_dict`` / ``get_optimizer_state_dict`` for FSDP1 refuse a flat parameter whose
-    members several optimisers own (HyReC's pre-training and main stage, CARE's towers: "... is not in the
-    optimizer state"), and run a zero-gradient step on an optimiser that has not stepped yet, which advanced
-    AdamW's step count in a CPU test. A process with no element of a parameter, or one that never had its
-    gradient, holds no state for it and contributes an empty piece; scalars (``step``) are the same on every
-    process that has them and are taken from those."""
+    torch's FSDP1 optimiser-state gathering refuses a flat parameter whose members several optimisers own
+    and steps an optimiser that has not stepped yet. A process holding no state for a parameter contributes
+    an empty piece; scalars (``step``) are taken from the processes that have them."""
     import torch.distributed as dist
 
     _, world = _world()
@@ -651,18 +622,11 @@ def _unwrap_fsdp(root: nn.Module, registry: list[tuple[nn.Module, str, nn.Parame
     and every parameter whole, on every process, as the same ``nn.Parameter`` object (optimisers and callers
     hold them).
 
-    Outside its forward, FSDP1 (``use_orig_params``) leaves each parameter a flat view of this process's
-    shard (a 1-D tensor, empty on the processes that hold none of it), and wrapped modules stay wrapped in
-    place. Saving, evaluating or training the model in a later phase (CARE and HyReC run one loop per phase:
-    FSDP refuses to auto-wrap a model that already contains FSDP modules) needs it whole. Torch has no
-    unwrap for FSDP1, so this gathers the parameters with ``summon_full_params`` (a collective: every
-    process calls it), keeps copies, lifts the wrappers off and points each parameter at its copy. It also
-    removes FSDP's "already flattened" mark from each parameter: a later wrap skips marked parameters, which
-    then trained on each process's local gradient only (a CARE phase after another diverged from the same
-    run without FSDP at its second step, with two processes). And it deletes the plain-tensor views FSDP
-    (one process, ``NO_SHARD``) leaves as instance attributes of frozen parameters' modules: they shadow the
-    registered parameter, so PEFT's merge after CARE's document phase added the LoRA update to the stale
-    view and the model kept the unmerged weights."""
+    Saving, evaluating or training in a later phase needs the model whole, and torch has no unwrap for
+    FSDP1. This gathers the parameters with ``summon_full_params`` (a collective: every process calls it),
+    lifts the wrappers off and points each parameter at a full copy. It also clears FSDP's "already
+    flattened" mark (a later wrap would skip those parameters) and deletes the plain-tensor views FSDP leaves
+    as module attributes (they shadow the parameters, e.g. for PEFT's merge)."""
     from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
 
     full: list[Tensor] = []
@@ -734,10 +698,9 @@ def _one_step(stage: Stage, sch: _Schedule, items: list[int], step: int, epoch: 
         sch.sync()
     if stage.optim.max_grad_norm is not None:
         if sch.fsdp and hasattr(sch.run_model, "clip_grad_norm_"):
-            # FSDP's own norm over every shard; Accelerate's clip_grad_norm_ compares parameter lists with ==,
-            # which raised on an H100 once a stage's list had the wrapped model's length. FSDP's norm covers
-            # every gradient of the model: drop those no optimiser of this schedule steps (another schedule
-            # clears them before its own steps anyway), or they would enter this schedule's norm
+            # FSDP's own norm over every shard (Accelerate's clip_grad_norm_ compares parameter lists with ==
+            # and raises here). It covers every gradient of the model: drop those no optimiser of this
+            # schedule steps, or they would enter this schedule's norm
             mine = {id(p) for p in sch.params}
             for p in sch.run_model.parameters():
                 if p.grad is not None and id(p) not in mine:

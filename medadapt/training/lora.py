@@ -1,12 +1,10 @@
 """LoRA adapters on sentence-transformers models: the one attach / merge / gradient-checkpointing helper.
 
-CARE (the document route's ``Transformer``, :func:`medadapt.care.attach_document_lora`), BMRetriever and
-the Med-MoE-Embed slow path (the first ``Transformer``) all attach through :func:`attach_lora` with the
-recipe's :class:`~medadapt.recipes.base.LoraSection` (passed in: this neutral module does not import
-:mod:`medadapt.recipes`; anything with ``r``, ``alpha``, ``dropout`` and ``target_modules`` will do).
-``SentenceTransformer.add_adapter`` only reaches the first ``Transformer``, which inside a ``Router`` is not
-necessarily the one to adapt, so the module's Hugging Face model is wrapped with PEFT's ``get_peft_model``
-explicitly, and :func:`merge_lora` folds it back (``merge_and_unload``) so a saved folder loads without PEFT.
+CARE, BMRetriever and the Med-MoE-Embed backbone path attach through :func:`attach_lora` with any section that
+has ``r``, ``alpha``, ``dropout`` and ``target_modules``. The chosen module's Hugging Face model is wrapped with
+PEFT's ``get_peft_model`` explicitly, because ``SentenceTransformer.add_adapter`` only reaches the first
+``Transformer`` (inside a ``Router`` not necessarily the one to adapt); :func:`merge_lora` folds it back so a
+saved folder loads without PEFT.
 
 Example:
     >>> attach_lora(model, LoraSection(r=8, alpha=16), gradient_checkpointing=True)
@@ -65,10 +63,8 @@ def attach_lora(model, lora, *, gradient_checkpointing: bool = False):
     refused (merge it first).
 
     Under FSDP (:func:`~medadapt.training.distributed.fsdp_requested`) a half-precision model is upcast to
-    float32 after attaching: PEFT keeps LoRA matrices in float32, and FSDP flattens the parameters of a
-    wrapped module into one tensor of one dtype (``Must flatten tensors with uniform dtype``, seen on an
-    H100). FSDP's own mixed precision (``mixed_precision: bf16``) still runs the compute in bf16; the
-    float32 weights are sharded over the processes (``medadapt plan`` counts them so).
+    float32 after attaching, since FSDP flattens one dtype per module and PEFT keeps LoRA in float32; FSDP's
+    mixed precision still computes in bf16.
     """
     from peft import LoraConfig, get_peft_model
 

@@ -1,29 +1,11 @@
-"""RetroMAE pre-training of a sentence-transformers encoder (Xiao et al. 2022, "RetroMAE: Pre-Training
-Retrieval-oriented Language Models Via Masked Auto-Encoder"; CARE Appendix C.1.1, HyReC §4.1.3).
+"""RetroMAE pre-training of a sentence-transformers encoder (Xiao et al. 2022; CARE Appendix C.1.1, HyReC §4.1.3).
 
-Each text is masked twice: moderately for the encoder (``encoder_mask_ratio``, 0.15-0.3 in the paper) and
-aggressively for the decoder (``decoder_mask_ratio``, 0.5-0.7). The encoder reads its masked copy and its
-final [CLS] hidden state is the sentence embedding; a one-layer transformer decoder reads
-``[sentence embedding; embeddings of the decoder's masked copy]`` and must reconstruct the masked tokens,
-so the sentence embedding has to carry the text. Loss = MLM on the encoder's masked tokens + MLM on the
-decoder's masked tokens (RetroMAE's ``loss + lm_out.loss``), one shared MLM head tied to the encoder's word
-embeddings (as ``BertForMaskedLM``). What is implemented is RetroMAE's *basic* decoding (the released
-code's default ``RetroMAEForPretraining``), not the enhanced two-stream decoding with position-specific
-attention masks.
-
-Built on transformers: masking is ``DataCollatorForLanguageModeling.torch_mask_tokens`` (80% [MASK],
-10% random, 10% kept; drawn from the torch RNG, which the loop seeds per step and replays under gradient
-accumulation), the decoder layer is a ``BertLayer`` and the MLM head a ``BertOnlyMLMHead``, both built
-from a ``BertConfig`` copied from the encoder's own config (hidden size, heads, FFN width, activation).
-Written by hand is only the glue none of them provides: joining the encoder's [CLS] state to the
-decoder's token embeddings, and per-text loss sums so that the project's loop
-(:mod:`medadapt.training.loop`) can gather them over processes and accumulate exactly (GradCache). The
-stage runs through that loop, so it gets AdamW, warm-up, clipping, Accelerate and resumable checkpoints
-like every other stage.
-
-The encoder trained is the Hugging Face model inside the SentenceTransformer's first ``Transformer``
-module, *in place*; :class:`RetroMAEPretrainer` holds it plus the decoder and head, which are discarded
-after the stage (nothing of them is saved with the model).
+Each text is masked moderately for the encoder and aggressively for a one-layer decoder that sees only the
+encoder's [CLS] embedding, so the embedding has to carry the text; loss = MLM of both, with one MLM head tied
+to the word embeddings. Basic decoding only (the released code's default), built on transformers' masking,
+``BertLayer`` and ``BertOnlyMLMHead``; the glue is hand-written so the stage runs through the one loop
+(gathering, GradCache, checkpoints). The encoder trains in place; decoder and head are dropped after the
+stage. See docs/care.md.
 
 Example:
     >>> res = pretrain_retromae(model, texts, RetroMAESection(epochs=3, batch_size=384, lr=2e-4), seed=0)

@@ -1,15 +1,8 @@
-"""Neutral :class:`~medadapt.training.loop.Step` building blocks that any system's stages use.
-
-* :func:`embed`: texts -> sentence embeddings *with gradients* through a sentence-transformers model (its
-  prompt for ``task`` prepended; ``task`` also picks a Router route);
-* :class:`TextPairStep`: text pairs ``(a, b)`` (and hard negatives) -> ``loss(E(a), E(b)[, E(n)])`` with
-  in-batch negatives, both sides through one model, with per-side or per-item prompts;
-* :class:`TextRows` (the text columns of one or more tables, read lazily, as items) and
-  :class:`DatasetBatches` (a sampler for :attr:`Stage.batches <medadapt.training.loop.Stage>`: one table
-  per batch, tables drawn in proportion to their size, optionally no text twice in a batch);
-* :class:`TowerWithLoss`: a model and a loss with parameters (a learnable temperature) as one module, so the
-  loop trains and checkpoints both;
-* :func:`trainable_only`: exactly a stage's parameters require gradients within a block.
+"""Neutral :class:`~medadapt.training.loop.Step` building blocks that any system's stages use: :func:`embed`
+(texts to embeddings with gradients), :class:`TextPairStep` (pairs and hard negatives through one model, with
+per-side or per-item prompts), :class:`TextRows` / :class:`DatasetBatches` (lazy text tables and a sampler
+with one table per batch), :class:`TowerWithLoss` (a model and a loss with parameters as one module) and
+:func:`trainable_only`.
 
 Example:
     >>> step = TextPairStep(model, [("title", "abstract")], InfoNCELoss())

@@ -1,11 +1,10 @@
 """Benchmark suites as their papers run them: ``cmedteb`` (CARE), ``cure`` (CURE v1, cross-lingual),
 ``bmretriever`` (five task families) and ``medmoe`` (Med-MoE-Embed's top-10 metrics).
 
-Each suite module declares a :class:`~medadapt.eval.suites.base.SuiteSpec` (tasks with the paper's
-instructions and languages, the paper's averages) and registers it here; running a suite reuses medadapt's
-evaluators (:mod:`medadapt.eval.retrieval`, :mod:`~medadapt.eval.rerank`, :mod:`~medadapt.eval.sts`,
-:mod:`~medadapt.eval.pool`, :mod:`~medadapt.eval.recommendation`). Layouts and sources of the real data:
-each module's docstring and docs/evaluation.md ("Suites").
+Each suite module declares a :class:`~medadapt.eval.suites.base.SuiteSpec` (a list of task objects with the
+paper's instructions and languages, the paper's averages) and registers it here; every task is scored through
+:func:`medadapt.eval.tasks.evaluate`. Layouts and sources of the real data: each module's docstring and
+docs/evaluation.md ("Suites").
 
     from medadapt.eval.suites import evaluate_suite
     result = evaluate_suite("cure", model, "data/cure")     # SuiteResult: rows, averages, warnings
@@ -18,13 +17,13 @@ from pathlib import Path
 
 from medadapt.errors import MedAdaptError
 from medadapt.eval.suites.base import (
+    INSTRUCTION_MODES,
     AverageSpec,
     LoadedTask,
     SuiteResult,
     SuiteSpec,
     TaskRow,
     TaskSpec,
-    INSTRUCTION_MODES,
     check_languages,
     compute_averages,
     declared_languages,
@@ -32,6 +31,7 @@ from medadapt.eval.suites.base import (
     load_suite,
     resolve_instructions,
     run_suite,
+    task_rows,
 )
 from medadapt.eval.suites.report import plot_suite, suite_table, write_suite_json
 
@@ -39,7 +39,7 @@ __all__ = [
     "AverageSpec", "INSTRUCTION_MODES", "LoadedTask", "SUITES", "SuiteResult", "SuiteSpec", "TaskRow", "TaskSpec",
     "check_languages", "compute_averages", "declared_languages", "evaluate_suite", "get_suite", "instruction_aware",
     "load_suite", "plot_suite", "register_suite", "resolve_instructions", "run_suite", "suite_names", "suite_table",
-    "write_suite_json",
+    "task_rows", "write_suite_json",
 ]
 
 #: name -> spec; filled by :func:`register_suite` (the builtin suites register on first use)

@@ -1,22 +1,10 @@
-"""What a suite is: tasks (with the paper's instructions and languages), the paper's averages, loading every
-task's files before a model is loaded, and running each task through medadapt's existing evaluators.
+"""What a suite is: a list of task objects (:mod:`medadapt.eval.tasks`, with the paper's instructions and
+languages) and the paper's averages; loading every task's files before a model is loaded, and scoring each
+task through :func:`medadapt.eval.tasks.evaluate`.
 
-A suite is data (:class:`SuiteSpec`): a list of :class:`TaskSpec` and of :class:`AverageSpec`. The task
-*kinds* map onto the evaluators that already exist, so a suite adds no metric code of its own:
-
-=================  ====================================================  =====================================
-kind               files under ``DIR/<task>/``                           evaluator
-=================  ====================================================  =====================================
-``retrieval``      BEIR: ``corpus.jsonl``, ``queries.jsonl`` (one query   :func:`medadapt.eval.evaluate_retrieval`
-                   language) or ``queries-<lang>.jsonl`` (several, as
-                   CURE), ``qrels/<split>.tsv``
-``rerank``         ``<split>.jsonl`` in MTEB's reranking layout           :func:`medadapt.eval.evaluate_rerank`
-                   (:func:`medadapt.eval.suites.layouts.load_mteb_rerank`)
-``sts``            ``<split>.jsonl`` in MTEB's STS layout                 :func:`medadapt.eval.evaluate_sts`
-                   (``sentence1``, ``sentence2``, ``score``)              (cosine)
-``pool``           ``<split>.jsonl`` (BMRetriever QA / entity linking)   :func:`medadapt.eval.evaluate_pool`
-``recommendation`` ``<split>.jsonl`` (RELISH)                             :func:`medadapt.eval.evaluate_recommendation`
-=================  ====================================================  =====================================
+A suite is data (:class:`SuiteSpec`): its tasks name their kind (``retrieval``, ``rerank``, ``sts``, ``qa``,
+``entity-linking``, ``recommendation``: files under ``DIR/<task>/``, see each kind's module), so a suite adds no
+metric code of its own.
 
 Instructions become sentence-transformers prompts for the duration of one task (``query`` and, where the
 paper gives one, ``document``), through the suite's ``query_template``; the model's own prompts come back
@@ -31,61 +19,40 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
-from medadapt.data.beir import (BeirDataset, available_splits, check_split, load_corpus, load_qrels,
-                                load_queries)
-from medadapt.data.jsonl import require_file
-from medadapt.data.sts import load_sts
+from medadapt.data.beir import check_split
 from medadapt.errors import DataError, MedAdaptError, warn
-from medadapt.eval import retrieval as eval_retrieval
-from medadapt.eval.pool import evaluate_pool, load_pool_task
-from medadapt.eval.recommendation import evaluate_recommendation, load_recommendation
-from medadapt.eval.rerank import evaluate_rerank
-from medadapt.eval.sts import evaluate_sts
-from medadapt.eval.suites.layouts import load_mteb_rerank
+from medadapt.eval.tasks import EvalTask, TaskMetadata, evaluate, task_kind, task_prompts
 
-Kind = Literal["retrieval", "rerank", "sts", "pool", "recommendation"]
-KINDS: tuple[str, ...] = ("retrieval", "rerank", "sts", "pool", "recommendation")
+__all__ = [
+    "INSTRUCTION_MODES",
+    "AverageSpec",
+    "LoadedTask",
+    "SuiteResult",
+    "SuiteSpec",
+    "TaskRow",
+    "TaskSpec",
+    "check_languages",
+    "compute_averages",
+    "declared_languages",
+    "instruction_aware",
+    "load_suite",
+    "load_task",
+    "normalize_language",
+    "resolve_instructions",
+    "run_suite",
+    "task_prompts",
+    "task_rows",
+]
 
-
-@dataclass(frozen=True)
-class TaskSpec:
-    """One task of a suite.
-
-    Attributes:
-        name: the task's name in the paper (and its folder name under the suite's data folder).
-        kind: see the module table.
-        metrics: what is computed (pytrec_eval names, or ``pearson`` / ``spearman`` for STS,
-            ``map`` / ``ndcg`` for recommendation).
-        main_metric: the one the paper reports for the task (and averages).
-        query_instruction: the paper's instruction text for queries (``None``: no instruction).
-        document_prompt: the full prompt prepended to documents, where the paper gives one (``None``: none).
-        query_languages: ISO 639-1 codes of the query side; more than one reads ``queries-<lang>.jsonl``.
-        corpus_language: ISO 639-1 code of the documents.
-        family: a grouping label (BMRetriever's task families, CURE's domain).
-    """
-
-    name: str
-    kind: Kind
-    metrics: tuple[str, ...]
-    main_metric: str
-    query_instruction: str | None = None
-    document_prompt: str | None = None
-    query_languages: tuple[str, ...] = ("en",)
-    corpus_language: str = "en"
-    family: str = ""
-    optional: bool = False
-
-    def __post_init__(self):
-        if self.kind not in KINDS:
-            raise ValueError(f"task kind must be one of {', '.join(KINDS)}, got {self.kind!r}")
-        if self.main_metric not in self.metrics:
-            raise ValueError(f"{self.name}: main metric {self.main_metric!r} is not in {self.metrics}")
+#: one task of a suite (its name, kind, metrics, instruction, languages): :class:`medadapt.eval.tasks.TaskMetadata`
+TaskSpec = TaskMetadata
+#: a task whose files were read and checked: a loaded :class:`medadapt.eval.tasks.EvalTask`
+LoadedTask = EvalTask
 
 
 @dataclass(frozen=True)
@@ -105,7 +72,7 @@ class SuiteSpec:
 
     name: str
     title: str
-    tasks: tuple[TaskSpec, ...]
+    tasks: tuple[EvalTask, ...]  # given as TaskMetadata or task objects; kept as task objects
     averages: tuple[AverageSpec, ...] = ()
     #: how an instruction becomes the query prompt (``{instruction}`` is replaced)
     query_template: str = "Instruct: {instruction}\nQuery: "
@@ -113,14 +80,18 @@ class SuiteSpec:
     sts_instruction_both_sides: bool = True
     reference: str = ""
 
-    def task(self, name: str) -> TaskSpec:
+    def __post_init__(self):
+        tasks = tuple(t if isinstance(t, EvalTask) else task_kind(t.kind)(t) for t in self.tasks)
+        object.__setattr__(self, "tasks", tasks)
+
+    def task(self, name: str) -> EvalTask:
         for t in self.tasks:
             if t.name == name:
                 return t
         raise MedAdaptError(f"suite {self.name} has no task {name!r}; its tasks: "
                             f"{', '.join(t.name for t in self.tasks)}")
 
-    def query_prompt(self, task: TaskSpec) -> str | None:
+    def query_prompt(self, task: EvalTask | TaskMetadata) -> str | None:
         if not task.query_instruction:
             return None
         return self.query_template.replace("{instruction}", task.query_instruction)
@@ -129,69 +100,10 @@ class SuiteSpec:
 # ----------------------------------------------------------------------------------------------- loading
 
 
-@dataclass
-class LoadedTask:
-    """A task whose files were read and checked: ``data`` is what its evaluator takes."""
-
-    spec: TaskSpec
-    paths: list[Path]
-    data: Any  # retrieval: {lang: BeirDataset}; rerank: [RerankItem]; sts: [StsPair]; pool / recommendation: items
-
-
-def _task_jsonl(folder: Path, task: TaskSpec, split: str) -> Path:
-    path = folder / task.name / f"{split}.jsonl"
-    if path.is_file():
-        return path
-    if (folder / task.name).is_dir():
-        have = sorted(p.name for p in (folder / task.name).glob("*.jsonl"))
-        raise DataError(f"{task.name}: no file for split {split!r}: {path} not found "
-                        f"(found: {', '.join(have) or 'no .jsonl files'})")
-    raise DataError(f"task {task.name} is missing from {folder}: expected {path}")
-
-
-def _load_retrieval(folder: Path, task: TaskSpec, split: str):
-    root = folder / task.name
-    if not root.is_dir():
-        raise DataError(f"task {task.name} is missing from {folder}: expected the BEIR folder {root} "
-                        f"(corpus.jsonl, queries.jsonl, qrels/{split}.tsv)")
-    corpus_path = require_file(root / "corpus.jsonl", f"{task.name} corpus file")
-    qpath = root / "qrels" / f"{split}.tsv"
-    if not qpath.is_file():
-        have = ", ".join(available_splits(root)) or "none"
-        raise DataError(f"{task.name}: no qrels for split {split!r}: {qpath} not found (qrels splits there: {have})")
-    corpus = load_corpus(corpus_path)
-    qrels = load_qrels(qpath)
-    missing_d = sorted({d for rel in qrels.values() for d in rel if d not in corpus})
-    if missing_d:
-        raise DataError(f"{qpath}: {len(missing_d)} document id(s) not in {corpus_path}, e.g. {missing_d[:3]}")
-    multi = len(task.query_languages) > 1
-    per_lang, paths = {}, [corpus_path, qpath]
-    for lang in task.query_languages:
-        name = f"queries-{lang}.jsonl" if multi else "queries.jsonl"
-        qfile = require_file(root / name, f"{task.name} queries file ({lang})")
-        queries = load_queries(qfile)
-        missing_q = [q for q in qrels if q not in queries]
-        if missing_q:
-            raise DataError(f"{qpath}: {len(missing_q)} query id(s) not in {qfile}, e.g. {missing_q[:3]}")
-        per_lang[lang] = BeirDataset(corpus=corpus, queries=queries, qrels={split: qrels}, root=root)
-        paths.append(qfile)
-    return per_lang, paths
-
-
-def load_task(folder: Path, task: TaskSpec, split: str) -> LoadedTask:
-    """Read and check one task's files (see the module table); a missing folder or file, a split without
-    qrels, or a file in the wrong layout is a :class:`~medadapt.errors.DataError` naming the file."""
-    if task.kind == "retrieval":
-        data, paths = _load_retrieval(folder, task, split)
-        return LoadedTask(task, paths, data)
-    path = _task_jsonl(folder, task, split)
-    if task.kind == "rerank":
-        return LoadedTask(task, [path], load_mteb_rerank(path))
-    if task.kind == "sts":
-        return LoadedTask(task, [path], load_sts(path))
-    if task.kind == "pool":
-        return LoadedTask(task, [path], load_pool_task(path))
-    return LoadedTask(task, [path], load_recommendation(path))
+def load_task(folder: Path, task: EvalTask, split: str) -> EvalTask:
+    """Read and check one task's files (see its kind); a missing folder or file, a split without qrels, or a
+    file in the wrong layout is a :class:`~medadapt.errors.DataError` naming the file."""
+    return task.load(folder, split)
 
 
 def load_suite(spec: SuiteSpec, data_dir: str | Path, split: str = "test",
@@ -310,27 +222,6 @@ def resolve_instructions(model, instructions: bool | str = "auto") -> tuple[bool
     return aware, mode, reason
 
 
-@contextmanager
-def task_prompts(model, query_prompt: str | None, document_prompt: str | None) -> Iterator[None]:
-    """Set the ``query`` (and ``document``) prompt of ``model`` for one task and put the model's own prompts
-    back afterwards. A side the task gives no prompt for keeps the model's own prompt."""
-    old_prompts = dict(getattr(model, "prompts", None) or {})
-    old_default = getattr(model, "default_prompt_name", None)
-    new = dict(old_prompts)
-    if query_prompt:
-        new["query"] = query_prompt
-    if document_prompt:
-        for name in ("passage", "corpus"):  # encode_document would prefer "document" anyway; no ambiguity
-            new.pop(name, None)
-        new["document"] = document_prompt
-    model.prompts = new
-    try:
-        yield
-    finally:
-        model.prompts = old_prompts
-        model.default_prompt_name = old_default
-
-
 # ----------------------------------------------------------------------------------------------- results
 
 
@@ -421,42 +312,19 @@ def compute_averages(spec: SuiteSpec, rows: Sequence[TaskRow]) -> dict[str, floa
 # ----------------------------------------------------------------------------------------------- running
 
 
-def evaluate_task(model, spec: SuiteSpec, loaded: LoadedTask, split: str, *, cache=None, batch_size: int = 64,
-                  show_progress: bool = False, instructions: bool = True) -> list[TaskRow]:
-    """Run one loaded task with the existing evaluators; one :class:`TaskRow` per query language."""
-    task = loaded.spec
+def task_rows(model, spec: SuiteSpec, task: EvalTask, *, cache=None, batch_size: int = 64,
+              show_progress: bool = False, instructions: bool = True) -> list[TaskRow]:
+    """Score one loaded task through :func:`~medadapt.eval.tasks.evaluate`; one :class:`TaskRow` per query
+    language (the task's metrics only)."""
     q_prompt = spec.query_prompt(task) if instructions else None
-    d_prompt = task.document_prompt if instructions else None
-    rows = []
-
-    def row(lang: str, metrics: dict[str, float]) -> TaskRow:
-        return TaskRow(task.name, task.family, lang, task.corpus_language, task.main_metric,
-                       {k: float(v) for k, v in metrics.items()}, q_prompt, d_prompt)
-
-    if task.kind == "retrieval":
-        with task_prompts(model, q_prompt, d_prompt):
-            for lang, data in loaded.data.items():
-                rows.append(row(lang, eval_retrieval.evaluate_retrieval(model, data, split, task.metrics, cache=cache,
-                                                         batch_size=batch_size, show_progress=show_progress)))
-        return rows
-    lang = task.query_languages[0]
-    if task.kind == "sts":
-        both = spec.sts_instruction_both_sides and q_prompt
-        with task_prompts(model, q_prompt, None):
-            try:
-                metrics = evaluate_sts(model, loaded.data, batch_size, show_progress, similarity="cosine",
-                                       route="query" if both else None)
-            except ValueError as exc:
-                raise MedAdaptError(f"{task.name} ({loaded.paths[0]}): {exc}") from None
-        return [row(lang, {m: metrics[m] for m in task.metrics})]
-    with task_prompts(model, q_prompt, d_prompt):
-        if task.kind == "rerank":
-            metrics = evaluate_rerank(model, loaded.data, task.metrics, batch_size, show_progress)
-        elif task.kind == "pool":
-            metrics = evaluate_pool(model, loaded.data, task.metrics, batch_size, show_progress)
-        else:
-            metrics = evaluate_recommendation(model, loaded.data, batch_size, show_progress)
-    return [row(lang, {m: metrics[m] for m in task.metrics})]
+    d_prompt = task.document_prompt if instructions and task.kind != "sts" else None
+    # STS is symmetric: both sentences get the query instruction through the query route
+    route = "query" if task.kind == "sts" and spec.sts_instruction_both_sides and q_prompt else None
+    result = evaluate(model, task, query_prompt=q_prompt, document_prompt=d_prompt, route=route, cache=cache,
+                      batch_size=batch_size, show_progress=show_progress)
+    return [TaskRow(task.name, task.family, lang, task.corpus_language, task.main_metric,
+                    {m: float(metrics[m]) for m in task.metrics}, q_prompt, d_prompt)
+            for lang, metrics in result.scores.items()]
 
 
 def run_suite(spec: SuiteSpec, model, loaded: Sequence[LoadedTask], split: str = "test", *, cache=None,
@@ -475,8 +343,8 @@ def run_suite(spec: SuiteSpec, model, loaded: Sequence[LoadedTask], split: str =
     warnings += check_languages(model, langs, f"suite {spec.name}")
     rows: list[TaskRow] = []
     for t in loaded:
-        rows += evaluate_task(model, spec, t, split, cache=cache, batch_size=batch_size,
-                              show_progress=show_progress, instructions=apply)
+        rows += task_rows(model, spec, t, cache=cache, batch_size=batch_size, show_progress=show_progress,
+                          instructions=apply)
     return SuiteResult(spec.name, spec.title, split, rows, compute_averages(spec, rows),
                        {a.name: a.description for a in spec.averages}, warnings, model_name,
                        {"mode": mode, "applied": apply, "reason": reason})

@@ -58,9 +58,9 @@ TASKS = (
     *(TaskSpec(name, "retrieval", ("ndcg@10", "recall@100"), "ndcg@10", INSTRUCTIONS[name], PASSAGE_PROMPT,
                family="IR") for name in IR),
     TaskSpec("biosses", "sts", ("spearman", "pearson"), "spearman", INSTRUCTIONS["biosses"], family="STS"),
-    *(TaskSpec(name, "pool", QA_METRICS, "ndcg@20", INSTRUCTIONS[name], PASSAGE_PROMPT, family="QA")
+    *(TaskSpec(name, "qa", QA_METRICS, "ndcg@20", INSTRUCTIONS[name], PASSAGE_PROMPT, family="QA")
       for name in ("bioasq", "pubmedqa", "icliniq")),
-    *(TaskSpec(name, "pool", EL_METRICS, "mrr@5", INSTRUCTIONS[name], PASSAGE_PROMPT, family="entity linking")
+    *(TaskSpec(name, "entity-linking", EL_METRICS, "mrr@5", INSTRUCTIONS[name], PASSAGE_PROMPT, family="entity linking")
       for name in ("drugbank", "mesh")),
     TaskSpec("relish", "recommendation", ("map", "ndcg"), "map", INSTRUCTIONS["relish"], PASSAGE_PROMPT,
              family="paper recommendation"),

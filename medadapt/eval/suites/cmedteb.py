@@ -42,7 +42,7 @@ RERANK_METRICS = ("map@10", "ndcg@10", "mrr@10")
 
 
 def _rerank(name: str) -> TaskSpec:
-    return TaskSpec(name, "rerank", RERANK_METRICS, "map@10", RERANK, family="rerank", **_ZH)
+    return TaskSpec(name, "rerank", RERANK_METRICS, "map@10", RERANK, family="rerank", layout="mteb", **_ZH)
 
 
 TASKS = (

@@ -1,12 +1,9 @@
-"""MLP-KAN expert (paper §III-B): an MLP whose activation is replaced by a KAN layer of equal width.
+"""MLP-KAN expert (paper §III-B): ``Linear(h, e*h) -> KAN(e*h, e*h) -> Linear(e*h, h)``.
 
-``Linear(h, e*h) -> KAN(e*h, e*h) -> Linear(e*h, h)``.
-
-Cheap variant (our choice, the paper does not specify one): a fully connected ``4h x 4h`` KAN layer has
-``(4h)^2 * (G + k)`` spline coefficients (19M at h = 384), ~16x the FLOPs of the MLP around it. The KAN layer
-here is block-diagonal with ``groups`` blocks (default 16): ``groups = 1`` is the full KAN layer,
-``groups = e*h`` is a per-channel learnable activation (the closest analogue of "replacing the activation").
-With the default, the KAN layer costs about as much as one of the two linear projections.
+The KAN layer is block-diagonal with ``groups`` blocks (default 16; our choice, the paper does not say): a
+full ``4h x 4h`` KAN layer has ``(4h)^2 * (G + k)`` coefficients (19M at h = 384), ~16x the MLP's FLOPs,
+while 16 blocks cost about one linear projection. ``groups = 1`` is the full layer, ``groups = e*h`` a
+per-channel learnable activation.
 """
 
 from __future__ import annotations
