@@ -15,7 +15,7 @@ import typer
 
 from medadapt import __version__
 from medadapt.cli._console import console, err_console, tagged
-from medadapt.cli._help import App, Lazy
+from medadapt.cli._help import DATA_GROUP, App, Lazy
 from medadapt.errors import MedAdaptError, MedAdaptWarning
 from medadapt.progress import set_level
 
@@ -72,15 +72,7 @@ app = App(
     lazy_commands=COMMANDS,
 )
 #: ``medadapt data``: the same group as ``medadapt.cli.data.data_app``, its commands from :data:`DATA_COMMANDS`.
-data_app = App(
-    name="data",
-    help="Curate training data: hard negatives, consistency filter, diversity dedup, LLM consensus labels, "
-    "synonym STS triplets.",
-    no_args_is_help=True,
-    pretty_exceptions_enable=False,
-    add_completion=False,
-    lazy_commands=DATA_COMMANDS,
-)
+data_app = App(**DATA_GROUP, lazy_commands=DATA_COMMANDS)
 app.add_typer(data_app, name="data")
 
 

@@ -26,6 +26,10 @@ if TYPE_CHECKING:  # typer's own (vendored) click
     from typer._click import Command as ClickCommand
     from typer._click import Context, HelpFormatter
 
+#: ``medadapt data``'s settings, shared by the lazy group of the root app and ``medadapt.cli.data.data_app``.
+DATA_GROUP = {"name": "data", "no_args_is_help": True, "pretty_exceptions_enable": False, "add_completion": False,
+              "help": "Curate training data: hard negatives, consistency filter, diversity dedup, LLM consensus "
+                      "labels, synonym STS triplets."}
 _PARAGRAPH_BREAK = re.compile(r"\n\s*\n")
 
 

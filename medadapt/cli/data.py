@@ -18,7 +18,7 @@ from pydantic import ValidationError
 
 from medadapt.cache import EmbeddingCache
 from medadapt.cli._common import CacheDirOpt, QuietOpt, VerboseOpt, console, fail, quiet_libraries
-from medadapt.cli._help import App
+from medadapt.cli._help import DATA_GROUP, App
 from medadapt.curation import (
     BM25Searcher,
     DedupConfig,
@@ -48,14 +48,7 @@ from medadapt.io import atomic_write_json, check_output, check_outputs
 from medadapt.models import load
 from medadapt.retrieval.tokenize import detect_language
 
-data_app = App(
-    name="data",
-    help="Curate training data: hard negatives, consistency filter, diversity dedup, LLM consensus labels, "
-    "synonym STS triplets.",
-    no_args_is_help=True,
-    pretty_exceptions_enable=False,
-    add_completion=False,
-)
+data_app = App(**DATA_GROUP)
 
 
 class Retriever(str, enum.Enum):
