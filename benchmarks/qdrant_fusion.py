@@ -1,7 +1,7 @@
 """MedQuAD test nDCG@10 / Recall@100 of one hybrid model: in-process fusion vs Qdrant (embedded) client-side and
 server-side fusion, and LangChain's QdrantVectorStore over the same collection.
 
-    python benchmarks/qdrant_fusion.py --data-dir ../shared/data [--model minilm] [--hyrec RUN_FOLDER] \
+    python benchmarks/qdrant_fusion.py --data-dir ../shared/data [--model minilm] [--hyrec RUN_FOLDER [--no-base]] \
         [--output benchmarks/results/qdrant_fusion.json] [--only in-process "server-side RRF" LangChain]
 
 Dense model + BM25 (Qdrant sparse vectors, IDF modifier), RRF with rrf_k = 60 (Qdrant: Rrf(k=61)), depth 100;
@@ -78,6 +78,7 @@ def main() -> None:
     p.add_argument("--data-dir", default="../shared/data")
     p.add_argument("--model", default="minilm")
     p.add_argument("--hyrec", default=None)
+    p.add_argument("--no-base", action="store_true", help="with --hyrec: skip the dense model + BM25 rows")
     p.add_argument("--output", default=None)
     p.add_argument("--only", nargs="*", default=None,
                    help="run only the paths whose label contains one of these (e.g. in-process server-side LangChain)")
@@ -88,7 +89,8 @@ def main() -> None:
     texts = [qs[i] for i in qids]
     ids = data.doc_ids
     docs = Documents(ids, [data.corpus[i]["text"] for i in ids], [data.corpus[i].get("title") or "" for i in ids])
-    rows = run(a.model, medadapt.load(a.model), docs, qids, texts, data.qrels["test"], a.only)
+    rows = [] if a.no_base and a.hyrec else run(a.model, medadapt.load(a.model), docs, qids, texts,
+                                                 data.qrels["test"], a.only)
     if a.hyrec:
         rows += run(a.hyrec, medadapt.load(a.hyrec), docs, qids, texts, data.qrels["test"], a.only)
     if a.output:

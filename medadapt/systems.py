@@ -13,11 +13,13 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from medadapt.errors import ConfigError
+from medadapt.yaml_input import read_yaml
 
-__all__ = ["ENTRY_POINT_GROUP", "System", "broken", "find", "register_system", "registered"]
+__all__ = ["ENTRY_POINT_GROUP", "System", "broken", "find", "load_paper", "register_system", "registered"]
 
 ENTRY_POINT_GROUP = "medadapt.systems"
 
@@ -69,6 +71,23 @@ class System:
         if not self.paper:
             raise ConfigError(f"recipe kind {self.kind!r} has no paper mode")
         return {path: value for path, (value, _why) in self.paper.items()}
+
+
+def load_paper(path: str | Path) -> dict[str, tuple[Any, str]]:
+    """A system's paper overlay, the ``paper.yaml`` beside its recipe code: entries
+    ``section.field: {value: ..., why: "paper §"}`` as ``{path: (value, why)}``. A malformed file is one
+    :class:`~medadapt.errors.ConfigError` naming the entry."""
+    data, _ = read_yaml(path)
+    if not isinstance(data, dict) or not data:
+        raise ConfigError(f"{path}: a paper overlay is a mapping of section.field: {{value: ..., why: '...'}}")
+    out: dict[str, tuple[Any, str]] = {}
+    for key, entry in data.items():
+        if not (isinstance(key, str) and "." in key and isinstance(entry, dict) and set(entry) == {"value", "why"}
+                and isinstance(entry["why"], str) and entry["why"].strip()):
+            raise ConfigError(f"{path}: {key}: an entry is section.field: {{value: ..., why: 'where the paper "
+                              "says so'}")
+        out[key] = (entry["value"], entry["why"])
+    return out
 
 
 _SYSTEMS: dict[str, System] = {}

@@ -17,6 +17,7 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
+import medadapt
 from medadapt import systems
 from medadapt.adapters.compose import allowed, branch_kind, check_composition
 from medadapt.cli import app
@@ -223,3 +224,28 @@ def test_the_name_check_sees_comparisons_and_skips_docstrings(tmp_path):
     assert _named_in_code(path, {"moe", "care", "hyrec"}) == {"moe", "care"}
     path.write_text('"""moe"""\nX = "a moe head"\n')
     assert _named_in_code(path, {"moe"}) == set()
+
+
+def test_each_paper_overlay_is_the_yaml_beside_its_recipe_and_reaches_paper_settings():
+    for kind, package in [("moe", "moe"), ("care", "care"), ("hyrec", "hyrec"), ("bmretriever", "bmretriever")]:
+        path = Path(medadapt.__file__).parent / package / "paper.yaml"
+        overlay = systems.load_paper(path)
+        assert systems.find(kind).paper == overlay and len(overlay) >= 10
+        assert systems.find(kind).paper_settings() == {k: v for k, (v, _) in overlay.items()}
+    assert systems.find("moe").paper_settings()["loss.temperature"] == 1.0
+    assert systems.find("hyrec").paper_settings()["negatives.window"] == [20, 100]
+
+
+@pytest.mark.parametrize("text, says", [
+    ("- a\n", "a paper overlay is a mapping"),
+    ("loss.temperature: 1.0\n", "loss.temperature: an entry is"),
+    ("loss.temperature: {value: 1.0}\n", "loss.temperature: an entry is"),
+    ("temperature: {value: 1.0, why: eq. 3}\n", "temperature: an entry is"),
+    ("loss.temperature: {value: 1.0, why: ' '}\n", "loss.temperature: an entry is"),
+    ("a.b: {value: 1, why: x}\na.b: {value: 2, why: y}\n", "duplicate"),
+])
+def test_a_malformed_paper_overlay_is_one_error(tmp_path, text, says):
+    path = tmp_path / "paper.yaml"
+    path.write_text(text)
+    with pytest.raises(ConfigError, match=says):
+        systems.load_paper(path)

@@ -30,9 +30,17 @@ from medadapt.bmretriever.instructions import query_prompt
 from medadapt.bmretriever.model import build_retriever
 from medadapt.bmretriever.pretrain_data import CorpusSource, CropConfig, pretrain_dataset
 from medadapt.bmretriever.schema import BmRetrieverRecipe, BmStageSection, Stage2Section
-from medadapt.bmretriever.synthetic import (FakeQueryGenerator, FakeTaskGenerator, LLMQueryGenerator,
-                                            LLMTaskGenerator, OpenAICompatibleClient, TransformersChatClient,
-                                            filter_task_groups, generate_instance_data, generate_task_data)
+from medadapt.bmretriever.synthetic import (
+    FakeQueryGenerator,
+    FakeTaskGenerator,
+    LLMQueryGenerator,
+    LLMTaskGenerator,
+    OpenAICompatibleClient,
+    TransformersChatClient,
+    filter_task_groups,
+    generate_instance_data,
+    generate_task_data,
+)
 from medadapt.bmretriever.train import contrastive_stage, logged_rows
 from medadapt.checksums import ChecksumError, verify_sums, write_sums
 from medadapt.curation import DenseSearcher
@@ -44,6 +52,7 @@ from medadapt.io import atomic_write_text
 from medadapt.models import load
 from medadapt.plan import LoraSpec, ModelSpec, PhaseSpec, PlanSpec, Usage
 from medadapt.recipes.run import RunContext, fingerprint, replace_folder
+from medadapt.systems import load_paper
 from medadapt.training.checkpoint import CheckpointCorruptError, all_checkpoints, load_checkpoint
 from medadapt.training.lora import attach_lora, enable_gradient_checkpointing, merge_lora
 
@@ -310,22 +319,8 @@ def train(recipe: BmRetrieverRecipe, ctx: RunContext):
     return model
 
 
-#: ``medadapt train --paper``: BMRetriever's loss and optimisation as §3 / Appendix D give them. The backbone,
-#: LoRA, global batch (256 / 128 / 64 by size) and data stay the recipe's (the paper recipes set them per size).
-PAPER = {
-    "model.normalize": (False, "eq. (2)-(3): dot product of EOS embeddings"),
-    "model.max_seq_length": (512, "Appendix D: maximum length 512"),
-    "stage1.temperature": (1.0, "eq. (2): tau = 1"),
-    "stage2.temperature": (1.0, "eq. (3): tau = 1"),
-    "stage1.warmup_ratio": (0.0, "Appendix D: linear warm-up over 100 steps"),
-    "stage1.warmup_steps": (100, "Appendix D: linear warm-up over 100 steps"),
-    "stage2.warmup_ratio": (0.0, "Appendix D: linear warm-up over 100 steps"),
-    "stage2.warmup_steps": (100, "Appendix D: linear warm-up over 100 steps"),
-    "stage1.scheduler": ("linear", "Appendix D: linear decay"),
-    "stage2.scheduler": ("linear", "Appendix D: linear decay"),
-    "stage2.mining.window": ([1, 100], "§3.3: a hard negative from the base retriever's top 100"),
-    "stage2.mining.num_negatives": (1, "§3.3: one hard negative per query"),
-}
+#: ``medadapt train --paper``: the paper's settings, with where it states each (``paper.yaml`` here).
+PAPER = load_paper(Path(__file__).with_name("paper.yaml"))
 
 
 def frozen_base(recipe: BmRetrieverRecipe, ctx: RunContext):

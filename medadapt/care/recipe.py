@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import time
+from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Literal, Union
 
 from pydantic import Field, field_validator, model_validator
@@ -22,8 +23,16 @@ from medadapt.care.evaluate import evaluate_asymmetric
 from medadapt.care.lora import attach_document_lora, merge_document_lora
 from medadapt.care.model import build_asymmetric_model, tower
 from medadapt.care.pruning import prune_layers
-from medadapt.care.stages import (AlignReplay, CarePhaseSection, align_stage, init_stage, joint_stage,
-                                  teacher_targets, trainable_only, unsupervised_stage)
+from medadapt.care.stages import (
+    AlignReplay,
+    CarePhaseSection,
+    align_stage,
+    init_stage,
+    joint_stage,
+    teacher_targets,
+    trainable_only,
+    unsupervised_stage,
+)
 from medadapt.care.static import static_from_document
 from medadapt.config import validate_each
 from medadapt.data import load_beir
@@ -33,6 +42,7 @@ from medadapt.models import load, resolve_model_path
 from medadapt.plan import LoraSpec, ModelSpec, PhaseSpec, PlanSpec, Usage, find_config
 from medadapt.plan.memory import mlm_logit_bytes
 from medadapt.recipes.base import LoraSection, RecipeBase, RunSection, Section
+from medadapt.systems import load_paper
 from medadapt.training.lora import attach_lora, merge_lora
 from medadapt.training.retromae import RetroMAESection, retromae_stage
 
@@ -563,70 +573,8 @@ def evaluate(recipe: CareRecipe, model, ctx: RunContext) -> dict[str, float]:
                                batch_size=recipe.training.encode_batch_size, show_progress=ctx.show_progress)
 
 
-#: ``--paper`` (issue 16 item 3): what CARE / CMedTEB states (§4.2, §5, Appendix C, Table 17), on the recipe's
-#: own towers and data. Not stated in the paper, so left to the recipe: the temperatures (stage I, stage II,
-#: supervised init, the learnable one's start), the MSE weight lambda of eq. (3), LoRA alpha / dropout, the MRL
-#: dimension set, the number of mined negatives, RetroMAE's mask ratios. Batch sizes are the global batches of
-#: Table 17 with no accumulation (accumulation trains exactly as one larger batch, GradCache: set it with
-#: ``--set`` for memory). A pruned or static query tower cannot take the paper's query init (RetroMAE): such a
-#: recipe is refused (:meth:`CareRecipe._paper_query_tower`).
-PAPER: dict[str, tuple[Any, str]] = {
-    "architecture.projection": (False, "§5.5.1: no projection layer (unlike HotelMatch); MRL truncation instead"),
-    "architecture.truncate_to": ("auto", "§5.1: MRL truncates the document embedding to the query width (768)"),
-    "document.lora.r": (32, "Appendix C.1.2 / C.3: the document tower trains through LoRA, rank 32"),
-    "document.max_seq_length": (512, "Appendix C.3: maximum input length 512 (documents)"),
-    "document.gradient_checkpointing": (True, "Appendix C.3: gradient checkpointing enabled"),
-    "query.max_seq_length": (512, "Appendix C.3: maximum input length 512 (queries)"),
-    "init.max_length": (512, "Appendix C.3: maximum input length 512"),
-    "init.document.epochs": (1, "Appendix C.3: both encoders are first initialized by one epoch of fine-tuning"),
-    "init.document.batch_size": (640, "Table 17, fine-tuning: global batch 640"),
-    "init.document.gradient_accumulation_steps": (1, "Table 17: global batch 640 per optimizer step"),
-    "init.document.lr": (1e-4, "Table 17, fine-tuning: peak lr 1e-4"),
-    "init.document.warmup_ratio": (0.05, "Table 17, fine-tuning: warm-up ratio 0.05"),
-    "init.query.supervised": (True, "Appendix C.1.1: supervised fine-tuning (InfoNCE) after the pre-training"),
-    "init.query.epochs": (1, ("Appendix C.3: both encoders are first initialized by one epoch of fine-tuning "
-                              "(Table 17's 2 epochs are the symmetric models', C.3)")),
-    "init.query.batch_size": (640, "Table 17, fine-tuning: global batch 640"),
-    "init.query.gradient_accumulation_steps": (1, "Table 17: global batch 640 per optimizer step"),
-    "init.query.lr": (1e-4, "Table 17, fine-tuning: peak lr 1e-4"),
-    "init.query.warmup_ratio": (0.05, "Table 17, fine-tuning: warm-up ratio 0.05"),
-    "init.query.pretrain.epochs": (3, "Appendix C.1.1 RetroMAE pre-training; Table 17: 3 epochs"),
-    "init.query.pretrain.batch_size": (384, "Table 17, RetroMAE: global batch 384"),
-    "init.query.pretrain.gradient_accumulation_steps": (1, "Table 17: global batch 384 per optimizer step"),
-    "init.query.pretrain.lr": (2e-4, "Table 17, RetroMAE: peak lr 2e-4"),
-    "init.query.pretrain.warmup_ratio": (0.0, "Table 17, RetroMAE: warm-up ratio 0.0"),
-    "init.query.pretrain.max_length": (512, "Appendix C.3: maximum input length 512"),
-    "init.query.unsupervised.epochs": (3, "Appendix C.1.1 unsupervised InfoNCE; Table 17: 3 epochs"),
-    "init.query.unsupervised.batch_size": (19_200, "Table 17, unsupervised: global batch 19,200"),
-    "init.query.unsupervised.gradient_accumulation_steps": (1, "Table 17: global batch 19,200 per optimizer step"),
-    "init.query.unsupervised.lr": (1e-4, "Table 17, unsupervised: peak lr 1e-4"),
-    "init.query.unsupervised.warmup_ratio": (0.05, "Table 17, unsupervised: warm-up ratio 0.05"),
-    "init.query.unsupervised.learn_temperature": (True, "Appendix C.1.1: InfoNCE with a learnable temperature"),
-    "init.query.unsupervised.positives": ("title_text", "Appendix C.1.1: title-content pairs, in-batch negatives"),
-    "init.query.unsupervised.max_length": (512, "Appendix C.3: maximum input length 512"),
-    "stage1.enabled": (True, "§4.2.1: stage I, query alignment with the document tower frozen"),
-    "stage1.include_corpus": (True, "§4.2.1: self-contrastive alignment on unlabeled texts"),
-    "stage1.max_texts": (None, "§4.2.1: every unlabeled text (millions in the paper), no subset"),
-    "stage1.max_corpus_texts": (None, "§4.2.1: every unlabeled text (millions in the paper), no subset"),
-    "stage1.distill_weight": (0.0, "§4.2.1: eq. 3 alone (no ranking distillation over the corpus)"),
-    "stage1.corpus_units": ("documents", "§4.2.1: the unlabeled texts as they are (not split into sentences)"),
-    "stage1.epochs": (1, "Appendix C.3 / Table 17, stage I: 1 epoch"),
-    "stage1.batch_size": (2560, "Table 17, stage I: global batch 2,560"),
-    "stage1.gradient_accumulation_steps": (1, "Table 17: global batch 2,560 per optimizer step"),
-    "stage1.lr": (1e-4, "Table 17, stage I: peak lr 1e-4"),
-    "stage1.warmup_ratio": (0.05, "Table 17, stage I: warm-up ratio 0.05"),
-    "stage1.max_length": (512, "Appendix C.3: maximum input length 512"),
-    "stage2.enabled": (True, "§4.2.2: stage II, joint fine-tuning (eq. 4)"),
-    "stage2.train_document": (True, "§4.2.2: both encoders unfrozen (the document tower through its LoRA)"),
-    "stage2.epochs": (1, "Appendix C.3 / Table 17, stage II: 1 epoch"),
-    "stage2.batch_size": (640, "Table 17, stage II: global batch 640"),
-    "stage2.gradient_accumulation_steps": (1, "Table 17: global batch 640 per optimizer step"),
-    "stage2.lr": (1e-4, "Table 17, stage II: peak lr 1e-4, the same for both encoders (C.3)"),
-    "stage2.warmup_ratio": (0.05, "Table 17, stage II: warm-up ratio 0.05"),
-    "stage2.query_max_length": (512, "Appendix C.3: maximum input length 512 (queries)"),
-    "stage2.document_max_length": (512, "Appendix C.3: maximum input length 512 (documents)"),
-    "stage2.align_weight": (0.0, "§4.2.2: stage II is eq. 4 alone (no stage-I alignment kept on)"),
-}
+#: ``medadapt train --paper``: the paper's settings, with where it states each (``paper.yaml`` here).
+PAPER = load_paper(Path(__file__).with_name("paper.yaml"))
 
 
 def frozen_base(recipe: CareRecipe, ctx: RunContext):

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import time
 import weakref
+from pathlib import Path
 
 import medadapt.hyrec.train as hyrec_train
 from medadapt.cache import backbone_view
@@ -24,16 +25,32 @@ from medadapt.data import load_beir
 from medadapt.data.jsonl import field, iter_jsonl
 from medadapt.errors import ConfigError, DataError
 from medadapt.eval.metrics import evaluate_run
-from medadapt.hyrec.data import (CachedDenseInputs, SharedStateCache, build_examples, filter_pairs,
-                                 load_pairs, score_pairs, share_miner_encoding)
+from medadapt.hyrec.data import (
+    CachedDenseInputs,
+    SharedStateCache,
+    build_examples,
+    filter_pairs,
+    load_pairs,
+    score_pairs,
+    share_miner_encoding,
+)
 from medadapt.hyrec.evaluate import evaluate_hyrec
 from medadapt.hyrec.model import HyReCConfig, HyReCModel
 from medadapt.hyrec.sections import (  # noqa: F401 - re-exported: the sections are the Python API's configs
-    HyReCDataSection, HyReCEvalSection, HyReCLossSection, HyReCModelSection, HyReCRecipe, HyReCTrainingSection,
-    NegativesSection, PrefinetuneSection, PretrainSection)
+    HyReCDataSection,
+    HyReCEvalSection,
+    HyReCLossSection,
+    HyReCModelSection,
+    HyReCRecipe,
+    HyReCTrainingSection,
+    NegativesSection,
+    PrefinetuneSection,
+    PretrainSection,
+)
 from medadapt.models import load
 from medadapt.plan import ModelSpec, PhaseSpec, PlanSpec, Usage, find_config
 from medadapt.plan.memory import mlm_logit_bytes
+from medadapt.systems import load_paper
 
 __all__ = ["HyReCDataSection", "HyReCEvalSection", "HyReCLossSection", "HyReCModelSection", "HyReCRecipe",
            "HyReCTrainingSection", "NegativesSection", "PrefinetuneSection", "PretrainSection", "evaluate",
@@ -154,7 +171,6 @@ def _pretrain_texts(pt: PretrainSection, data, splits: list[str], ctx) -> list[s
     """The pre-training texts (see :class:`PretrainSection`): distinct, shuffled with the run's seed, capped
     at ``max_texts``. ``data``: the recipe's loaded BEIR data when ``pt.data`` is unset."""
     import random
-    from pathlib import Path
 
     texts: list[str] = []
     if data is None:
@@ -211,33 +227,8 @@ def evaluate_modes(model, data, ev: HyReCEvalSection, *, cache=None, state_cache
     return out
 
 
-#: ``medadapt train --paper``: HyReC's fine-tuning as §3 / §4.1.3 / Appendix A-B give it (the small model's batch).
-#: The backbone and its depth, data and the negatives' miner stay the recipe's (the paper's backbone is not public).
-PAPER = {
-    "model.variant": ("full", "§3: every encoder and projector trains"),
-    "model.pooling": ("cls", "§3.1: [CLS] pooling of the dense encoder"),
-    "model.query_max_length": (64, "§4.1.3: query length 64"),
-    "model.passage_max_length": (256, "§4.1.3: passage length 256"),
-    "model.union_context": (0, "eq. (4): a linear union projector"),
-    "model.term_bias": (False, "eq. (5): no per-term bias"),
-    "model.dense_weight": (1.0, "eq. (15): S = S_lex + S_den"),
-    "negatives.source": ("dense", "Appendix B: hard negatives from a first-stage dense retriever's ANN ranks"),
-    "negatives.window": ([20, 100], "Appendix B: ranks 20-100"),
-    "negatives.num": (3, "Appendix B: 3 hard negatives per query"),
-    "loss.temperature": (0.05, "§3.4: InfoNCE at tau = 0.05"),
-    "loss.lexical_weight": (1.0, "eq. (14): L = L_lex + L_den + L_union"),
-    "loss.dense_weight": (1.0, "eq. (14)"),
-    "loss.union_weight": (1.0, "eq. (14)"),
-    "training.lr": (5e-5, "Appendix A: lr 5e-5"),
-    "training.weight_decay": (0.01, "Appendix A: weight decay 0.01"),
-    "training.epochs": (5, "Appendix A: 5 epochs (small model)"),
-    "training.batch_size": (64, "Appendix A: batch 64 (small model)"),
-    "training.train_dense_encoder": (True, "§3: everything trains"),
-    "training.train_lexicon_encoder": (True, "§3: everything trains"),
-    "training.state_cache": ("off", "a training encoder has no cacheable states"),
-    "training.dense_inputs": ("model", "a training encoder has no cacheable states"),
-    "eval.dense_source": ("model", "a trained encoder has no cached states to read"),
-}
+#: ``medadapt train --paper``: the paper's settings, with where it states each (``paper.yaml`` here).
+PAPER = load_paper(Path(__file__).with_name("paper.yaml"))
 
 def plan_spec(recipe: HyReCRecipe):
     """What ``medadapt plan`` needs (:mod:`medadapt.plan`): the GLAE encoder (the backbone's first

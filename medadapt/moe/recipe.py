@@ -41,22 +41,29 @@ import numpy as np
 import torch
 from pydantic import Field, field_validator, model_validator
 
+from medadapt import models as model_io
 from medadapt.adapters.compose import base_kind, branch_kind, check_composition
 from medadapt.adapters.types import adapter_type_of
 from medadapt.config import Section, validate_each
 from medadapt.curation.mining_config import MiningConfig
 from medadapt.data import domain_of, load_beir, merge_beir
 from medadapt.errors import ConfigError
-from medadapt import models as model_io
 from medadapt.moe.backbone import backbone_stage, text_items
 from medadapt.moe.domains import fit_domain_routing
 from medadapt.moe.peers import MoEEvalSection, peers_problem, run_peers
 from medadapt.moe.schedule import expert_load_log, head_stages, head_training, merge_routing_stats
+from medadapt.moe.sections import (
+    HeadSection,
+    InfoNCESection,
+    LossSection,
+    MoEHeadSection,
+    MoETrainingSection,
+    NoHead,
+)
 from medadapt.plan import LoraSpec, ModelSpec, PhaseSpec, PlanSpec, Usage, find_config
-from medadapt.moe.sections import (HeadSection, InfoNCESection, LossSection, MoEHeadSection,
-                                   MoETrainingSection, NoHead)
 from medadapt.recipes.base import DataSection, LoraSection, RecipeBase
 from medadapt.recipes.run import RunContext, evaluate_dense
+from medadapt.systems import load_paper
 from medadapt.training.lora import attach_lora, merge_lora
 from medadapt.training.pairs import pairs_from_qrels, prepare_head_training
 
@@ -372,22 +379,8 @@ def _train_slow(recipe: MoERecipe, model, data, ctx: RunContext) -> None:
     merge_lora(model)  # the saved folder loads without PEFT
 
 
-#: ``medadapt train --paper``: Med-MoE-Embed's equations (1)-(3) and §III-B's experts exactly. The backbone,
-#: data, negatives and schedule stay the recipe's (the paper gives no lr / batch; K_r is not given either).
-PAPER = {
-    "head.kind": ("moe", "§III: a MoE head on the frozen embedding v"),
-    "head.shared_experts": (["mlp_swiglu"], "§III-B: one shared MLP-SwiGLU expert"),
-    "head.routed_experts": (["mlp_swiglu", "mlp_gelu", "kan", "mlp_kan"], "§III-B: the four routed expert kinds"),
-    "head.expansion": (4, "§III-B: every expert maps h -> 4h -> h"),
-    "head.residual": (False, "eq. (1): the head's output h is the embedding (it replaces v)"),
-    "head.residual_scale": (1.0, "eq. (1): no interpolation with v"),
-    "head.zero_init_output": (False, "eq. (1) without a residual: a zero-initialised h would output nothing"),
-    "head.expert_options": ({"kan": {"grid_size": 5}, "mlp_kan": {"groups": 1, "grid_size": 5}},
-                            "§III-B: full KAN layers (grid not given; pykan's default 5), MLP-KAN not block-diagonal"),
-    "head.renormalize_top_k": (False, "eq. (2): g_i = s_i, the kept experts' raw softmax affinities (not "
-                                      "renormalised to sum to 1)"),
-    "loss.temperature": (1.0, "eq. (3): InfoNCE on plain sim(q, d), no temperature"),
-}
+#: ``medadapt train --paper``: the paper's settings, with where it states each (``paper.yaml`` here).
+PAPER = load_paper(Path(__file__).with_name("paper.yaml"))
 
 def plan_spec(recipe: MoERecipe):
     """What ``medadapt plan`` needs (:mod:`medadapt.plan`). Fast path: the frozen backbone encodes the
