@@ -90,7 +90,8 @@ def main() -> int:
 
     from medadapt.care import (QueryAlignmentLoss, align_queries, build_asymmetric_model, evaluate_asymmetric,
                                joint_finetune, mined_pairs, self_contrastive_texts, teacher_targets)
-    from medadapt.care.recipe import CareRecipe, build_document_tower, build_query_tower
+    from medadapt.care.model import build_document_tower, build_query_tower
+    from medadapt.care.sections import CareRecipe
     from medadapt.cache import EmbeddingCache
     from medadapt.data import load_beir
     from medadapt.eval import evaluate_retrieval

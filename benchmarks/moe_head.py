@@ -29,7 +29,7 @@ TEST_METRICS = ["ndcg@10", "recall@100", "mrr@10"]
 
 
 def head_configs(dim: int, expansion: int, grid: int, scale: float):
-    from medadapt.heads import MoEConfig
+    from medadapt.moe import MoEConfig
 
     kan = {"grid_size": grid}
     return {
@@ -101,9 +101,8 @@ def main() -> int:
     from medadapt.curation.mining_config import MiningConfig
     from medadapt.data import load_beir
     from medadapt.eval import dense_run, evaluate_run
-    from medadapt.heads import MoEHead
     from medadapt.models import load
-    from medadapt.moe import MoETrainingSection, encode_with_head, train_head
+    from medadapt.moe import MoEHead, MoETrainingSection, encode_with_head, train_head
     from medadapt.training.pairs import prepare_head_training
 
     torch.manual_seed(0)

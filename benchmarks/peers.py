@@ -3,14 +3,20 @@ on real patients' questions (questiondoctors) and MedQuAD, every trained row sco
 
     python benchmarks/peers.py --sets questiondoctors,medquad-mini,medquad \\
         --finetune-results /path/to/peers_finetune/out[,more] --output benchmarks/results/peers.json
+    python benchmarks/peers.py --rows hybrid,care --train-on questiondoctors,medquad-mini \\
+        --output benchmarks/results/peers_extra.json    # only the composed hybrid and CARE rows
 
 Rows (each trained on one set's train split, settings chosen on that set's dev split, never on test):
 BM25 (bm25s), the frozen packaged all-MiniLM-L6-v2, medadapt's ``linear`` query adapter (identity-initialised
 d x d on the query embedding, in-batch negatives: LlamaIndex's / Chroma's adapter), ``search_adaptor``
 (residual, zero-initialised, both sides), the Med-MoE-Embed head (both sides and query-only), and the full and
 LoRA fine-tunes of ``benchmarks/peers_finetune.py`` (sentence-transformers MNRL; run on a GPU, read back as top-100
-runs and scored here with the same metric code). ``multidomain`` rows train on MedQuAD + questiondoctors together
-(``recipes/medical-multidomain.yaml``).
+runs and scored here with the same metric code), the composed hybrid (``recipes/med-moe-embed-hybrid.yaml``: the
+MoE head plus HyReC's learned-lexical branch, scored in hybrid mode with the fusion weight the recipe chooses on the
+training set's dev split) and the CARE query tower (``recipes/care-minilm-1layer.yaml``: a 1-layer query tower
+aligned to the frozen MiniLM document embeddings, read from the cache: documents are not re-encoded).
+``multidomain`` rows train on MedQuAD + questiondoctors together (``recipes/medical-multidomain.yaml``).
+``--rows`` picks the row groups to compute (the frozen model is always measured: every CI is against it).
 
 Every figure comes from one scorer (pytrec_eval through medadapt.eval) and one embedding cache; the paired
 bootstrap CI (10,000 resamples) is of the row minus the frozen model on the same test queries.
@@ -54,6 +60,17 @@ HEADS: dict[str, tuple[dict, bool, list[dict]]] = {
 LARGE = {"medquad"}
 LARGE_GRID = [{"training": {"epochs": 5, "lr": 3e-4}}, {"training": {"epochs": 5, "lr": 3e-3}}]
 
+#: row groups of --rows (``multidomain`` and the fine-tunes keep their own switches)
+ROWS = ("bm25", "fusion", "heads", "hybrid", "care")
+#: lexical-vs-dense weights of the untrained hybrid (BM25 + frozen MiniLM, min-max fusion), chosen on dev
+FUSION_WEIGHTS = (0.25, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 8.0)
+#: the composed rows, each trained as its recipe ships (the hybrid's one dev choice is its fusion weight)
+HYBRID_RECIPE = "med-moe-embed-hybrid.yaml"
+CARE_RECIPE = "care-minilm-1layer.yaml"
+#: CARE's dev points, one row each (the shipped stage I aligns on the training questions and 1,000 random
+#: documents; the second on every corpus document: unlabeled text, no test question)
+CARE_VARIANTS = {"as shipped": [], "stage I on every document": ["stage1.max_corpus_texts=null"]}
+
 
 def merged(base: dict, extra: dict) -> dict:
     out = copy.deepcopy(base)
@@ -70,8 +87,11 @@ def data_path(args, name: str) -> str:
 def main() -> int:
     p = base_parser(__doc__.splitlines()[0])
     p.add_argument("--sets", default="questiondoctors,medquad-mini,medquad")
-    p.add_argument("--train-on", default=None, help="comma subset of --sets to train heads on (default: all)")
+    p.add_argument("--train-on", default=None, help="comma subset of --sets to train rows on (default: all)")
+    p.add_argument("--rows", default=",".join(ROWS),
+                   help=f"comma subset of the row groups {','.join(ROWS)} (frozen is always measured)")
     p.add_argument("--heads", default=",".join(HEADS), help="comma subset of head rows")
+    p.add_argument("--care-variants", default=",".join(CARE_VARIANTS), help="comma subset of the CARE dev points")
     p.add_argument("--multidomain", action="store_true", help="add recipes/medical-multidomain.yaml rows")
     p.add_argument("--finetune-results", default="", help="peers_finetune.py output folders, comma-separated")
     p.add_argument("--work", type=Path, default=Path("/tmp/medadapt-peers"), help="run folders go here")
@@ -80,6 +100,9 @@ def main() -> int:
                    help="JSONL of finished rows (with per-query scores): rows found there are not recomputed, "
                         "new ones are appended, so an interrupted run goes on where it stopped")
     args = p.parse_args()
+    groups = set(filter(None, args.rows.split(",")))
+    if groups - set(ROWS):
+        p.error(f"--rows: unknown row group(s) {sorted(groups - set(ROWS))}; choose from {', '.join(ROWS)}")
 
     import numpy as np
     import yaml
@@ -146,14 +169,36 @@ def main() -> int:
     if not cached("frozen"):
         score("frozen", "frozen all-MiniLM-L6-v2", "-", model_runs(frozen),
               {"train s": 0.0, "re-encode": "no", "size": "-"})
-    if not cached("bm25"):
+    if "bm25" in groups and not cached("bm25"):
         score("bm25", "BM25 (bm25s, English stemmer)", "-", {s: bm25_run(data[s], "test") for s in sets},
               {"train s": 0.0, "re-encode": "no", "size": "-"})
     print(f"baselines in {time.perf_counter() - t:.0f}s", flush=True)
 
+    # --- the untrained hybrid a user would try first (the control for the composed hybrid's lexical side):
+    # BM25 + frozen MiniLM, min-max fusion of the two top-100 lists, dense weight chosen on the set's dev split
+    def frozen_run(s: str, split: str) -> dict:
+        return evaluate_retrieval(frozen, data[s], split, ["ndcg@10"], cache=cache, show_progress=False,
+                                  return_run=True)[1]
+
+    for trained_on in (args.train_on.split(",") if args.train_on else sets) if "fusion" in groups else []:
+        if cached(f"fusion|{trained_on}"):
+            continue
+        from medadapt.retrieval.fusion import fuse_runs
+
+        pair = (bm25_run(data[trained_on], "dev"), frozen_run(trained_on, "dev"))
+        curve = {w: evaluate_run(data[trained_on].qrels["dev"], fuse_runs(pair, "minmax", [1.0, w], k=100),
+                                 ["ndcg@10"])["ndcg@10"] for w in FUSION_WEIGHTS}
+        best = max(curve, key=curve.get)
+        score(f"fusion|{trained_on}", "BM25 + frozen MiniLM (min-max fusion, untrained)", trained_on,
+              {s: fuse_runs((bm25_run(data[s], "test"), frozen_run(s, "test")), "minmax", [1.0, best], k=100)
+               for s in sets},
+              {"dev ndcg@10": round(curve[best], 4), "chosen": f"dense weight {best:g} (of {len(curve)} on dev)",
+               "train s": 0.0, "re-encode": "no (BM25 index beside the cached vectors)", "size": "-",
+               "dev curve": {f"{w:g}": round(v, 4) for w, v in curve.items()}})
+
     # --- heads trained here (CPU, cached embeddings)
     train_on = args.train_on.split(",") if args.train_on else sets
-    for head_name in filter(None, args.heads.split(",")):
+    for head_name in filter(None, args.heads.split(",") if "heads" in groups else []):
         spec, query_only, grid = HEADS[head_name]
         for trained_on in train_on:
             if cached(f"{head_name}|{trained_on}"):
@@ -186,6 +231,91 @@ def main() -> int:
                    "train s": round(res.train_seconds, 1),
                    "re-encode": "no" if query_only else "head over cached corpus",
                    "size": f"{size / 1e6:.2f} MB"})
+
+    def recipe_for(name: str, trained_on: str, overrides: tuple = ()):
+        # evaluate=False below: the run itself reports nothing; the hybrid's fusion weight is chosen on dev
+        return load_recipe(ROOT / "recipes" / name, [f"data.path={data_path(args, trained_on)}", "eval.split=test",
+                                                     "eval.expected={}", *overrides])
+
+    def folder_size(out: Path) -> str:
+        return f"{sum(f.stat().st_size for f in out.rglob('*') if f.is_file()) / 1e6:.2f} MB"
+
+    # --- the composed hybrid: MoE head + HyReC learned-lexical branch, hybrid mode, fusion weight chosen on dev
+    # (a head on the query route cannot be composed with the branch on a one-tower base: ConfigError by design)
+    for trained_on in train_on if "hybrid" in groups else []:
+        if cached(f"hybrid|{trained_on}"):
+            continue
+        from medadapt.hyrec.data import SharedStateCache
+        from medadapt.hyrec.evaluate import evaluate_hyrec
+
+        recipe = recipe_for(HYBRID_RECIPE, trained_on)
+        out = args.work / f"hybrid-{trained_on}"
+        t = time.perf_counter()
+        res = run_recipe(recipe, out, cache=cache, evaluate=False, overwrite=True, show_progress=False,
+                         log=lambda m: print(f"  {m}", flush=True))
+        wall = time.perf_counter() - t
+        ev = recipe.branches[-1].eval
+        disk = recipe.branches[-1].training.state_cache == "disk"
+        # batches of 256 (not 32) here and in evaluate_hyrec: every batch re-checks the shared layers' weights
+        # (a norm over ~13M parameters), two thirds of the scoring time at 32 on this CPU; same states, same runs
+        states = SharedStateCache(SharedStateCache.default_root(), batch_size=256) if disk else None
+        runs, extra = {}, {}
+        for s in sets:  # one encoding pass per set gives the lexical, dense and hybrid runs
+            _, by_mode = evaluate_hyrec(res.model, data[s], "test", "hybrid", METRICS, cache=cache,
+                                        state_cache=states, dense_source=ev.dense_source, fusion=ev.fusion,
+                                        batch_size=max(ev.batch_size, 256), show_progress=False, return_runs=True,
+                                        cached_lexicon=disk)
+            runs[s] = by_mode["hybrid"]
+            for mode in ("lexical", "dense"):
+                extra[f"{s} {mode} ndcg@10"] = round(
+                    evaluate_run(data[s].qrels["test"], by_mode[mode], ["ndcg@10"])["ndcg@10"], 4)
+        tuning = res.details.get("dense_weight_tuning", {})
+        weight = res.model.config.dense_weight
+        score(f"hybrid|{trained_on}", "MoE head + learned lexical (med-moe-embed-hybrid.yaml), hybrid", trained_on,
+              runs, {"dev ndcg@10": round(tuning.get("ndcg@10", {}).get(f"{weight:g}", float("nan")), 4),
+                     "chosen": f"dense_weight {weight:g} (of {len(tuning.get('ndcg@10', {}))} on dev)",
+                     "train s": round(res.train_seconds or wall, 1), "wall s": round(wall, 1),
+                     "re-encode": "head over cached corpus + lexical index (2 layers)", "size": folder_size(out),
+                     **extra, "dense_weight_tuning": tuning})
+
+    # --- CARE: a 1-layer query tower aligned to frozen MiniLM's document embeddings (cached, never re-encoded)
+    care_points = [(t, v) for t in train_on for v in filter(None, args.care_variants.split(","))]
+    for trained_on, variant in care_points if "care" in groups else []:
+        key = f"care|{trained_on}" + ("" if variant == "as shipped" else f"|{variant}")
+        if cached(key):
+            continue
+        from medadapt.care.model import tower
+        from medadapt.eval.retrieval import dense_run
+
+        recipe = recipe_for(CARE_RECIPE, trained_on, CARE_VARIANTS[variant])
+        out = args.work / f"care-{trained_on}" if variant == "as shipped" else \
+            args.work / f"care-{trained_on}-{variant.replace(' ', '-')}"
+        t = time.perf_counter()
+        res = run_recipe(recipe, out, cache=cache, evaluate=False, overwrite=True, show_progress=False,
+                         log=lambda m: print(f"  {m}", flush=True))
+        wall = time.perf_counter() - t
+
+        def care_run(model, s: str, split: str) -> dict:
+            """The run of medadapt.care.evaluate.evaluate_asymmetric: queries through the query tower, documents
+            through the document tower via the cache (frozen MiniLM's cached vectors)."""
+            queries = data[s].split_queries(split)
+            qids = list(queries)
+            q = tower(model, "query").encode_query([queries[i] for i in qids], batch_size=64,
+                                                   convert_to_numpy=True, show_progress_bar=False)
+            d = cache.encode(tower(model, "document"), data[s].doc_texts(), role="document", batch_size=64,
+                             show_progress=False)
+            return dense_run(qids, np.asarray(q, dtype=np.float32), data[s].doc_ids, d, 100, "cosine")
+
+        names = trained_on.split("+")
+        dev = float(np.mean([evaluate_run(data[n].qrels["dev"], care_run(res.model, n, "dev"),
+                                          ["ndcg@10"])["ndcg@10"] for n in names]))
+        score(key, "CARE 1-layer query tower (care-minilm-1layer.yaml)", trained_on,
+              {s: care_run(res.model, s, "test") for s in sets},
+              {"dev ndcg@10": round(dev, 4), "chosen": variant,
+               "train s": round(res.train_seconds or wall, 1), "wall s": round(wall, 1),
+               "re-encode": "no (documents: frozen MiniLM, cached)",
+               "size": f"{folder_size(out)} (query tower {folder_size(out / 'query_0_Transformer')}; the rest "
+                       "is the frozen document tower)"})
 
     if args.multidomain and not cached("multidomain"):
         recipe = load_recipe(ROOT / "recipes" / "medical-multidomain.yaml")

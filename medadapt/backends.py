@@ -1,12 +1,11 @@
 """CPU inference backends for the transformer of a loaded model: ``torch`` (default), ``onnx``, ``onnx-int8``
 (ONNX Runtime dynamic quantisation) and ``openvino``.
 
-``medadapt.load(name, backend=...)`` swaps the weights inside every sentence-transformers ``Transformer`` module
-for an exported graph (:class:`BackendModel`); tokenizer, pooling, ``Normalize`` and medadapt heads stay torch.
-Exports are made once per source weights under ``<cache>/exports/<fingerprint>/``, checked against torch and by
-SHA-256, and each backend has its own fingerprint (:func:`backend_key`) so caches and indexes never mix
-backends. Hand-written because sentence-transformers' own backends need optimum, which pins an older
-transformers. Details and limits: docs/cache.md, "CPU backends".
+``medadapt.load(name, backend=...)`` swaps the weights inside every ``Transformer`` module for an exported
+graph (:class:`BackendModel`); the rest stays torch. Exports are made once per source weights under
+``<cache>/exports/<fingerprint>/``, checked against torch and by SHA-256; each backend has its own fingerprint
+(:func:`medadapt.identity.backend_key`). Hand-written because sentence-transformers' backends need optimum,
+which pins an older transformers. Details and limits: docs/cache.md, "CPU backends".
 """
 
 from __future__ import annotations
@@ -23,7 +22,7 @@ from typing import Any
 
 from medadapt.cache import default_cache_dir, namespace_lock
 from medadapt.errors import MedAdaptError, ModelLoadError, warn
-from medadapt.identity import backend_key, modules_fingerprint, sha256_file  # noqa: F401 - backend_key re-exported
+from medadapt.identity import modules_fingerprint, sha256_file
 from medadapt.io import atomic_write_json, file_mode
 
 #: Valid backend names; extra and import names of what each needs beyond medadapt's own dependencies.
@@ -47,8 +46,7 @@ def check_backend(name: str) -> str:
 
 
 def require_backend(name: str) -> None:
-    """Import what backend ``name`` needs; a missing package raises one :class:`MedAdaptError` saying what to
-    ``pip install``."""
+    """Import what backend ``name`` needs; a missing package is one :class:`MedAdaptError` naming the extra."""
     spec = BACKENDS[check_backend(name)]
     for module in spec["modules"]:
         try:
@@ -67,10 +65,8 @@ def export_root() -> Path:
 
 
 class BackendModel:
-    """Marker base of the module that stands in for the Hugging Face model inside a sentence-transformers
-    ``Transformer`` module (built by :func:`_make_backend_model`, a ``torch.nn.Module`` without parameters,
-    so torch need not be imported here): ``forward(input_ids, attention_mask, token_type_ids)`` runs the
-    exported graph and returns ``{"last_hidden_state": tensor}``; ``medadapt_backend_key`` is its cache key."""
+    """Marker base of the parameter-free module that stands in for a ``Transformer``'s Hugging Face model
+    (:func:`_make_backend_model`): its ``forward`` runs the graph, ``medadapt_backend_key`` is its cache key."""
 
 
 def _make_backend_model(backend: str, path: Path, config, input_names: list[str], key: str,
@@ -147,8 +143,7 @@ def _input_names(transformer, features: dict) -> list[str]:
 
 
 def _export_onnx(transformer, target: Path) -> list[str]:
-    """Export ``transformer``'s Hugging Face model to ``target`` (a temporary path) and check it against
-    torch on a batch of other shapes; returns the graph's input names."""
+    """Export ``transformer``'s model to ``target``, checked against torch on other shapes; its input names."""
     import numpy as np
     import torch
 
@@ -199,8 +194,7 @@ def _run_check(path: Path, names: list[str], features: dict):
 
 
 def _quantize(source: Path, target: Path) -> None:
-    """int8 dynamic quantisation (weights int8 per channel, activations quantised at run time) with ONNX
-    Runtime's ``quantize_dynamic``."""
+    """ONNX Runtime's int8 dynamic quantisation (weights per channel, activations at run time)."""
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
     import logging
@@ -215,12 +209,18 @@ def _quantize(source: Path, target: Path) -> None:
         logging.disable(logging.NOTSET)
 
 
-def _install(tmp: Path, folder: Path, name: str, meta: dict) -> None:
-    """Rename ``tmp`` to ``folder/name`` (same file system), then record its hash in ``meta.json``."""
-    os.chmod(tmp, file_mode())
-    os.replace(tmp, folder / name)
-    meta.setdefault("files", {})[name] = sha256_file(folder / name)
-    atomic_write_json(folder / "meta.json", meta)
+def _build(folder: Path, name: str, meta: dict, make) -> None:
+    """``make(tmp)`` writes the file in a temporary folder beside it; it is renamed to ``folder/name`` and
+    its hash recorded in ``meta.json``."""
+    work = Path(tempfile.mkdtemp(prefix=".export-", dir=folder))
+    try:
+        make(work / name)
+        os.chmod(work / name, file_mode())
+        os.replace(work / name, folder / name)
+        meta.setdefault("files", {})[name] = sha256_file(folder / name)
+        atomic_write_json(folder / "meta.json", meta)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
 
 
 def _read_meta(folder: Path) -> dict:
@@ -238,9 +238,8 @@ def _valid(folder: Path, name: str, meta: dict) -> bool:
 
 
 def ensure_export(transformer, backend: str, fingerprint, root: Path | None = None) -> tuple[Path, list[str], str]:
-    """``(graph file, input names, source fingerprint)`` for ``transformer`` on ``backend``, exporting (and
-    quantising) once per source weights under the export folder's lock. ``fingerprint``: a function of a
-    list of modules (:func:`medadapt.identity.modules_fingerprint`) naming the export folder."""
+    """``(graph file, input names, source fingerprint)`` for ``transformer`` on ``backend``, exported (and
+    quantised) once per source weights under the folder's lock; ``fingerprint(modules)`` names the folder."""
     source = fingerprint([transformer])
     folder = (root or export_root()) / source
     try:
@@ -254,20 +253,9 @@ def ensure_export(transformer, backend: str, fingerprint, root: Path | None = No
             warn(f"exported model {folder / name} fails its checksum; exporting it again")
         if not _valid(folder, "model.onnx", meta):
             meta = {"source_fingerprint": source, "format": 1, "files": {}}
-            work = Path(tempfile.mkdtemp(prefix=".export-", dir=folder))
-            try:
-                names = _export_onnx(transformer, work / "model.onnx")
-                meta["inputs"] = names
-                _install(work / "model.onnx", folder, "model.onnx", meta)
-            finally:
-                shutil.rmtree(work, ignore_errors=True)
+            _build(folder, "model.onnx", meta, lambda tmp: meta.update(inputs=_export_onnx(transformer, tmp)))
         if name != "model.onnx" and not _valid(folder, name, meta):
-            work = Path(tempfile.mkdtemp(prefix=".export-", dir=folder))
-            try:
-                _quantize(folder / "model.onnx", work / name)
-                _install(work / name, folder, name, meta)
-            finally:
-                shutil.rmtree(work, ignore_errors=True)
+            _build(folder, name, meta, lambda tmp: _quantize(folder / "model.onnx", tmp))
         names = list(meta.get("inputs") or ["input_ids", "attention_mask"])
     return folder / name, names, source
 
@@ -275,11 +263,8 @@ def ensure_export(transformer, backend: str, fingerprint, root: Path | None = No
 def apply_backend(model, backend: str, *, fingerprint=modules_fingerprint, threads: int | None = None,
                   root: Path | None = None):
     """Run every ``Transformer`` module of ``model`` (loaded with torch) on ``backend``, in place; returns
-    ``model`` (:func:`medadapt.load` calls it; ``fingerprint``: a function of a list of modules naming the export
-    folder, :func:`medadapt.identity.modules_fingerprint`).
-    ``threads``: intra-op threads of the runtime (default ``torch.get_num_threads()``, so
-    ``torch.set_num_threads`` / ``OMP_NUM_THREADS`` govern every backend alike).
-    ``root``: export folder (default :func:`export_root`)."""
+    ``model``. ``threads``: the runtime's intra-op threads (default ``torch.get_num_threads()``); ``root``:
+    export folder (default :func:`export_root`)."""
     check_backend(backend)
     if backend == "torch":
         return model

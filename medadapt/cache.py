@@ -1,18 +1,12 @@
-"""On-disk embedding cache: encode each text once per model setting and reuse it everywhere.
-
-sentence-transformers and FAISS have no persistent, text-keyed embedding store, and training heads on frozen
-backbones needs one. A namespace per (backbone fingerprint, max length, role, prompt, dtype) holds atomic,
-checksummed safetensors shards of *backbone* outputs keyed by a hash of each text; heads and ``Normalize`` run
-on read, and a ``Router`` model is cached per route. Shard reading and verification live in
-:mod:`medadapt.cache_shards`. Layout, integrity, locking, threads and out-of-core reads: docs/cache.md and
-docs/guarantees.md.
+"""On-disk embedding cache: encode each text once per model setting and reuse it (no library keeps a
+persistent, text-keyed embedding store). Namespaces, integrity, locking and out-of-core reads: docs/cache.md;
+shard files: :mod:`medadapt.cache_shards`.
 """
 
 from __future__ import annotations
 
 import contextlib
 import hashlib
-import json
 import os
 import uuid
 import warnings
@@ -22,32 +16,18 @@ from typing import Literal
 
 import numpy as np
 
-from medadapt.cache_shards import (  # noqa: F401 - re-exported: the shard format is part of the cache's API
-    CachedEmbeddings,
-    ShardIndex,
-    ShardLayout,
-    _CorruptShard,
-    _remember_verified,
-    _sha256,
-    apply_embedding_modules,
-    hash_keys,
-    read_embeddings,
-    read_hashes,
-    read_layout,
-    torch_no_grad_lazy,
-    verified_layout,
-)
+from medadapt.cache_shards import (CachedEmbeddings, ShardIndex, _CorruptShard, _remember_verified,
+                                   _sha256, apply_embedding_modules, hash_keys, read_embeddings, read_hashes)
 from medadapt.errors import DataError, MedAdaptError, MedAdaptWarning
-from medadapt.identity import modules_fingerprint
+from medadapt.identity import json_fingerprint, modules_fingerprint
 from medadapt.io import atomic_open, atomic_write_json
 from medadapt.locks import model_lock, path_lock
 from medadapt.progress import progress
 
 Role = Literal["query", "document", "plain"]
 CACHE_FORMAT = 1
-#: Characters of a text handed to the model per token of ``max_seq_length``. English runs ~4-5 characters
-#: per token and even code or URLs stay under ~10, so 32 never cuts text the tokenizer would have kept;
-#: :func:`clip_text` widens the budget anyway when the clipped text yields too few tokens.
+#: Characters of a text handed to the model per token of ``max_seq_length`` (English runs ~4-5, code and
+#: URLs under ~10); :func:`clip_text` widens it when the clipped text yields too few tokens.
 CLIP_CHARS_PER_TOKEN = 32
 _CLIP_MAX_GROWTH = 64  # the widened budget stops at 64x (2,048 characters per token), then clips regardless
 _MAX_ROUNDS = 32  # encode rounds (corrupt shard found -> re-index, re-encode) before giving up
@@ -94,17 +74,15 @@ def effective_prompt(model, role: Role, prompt: str | None = None, prompt_name: 
 
 
 def is_embedding_module(module) -> bool:
-    """True for modules that read and write only ``features["sentence_embedding"]``: ``Normalize`` and
-    medadapt heads (which declare ``operates_on_sentence_embedding = True``). Such modules can run on cached
-    embeddings instead of on token features."""
+    """``Normalize`` and medadapt heads (``operates_on_sentence_embedding``): modules that run on cached
+    embeddings."""
     from sentence_transformers.base.modules import Normalize
 
     return isinstance(module, Normalize) or bool(getattr(module, "operates_on_sentence_embedding", False))
 
 
 def split_backbone(model) -> tuple[list, list]:
-    """Split a SentenceTransformer's modules into the *backbone* (everything up to the trailing run of
-    embedding-level modules) and the *embedding modules* (heads, ``Normalize``) after it."""
+    """A SentenceTransformer's modules as ``(backbone, trailing embedding-level modules)``."""
     modules = list(model._modules.values())
     i = len(modules)
     while i > 0 and is_embedding_module(modules[i - 1]):
@@ -114,21 +92,23 @@ def split_backbone(model) -> tuple[list, list]:
     return modules[:i], modules[i:]
 
 
-def backbone_view(model):
-    """A ``SentenceTransformer`` made of ``model``'s backbone modules only (shared, not copied), with the
-    same prompts; its ``encode`` returns the pooled embedding that heads and ``Normalize`` take."""
+def _view(model, modules: list):
+    """A ``SentenceTransformer`` of ``modules`` (shared, not copied) with ``model``'s prompts."""
     from sentence_transformers import SentenceTransformer
 
-    backbone, _ = split_backbone(model)
-    view = SentenceTransformer(modules=backbone, device=str(model.device), prompts=dict(model.prompts or {}))
+    view = SentenceTransformer(modules=modules, device=str(model.device), prompts=dict(model.prompts or {}))
     view.default_prompt_name = model.default_prompt_name
     return view
 
 
+def backbone_view(model):
+    """``model``'s backbone alone: its ``encode`` returns what heads and ``Normalize`` take."""
+    return _view(model, split_backbone(model)[0])
+
+
 def router_route(model, role: Role) -> str | None:
-    """The route of ``model``'s leading ``Router`` that ``encode_query`` (``role="query"``) or
-    ``encode_document`` (``role="document"``) runs for text, or ``None`` (other roles, no leading Router, no
-    such route, a route without a backbone module)."""
+    """The route of ``model``'s leading ``Router`` that ``encode_query`` / ``encode_document`` runs for
+    text, or ``None`` (role ``plain``, no leading Router or no such route with a backbone module)."""
     if role not in ("query", "document"):
         return None
     from sentence_transformers.base.modules import Router
@@ -145,30 +125,20 @@ def router_route(model, role: Role) -> str | None:
     return route
 
 
-def _route_view_modules(model, route: str) -> list:
-    modules = list(model._modules.values())
-    return list(modules[0].sub_modules[route]) + modules[1:]
-
-
 def route_view(model, role: Role):
-    """A ``SentenceTransformer`` of the ``role`` route's modules plus the modules after the ``Router``
-    (shared, same prompts): it encodes as ``model`` does for ``role`` and has the standalone tower's cache
-    namespace. ``None`` when ``model`` has no such route."""
+    """The ``role`` route's modules plus those after the ``Router``: encodes as ``model`` does for ``role``,
+    with the standalone tower's namespace; ``None`` without such a route."""
     route = router_route(model, role)
     if route is None:
         return None
-    from sentence_transformers import SentenceTransformer
-
-    view = SentenceTransformer(modules=_route_view_modules(model, route), device=str(model.device),
-                               prompts=dict(model.prompts or {}))
-    view.default_prompt_name = model.default_prompt_name
-    return view
+    modules = list(model._modules.values())
+    return _view(model, list(modules[0].sub_modules[route]) + modules[1:])
 
 
 def clip_text(encoder, text: str) -> str:
-    """``text`` cut to ``max_seq_length * CLIP_CHARS_PER_TOKEN`` characters so the tokenizer never sees a
-    whole multi-megabyte document; the budget grows (4x at a time, up to ``_CLIP_MAX_GROWTH``x) while the cut
-    yields fewer than ``2 * max_seq_length`` tokens, so the tokens the model keeps do not change."""
+    """``text`` cut to ``max_seq_length * CLIP_CHARS_PER_TOKEN`` characters (the tokenizer never sees a
+    multi-megabyte document), widened 4x at a time while the cut yields fewer than ``2 * max_seq_length``
+    tokens, so the tokens the model keeps do not change."""
     try:
         max_len = encoder.max_seq_length
     except Exception:  # noqa: BLE001 - e.g. a first module without one: no clip
@@ -201,9 +171,8 @@ def clip_text(encoder, text: str) -> str:
 
 @contextlib.contextmanager
 def namespace_lock(ns_dir: Path, shared: bool = False) -> Iterator[None]:
-    """Advisory lock on ``<ns_dir>/.lock``: writers of one namespace take turns (threads first on
-    :func:`medadapt.locks.path_lock`, then processes on ``fcntl.flock``, a no-op where unavailable).
-    ``shared=True`` is for the processes of one distributed encode, which write disjoint texts."""
+    """Writers of one namespace take turns: threads on :func:`medadapt.locks.path_lock`, processes on
+    ``fcntl.flock`` of ``<ns_dir>/.lock`` (where available); ``shared``: one distributed encode's processes."""
     with path_lock(ns_dir / ".lock"):
         with _flock(ns_dir, shared):
             yield
@@ -249,7 +218,7 @@ def _ensure_namespace(ns_dir: Path, meta: dict) -> None:
 
 
 def _embedding_tail(model, normalize: bool) -> list:
-    """The embedding-level modules applied to cached rows; without ``normalize``, minus trailing ``Normalize``."""
+    """The modules applied to cached rows; without ``normalize``, minus trailing ``Normalize``."""
     _, tail = split_backbone(model)
     if not normalize:
         from sentence_transformers.base.modules import Normalize
@@ -265,18 +234,12 @@ def _gave_up(ns_dir: Path) -> MedAdaptError:
 
 
 class EmbeddingCache:
-    """Text-keyed, sharded, crash-safe embedding cache.
-
-    Example::
-
-        cache = EmbeddingCache()                       # ~/.cache/medadapt/embeddings
-        docs = cache.encode(model, texts, role="document")
-        queries = cache.encode(model, questions, role="query")
+    """Text-keyed, sharded, crash-safe embedding cache (``cache.encode(model, texts, role="document")``).
 
     Args:
         root: cache folder (default :func:`default_cache_dir`).
         chunk_size: texts encoded between two shard writes.
-        dtype: storage dtype, ``"float32"`` or ``"float16"``; results are always returned as float32.
+        dtype: storage dtype, ``"float32"`` or ``"float16"``; rows are always returned as float32.
     """
 
     def __init__(self, root: str | Path | None = None, chunk_size: int = 1024, dtype: str = "float32"):
@@ -289,10 +252,8 @@ class EmbeddingCache:
         self.dtype = dtype
         self._unusable: set[Path] = set()  # corrupt shards that could not be renamed
 
-    # ------------------------------------------------------------------ keys
     def fingerprint(self, model) -> str:
-        """Fingerprint of the model's backbone modules (:func:`split_backbone`), hashed from the weights on
-        every call so a model changed in place gets a new namespace; other backends get their own."""
+        """The backbone's fingerprint, hashed on every call (a model changed in place gets a new namespace)."""
         return modules_fingerprint(split_backbone(model)[0])
 
     def role_fingerprint(self, model, role: Role) -> str:
@@ -301,9 +262,8 @@ class EmbeddingCache:
 
     @staticmethod
     def encoder_for(model, role: Role):
-        """The model the cache encodes and keys ``role`` with: ``model`` itself, or for an asymmetric
-        (``Router``) model and role ``"query"`` / ``"document"`` its :func:`route_view` (repeated while the
-        route itself starts with a Router). Views share ``model``'s modules and are cheap to build."""
+        """The model the cache encodes and keys ``role`` with: ``model``, or a ``Router`` model's
+        :func:`route_view` (repeated while the route starts with a Router)."""
         for _ in range(16):
             view = route_view(model, role)
             if view is None:
@@ -312,22 +272,20 @@ class EmbeddingCache:
         raise ValueError("Router routes nested more than 16 deep")
 
     def namespace(self, model, role: Role, prompt: str, fingerprint: str | None = None) -> tuple[str, dict]:
-        """``(folder name, meta)`` of the namespace for ``model`` (its :meth:`encoder_for` ``role``), role and
-        effective prompt; ``fingerprint``: see :meth:`encode`."""
+        """``(folder name, meta)`` of the namespace of ``model`` (its :meth:`encoder_for` ``role``) and prompt."""
         model = self.encoder_for(model, role)
+        limit = getattr(model, "max_seq_length", None)  # a static tower has no limit (inf, which JSON lacks)
         meta = {
             "format": CACHE_FORMAT,
             "model": fingerprint or self.fingerprint(model),
-            "max_seq_length": getattr(model, "max_seq_length", None),
+            "max_seq_length": None if isinstance(limit, float) and not np.isfinite(limit) else limit,
             "role": role,
             "prompt": prompt,
             "stored": "backbone_output",
             "dtype": self.dtype,
         }
-        digest = hashlib.sha256(json.dumps(meta, sort_keys=True).encode()).hexdigest()[:32]
-        return digest, meta
+        return json_fingerprint(meta), meta
 
-    # ------------------------------------------------------------------ io
     def _shards(self, ns_dir: Path) -> list[Path]:
         return [p for p in sorted(ns_dir.glob("shard-*.safetensors")) if p not in self._unusable]
 
@@ -347,9 +305,8 @@ class EmbeddingCache:
                       f"re-encoding its texts", CacheCorruptionWarning, stacklevel=4)
 
     def _index(self, ns_dir: Path) -> tuple[dict[bytes, tuple[int, int]], list[Path]]:
-        """``({text hash: (shard number, row)}, shards)``: the shard numbers index the returned snapshot of the
-        shard files, which :meth:`_gather` must be given (a concurrent writer may add shards meanwhile).
-        Shards whose hashes fail their checks are set aside (:meth:`_set_aside`) and left out."""
+        """``({text hash: (shard number, row)}, shards)``, numbered in this snapshot of the shard files (give it
+        to :meth:`_gather`: a writer may add shards meanwhile); corrupt shards are set aside."""
         index: dict[bytes, tuple[int, int]] = {}
         shards = []
         for shard in self._shards(ns_dir):
@@ -367,8 +324,8 @@ class EmbeddingCache:
         return index, shards
 
     def _write_shard(self, ns_dir: Path, hashes: list[bytes], emb: np.ndarray) -> None:
-        """Write one shard atomically, with the SHA-256 of both tensors in its metadata. Non-finite rows
-        (also float16 overflow) raise :class:`~medadapt.errors.MedAdaptError` and nothing is written."""
+        """Write one shard atomically with the SHA-256 of both tensors; non-finite rows (float16 overflow
+        too) are a :class:`MedAdaptError` and nothing is written."""
         from safetensors.numpy import save
 
         emb = np.asarray(emb)
@@ -398,15 +355,13 @@ class EmbeddingCache:
 
     def _resolve(self, model, role: Role, prompt: str | None, prompt_name: str | None,
                  fingerprint: str | None) -> tuple:
-        """``(encoder, effective prompt, namespace folder, namespace meta)`` for ``model`` in ``role``: a Router
-        model's route view is cached per route (:meth:`encoder_for`)."""
+        """``(encoder, effective prompt, namespace folder, meta)`` for ``model`` in ``role``."""
         _check_role(role)
         eff_prompt = effective_prompt(model, role, prompt, prompt_name)
         model = self.encoder_for(model, role)
         ns, meta = self.namespace(model, role, eff_prompt, fingerprint)
         return model, eff_prompt, self.root / ns, meta
 
-    # ------------------------------------------------------------------ api
     def encode(
         self,
         model,
@@ -424,16 +379,11 @@ class EmbeddingCache:
         """Return float32 embeddings (``len(texts) × dim``) for ``texts``, encoding only cache misses.
 
         Args:
-            model: a ``SentenceTransformer``; for an asymmetric (``Router``) model and role ``"query"`` /
-                ``"document"`` the route's tower is cached under its own namespace (see :meth:`encoder_for`).
-            texts: the texts, in the order wanted back.
             role: ``"query"`` uses ``encode_query``, ``"document"`` ``encode_document``, ``"plain"`` ``encode``.
             prompt / prompt_name: as in sentence-transformers; part of the cache key.
-            normalize: ``True`` returns what the model's ``encode`` returns; ``False`` returns the embedding
-                *before* the model's trailing ``Normalize`` module (the input of medadapt heads).
-            fingerprint: the backbone fingerprint for this role (:meth:`role_fingerprint`), from a caller that
-                encodes many batches with a model it keeps unchanged, so the weights are not hashed on every
-                call; ``None`` (default) hashes them now.
+            normalize: ``False`` returns the embedding before the trailing ``Normalize`` (the heads' input).
+            fingerprint: :meth:`role_fingerprint`, from a caller that keeps the model unchanged over many
+                calls (the weights are then not hashed each time).
         """
         texts = list(texts)
         if not texts:
@@ -466,20 +416,21 @@ class EmbeddingCache:
             raise _gave_up(ns_dir)
         return apply_embedding_modules(_embedding_tail(model, normalize), out)
 
-    def count_missing(self, model, texts: Sequence[str], role: Role = "plain", *, prompt: str | None = None,
-                      prompt_name: str | None = None) -> int:
-        """How many distinct ``texts`` are not cached yet for this model and role (nothing is encoded; a
-        ``Router`` model's query / document roles are looked up per route, as :meth:`encode` does)."""
+    def _namespace_dir(self, model, role: Role, prompt, prompt_name, fingerprint=None) -> Path:
         with model_lock(model):  # the fingerprint tokenises probe texts
             eff_prompt = effective_prompt(model, role, prompt, prompt_name)
-            ns, _ = self.namespace(model, role, eff_prompt)  # per route
-        ns_dir = self.root / ns
+            return self.root / self.namespace(model, role, eff_prompt, fingerprint)[0]
+
+    def count_missing(self, model, texts: Sequence[str], role: Role = "plain", *, prompt: str | None = None,
+                      prompt_name: str | None = None) -> int:
+        """How many distinct ``texts`` are not cached yet for this model and role (nothing is encoded)."""
+        ns_dir = self._namespace_dir(model, role, prompt, prompt_name)
         index = self._index(ns_dir)[0] if ns_dir.is_dir() else {}
         return len({h for h in map(text_hash, texts) if h not in index})
 
     def _encode_missing(self, model, ns_dir, missing, role, prompt, batch_size, show_progress, desc) -> None:
         """Encode ``missing`` ({hash: text}) under the namespace lock, skipping texts another process wrote
-        meanwhile; the lock is never held across a caller's barrier."""
+        meanwhile (the lock is never held across a caller's barrier)."""
         with namespace_lock(ns_dir):  # one writer per namespace; released before encode() reads
             index, _ = self._index(ns_dir)  # another process may have written some meanwhile
             missing = {h: t for h, t in missing.items() if h not in index}
@@ -509,8 +460,8 @@ class EmbeddingCache:
 
     def _gather(self, shards: list[Path], index: dict[bytes, tuple[int, int]],
                 hashes: list[bytes]) -> np.ndarray | None:
-        """Rows of ``hashes`` from ``shards``, the list ``index`` was built from (a fresh listing could number
-        shards differently). ``None`` when a hash is missing or a shard is gone or corrupt (set aside)."""
+        """Rows of ``hashes`` from ``shards`` (the list ``index`` was built from); ``None`` when a hash is
+        missing or a shard is gone or corrupt (set aside)."""
         if any(h not in index for h in hashes):
             return None
         locs = np.array([index[h] for h in hashes], dtype=np.int64)
@@ -536,15 +487,10 @@ class EmbeddingCache:
             out[sel] = emb[locs[sel, 1]]
         return out if ok else None
 
-    # ------------------------------------------------------------------ out-of-core api
     def shard_index(self, model, role: Role = "plain", *, prompt: str | None = None,
                     prompt_name: str | None = None, fingerprint: str | None = None) -> ShardIndex:
-        """The :class:`ShardIndex` of this model's namespace for ``role`` (every shard verified once per
-        process, corrupt ones set aside)."""
-        with model_lock(model):  # the fingerprint tokenises probe texts
-            eff_prompt = effective_prompt(model, role, prompt, prompt_name)
-            ns, _ = self.namespace(model, role, eff_prompt, fingerprint)
-        return ShardIndex.build(self, self.root / ns)
+        """The :class:`ShardIndex` of this model's namespace for ``role`` (shards verified once per process)."""
+        return ShardIndex.build(self, self._namespace_dir(model, role, prompt, prompt_name, fingerprint))
 
     def view(
         self,
@@ -561,17 +507,9 @@ class EmbeddingCache:
         show_progress: bool = True,
         desc: str | None = None,
     ) -> CachedEmbeddings:
-        """A lazy, memory-mapped :class:`CachedEmbeddings` over the cached rows of ``texts`` (same arguments
-        and same rows as :meth:`encode`), without loading the matrix: rows are read from the shard files
-        when asked for. Every shard is verified once per process (:func:`verified_layout`).
-
-        Args:
-            encode_missing: encode texts that are not cached yet (as :meth:`encode` does, chunk by chunk
-                into new shards) instead of refusing them.
-
-        Raises:
-            MedAdaptError: some texts are not cached and ``encode_missing`` is false.
-        """
+        """A lazy, memory-mapped :class:`CachedEmbeddings` of ``texts`` (the rows :meth:`encode` returns, read
+        from the shards when asked for; each shard verified once per process). Texts not cached are encoded
+        with ``encode_missing``, else a :class:`MedAdaptError`."""
         texts = texts if isinstance(texts, list) else list(texts)
         with model_lock(model):  # fingerprinting and encoding tokenise: one thread per model (medadapt.locks)
             model, eff_prompt, ns_dir, meta = self._resolve(model, role, prompt, prompt_name, fingerprint)
@@ -598,17 +536,15 @@ class EmbeddingCache:
 
     def iter_embeddings(self, model, texts: Sequence[str], role: Role = "plain", *, batch_size: int = 8192,
                         **view_kwargs) -> Iterator[np.ndarray]:
-        """Stream the cached embeddings of ``texts`` in order, ``batch_size`` rows (float32) at a time, from
-        memory-mapped shards: memory stays at one batch whatever the corpus size. ``view_kwargs`` are those
-        of :meth:`view` (``normalize``, ``prompt``, ``encode_missing``, ...)."""
+        """The embeddings of ``texts`` in order, ``batch_size`` rows at a time from memory-mapped shards
+        (``view_kwargs``: those of :meth:`view`)."""
         yield from self.view(model, texts, role, **view_kwargs).iter_batches(batch_size)
 
     def token_states_folder(self, key: dict) -> Path:
-        """The namespace folder of per-token states a frozen encoder part gives (e.g. HyReC's sharing backbone,
-        whose token states training reuses), keyed by ``key`` (its weights fingerprint, token limit, ...) like an
-        embedding namespace; texts are keyed by their hash, and the shards are the owner's (checksummed) format."""
+        """The namespace folder of per-token states of a frozen encoder part (e.g. HyReC's shared backbone),
+        keyed by ``key`` (weights fingerprint, token limit, ...); its shards are the owner's format."""
         meta = {"format": CACHE_FORMAT, "stored": "token_states", **key}
-        ns_dir = self.root / hashlib.sha256(json.dumps(meta, sort_keys=True).encode()).hexdigest()[:32]
+        ns_dir = self.root / json_fingerprint(meta)
         _ensure_namespace(ns_dir, meta)
         return ns_dir
 

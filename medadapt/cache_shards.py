@@ -1,8 +1,7 @@
-"""The read side of the embedding cache's shard files (one safetensors file of ``hashes`` and ``embeddings``
-with the SHA-256 of each in its metadata): :func:`read_hashes` / :func:`read_embeddings` load and check one
-tensor, :func:`verified_layout` checks a shard once per process by streaming it, and :class:`ShardIndex` /
-:class:`CachedEmbeddings` serve rows from memory-mapped shards. Anything malformed raises
-:class:`_CorruptShard`, which the cache turns into setting the shard aside. See docs/cache.md.
+"""The read side of the embedding cache's shard files (safetensors ``hashes`` and ``embeddings`` with the
+SHA-256 of each in the metadata): checked reads (:func:`read_hashes`, :func:`read_embeddings`), verification
+once per process (:func:`verified_layout`) and memory-mapped rows (:class:`ShardIndex`,
+:class:`CachedEmbeddings`). Anything malformed is a :class:`_CorruptShard`, set aside by the cache.
 """
 
 from __future__ import annotations
@@ -27,93 +26,38 @@ class _CorruptShard(Exception):
     """Internal: why a shard cannot be used."""
 
 
-def torch_no_grad_lazy(fn):
-    """``torch.no_grad`` without importing torch at module import time."""
-    import functools
-
-    @functools.wraps(fn)
-    def wrapper(*args, **kwargs):
-        import torch
-
-        with torch.no_grad():
-            return fn(*args, **kwargs)
-
-    return wrapper
-
-
 def _sha256(array: np.ndarray) -> str:
     return hashlib.sha256(memoryview(np.ascontiguousarray(array)).cast("B")).hexdigest()
 
 
-def _read_tensor(path: Path, name: str) -> tuple[np.ndarray, dict, tuple]:
-    """``(tensor, metadata, shape of "hashes")`` of one shard; :class:`_CorruptShard` when safetensors cannot
-    read it (truncated, garbled header) or the tensor is missing. ``FileNotFoundError`` passes through."""
-    from safetensors import safe_open
-
-    try:
-        with safe_open(str(path), framework="numpy") as f:
-            meta = f.metadata() or {}
-            keys = set(f.keys())
-            if "hashes" not in keys or "embeddings" not in keys:
-                raise _CorruptShard(f"tensors {sorted(keys)}, expected 'hashes' and 'embeddings'")
-            hash_shape = tuple(f.get_slice("hashes").get_shape())
-            tensor = f.get_tensor(name)
-    except (_CorruptShard, FileNotFoundError, MemoryError):
-        raise
-    except Exception as e:  # noqa: BLE001 - SafetensorError, OSError, bad dtype: unreadable
-        raise _CorruptShard(f"unreadable: {type(e).__name__}: {e}") from e
-    return tensor, meta, hash_shape
-
-
-def _check_digest(meta: dict, key: str, array: np.ndarray) -> None:
-    if not meta:
-        return  # written before checksums: finiteness, dtype and shape are all that can be checked
-    want = meta.get(key)
-    if want is None:
-        raise _CorruptShard(f"metadata without {key!r}")
-    if _sha256(array) != want:
-        raise _CorruptShard(f"{key.split('_', 1)[1]} fail their SHA-256 checksum")
-
-
 def read_hashes(path: Path) -> np.ndarray:
-    """A shard's verified ``hashes`` (uint8[n, 16])."""
-    hashes, meta, _ = _read_tensor(path, "hashes")
-    if hashes.dtype != np.uint8 or hashes.ndim != 2 or hashes.shape[1] != 16:
-        raise _CorruptShard(f"hashes are {hashes.dtype}{list(hashes.shape)}, expected uint8[n, 16]")
-    _check_digest(meta, "sha256_hashes", hashes)
-    return hashes
+    """A shard's verified ``hashes`` (uint8[n, 16]), checked on every call."""
+    return _read_checked(path, "hashes")
 
 
 def read_embeddings(path: Path) -> np.ndarray:
-    """A shard's verified ``embeddings`` (float32 or float16 [n, d], all finite)."""
-    emb, meta, hash_shape = _read_tensor(path, "embeddings")
-    if emb.dtype not in (np.float32, np.float16) or emb.ndim != 2 or emb.shape[0] != hash_shape[0]:
-        raise _CorruptShard(f"embeddings are {emb.dtype}{list(emb.shape)} for {hash_shape[0]} hashes, "
-                            f"expected float32 or float16 [{hash_shape[0]}, d]")
-    _check_digest(meta, "sha256_embeddings", emb)
-    if not np.isfinite(emb).all():
-        raise _CorruptShard("embeddings hold NaN or inf")
-    return emb
+    """A shard's verified ``embeddings`` (float32 or float16 [n, d], all finite), checked on every call."""
+    return _read_checked(path, "embeddings")
 
 
-@torch_no_grad_lazy
 def apply_embedding_modules(modules: list, emb: np.ndarray, batch_size: int = 8192) -> np.ndarray:
     """Run embedding-level modules (heads, ``Normalize``) in eval mode over cached embeddings."""
-    import torch
-
     if not modules or len(emb) == 0:
         return emb
+    import torch
+
     device = next((p.device for m in modules for p in m.parameters()), torch.device("cpu"))
     states = [m.training for m in modules]
     for m in modules:
         m.eval()
+    out = []
     try:
-        out = []
-        for start in range(0, len(emb), batch_size):
-            features = {"sentence_embedding": torch.from_numpy(emb[start : start + batch_size]).to(device)}
-            for m in modules:
-                features = m(features)
-            out.append(features["sentence_embedding"].float().cpu().numpy())
+        with torch.no_grad():
+            for start in range(0, len(emb), batch_size):
+                features = {"sentence_embedding": torch.from_numpy(emb[start : start + batch_size]).to(device)}
+                for m in modules:
+                    features = m(features)
+                out.append(features["sentence_embedding"].float().cpu().numpy())
         return np.concatenate(out).astype(np.float32, copy=False)
     finally:
         for m, state in zip(modules, states):
@@ -130,8 +74,8 @@ _OPEN_MAPS = 64  # memory maps a view keeps open at once (each holds a file desc
 
 @dataclass(frozen=True)
 class ShardLayout:
-    """Where a shard's tensors lie in its file: ``tensors[name] = (dtype, shape, start, stop)``, byte offsets
-    from the start of the file, and the safetensors metadata (``{}`` for a shard from before checksums)."""
+    """Where a shard's tensors lie: ``tensors[name] = (dtype, shape, start, stop)`` (byte offsets in the file)
+    and the safetensors metadata (``{}`` for a shard from before checksums)."""
 
     tensors: dict
     meta: dict
@@ -157,10 +101,8 @@ class ShardLayout:
 
 
 def _release_pages(arr: np.ndarray) -> None:
-    """Drop the pages of a memory-mapped shard from this process's resident set once its rows are copied
-    out (``madvise(MADV_DONTNEED)``; they stay in the OS page cache, so reading them again costs a minor
-    fault, not disk). Without it, streaming a cache would count every shard it passed in the process's RSS
-    (reclaimable, but indistinguishable from real use in ``ps`` and container limits). No-op elsewhere."""
+    """Drop a memory-mapped shard's pages from this process's resident set once its rows are copied out
+    (``MADV_DONTNEED``; they stay in the page cache), so streaming a cache does not inflate RSS."""
     mm = getattr(arr, "_mmap", None)  # numpy.memmap keeps its mmap.mmap here
     advice = getattr(mmap_module, "MADV_DONTNEED", None)
     if mm is not None and advice is not None:
@@ -179,12 +121,9 @@ def _file_key(path: Path) -> tuple:
 
 
 def read_layout(path: Path) -> ShardLayout:
-    """Parse a shard's safetensors header (8-byte little-endian length, then JSON) and check that it
-    describes ``hashes`` (uint8[n, 16]) and ``embeddings`` (float32 or float16 [n, d]) lying inside the file.
-
-    Why by hand: safetensors' Python API copies tensors out of its mapping (``get_tensor`` / ``get_slice``)
-    and never hands out a view of the file; ``numpy.memmap`` needs the byte offset, which only the header
-    gives. :class:`_CorruptShard` for anything malformed; ``FileNotFoundError`` passes through."""
+    """Parse and check a shard's safetensors header: ``hashes`` (uint8[n, 16]) and ``embeddings`` (float32
+    or float16 [n, d]) inside the file. By hand: safetensors' API copies tensors, ``numpy.memmap`` needs the
+    byte offsets only the header gives."""
     size = os.path.getsize(path)
     with open(path, "rb") as f:
         head = f.read(8)
@@ -223,10 +162,11 @@ def read_layout(path: Path) -> ShardLayout:
     return ShardLayout(tensors, dict(meta))
 
 
-def _stream_check(f, layout: ShardLayout, name: str) -> None:
-    """SHA-256 (when the shard has checksums) and, for embeddings, finiteness of tensor ``name``, read in
-    ``_VERIFY_CHUNK`` pieces: memory stays flat whatever the shard's size."""
-    dtype, _, start, stop = layout.tensors[name]
+def _stream_check(f, layout: ShardLayout, name: str, keep: bool = False) -> np.ndarray | None:
+    """SHA-256 (when recorded) and, for embeddings, finiteness of tensor ``name``, in ``_VERIFY_CHUNK`` pieces;
+    with ``keep`` the tensor is returned."""
+    dtype, shape, start, stop = layout.tensors[name]
+    kept = []
     digest = hashlib.sha256()
     step = max(dtype.itemsize, _VERIFY_CHUNK - _VERIFY_CHUNK % dtype.itemsize)
     f.seek(start)
@@ -236,6 +176,8 @@ def _stream_check(f, layout: ShardLayout, name: str) -> None:
         if not buf or len(buf) % dtype.itemsize:
             raise _CorruptShard(f"unreadable: {name} cut short (truncated?)")
         digest.update(buf)
+        if keep:
+            kept.append(buf)
         if name == "embeddings" and not np.isfinite(np.frombuffer(buf, dtype=dtype)).all():
             raise _CorruptShard("embeddings hold NaN or inf")
         left -= len(buf)
@@ -245,27 +187,32 @@ def _stream_check(f, layout: ShardLayout, name: str) -> None:
             raise _CorruptShard(f"metadata without 'sha256_{name}'")
         if digest.hexdigest() != want:
             raise _CorruptShard(f"{name} fail their SHA-256 checksum")
+    return np.frombuffer(b"".join(kept), dtype=dtype).reshape(shape) if keep else None
+
+
+def _read_checked(path: Path, name: str, layout: ShardLayout | None = None, keep: bool = True) -> np.ndarray | None:
+    """Tensor ``name`` of a shard, its header, checksum and finiteness checked (``FileNotFoundError`` passes)."""
+    layout = layout or read_layout(path)
+    try:
+        with open(path, "rb") as f:
+            return _stream_check(f, layout, name, keep)
+    except OSError as e:
+        if isinstance(e, FileNotFoundError):
+            raise
+        raise _CorruptShard(f"unreadable: {type(e).__name__}: {e}") from e
 
 
 def verified_layout(path: Path) -> ShardLayout:
-    """The layout of a shard whose hashes and embeddings passed their checks (SHA-256, finiteness, dtype,
-    shape), verified **once per process**: the result is remembered under the file's (path, device, inode,
-    size, modification and change time), so memory-mapped reads of it cost no re-hashing. Shards this
-    process wrote count as verified (the trade-off: docs/cache.md, "Verification once per process")."""
+    """The layout of a shard that passed its checks, verified once per process: remembered under the file's
+    (path, device, inode, size, mtime, ctime); shards this process wrote count as verified (docs/cache.md)."""
     key = _file_key(path)
     with _VERIFIED_LOCK:
         hit = _VERIFIED.get(key)
     if hit is not None:
         return hit
     layout = read_layout(path)
-    try:
-        with open(path, "rb") as f:
-            _stream_check(f, layout, "hashes")
-            _stream_check(f, layout, "embeddings")
-    except OSError as e:
-        if isinstance(e, FileNotFoundError):
-            raise
-        raise _CorruptShard(f"unreadable: {type(e).__name__}: {e}") from e
+    for name in ("hashes", "embeddings"):
+        _read_checked(path, name, layout, keep=False)
     if _file_key(path) == key:  # unchanged while it was read
         with _VERIFIED_LOCK:
             _VERIFIED[key] = layout
@@ -289,15 +236,9 @@ def hash_keys(hashes: Sequence[bytes]) -> np.ndarray:
 
 
 class ShardIndex:
-    """Where each cached text hash lies, for the out-of-core paths: the verified hashes of every shard of a
-    namespace in one sorted ``S16`` array with its (shard, row) per entry, ~24 bytes per cached text (a
-    Python dict of the same would take ~200). A hash stored twice resolves to its first shard in listing
-    order, as :meth:`EmbeddingCache._index` does.
-
-    Attributes:
-        shards / layouts: the verified shards this index numbers (one snapshot of the folder) and their
-            layouts; ``dim`` / ``dtype`` of their embeddings (``None`` when there are none).
-    """
+    """Where each cached text hash lies: the verified hashes of a namespace's shards in one sorted ``S16``
+    array with (shard, row) per entry, ~24 bytes per text (a dict takes ~200). A hash stored twice resolves
+    to its first shard in listing order. ``shards`` / ``layouts``: the snapshot it numbers."""
 
     def __init__(self, shards: list[Path], layouts: list[ShardLayout], keys: np.ndarray, shard: np.ndarray,
                  row: np.ndarray):
@@ -311,10 +252,8 @@ class ShardIndex:
 
     @classmethod
     def build(cls, cache: Any, ns_dir: Path) -> ShardIndex:
-        """Index the shards of ``ns_dir`` of ``cache`` (a :class:`medadapt.cache.EmbeddingCache`: its
-        ``dtype``, ``_shards`` listing and ``_set_aside``), verifying each (:func:`verified_layout`). A shard that fails, whose
-        width differs from the first shard's, or whose dtype is not the cache's storage dtype (float16 and
-        float32 rows never mix in one namespace) is set aside like any corrupt shard and left out."""
+        """Index the shards of ``ns_dir`` of ``cache`` (an ``EmbeddingCache``), verifying each; one that fails,
+        or whose width or dtype differs from the namespace's, is set aside like any corrupt shard."""
         shards, layouts, parts = [], [], []
         listed = cache._shards(ns_dir) if ns_dir.is_dir() else []
         for path in listed:
@@ -343,8 +282,7 @@ class ShardIndex:
         return cls(shards, layouts, keys[order], shard[order], row[order])
 
     def lookup(self, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """``(shard, row)`` arrays for ``keys`` (an ``S16`` array, see :func:`hash_keys`); ``shard`` is -1
-        where a hash is not cached."""
+        """``(shard, row)`` arrays for ``keys`` (:func:`hash_keys`); ``shard`` is -1 where not cached."""
         if not len(self._keys):
             return np.full(len(keys), -1, dtype=np.int32), np.zeros(len(keys), dtype=np.int32)
         pos = np.minimum(np.searchsorted(self._keys, keys), len(self._keys) - 1)
@@ -353,16 +291,10 @@ class ShardIndex:
 
 
 class CachedEmbeddings:
-    """A read-only, lazy ``len(texts) x dim`` float32 matrix over memory-mapped cache shards: nothing is
-    read until rows are asked for, and then only those rows (plus the heads / ``Normalize`` of the model,
-    applied in torch as :meth:`EmbeddingCache.encode` does, so rows equal what ``encode`` returns). Built by
-    :meth:`EmbeddingCache.view`.
-
-    * ``view[i]``, ``view[a:b]``, ``view[index_array]``: rows as a float32 array.
-    * :meth:`iter_batches`: the rows in text order, ``batch_size`` at a time.
-    * :meth:`iter_storage_order`: ``(positions, rows)`` in on-disk order (sequential reads: the fast way to
-      stream a whole corpus into an index).
-    * :meth:`to_numpy` / ``numpy.asarray(view)``: the whole matrix in memory, only when asked.
+    """A read-only, lazy ``len(texts) x dim`` float32 matrix over memory-mapped shards (from
+    :meth:`EmbeddingCache.view`): only the rows asked for are read (``view[i]``, ``view[a:b]``,
+    ``view[array]``, :meth:`iter_batches`, :meth:`iter_storage_order`, :meth:`to_numpy`), the model's heads
+    and ``Normalize`` applied, so rows equal what ``encode`` returns.
     """
 
     def __init__(self, shards: list[Path], layouts: list[ShardLayout], shard: np.ndarray, row: np.ndarray,
@@ -445,8 +377,8 @@ class CachedEmbeddings:
             yield self.rows(np.arange(start, min(start + batch_size, len(self))))
 
     def iter_storage_order(self, batch_size: int = 8192) -> Iterator[tuple[np.ndarray, np.ndarray]]:
-        """``(positions, rows)`` pairs covering every row once, in the order the rows lie on disk (each shard
-        read front to back): ``rows[k]`` is the embedding of ``texts[positions[k]]``."""
+        """``(positions, rows)`` covering every row once in on-disk order (the fast way to stream a corpus):
+        ``rows[k]`` is the embedding of ``texts[positions[k]]``."""
         if batch_size < 1:
             raise ValueError("batch_size must be >= 1")
         order = np.argsort(self._shard.astype(np.int64) << 32 | self._row, kind="stable")

@@ -1,12 +1,6 @@
-"""Model cards for saved folders: what the model is, how it was trained, how well it does, how to load it.
-
-For a full model folder, sentence-transformers writes its own ``README.md`` (architecture, usage, library
-versions); :func:`write_card` appends a medadapt section to it. An adapter-only folder gets a card of its
-own with the same facts, and hub front matter (:func:`front_matter`: ``library_name: sentence-transformers``,
-``base_model:``, tags) taken from its ``medadapt_adapter.json``. Metrics are shown beside the frozen base
-model's, measured in the same run. A card is documentation: loading never reads it (the base is the one
-``medadapt_adapter.json`` records, checked by fingerprint), so editing it, as hub users do, changes nothing
-that loads.
+"""Model cards (``README.md``) of saved folders: what the model is, how it was trained, how well it does
+beside the frozen base, how to load it. A full model folder's sentence-transformers card gets a medadapt
+section; an adapter-only folder gets its own card with hub front matter. Loading never reads a card.
 """
 
 from __future__ import annotations
@@ -49,8 +43,7 @@ def _metrics_table(metrics: dict[str, float], baseline: dict[str, float] | None,
 
 def _also_table(also: dict[str, dict[str, dict[str, float]]],
                 peers: dict[str, dict[str, Any]] | None = None) -> list[str]:
-    """The ``eval.also`` sets: one row per set and metric, this model beside the frozen base, the change and
-    the peer baselines."""
+    """The ``eval.also`` sets: a row per set and metric (this model, frozen base, change, peers)."""
     peers = peers or {}
     rows = ["| data set | metric | this model | frozen base model | change |"
             + "".join(f" {p} (peer) |" for p in peers), "|---|---|---|---|---|" + "---|" * len(peers)]
@@ -81,10 +74,9 @@ def card_text(folder: Path, *, descriptions: dict[str, str] | None = None, adapt
               standalone: bool = False, name: str | None = None,
               also: dict[str, dict[str, dict[str, float]]] | None = None,
               peers: dict[str, dict[str, Any]] | None = None) -> str:
-    """The medadapt card section (Markdown) for ``folder`` (called ``name`` once in place: cards are
-    written into a temporary folder that is then renamed). ``also``: the recipe's ``eval.also`` sets
-    (``{set: {"base", "trained", "delta"}}``), shown in a table of their own. ``peers``: the peer baselines of
-    ``eval.peers`` (``{label: {"metrics", "also", "train_seconds"}}``), a column each."""
+    """The medadapt card section (Markdown) of ``folder`` (``name``: its final name, as cards are written
+    into a temporary folder). ``also``: ``{set: {"base", "trained", "delta"}}``; ``peers``: ``{label:
+    {"metrics", "also", "train_seconds"}}``, a column each."""
     recipe = recipe or {}
     name = name or folder.name
     base = (adapter or {}).get("base_model", {})
@@ -161,11 +153,9 @@ def _usage(folder: str, adapter: dict[str, Any] | None, base_label: str) -> list
 
 
 def front_matter(adapter: dict[str, Any]) -> str:
-    """The YAML front matter of an adapter folder's card, by the hub's conventions: ``library_name:
-    sentence-transformers`` (what the base runs on; medadapt extends its ``load_adapter``), ``base_model:``
-    the hub id of the base (``base_model_name_or_path`` of the config) with ``base_model_relation: adapter``
-    when the base is a hub model or a packaged alias (never a local folder's path), and the tags
-    ``medadapt``, ``sentence-transformers``, each head's type and ``medical-retrieval``."""
+    """An adapter card's YAML front matter by the hub's conventions: ``library_name: sentence-transformers``,
+    ``base_model`` (+ ``base_model_relation: adapter``) when the base is a hub id or alias, never a local
+    path, and tags (``medadapt``, each head's type, ...)."""
     kinds = sorted({str(spec.get("type")) for spec in (adapter.get("adapters") or {}).values()
                     if isinstance(spec, dict) and spec.get("type")})
     meta: dict[str, Any] = {"library_name": "sentence-transformers"}

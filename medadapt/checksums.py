@@ -1,13 +1,8 @@
 """``SHA256SUMS`` files: the SHA-256 of the files a folder's reader will load, checked before any is used.
 
-One line per file in ``sha256sum`` format (``<hex>  <path relative to the folder>``), so ``sha256sum -c
-SHA256SUMS`` checks a folder by hand too. The sums file needs no checksum of its own: a reader names the
-files it will load (``cover``) or asks that every file be listed (``complete``), so a damaged sums file
-fails a digest, drops a file the reader needs, or does not parse; each is one :class:`ChecksumError`.
-
-Used for adapter folders, HyReC's ``hyrec/`` files, training checkpoints and BMRetriever's finished stage-I
-model; hand-written because no library keeps a checked list of a folder's files. It catches accidents
-(truncation, bit rot, an edit, a half-copied folder), not someone who can rewrite files and sums.
+``sha256sum`` format (``<hex>  <relative path>``), so ``sha256sum -c SHA256SUMS`` works by hand. A reader names
+the files it will load (``cover``) or asks that every file be listed (``complete``), so a damaged sums file
+fails too. Catches accidents (truncation, bit rot, a half-copied folder), not a deliberate rewrite.
 """
 
 from __future__ import annotations
@@ -16,10 +11,10 @@ from collections.abc import Iterable
 from pathlib import Path, PurePosixPath
 
 from medadapt.errors import MedAdaptError
-from medadapt.identity import sha256_file  # noqa: F401 - re-exported
+from medadapt.identity import sha256_file
 from medadapt.io import atomic_write_text
 
-__all__ = ["SUMS", "ChecksumError", "read_sums", "sha256_file", "verify_sums", "write_sums"]
+__all__ = ["SUMS", "ChecksumError", "read_sums", "verify_sums", "write_sums"]
 
 #: Default name of the sums file in a folder.
 SUMS = "SHA256SUMS"
@@ -69,16 +64,9 @@ def read_sums(folder: str | Path, *, name: str = SUMS) -> dict[str, str]:
 
 def verify_sums(folder: str | Path, *, cover: Iterable[str] = (), complete: bool = False,
                 name: str = SUMS) -> dict[str, str]:
-    """Check ``folder`` against its sums file before anything in it is read.
-
-    Args:
-        cover: files that must be listed (the ones the caller will load).
-        complete: every file under ``folder`` must be listed (a checkpoint folder: nothing unchecked).
-
-    Raises:
-        ChecksumError: no sums file, a listed file missing or changed, a ``cover`` file or (``complete``)
-            any file not listed.
-    """
+    """Check ``folder`` against its sums file before anything in it is read: every listed file present and
+    unchanged, every ``cover`` file (the ones the caller will load) listed, and with ``complete`` every file
+    under ``folder`` listed; else :class:`ChecksumError`."""
     folder = Path(folder)
     sums = read_sums(folder, name=name)
     unlisted = [n for n in cover if n not in sums]

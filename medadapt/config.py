@@ -1,9 +1,5 @@
-"""The base of every medadapt configuration: a pydantic model that refuses unknown keys and non-finite
-numbers.
-
-Every recipe section and every component config (training loop, heads, losses) derives from
-:class:`Section`, so the Python API and a YAML recipe share one class and one set of defaults. A value of
-``.nan`` / ``.inf`` anywhere (``lr: .inf``) is refused at validation time, before anything trains.
+"""The base of every medadapt configuration: :class:`Section`, a pydantic model that refuses unknown keys and
+non-finite numbers (``lr: .inf``) at validation, shared by the Python API and YAML recipes.
 """
 
 from __future__ import annotations
@@ -28,9 +24,8 @@ _INT_LIMIT = 2**63
 
 
 def _non_finite(value: Any, path: str) -> str | None:
-    """The path of the first NaN / inf in ``value`` (nested dicts, lists, tuples), ``None`` if there is none.
-    Iterative, and each container is walked once however often it is shared (YAML aliases), so the cost is
-    linear in the distinct values: no deep recursion, no re-walk of an aliased list."""
+    """The path of the first NaN / inf in ``value`` (nested containers), or ``None``; iterative, each container
+    walked once however often YAML aliases share it."""
     stack: list[tuple[Any, str]] = [(value, path)]
     seen: set[int] = set()
     while stack:
@@ -73,9 +68,8 @@ def _types(annotation: Any) -> set:
 
 
 def relocated_errors(exc: ValidationError, prefix: tuple = ()) -> list[InitErrorDetails]:
-    """``exc``'s errors as line errors for :meth:`ValidationError.from_exception_data`, their locations under
-    ``prefix`` and their messages (and a did-you-mean's fields) unchanged: how a validator re-raises the
-    errors of a section it validated itself, at the place the user wrote it."""
+    """``exc``'s errors located under ``prefix``, messages unchanged: how a validator re-raises a section's
+    errors where the user wrote it (for :meth:`ValidationError.from_exception_data`)."""
     out: list[InitErrorDetails] = []
     for err in exc.errors():
         ctx = {k: v for k, v in (err.get("ctx") or {}).items() if isinstance(v, str) and k != "message"}
@@ -94,11 +88,9 @@ def unknown_key_error(key: str, section: type[BaseModel]) -> PydanticCustomError
 
 
 def validate_each(items: Any, section_of: Callable[[dict], type[BaseModel]], what: str) -> Any:
-    """Validate each mapping of the list ``items`` with the section ``section_of(item)`` picks (a registered
-    kind; it may raise :class:`~medadapt.errors.ConfigError` for an unknown one): the errors of all items
-    together, each located at its index (``branches.1.training.lr``), and an item that is not a mapping
-    refused. Sections built in Python pass as they are; a value that is not a list is left to the field's
-    own type check."""
+    """Validate each mapping of ``items`` with the section ``section_of(item)`` picks (a :class:`ConfigError`
+    for an unknown kind): all items' errors together, each at its index (``branches.1.training.lr``).
+    Sections built in Python pass as they are; a non-list is left to the field's type check."""
     if not isinstance(items, (list, tuple)):
         return items
     out: list[Any] = []
@@ -150,8 +142,7 @@ class Section(BaseModel):
     @model_validator(mode="wrap")
     @classmethod
     def _unknown_keys(cls, data: Any, handler: Any) -> Any:
-        """pydantic's "Extra inputs are not permitted" for a key of this section becomes ``unknown key (did
-        you mean <field>?)``, from this section's own field names; every other error passes unchanged."""
+        """pydantic's "Extra inputs are not permitted" becomes ``unknown key (did you mean <field>?)``."""
         try:
             return handler(data)
         except ValidationError as exc:

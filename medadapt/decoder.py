@@ -1,10 +1,6 @@
-"""Decoder-LLM encoders shared by every system: append EOS, pool the last token (CARE Appendix C.3, the document
-tower; BMRetriever §3.1, the retriever).
-
-:class:`EosTransformer` is sentence-transformers' ``Transformer`` whose ``preprocess`` appends the tokenizer's
-EOS id after each sequence's last real token, for right and left padding; ST's ``Pooling("lasttoken")`` then
-reads it. Hand-written because sentence-transformers has no option to append EOS for non-chat decoders.
-"""
+"""Decoder-LLM encoders shared by every system (CARE's document tower, BMRetriever): :class:`EosTransformer`
+appends the tokenizer's EOS after each sequence's last real token (right or left padding) for ST's
+``Pooling("lasttoken")``. Hand-written: sentence-transformers cannot append EOS for non-chat decoders."""
 
 from __future__ import annotations
 
@@ -21,12 +17,8 @@ __all__ = ["EosTransformer", "append_eos", "decoder_tower_modules", "strip_norma
 
 
 def append_eos(input_ids: Tensor, attention_mask: Tensor, eos_id: int, pad_id: int) -> tuple[Tensor, Tensor]:
-    """Insert ``eos_id`` right after each row's last attended token; returns ``(ids, mask)`` one column wider.
-
-    Works for right padding (EOS lands at position ``len_i``, padding follows) and left padding (the last
-    column is the last real token for every row, so EOS goes into the new last column). A row that already
-    ends with ``eos_id`` is left unchanged (the new column is padding).
-    """
+    """Insert ``eos_id`` right after each row's last attended token (right or left padding); returns
+    ``(ids, mask)``, one column wider unless every EOS fitted into padding. A row ending in ``eos_id`` is left."""
     batch, length = input_ids.shape
     ids = torch.cat([input_ids, input_ids.new_full((batch, 1), pad_id)], dim=1)
     mask = torch.cat([attention_mask, attention_mask.new_zeros((batch, 1))], dim=1)
@@ -45,14 +37,8 @@ def append_eos(input_ids: Tensor, attention_mask: Tensor, eos_id: int, pad_id: i
 
 
 class EosTransformer(Transformer):
-    """``Transformer`` that appends the EOS token to every text (see module docstring).
-
-    Sequences are truncated to ``max_seq_length - 1`` tokens so the EOS always fits. Saved and loaded like
-    ST's ``Transformer`` (``SentenceTransformer(path, trust_remote_code=True)`` because the class lives in
-    medadapt). Example::
-
-        doc = SentenceTransformer(modules=decoder_tower_modules("Qwen/Qwen3-4B", max_seq_length=512))
-    """
+    """``Transformer`` that appends EOS to every text, truncating to ``max_seq_length - 1`` tokens
+    so it fits; saves and loads like ST's ``Transformer`` (``trust_remote_code=True``)."""
 
     def __init__(self, model_name_or_path: str, **kwargs: Any) -> None:
         kwargs.setdefault("unpad_inputs", False)  # EOS is appended on padded tensors

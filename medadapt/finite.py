@@ -1,11 +1,6 @@
-"""Nothing non-finite is written: the check every tensor writer runs before it writes (adapter weights,
-checkpoints, HyReC's lexical weights go through :func:`medadapt.io.atomic_save_tensors`).
-
-A head whose weights hold NaN or infinity encodes every text to NaN; saved, it would poison every model that
-loads it and every cache namespace it fills. Training already stops before such weights are written
-(:mod:`medadapt.training.loop`); this covers the Python API too (``save_adapter`` of a model edited or
-trained elsewhere). Integer and boolean tensors are always finite and skipped; a tensor is checked where it
-lives (no copy to the CPU first).
+"""Nothing non-finite is written: the check every tensor writer runs first (adapter weights, checkpoints,
+HyReC's lexical weights). A head with NaN weights would poison every model and cache namespace it touches;
+training stops before that, and this covers the Python API too. Tensors are checked where they live.
 """
 
 from __future__ import annotations
@@ -38,13 +33,8 @@ def non_finite_tensors(tensors: Mapping[str, Any]) -> list[str]:
 
 
 def check_finite_tensors(tensors: Mapping[str, Any], where: str) -> None:
-    """Refuse to write ``tensors`` to ``where`` (a path or a description, for the message) when any holds NaN
-    or infinity.
-
-    Raises:
-        MedAdaptError: ``cannot write WHERE: NAME, NAME (and N more) hold NaN or infinity ...``, naming up to
-            three tensors.
-    """
+    """Refuse to write ``tensors`` to ``where`` (for the message) when any holds NaN or infinity: one
+    :class:`MedAdaptError` naming up to three of them."""
     bad = non_finite_tensors(tensors)
     if not bad:
         return

@@ -1,28 +1,23 @@
-"""Identity: the fingerprints that key caches, adapter folders and checkpoints, in one place.
+"""Identity: the fingerprints that key caches, adapter folders, exports and checkpoints, in one place.
 
-* :func:`sha256_file`: a file's bytes.
-* :func:`tokenizer_fingerprint`: what a tokenizer does to text. Behavioural: the vocabulary, the special tokens,
-  the padding side and the ids of fixed probe texts, so the same tokenizer gives the same fingerprint whatever
-  class or ``tokenizers`` version loaded it, while lowercasing, another vocabulary or another pre-tokeniser
-  changes it (neither transformers nor tokenizers offers a content hash of a tokenizer).
-* :func:`model_fingerprint` / :func:`modules_fingerprint`: a SentenceTransformer's (or a list of its modules')
-  types, configurations, tokenizers and weights; :func:`backend_key`: the graph behind a transformer that runs
-  on ONNX / OpenVINO (:mod:`medadapt.backends`), which holds no torch weights.
-
-Below the cache, the loader and the adapters, so each of them can key what it stores without importing the
-others.
+Files (:func:`sha256_file`), tokenizers (:func:`tokenizer_fingerprint`, behavioural), models and their
+modules (:func:`model_fingerprint`, :func:`modules_fingerprint`, :func:`backend_key`), JSON keys
+(:func:`json_fingerprint`) and training runs (:func:`run_fingerprint`). Below the cache, the loader, the
+backends and the adapters, so each can key what it stores without importing the others.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import os
+from collections.abc import Iterator
 from pathlib import Path
 
 from medadapt.errors import MedAdaptError
 
-__all__ = ["PROBES", "backend_key", "model_fingerprint", "modules_fingerprint", "sha256_file",
-           "tokenizer_fingerprint"]
+__all__ = ["PROBES", "backend_key", "json_fingerprint", "model_fingerprint", "modules_fingerprint",
+           "run_fingerprint", "sha256_file", "tokenizer_fingerprint"]
 
 
 def sha256_file(path: str | Path, chunk: int = 1 << 22) -> str:
@@ -32,6 +27,11 @@ def sha256_file(path: str | Path, chunk: int = 1 << 22) -> str:
         while block := f.read(chunk):
             h.update(block)
     return h.hexdigest()
+
+
+def json_fingerprint(obj, length: int = 32) -> str:
+    """SHA-256 of ``obj`` as JSON with sorted keys (other values as ``str``), its first ``length`` hex digits."""
+    return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()[:length]
 
 
 #: Texts whose token ids enter the fingerprint (what differs between normalisers and pre-tokenisers).
@@ -47,8 +47,8 @@ PROBES = (
 
 
 def _vocab_text(vocab: dict[str, int]) -> str:
-    """The vocabulary as one JSON text in id order (tokens by id when the ids are dense, the usual case:
-    a list indexed by id is ~3x faster to build than sorting the pairs)."""
+    """The vocabulary as one JSON text in id order (a list indexed by id when the ids are dense: ~3x faster
+    than sorting the pairs)."""
     ids = list(vocab.values())
     if ids and min(ids) >= 0 and max(ids) < 2 * len(ids):
         by_id: list = [None] * (max(ids) + 1)
@@ -59,7 +59,9 @@ def _vocab_text(vocab: dict[str, int]) -> str:
 
 
 def tokenizer_fingerprint(tokenizer) -> str:
-    """A stable identity of what ``tokenizer`` does to text (module docstring)."""
+    """What ``tokenizer`` does to text: its vocabulary, special tokens, padding side and the ids of
+    :data:`PROBES`, so the same tokenizer gives the same fingerprint whatever class or ``tokenizers`` version
+    loaded it, while lowercasing, another vocabulary or pre-tokeniser changes it (no library offers one)."""
     h = hashlib.sha256(b"medadapt-tokenizer-1")
     get_vocab = getattr(tokenizer, "get_vocab", None)
     vocab = get_vocab() if callable(get_vocab) else {}
@@ -77,18 +79,14 @@ def tokenizer_fingerprint(tokenizer) -> str:
 
 
 def model_fingerprint(model, full_hash_max_params: int = 300_000_000) -> str:
-    """A stable identity for a SentenceTransformer's modules, their configuration and weights.
-
-    Hashes every parameter's bytes for models up to ``full_hash_max_params`` parameters; above that, a
-    hash of each tensor's name, shape, and a strided sample of its values (fast for multi-billion LLMs,
-    still changes when training changes the weights).
-    """
+    """A SentenceTransformer's identity: :func:`modules_fingerprint` of all its modules."""
     return modules_fingerprint(list(getattr(model, "_modules", {}).values()), full_hash_max_params)
 
 
 def modules_fingerprint(modules, full_hash_max_params: int = 300_000_000) -> str:
-    """:func:`model_fingerprint` of a list of modules (e.g. a model's backbone without its heads): their
-    types and configurations, the :func:`tokenizer_fingerprint` of any tokenizer they hold, and weights."""
+    """A list of modules' types, configurations, tokenizers (:func:`tokenizer_fingerprint`) and weights:
+    every parameter's bytes up to ``full_hash_max_params`` parameters, above that a strided sample of each
+    tensor (fast for multi-billion LLMs, still changed by training)."""
     import torch
 
     h = hashlib.sha256()
@@ -126,11 +124,9 @@ def modules_fingerprint(modules, full_hash_max_params: int = 300_000_000) -> str
 
 
 def backend_key(modules) -> str:
-    """What the embedding cache adds to a backbone's fingerprint for its backend: ``""`` when every
-    transformer runs on torch (torch namespaces unchanged), else ``"<backend>:<source>:<file sha256>"`` per
-    swapped transformer. A sentence-transformers ONNX / OpenVINO model not loaded through medadapt is keyed
-    by the hash of its graph file; one whose file cannot be found is refused (its weights cannot be told
-    apart from another model's: the graph holds no torch parameters to hash)."""
+    """What a backbone's fingerprint adds for its backend: ``""`` on torch, else per swapped transformer
+    ``"<backend>:<source>:<file sha256>"`` (a sentence-transformers ONNX / OpenVINO model: its graph file's
+    hash; refused when that file cannot be found, as the graph holds no torch weights to hash)."""
     from sentence_transformers.base.modules import Transformer
 
     keys = []
@@ -155,3 +151,50 @@ def backend_key(modules) -> str:
                                     "embedding cache; load it with medadapt.load(..., backend=...)")
             keys.append(f"{module.backend}:{sha256_file(path)}")
     return "|".join(keys)
+
+
+def run_fingerprint(recipe) -> str:
+    """A training run's identity (kept in its checkpoints): the recipe's ``training_identity()`` and the
+    names, sizes and modification times of the local files and folders it names (data, model folders), so a
+    run never resumes the checkpoint of a run on other data or weights."""
+    return json_fingerprint([recipe.training_identity(), _data_signature(recipe)])
+
+
+def _data_signature(recipe) -> list:
+    out = []
+    seen: set[Path] = set()
+    for value in _paths(recipe.model_dump(mode="json", exclude={"eval", "name", "description"})):
+        try:
+            path = recipe.resolve(value)
+            if path in seen or not path.exists():
+                continue
+        except (OSError, ValueError):
+            continue
+        seen.add(path)
+        files = _first_files(path) if path.is_dir() else [path]
+        out += [(str(p.relative_to(path)) if path.is_dir() else p.name, p.stat().st_size, p.stat().st_mtime_ns)
+                for p in files]
+    return out
+
+
+def _first_files(folder: Path, limit: int = 256) -> list[Path]:
+    """The first ``limit`` files under ``folder`` in sorted walk order (a huge folder costs no full listing)."""
+    found: list[Path] = []
+    for root, dirs, files in os.walk(folder):
+        dirs.sort()
+        found += [Path(root) / f for f in sorted(files)]
+        if len(found) >= limit:
+            break
+    return found[:limit]
+
+
+def _paths(obj, key: str | None = None) -> Iterator[str]:
+    """Every string of a recipe dump that may name a local file or folder (the caller skips missing ones)."""
+    if isinstance(obj, dict):
+        for k, v in obj.items():
+            yield from _paths(v, k)
+    elif isinstance(obj, list):
+        for v in obj:
+            yield from _paths(v, key)
+    elif isinstance(obj, str) and obj.strip() not in ("", ".", "..") and len(obj) < 4096 and "\n" not in obj:
+        yield obj

@@ -41,13 +41,8 @@ def file_mode() -> int:
 
 @contextlib.contextmanager
 def atomic_open(path: str | os.PathLike, mode: str = "w", encoding: str | None = "utf-8") -> Iterator[IO]:
-    """Open a temporary sibling of ``path`` for writing; rename it onto ``path`` only on success. The file
-    gets the mode a plain ``open()`` would (``0o666`` less the umask).
-
-    Raises:
-        MedAdaptError: ``path`` is an existing folder, or its folder cannot be created / written
-            (``cannot write PATH: <reason>``), or the final rename fails.
-    """
+    """Open a temporary sibling of ``path`` for writing, renamed onto ``path`` only on success, with the
+    mode a plain ``open()`` gives; a folder at ``path`` or an unwritable place is a :class:`MedAdaptError`."""
     path = _real(Path(path))  # write through a link (replacing it would leave its target untouched)
     problem = _file_problem(path)  # the output policy's file rules (check_output), at write time
     if problem is not None:
@@ -80,11 +75,7 @@ def atomic_write_text(path: str | os.PathLike, text: str) -> None:
 
 
 def atomic_write_json(path: str | os.PathLike, obj: Any, indent: int = 2) -> None:
-    """Write ``obj`` as standard JSON (``NaN`` / ``Infinity`` are refused: they are not JSON) atomically.
-
-    Raises:
-        MedAdaptError: a non-finite float (naming the file), or see :func:`atomic_open`.
-    """
+    """Write ``obj`` as standard JSON atomically; ``NaN`` / ``Infinity`` (not JSON) are a :class:`MedAdaptError`."""
     try:
         text = json.dumps(obj, indent=indent, ensure_ascii=False, sort_keys=False, allow_nan=False)
     except ValueError as exc:  # NaN / inf (allow_nan=False), circular references
@@ -138,17 +129,12 @@ def _exchange(a: Path, b: Path) -> bool:
 
 
 def swap_in(new: Path, target: Path) -> None:
-    """Put folder ``new`` at ``target``, replacing any folder there as a whole, then delete the old one. A
-    symlink ``target`` is written through (the folder it points to is replaced; the link stays).
+    """Put folder ``new`` at ``target`` (a symlink is written through), replacing any folder there whole.
 
-    Where the OS can exchange two paths atomically (Linux), a reader at any instant finds the old folder or
-    the new one at ``target``, never no folder and never a mix. Elsewhere the old folder is renamed away
-    first (a brief window with no folder; a crash in it leaves ``.<name>.old-*``, which
-    :func:`clean_leftovers` puts back). Swaps into one target by threads of this process take turns
-    (:func:`medadapt.locks.path_lock`). Hand-written: no library swaps directories.
-
-    Raises:
-        ConfigError: ``target`` exists and is not a folder (never exchanged with a file).
+    On Linux the two are exchanged atomically: a reader finds the old or the new folder, never none or a
+    mix. Elsewhere the old one is renamed away first (a crash then leaves ``.<name>.old-*``, which
+    :func:`clean_leftovers` puts back). Threads take turns per target; a file at ``target`` is a
+    :class:`ConfigError`. Hand-written: no library swaps directories.
     """
     new, target = Path(new), _real(Path(target))
     normalize_modes(new)  # what other libraries wrote into it gets the mode open() gives
@@ -178,8 +164,7 @@ def swap_in(new: Path, target: Path) -> None:
 
 
 def normalize_modes(folder: str | os.PathLike) -> None:
-    """Give every regular file under ``folder`` the mode a plain ``open()`` gives (:func:`file_mode`).
-    Symlinks are left alone."""
+    """Give every regular file under ``folder`` (not symlinks) the mode a plain ``open()`` gives."""
     mode = file_mode()
     for root, _dirs, files in os.walk(folder):
         for name in files:
@@ -190,8 +175,7 @@ def normalize_modes(folder: str | os.PathLike) -> None:
 
 
 def _sync_dir(path: str | os.PathLike) -> None:
-    """fsync a file or a directory (a directory's entries: renames into it); a no-op where it cannot be
-    opened or synced."""
+    """fsync a file or a directory (renames into it); a no-op where it cannot be opened or synced."""
     try:
         fd = os.open(path, os.O_RDONLY)
     except OSError:
@@ -205,8 +189,8 @@ def _sync_dir(path: str | os.PathLike) -> None:
 
 
 def _sync_tree(folder: Path) -> None:
-    """fsync every file and folder under ``folder`` (writers such as ``save_pretrained`` or safetensors
-    do not), so a power loss right after the swap cannot leave the new name over unwritten data."""
+    """fsync everything under ``folder`` (``save_pretrained`` does not), so a power loss right after the
+    swap cannot leave the new name over unwritten data."""
     for root, _dirs, files in os.walk(folder):
         for name in files:
             _sync_dir(os.path.join(root, name))
@@ -218,9 +202,8 @@ def _label(path: str | os.PathLike, what: str = "") -> str:
 
 
 def _writable_problem(path: Path) -> str | None:
-    """Why a new file or folder cannot be created at ``path`` (a file on the way, a folder that takes no new
-    file), or ``None``. ``os.access`` is not asked (it says yes to root everywhere, even on ``/proc``): a
-    temporary file is created and removed in the nearest existing folder."""
+    """Why nothing can be created at ``path``, or ``None``: a temporary file is tried in the nearest existing
+    folder (``os.access`` says yes to root everywhere, even on ``/proc``)."""
     folder = path.parent
     while not folder.exists() and folder != folder.parent:
         folder = folder.parent
@@ -234,24 +217,11 @@ def _writable_problem(path: Path) -> str | None:
     return None
 
 
-def check_writable(path: str | os.PathLike, what: str = "") -> None:
-    """Refuse, before any work, a path that cannot be created: a file on the way, or a folder that takes no
-    new file (see :func:`check_output`, which also applies the rest of the output policy).
-
-    Raises:
-        MedAdaptError: ``cannot write [WHAT ]PATH: <reason>``.
-    """
-    problem = _writable_problem(Path(path))
-    if problem is not None:
-        raise MedAdaptError(f"cannot write {_label(path, what)}: {problem}")
-
-
 # ------------------------------------------------------------------------------------------ output policy
 @dataclass(frozen=True)
 class FolderKind:
-    """A kind of folder output written as a whole (a run, an index, an adapter): an existing non-empty
-    folder is replaced only when it holds one. ``markers``: file names any one of which makes a folder one
-    of this kind; ``None``: any folder is (scratch folders medadapt names itself)."""
+    """A kind of folder output written whole (a run, an index, an adapter): a non-empty folder is replaced
+    only when it holds one of ``markers`` (``None``: any folder, for folders medadapt names itself)."""
 
     description: str
     markers: tuple[str, ...] | None = None
@@ -267,8 +237,7 @@ ANY_FOLDER = FolderKind("a folder")
 
 
 def _real(path: Path) -> Path:
-    """``path``, or where it points when it is a symlink: outputs are written through links (the link
-    stays)."""
+    """``path``, or where it points when it is a symlink (outputs are written through links)."""
     return Path(os.path.realpath(path)) if path.is_symlink() else path
 
 
@@ -292,8 +261,7 @@ def _file_problem(real: Path) -> tuple[str, str] | None:
 
 
 def _folder_problem(real: Path, kind: FolderKind) -> tuple[str, str] | None:
-    """``(reason, advice)`` when ``real`` (links followed) cannot be replaced as a whole by a folder of
-    ``kind``, else ``None``."""
+    """``(reason, advice)`` when ``real`` cannot be replaced whole by a folder of ``kind``, else ``None``."""
     if real.exists() and not real.is_dir():
         what = "an existing file" if real.is_file() else "not a folder (a device, FIFO or socket)"
         return f"it is {what}", "give a new or empty folder (it is left as it is)"
@@ -315,22 +283,13 @@ def _named_others(others: Mapping[str, Any] | Iterable[Any]) -> list[tuple[str, 
 
 def check_output(path: str | os.PathLike | None, kind: str | FolderKind = FILE, *, what: str = "",
                  others: Mapping[str, Any] | Iterable[Any] = ()) -> Path | None:
-    """The output policy of every medadapt writer (Python API and CLI), applied before any work: returns
-    the path to write to (a symlink resolved: outputs are written through links), or ``None`` for ``None``
-    (an optional output not given).
+    """The output policy of every medadapt writer, applied before any work: the path to write to (a
+    symlink resolved), or ``None`` for ``None``. ``kind``: :data:`FILE` or a :class:`FolderKind`.
 
-    ``kind`` is :data:`FILE` (a single file, replaced atomically) or a :class:`FolderKind` (a folder
-    replaced as a whole). Refused, with ``cannot write [WHAT ]PATH: <reason>; <what to do>``:
-
-    * ``path`` is also one of ``others``, the other outputs of the same call (``{"--report": path}`` to
-      name them, or plain paths; ``None`` entries are skipped);
-    * a file: an existing folder, or a device node, FIFO or socket (never replaced);
-    * a folder: an existing file (or node); the current folder or one above it; a non-empty folder that
-      is not of ``kind`` (e.g. not a medadapt index);
-    * a place that takes no new file (a file on the way, a read-only or virtual file system).
-
-    Raises:
-        ConfigError: as above.
+    A :class:`ConfigError` (``cannot write [WHAT ]PATH: <reason>; <what to do>``) when ``path`` is also one
+    of ``others`` (the call's other outputs, named by a mapping or plain); a file over a folder, device,
+    FIFO or socket; a folder over a file, over the current folder or one above it, or over a non-empty
+    folder not of ``kind``; or a place that takes no new file.
     """
     if not isinstance(kind, FolderKind) and kind != FILE:
         raise ValueError(f"kind must be FILE or a FolderKind, got {kind!r}")
@@ -357,9 +316,8 @@ def check_output(path: str | os.PathLike | None, kind: str | FolderKind = FILE, 
 
 
 def check_outputs(outputs: Mapping[str, str | os.PathLike | None], kind: str | FolderKind = FILE) -> dict:
-    """:func:`check_output` for every output of one call (``{"--output": path, "--report": None, ...}``,
-    ``None``: not given), each against the others, before any of them is written. Returns ``{name: path to
-    write}`` for those given."""
+    """:func:`check_output` for every output of one call (``{"--output": path, "--report": None}``), each
+    against the others; ``{name: path to write}`` for those given."""
     checked: dict[str, Path] = {}
     for name, path in outputs.items():
         if path is not None:  # compared with those before it: the error names the later one
@@ -373,8 +331,7 @@ _LIVE_LOCK = threading.Lock()
 
 
 def temp_name(target: Path, kind: str = "tmp") -> Path:
-    """A name beside ``target`` no other writer uses: ``.<name>.<kind>-<pid>-<thread id>-<random>`` (threads
-    of one process share a process id)."""
+    """A name beside ``target`` no other writer uses: ``.<name>.<kind>-<pid>-<thread id>-<random>``."""
     target = Path(os.path.abspath(target))
     return target.parent / (f".{target.name}.{kind}-{os.getpid()}-{threading.get_native_id()}-"
                             f"{uuid.uuid4().hex[:8]}")
@@ -382,8 +339,7 @@ def temp_name(target: Path, kind: str = "tmp") -> Path:
 
 @contextlib.contextmanager
 def live(path: Path) -> Iterator[Path]:
-    """Mark ``path`` (a :func:`temp_name`) as being written by this process while the block runs:
-    :func:`clean_leftovers` of any thread leaves it alone."""
+    """Mark ``path`` as being written while the block runs: :func:`clean_leftovers` leaves it alone."""
     key = os.path.abspath(path)
     with _LIVE_LOCK:
         _LIVE.add(key)
@@ -424,10 +380,9 @@ def _in_use(leftover: Path, rest: str, own: bool) -> bool:
 
 def clean_leftovers(target: Path, own: bool = True) -> None:
     """Remove what an interrupted :func:`replace_folder` / :func:`swap_in` left beside ``target``
-    (``.<name>.tmp-*``, ``.<name>.old-*``) when no live writer holds it: another running process's, and any
-    thread of this process that is writing (:func:`live`), are kept. An old folder comes back to ``target``
-    if ``target`` is missing (a crash between the two renames of the fallback path). ``own=False`` keeps
-    every leftover of this process too (for writers that name their folders without :func:`live`)."""
+    (``.<name>.tmp-*``, ``.<name>.old-*``) unless a live writer (another running process, a :func:`live`
+    thread; with ``own=False`` any of this process) holds it; an old folder comes back if ``target`` is
+    missing (a crash between the fallback's two renames)."""
     target = _real(Path(target))
     with path_lock(target):
         for kind in ("old", "tmp"):
@@ -444,19 +399,12 @@ def clean_leftovers(target: Path, own: bool = True) -> None:
 @contextlib.contextmanager
 def replace_folder(target: str | os.PathLike, kind: FolderKind = ANY_FOLDER, *,
                    what: str = "") -> Iterator[Path]:
-    """Yield a temporary sibling folder to write into; on success it replaces ``target`` as a whole
-    (:func:`swap_in`), so a crash or a reader sees the old or the new folder, never a mix; on failure the
-    temporary folder is deleted and ``target`` is untouched.
+    """Yield a temporary sibling folder to write into; on success it replaces ``target`` whole
+    (:func:`swap_in`: a reader sees the old or the new folder, never a mix), on failure it is deleted.
 
-    ``target`` is checked first with :func:`check_output` (``kind``: what an existing non-empty folder must
-    be to be replaced; ``what``: how errors name it), and again just before the swap. A symlink is written
-    through: the folder it points to is replaced and the link stays. Leftovers of an earlier crash are
-    cleaned first. Threads of one process may write the same target at once: each writes its own
-    temporary folder (:func:`temp_name`) and they swap in turn (:func:`medadapt.locks.path_lock`): the last
-    one wins, and the folder is complete at every instant.
-
-    Raises:
-        ConfigError: what :func:`check_output` refuses.
+    ``target`` is checked with :func:`check_output` before and again just before the swap; earlier
+    leftovers are cleaned first; threads writing one target each write their own folder and swap in turn
+    (the last one wins).
     """
     real = Path(os.path.abspath(check_output(target, kind, what=what)))
     real.parent.mkdir(parents=True, exist_ok=True)

@@ -1,7 +1,5 @@
-"""Process-wide locks for threads of one process: :func:`path_lock` per path (a folder being saved, a cache
-namespace) and :func:`model_lock` per model (a Hugging Face tokenizer's settings are mutable state that
-concurrent calls corrupt). Both are re-entrant; locks between processes are ``flock`` in :mod:`medadapt.cache`.
-See docs/guarantees.md.
+"""Re-entrant locks for the threads of one process: :func:`path_lock` per path, :func:`model_lock` per model
+(a tokenizer's settings are mutable state). Locks between processes: ``flock`` in :mod:`medadapt.cache`.
 """
 
 from __future__ import annotations
@@ -19,8 +17,7 @@ _UNREFERENCEABLE = threading.RLock()  # for the rare object that takes no weak r
 
 
 def path_lock(path: str | os.PathLike) -> threading.RLock:
-    """The process-wide lock of ``path`` (its absolute, symlink-resolved form: a link and its target share
-    one lock)."""
+    """The process-wide lock of ``path`` (a link and its target share one)."""
     key = os.path.realpath(os.fspath(path))
     with _GUARD:
         lock = _PATHS.get(key)

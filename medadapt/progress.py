@@ -1,30 +1,10 @@
 """One progress system for every long step of medadapt: rich bars on stderr, one switch for all of them.
 
-Every long loop in the library (encoding into the cache, indexing, mining, labelling, HyReC state caches,
-exports) asks this module for a bar with :func:`progress`; the training loop's bar
-(:class:`medadapt.training.progress.StepProgress`) draws into the same display. All bars of a process share
-one ``rich.progress.Progress`` on stderr, so bars stack instead of overwriting each other, warnings and log
-lines print above them, and stdout stays clean for data (``medadapt search`` writes TREC runs there).
-
-Why hand-written (small): tqdm draws its own bars (its rich front end, ``tqdm.rich``, is marked experimental
-and warns on use), and ``rich.progress.track`` only wraps iterables. medadapt needs one tqdm-shaped object
-(``update`` / ``close`` / iteration / context manager) that draws through a shared rich display, and a
-process-wide level set by the CLI's ``--quiet`` / ``--verbose``:
-
-* ``"quiet"``: no bars at all;
-* ``"normal"`` (default): medadapt's bars, third-party bars and logs silenced where medadapt shows its own
-  (:func:`medadapt.cli._common.quiet_libraries`);
-* ``"verbose"``: medadapt's bars plus the libraries' own logs and bars (transformers, sentence-transformers,
-  datasets), for debugging.
-
-Example::
-
-    from medadapt.progress import progress
-
-    for text in progress(texts, desc="tokenising", unit="doc"):
-        ...
-    with progress(total=n, desc="indexing", unit="doc") as bar:
-        bar.update(batch)
+Every long loop asks :func:`progress` for a tqdm-shaped :class:`Bar`; all bars of a process (the training
+loop's too) share one ``rich.progress.Progress`` on stderr, so they stack, logs print above them and stdout
+stays clean for data. The level (CLI ``--quiet`` / ``--verbose``): ``"quiet"`` no bars, ``"normal"``
+medadapt's bars with third-party bars and logs silenced, ``"verbose"`` the libraries' own too. Hand-written:
+tqdm draws its own bars (``tqdm.rich`` is experimental) and ``rich.progress.track`` only wraps iterables.
 """
 
 from __future__ import annotations
@@ -56,10 +36,8 @@ def level() -> Level:
 
 
 def plain_console(stderr: bool = False):
-    """A rich ``Console`` that prints text as it is: no markup (``[/bold]``, ``[red]``, ``[link=x]`` in a query,
-    a title or a path stays literal and never raises ``MarkupError``) and no emoji codes (``:pill:`` stays).
-    Every console medadapt prints through is one of these (the CLI's, the progress display's); styled bits
-    are ``rich.text.Text`` objects, never markup in strings."""
+    """A rich ``Console`` that prints text literally: no markup (``[red]`` in a query stays, never a
+    ``MarkupError``) and no emoji codes. Every console medadapt prints through is one (styles: ``Text``)."""
     from rich.console import Console
 
     return Console(stderr=stderr, markup=False, emoji=False)
@@ -95,15 +73,8 @@ def release_progress() -> None:
 
 
 class Bar:
-    """A tqdm-shaped progress bar drawn in the shared rich display (see the module docstring).
-
-    Args:
-        iterable: iterate over it while advancing the bar by one per item.
-        total: number of steps (``len(iterable)`` when it has one; ``None``: a counter without an end).
-        desc: what is being done, e.g. ``"encoding (document)"``.
-        unit: what a step is, e.g. ``"doc"``.
-        disable: draw nothing (``show_progress=False``); the level ``"quiet"`` disables every bar.
-    """
+    """A tqdm-shaped bar in the shared display: iterate over ``iterable`` or call :meth:`update`.
+    ``total``: default ``len(iterable)``, ``None`` a counter; ``disable`` (or level ``"quiet"``): draw nothing."""
 
     def __init__(self, iterable: Iterable | None = None, *, total: int | None = None, desc: str = "",
                  unit: str = "it", disable: bool = False):
@@ -128,8 +99,7 @@ class Bar:
             self._progress.update(self._task, info=text)
 
     def set_state(self, completed: int, total: int | None = None, desc: str | None = None) -> None:
-        """Jump to ``completed`` steps (and a new ``total`` / ``desc``), e.g. a training loop that reports
-        its global step, or resumes in the middle."""
+        """Jump to ``completed`` steps (and a new ``total`` / ``desc``), e.g. a resumed training loop."""
         self.n = completed
         if total is not None:
             self.total = total
@@ -171,10 +141,9 @@ def progress(iterable: Iterable | None = None, *, total: int | None = None, desc
 
 def encode_with_progress(fn, texts: list, *, batch_size: int = 64, show_progress: bool = False, desc: str = "",
                          **kwargs):
-    """Call a sentence-transformers encode function (``model.encode_query`` ...) with a medadapt bar instead of
-    its own ``Batches`` bar: without ``show_progress`` one call, exactly as before; with it, the texts go in
-    chunks of ``16 * batch_size`` (the bar advances per chunk) and the outputs are concatenated (numpy arrays
-    or torch tensors, as ``fn`` returns them)."""
+    """Call a sentence-transformers encode function (``model.encode_query`` ...) with a medadapt bar instead
+    of its own: with ``show_progress`` in chunks of ``16 * batch_size``, the outputs (numpy or torch)
+    concatenated; without, one plain call."""
     kwargs["show_progress_bar"] = False
     texts = list(texts)
     if not show_progress or len(texts) <= batch_size:

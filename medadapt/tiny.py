@@ -1,24 +1,11 @@
-"""Tiny random models and a tiny BEIR set, built offline and deterministically: what the ``*-tiny*`` recipes
-and the test suite run on, so a smoke test needs no download and no data of the user's.
+"""Tiny random models and a tiny BEIR set, built offline and deterministically, for the ``*-tiny*`` recipes
+and the tests: ``tiny-bert`` (random BERT SentenceTransformer, hidden 32), ``tiny-qwen2`` (random 3-layer
+Qwen2 with a byte-level BPE tokenizer, a decoder tower) and ``tiny-beir`` (12 medical topics). Random: they
+show that a pipeline runs, not what it scores.
 
-Names usable wherever a model or a data folder is expected (built on first use, then reused):
-
-* ``tiny-bert``: a SentenceTransformer (random BERT, hidden 32, 2 layers, mean pooling, ``Normalize``) with a
-  fixed WordPiece vocabulary (:func:`tiny_vocab`).
-* ``tiny-qwen2``: a Hugging Face folder of a random 3-layer Qwen2 (hidden 48) with a byte-level BPE tokenizer
-  whose EOS / pad is ``<|endoftext|>`` (a decoder tower: ``kind: decoder``).
-* ``tiny-beir``: a BEIR folder of 12 medical topics whose queries share words with their relevant documents
-  (``train`` and ``test`` qrels).
-
-The models are random: they show that a pipeline runs end to end, not what it scores.
-
-A name is built into ``<cache>/tiny/<name>-<key>`` (``<cache>`` is :func:`medadapt.cache.default_cache_dir`,
-i.e. ``$MEDADAPT_CACHE``), where ``<key>`` hashes this module's source, :data:`TINY_VERSION` and the versions of
-the libraries that write the files, so a changed builder gets a new folder. It is built in a temporary sibling
-and renamed into place (several processes may build it at once: the first rename wins, the others reuse that
-folder), with a ``SHA256SUMS`` that is checked before every reuse (a damaged folder is rebuilt). Each builder's
-bytes are the same in every process (seeded weights, a fixed vocabulary), so the folder does not depend on
-who built it.
+A name is built into ``<cache>/tiny/<name>-<key>`` (``<key>``: this module's source, :data:`TINY_VERSION`,
+the writing libraries' versions) in a temporary sibling renamed into place (the first rename wins), with a
+``SHA256SUMS`` checked before every reuse (a damaged folder is rebuilt).
 """
 
 from __future__ import annotations
@@ -28,7 +15,6 @@ import json
 import os
 import re
 import shutil
-import uuid
 from collections.abc import Callable
 from importlib import metadata
 from pathlib import Path
@@ -36,10 +22,10 @@ from pathlib import Path
 from medadapt.cache import default_cache_dir
 from medadapt.checksums import ChecksumError, verify_sums, write_sums
 from medadapt.errors import MedAdaptError
-from medadapt.io import atomic_open, atomic_write_text, clean_leftovers, normalize_modes, swap_in
+from medadapt.io import atomic_open, atomic_write_text, clean_leftovers, normalize_modes, swap_in, temp_name
 
 __all__ = ["TINY_NAMES", "TINY_VERSION", "TOPICS", "build_tiny_beir", "build_tiny_bert", "build_tiny_qwen2",
-           "corpus_texts", "tiny_path", "tiny_root", "tiny_vocab", "write_beir"]
+           "corpus_texts", "tiny_path", "tiny_root", "tiny_vocab", "write_beir", "write_qrels"]
 
 #: Bumped when a builder's output changes in a way its source does not show.
 TINY_VERSION = 1
@@ -70,11 +56,8 @@ def corpus_texts() -> list[str]:
 
 
 def tiny_vocab() -> dict[str, int]:
-    """A deterministic WordPiece vocabulary for the tiny BERT: special tokens, every word of
-    :func:`corpus_texts`, and every letter as a word start and as a ``##`` continuation, so unseen words
-    split into letters. (``tokenizers``' WordPieceTrainer breaks frequency ties in hash-map order, which
-    changes from one process to the next: the vocabulary, and every tiny model with it, then differed
-    between runs.)"""
+    """A deterministic WordPiece vocabulary: special tokens, every word of :func:`corpus_texts`, and every
+    letter as a start and a ``##`` continuation (``tokenizers``' trainer breaks ties in hash-map order)."""
     words = sorted({w for t in corpus_texts() for w in re.findall(r"\w+|[^\w\s]", t.lower())})
     letters = sorted({c for w in words for c in w} | set("abcdefghijklmnopqrstuvwxyz"))
     tokens = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *letters, *(f"##{c}" for c in letters),
@@ -155,12 +138,17 @@ def write_beir(root: str | os.PathLike, corpus: dict, queries: dict,
         for qid, text in queries.items():
             f.write(json.dumps({"_id": qid, "text": text}) + "\n")
     for split, rel in qrels.items():
-        with atomic_open(root / "qrels" / f"{split}.tsv") as f:
-            f.write("query-id\tcorpus-id\tscore\n")
-            for qid, docs in rel.items():
-                for did, score in docs.items():
-                    f.write(f"{qid}\t{did}\t{score}\n")
+        write_qrels(root / "qrels" / f"{split}.tsv", rel)
     return root
+
+
+def write_qrels(path: Path, qrels: dict[str, dict[str, int]]) -> None:
+    """A BEIR qrels TSV (with header), atomically."""
+    with atomic_open(path) as f:
+        f.write("query-id\tcorpus-id\tscore\n")
+        for qid, docs in qrels.items():
+            for did, score in docs.items():
+                f.write(f"{qid}\t{did}\t{score}\n")
 
 
 def build_tiny_beir(root: str | os.PathLike) -> Path:
@@ -210,14 +198,8 @@ def _verified(final: Path) -> Path:
 
 
 def tiny_path(name: str, root: str | os.PathLike | None = None) -> Path:
-    """The folder of the tiny model or data set ``name`` (see the module docstring), built on first use.
-
-    Args:
-        root: where built names are kept (default :func:`tiny_root`).
-
-    Raises:
-        MedAdaptError: an unknown name, or the folder cannot be built (one line naming what it needs).
-    """
+    """The folder of the tiny model or data set ``name``, built on first use under ``root`` (default
+    :func:`tiny_root`); an unknown name or a failed build is one :class:`MedAdaptError`."""
     if name not in TINY_NAMES:
         raise MedAdaptError(f"unknown tiny name {name!r} (known: {', '.join(sorted(TINY_NAMES))})")
     builder, libraries = TINY_NAMES[name]
@@ -229,7 +211,7 @@ def tiny_path(name: str, root: str | os.PathLike | None = None) -> Path:
             return _verified(final)
         except ChecksumError:  # damaged (an edit, a half-deleted folder): build again and swap it out
             damaged = True
-    tmp = root / f".{final.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    tmp = temp_name(final)
     try:
         root.mkdir(parents=True, exist_ok=True)
         clean_leftovers(final, own=False)  # what a killed builder left (other threads may be building)

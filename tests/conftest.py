@@ -20,7 +20,6 @@ imports another.
 from __future__ import annotations
 
 import atexit
-import json
 import os
 import shutil
 import tempfile

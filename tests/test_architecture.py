@@ -17,7 +17,7 @@ ROOT = Path(__file__).resolve().parents[1] / "medadapt"
 SYSTEMS = ("medadapt.moe", "medadapt.care", "medadapt.hyrec", "medadapt.bmretriever")
 NEUTRAL = ("adapters", "cards.py", "recipes", "training", "retrieval", "data", "eval", "losses", "curation", "config.py",
            "cache.py", "cache_shards.py", "io.py", "checksums.py", "identity.py", "tokenizer_id.py", "errors.py", "models.py",
-           "model_names.py", "tiny.py", "finite.py", "locks.py", "progress.py", "yaml_input.py", "decoder.py", "report",
+           "model_names.py", "trust.py", "devices.py", "tiny.py", "finite.py", "locks.py", "progress.py", "yaml_input.py", "decoder.py", "report",
            "plan", "encode.py", "backends.py", "systems.py")
 #: Imports of medadapt modules inside functions (hidden edges of the module graph). Lower it when you hoist one;
 #: a new one fails this ceiling: import medadapt modules at module level (laziness is for optional third-party
@@ -204,9 +204,9 @@ def test_function_level_imports_of_medadapt_only_go_down():
         "import medadapt modules at module level. All of them:\n" + "\n".join(found))
 
 
-# Deprecated aliases kept so that code and model folders written for medadapt 0.1 keep working: the MoE
-# head's old home (`medadapt.heads.moe.MoEHead` in saved modules.json, `from medadapt.heads import MoEHead`).
-LEGACY_ALIASES = {"medadapt/heads/moe.py", "medadapt/heads/__init__.py"}
+# Aliases kept so that model folders written for medadapt 0.1 keep loading: the heads' old module paths
+# (`medadapt.heads.moe.MoEHead`, `medadapt.heads.linear.*` in a saved modules.json).
+LEGACY_ALIASES = {"medadapt/heads/moe.py", "medadapt/heads/linear.py", "medadapt/heads/__init__.py"}
 
 
 def _package(module: str) -> str:

@@ -244,7 +244,7 @@ def test_schema_errors_are_clear(tmp_path):
 
 def test_stage_section_is_an_optim_section_with_the_papers_defaults():
     from medadapt.bmretriever import BmStageSection
-    from medadapt.bmretriever.schema import Stage1Section
+    from medadapt.bmretriever.sections import Stage1Section
     from medadapt.training.config import OptimSection
 
     section = BmStageSection()
@@ -260,7 +260,7 @@ def test_stage_section_is_an_optim_section_with_the_papers_defaults():
 
 def test_recipe_built_in_python_equals_the_minimal_yaml(tmp_path):
     from medadapt.bmretriever import BmRetrieverRecipe
-    from medadapt.bmretriever.schema import RetrieverModelSection
+    from medadapt.bmretriever.sections import RetrieverModelSection
     from medadapt.recipes import DataSection, load_recipe
 
     path = tmp_path / "bmr-min.yaml"
@@ -467,7 +467,7 @@ def test_stage_batches_hold_one_data_set_no_duplicate_text_and_follow_the_sizes(
 
 
 def test_stage2_datasets_with_synthetic_pairs(tiny_bert_dir, tiny_beir_dir, tmp_path):
-    from medadapt.bmretriever.recipe import stage1_dataset, stage2_datasets
+    from medadapt.bmretriever import stage1_dataset, stage2_datasets
     from medadapt.cache import EmbeddingCache
     from medadapt.recipes import load_recipe
 

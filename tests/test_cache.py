@@ -76,7 +76,7 @@ def test_tokenizer_fingerprint_is_what_it_does_not_which_class_loaded_it(tiny_be
     saved under one transformers version loads under another); lowercasing off changes it."""
     from transformers import AutoTokenizer, BertTokenizer
 
-    from medadapt.tokenizer_id import tokenizer_fingerprint
+    from medadapt.identity import tokenizer_fingerprint
 
     auto, bert = AutoTokenizer.from_pretrained(tiny_bert_dir), BertTokenizer.from_pretrained(tiny_bert_dir)
     assert type(auto) is not type(bert)
@@ -122,7 +122,8 @@ def test_cache_rejects_bad_settings(tmp_path):
 def test_cache_serves_backbone_with_head_without_reencoding(tiny_bert, tmp_path):
     import torch
 
-    from medadapt.heads import MoEConfig, MoEHead, attach
+    from medadapt.adapters import attach
+    from medadapt.moe import MoEConfig, MoEHead
 
     cache = EmbeddingCache(tmp_path)
     texts = [f"gout toe pain {i}" for i in range(6)]

@@ -177,7 +177,7 @@ def test_shards_are_verified_once_per_process(tiny_bert, tmp_path, monkeypatch):
     checked: list[str] = []
     real = cache_mod._stream_check
     monkeypatch.setattr(cache_mod, "_stream_check",
-                        lambda f, layout, name: (checked.append(name), real(f, layout, name))[1])
+                        lambda f, layout, name, keep=False: (checked.append(name), real(f, layout, name, keep))[1])
     monkeypatch.setattr(cache_mod, "_VERIFY_CHUNK", 64)  # many pieces per tensor: streaming stays exact
     cache.view(tiny_bert, TEXTS, role="document")
     assert sorted(checked) == ["embeddings"] * 5 + ["hashes"] * 5

@@ -100,7 +100,8 @@ def test_lora_train_and_merge_gets_a_new_namespace(tiny_bert, tmp_path):
 def test_heads_do_not_change_the_namespace(tiny_bert, tmp_path, monkeypatch):
     import torch
 
-    from medadapt.heads import MoEConfig, MoEHead, attach
+    from medadapt.adapters import attach
+    from medadapt.moe import MoEConfig, MoEHead
 
     cache = EmbeddingCache(tmp_path)
     cache.encode(tiny_bert, DOCS, role="document", show_progress=False)
@@ -216,7 +217,7 @@ def test_asym_prompts_follow_the_role(towers, tmp_path):
 def test_head_on_query_route_keeps_the_towers_namespace(towers, tmp_path, monkeypatch):
     import torch
 
-    from medadapt.heads import MoEConfig, MoEHead
+    from medadapt.moe import MoEConfig, MoEHead
 
     q_st, d_st = towers
     asym = _asym(q_st, d_st)

@@ -12,7 +12,7 @@ import yaml
 
 import medadapt
 from medadapt.adapters.files import ADAPTER_CONFIG, read_adapter_config, save_adapter
-from medadapt.heads.linear import LinearHeadConfig
+from medadapt.adapters.linear import LinearHeadConfig
 from medadapt.moe import MoEConfig  # importing a medadapt head config extends SentenceTransformer.add_adapter
 
 pytestmark = pytest.mark.usefixtures("_single_thread")

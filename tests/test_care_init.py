@@ -156,7 +156,7 @@ def test_unsupervised_stage_learns_the_temperature_with_the_tower(tiny_bert):
 
 # ------------------------------------------------------------------------------------------------ recipe
 def test_care_init_schema_old_form_new_form_and_clear_errors():
-    from medadapt.care.recipe import CareRecipe
+    from medadapt.care.sections import CareRecipe
     from medadapt.errors import ConfigError
     from medadapt.recipes import load_recipe
 
@@ -190,7 +190,8 @@ def test_care_init_schema_old_form_new_form_and_clear_errors():
 
 
 def test_plan_lists_the_query_init_steps():
-    from medadapt.care.recipe import CareRecipe, plan_spec
+    from medadapt.care.plan import plan_spec
+    from medadapt.care.sections import CareRecipe
     from medadapt.recipes import load_recipe
 
     spec = plan_spec(load_recipe(RECIPES / "care.yaml", expect=CareRecipe))

@@ -7,7 +7,6 @@ decoder document tower from :func:`medadapt.tiny.build_tiny_qwen2` (BPE tokenize
 from __future__ import annotations
 
 import math
-from pathlib import Path
 
 import numpy as np
 import pytest

@@ -18,7 +18,7 @@ QUIET = {"show_progress": False, "log": lambda m: None}
 @pytest.mark.parametrize("name", ["care.yaml", "care-tiny.yaml", "care-minilm.yaml", "care-minilm-1layer.yaml",
                                   "care-minilm-1layer-general.yaml", "care-minilm-static.yaml"])
 def test_shipped_care_recipes_validate(name):
-    from medadapt.care.recipe import CareRecipe
+    from medadapt.care.sections import CareRecipe
     from medadapt.recipes import load_recipe
 
     recipe = load_recipe(RECIPES / name, expect=CareRecipe)
@@ -40,7 +40,7 @@ def test_shipped_care_recipes_validate(name):
 
 
 def test_schema_errors_are_clear():
-    from medadapt.care.recipe import CareRecipe
+    from medadapt.care.sections import CareRecipe
     from medadapt.errors import ConfigError
     from medadapt.recipes import load_recipe
 
@@ -62,7 +62,7 @@ def test_schema_errors_are_clear():
 
 
 def test_recipe_built_in_python_equals_the_minimal_yaml(tmp_path):
-    from medadapt.care.recipe import CareRecipe, DocumentSection, PrunedQuerySection
+    from medadapt.care.sections import CareRecipe, DocumentSection, PrunedQuerySection
     from medadapt.recipes import DataSection, load_recipe
 
     path = tmp_path / "care-min.yaml"
@@ -155,7 +155,7 @@ def test_tiny_recipe_with_pruned_or_static_query_tower_and_frozen_documents(quer
     from sentence_transformers import SentenceTransformer
 
     from medadapt.care import evaluate_asymmetric
-    from medadapt.care.recipe import build_document_tower
+    from medadapt.care.model import build_document_tower
     from medadapt.cache import EmbeddingCache
     from medadapt.data import load_beir
     from medadapt.recipes import load_recipe, run_recipe
@@ -200,7 +200,7 @@ def test_stage2_align_weight_replays_stage1_and_needs_stage1(tiny_bert_dir, tiny
 
 
 def test_plan_notes_the_ranking_distillation_table():
-    from medadapt.care.recipe import plan_spec
+    from medadapt.care.plan import plan_spec
     from medadapt.recipes import load_recipe
 
     assert not any("ranking distillation" in n for n in plan_spec(load_recipe(RECIPES / "care.yaml")).notes)

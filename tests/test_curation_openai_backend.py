@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import http.server
 import json
-import sys
 import threading
 from urllib.parse import quote
 
@@ -70,10 +69,7 @@ def echo_server():
 
 @pytest.mark.parametrize("status", [401, 200])  # 200: a body quoted in the error as no chat completion
 @pytest.mark.parametrize("mode", ["json", "text", "cut", "bare", "url", "escaped"])
-@pytest.mark.parametrize("transport", ["httpx", "urllib"])
-def test_an_echoed_key_never_reaches_the_error(transport, mode, status, echo_server, monkeypatch):
-    if transport == "urllib":
-        monkeypatch.setitem(sys.modules, "httpx", None)  # the standard-library fallback
+def test_an_echoed_key_never_reaches_the_error(mode, status, echo_server, monkeypatch):
     monkeypatch.setattr(_Echo, "mode", mode)
     monkeypatch.setattr(_Echo, "status", status)
     chat = OpenAIChat("m", echo_server, api_key=KEY, max_retries=0)

@@ -41,7 +41,7 @@ def _jsonl(path, rows):
 
 def test_pool_task_metrics_are_exact(tmp_path):
     from medadapt.eval import ENTITY_LINKING_METRICS, QA_METRICS, evaluate_pool, load_pool_task
-    from medadapt.eval.pool import build_pool
+    from medadapt.eval.tasks.pool import build_pool
 
     # pool: A, B, C (+ distractor D). q1 -> A ranks 1st; q2 -> its positive B ranks 3rd (after D and A).
     f = _jsonl(tmp_path / "qa.jsonl", [

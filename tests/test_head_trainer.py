@@ -9,8 +9,8 @@ import torch
 from sentence_transformers import SentenceTransformer
 
 from medadapt.errors import ConfigError
-from medadapt.heads import MoEConfig, MoEHead, attach
-from medadapt.moe import InfoNCESection, MoETrainingSection, encode_with_head, train_head
+from medadapt.adapters import attach
+from medadapt.moe import InfoNCESection, MoEConfig, MoEHead, MoETrainingSection, encode_with_head, train_head
 from medadapt.training import CheckpointConfig, TrainingError, latest_checkpoint
 
 DIM = 32

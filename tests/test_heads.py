@@ -10,10 +10,11 @@ import pytest
 import torch
 from sentence_transformers import SentenceTransformer
 
+from medadapt.adapters import attach, find_head
+from medadapt.adapters.linear import LinearHead, SearchAdaptorHead
 from medadapt.errors import ConfigError
-from medadapt.heads import MoEConfig, MoEHead, attach, available_experts, build_expert, find_head
-from medadapt.heads.kan import KANLayer, KANOptions
-from medadapt.heads.kan.bspline import bspline_basis, uniform_bspline_basis, uniform_knots
+from medadapt.moe import MoEConfig, MoEHead, available_experts, build_expert
+from medadapt.moe.kan import KANLayer, KANOptions, bspline_basis, uniform_bspline_basis, uniform_knots
 from medadapt.moe.routing import TopKRouter
 
 
@@ -111,22 +112,34 @@ class TestHeadMatrix:
             torch.testing.assert_close(actual, expected, atol=1e-6, rtol=0)
 
 
-def test_model_folders_saved_before_the_move_to_medadapt_moe_still_load(tiny_bert, tmp_path):
-    """New folders name ``medadapt.moe.head.MoEHead``; folders saved when the head lived in
-    ``medadapt.heads.moe`` name that module, which re-exports the class."""
+@pytest.mark.parametrize("case, old", [
+    ("moe_paper", "medadapt.heads.moe.MoEHead"),
+    ("linear", "medadapt.heads.linear.LinearHead"),
+    ("search_adaptor", "medadapt.heads.linear.SearchAdaptorHead"),
+])
+def test_model_folders_naming_the_old_head_paths_still_load(case, old, tiny_bert, tmp_path):
+    """New folders name the heads' homes (``medadapt.moe.head``, ``medadapt.adapters.linear``); folders saved
+    when they lived in ``medadapt.heads`` name the alias modules, which load to identical embeddings."""
     import medadapt
 
-    model = attach(tiny_bert, perturb_(make_head("moe_paper"))).eval()
+    torch.manual_seed(0)
+    head = {"moe_paper": lambda: make_head("moe_paper"), "linear": lambda: LinearHead(DIM, bias=True),
+            "search_adaptor": lambda: SearchAdaptorHead(DIM, bias=True, scale=0.5)}[case]()
+    cls = type(head)
+    frozen = tiny_bert.encode(TEXTS, convert_to_tensor=True)
+    model = attach(tiny_bert, perturb_(head)).eval()
     model.save(str(tmp_path / "m"))
     modules = json.loads((tmp_path / "m" / "modules.json").read_text())
-    moe = [m for m in modules if m["type"].endswith("MoEHead")]
-    assert [m["type"] for m in moe] == ["medadapt.moe.head.MoEHead"]
-    moe[0]["type"] = "medadapt.heads.moe.MoEHead"
+    saved = [m for m in modules if m["type"].endswith(cls.__name__)]
+    assert [m["type"] for m in saved] == [f"{cls.__module__}.{cls.__name__}"]
+    assert not cls.__module__.startswith("medadapt.heads")
+    saved[0]["type"] = old
     (tmp_path / "m" / "modules.json").write_text(json.dumps(modules))
-    old = medadapt.load(str(tmp_path / "m"), device="cpu")
-    assert find_head(old, MoEHead) is not None
+    reloaded = medadapt.load(str(tmp_path / "m"), device="cpu")
+    assert find_head(reloaded, cls) is not None
     expected = model.encode(TEXTS, convert_to_tensor=True)
-    torch.testing.assert_close(old.encode(TEXTS, convert_to_tensor=True), expected, atol=1e-6, rtol=0)
+    assert not torch.allclose(expected, frozen, atol=1e-3)  # the head changes the embeddings
+    torch.testing.assert_close(reloaded.encode(TEXTS, convert_to_tensor=True), expected, atol=1e-6, rtol=0)
 
 
 def test_alpha_is_a_one_element_vector_and_folders_with_a_scalar_alpha_still_load(tiny_bert, tmp_path):
@@ -275,7 +288,7 @@ def test_residual_scale_interpolates_and_training_ignores_it():
     import torch
 
     from medadapt.errors import ConfigError
-    from medadapt.heads import MoEConfig, MoEHead
+    from medadapt.moe import MoEConfig, MoEHead
 
     torch.manual_seed(0)
     head = MoEHead(MoEConfig.single_expert(16, "mlp_gelu", zero_init_output=False))
@@ -294,8 +307,7 @@ def test_residual_scale_interpolates_and_training_ignores_it():
 def test_train_head_learns_at_full_scale_and_restores_scale():
     import torch
 
-    from medadapt.heads import MoEConfig, MoEHead
-    from medadapt.moe import MoETrainingSection, train_head
+    from medadapt.moe import MoEConfig, MoEHead, MoETrainingSection, train_head
 
     q, d = torch.randn(32, 16), torch.randn(32, 16)
     torch.manual_seed(0)

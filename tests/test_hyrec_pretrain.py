@@ -300,3 +300,31 @@ def test_paper_recipe_declares_and_plans_the_pretraining():
     d = PretrainSection()
     assert (d.lr, d.warmup_ratio, d.weight_decay, d.encoder_mask_ratio, d.decoder_mask_ratio) == (1e-4, 0.1, 0.01,
                                                                                                  0.3, 0.5)
+
+
+def test_retromae_from_scratch(tiny_bert_dir, tiny_beir_dir, tmp_path, monkeypatch):
+    """model.init: scratch keeps the backbone's architecture and tokenizer and draws its weights anew (the
+    same draw for the same seed, none of the checkpoint's values), then RetroMAE pre-trains them; without a
+    pretrain section it is one clear error."""
+    from medadapt.hyrec.model import HyReCConfig, HyReCModel
+
+    with pytest.raises(ConfigError, match="model.init: scratch .* add a pretrain section"):
+        load_recipe(TINY, [f"model.backbone={tiny_bert_dir}", "model.init=scratch"], expect=HyReCRecipe)
+    cfg = HyReCConfig(language="en")
+    pretrained = dict(HyReCModel.from_backbone(str(tiny_bert_dir), cfg).named_parameters())
+    a = dict(HyReCModel.from_backbone(str(tiny_bert_dir), cfg, scratch=True, seed=3).named_parameters())
+    b = dict(HyReCModel.from_backbone(str(tiny_bert_dir), cfg, scratch=True, seed=3).named_parameters())
+    matrices = [n for n in a if n.startswith("st.0.") and a[n].ndim == 2]
+    assert matrices and all(torch.equal(a[n], b[n]) for n in a if n.startswith("st.0."))  # the backbone
+    assert not any(torch.equal(a[n], pretrained[n]) for n in matrices)
+    lexicon = [n for n in a if ".lexicon." in n]
+    assert lexicon and not any(torch.equal(a[n], pretrained[n]) for n in lexicon if a[n].ndim == 2)
+
+    snaps = _Snapshots(monkeypatch)
+    res = run_recipe(_recipe(tiny_bert_dir, tiny_beir_dir, "model.init=scratch"), tmp_path / "run", evaluate=False,
+                     **QUIET)
+    start, end = snaps.at["pretrain:start"], snaps.at["pretrain:end"]
+    seeded = dict(HyReCModel.from_backbone(str(tiny_bert_dir), cfg, scratch=True, seed=42).named_parameters())
+    assert all(torch.equal(start[n], seeded[n]) for n in matrices)  # training.seed 42 draws the start
+    assert all(not torch.equal(start[n], end[n]) for n in matrices if ".pooler." not in n)
+    assert res.details["pretrain"]["steps"] == 6

@@ -1,5 +1,5 @@
 """The linear heads (``linear``: identity-initialised W e; ``search_adaptor``: e + s W e) and query-only heads
-on a one-tower model (medadapt.heads.linear, medadapt.adapters.api.split_routes)."""
+on a one-tower model (medadapt.adapters.linear, medadapt.adapters.api.split_routes)."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from typer.testing import CliRunner
 import medadapt
 from medadapt.adapters.api import shared_backbone
 from medadapt.errors import ConfigError
-from medadapt.heads.linear import LinearHead, LinearHeadConfig, SearchAdaptorConfig, SearchAdaptorHead
+from medadapt.adapters.linear import LinearHead, LinearHeadConfig, SearchAdaptorConfig, SearchAdaptorHead
 from medadapt.losses.drift import DriftLoss
 
 pytestmark = pytest.mark.usefixtures("_single_thread")

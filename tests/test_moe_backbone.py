@@ -1,5 +1,5 @@
 """Med-MoE-Embed's backbone / LoRA path (``model.freeze_backbone: false`` or ``model.peft``), one stage of the one
-loop (:mod:`medadapt.moe.backbone`): it learns (beats the untrained backbone on held-out queries), a LoRA is
+loop (:func:`medadapt.moe.train.backbone_phase`): it learns (beats the untrained backbone on held-out queries), a LoRA is
 merged into a folder that loads without PEFT, a non-finite loss stops it before anything is written, and
 non-finite weights are never saved. Save/load, exact resume and 2 processes = 1 are in tests/test_systems.py
 (``moe-lora``, ``moe-backbone``)."""
@@ -18,7 +18,8 @@ from medadapt.cache import EmbeddingCache
 from medadapt.data import load_beir
 from medadapt.errors import ConfigError
 from medadapt.eval import evaluate_retrieval
-from medadapt.heads import MoEHead, find_head
+from medadapt.adapters import find_head
+from medadapt.moe import MoEHead
 from medadapt.losses.infonce import InfoNCELoss
 from medadapt.recipes import registry, run_recipe
 from medadapt.training import TrainingError

@@ -1,5 +1,5 @@
 """One model for several medical domains: ``data.mix`` / ``data.balance`` of the ``moe`` recipe
-(medadapt.data.merge_beir, medadapt.moe.recipe.balanced_pairs)."""
+(medadapt.data.merge_beir, medadapt.moe.train.balanced_pairs)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import pytest
 
 from medadapt.data import domain_of, load_beir, merge_beir
 from medadapt.errors import ConfigError, DataError
-from medadapt.moe.recipe import balanced_pairs
+from medadapt.moe.train import balanced_pairs
 from medadapt.training.pairs import HeadTrainingData, pairs_from_qrels
 
 pytestmark = pytest.mark.usefixtures("_single_thread")

@@ -73,7 +73,7 @@ def _direct(model_dir, sets, cache_dir, settings: dict) -> dict[str, dict[str, f
     from medadapt.cache import EmbeddingCache
     from medadapt.data import load_beir
     from medadapt.eval import evaluate_retrieval
-    from medadapt.heads.linear import LinearHeadConfig
+    from medadapt.adapters.linear import LinearHeadConfig
     from medadapt.moe import train_head
     from medadapt.moe.sections import InfoNCESection, MoETrainingSection
     from medadapt.training.pairs import prepare_head_training

@@ -33,8 +33,7 @@ def test_defaults_and_overrides():
 def test_python_api_and_yaml_give_the_same_recipe(tmp_path):
     """A recipe built in Python with the minimal fields equals the minimal YAML file, defaults included
     (one class, one set of defaults)."""
-    from medadapt.moe.recipe import MoEDataSection, MoEModelSection, MoERecipe
-    from medadapt.moe.sections import MoEHeadSection
+    from medadapt.moe.sections import MoEDataSection, MoEHeadSection, MoEModelSection, MoERecipe
 
     api = MoERecipe(name="t", model=MoEModelSection(backbone="minilm"), data=MoEDataSection(path="medmini"),
                     head=MoEHeadSection())

@@ -19,7 +19,7 @@ import medadapt
 from medadapt.cache import EmbeddingCache
 from medadapt.cli import app
 from medadapt.errors import MedAdaptError
-from medadapt.heads.linear import LinearHeadConfig
+from medadapt.adapters.linear import LinearHeadConfig
 from medadapt.moe import MoEConfig
 from medadapt.retrieval import IndexCorruptError, IndexMismatchError, Retriever, load_documents
 from medadapt.retrieval.storage import MANIFEST, MANIFEST_SUM, read_manifest

@@ -166,7 +166,7 @@ def test_cmedteb_end_to_end(tmp_path, model, cache):
     from medadapt.eval import evaluate_rerank, evaluate_sts
     from medadapt.eval.suites import evaluate_suite
     from medadapt.eval.suites.cmedteb import RERANK, STS
-    from medadapt.eval.suites.layouts import load_mteb_rerank
+    from medadapt.eval.tasks.rerank import load_mteb_rerank
     from medadapt.data import load_sts
 
     root = make_cmedteb(tmp_path / "cmedteb")
@@ -416,7 +416,7 @@ def test_language_codes_and_prompt_restore(tiny_bert):
     with pytest.raises(MedAdaptError, match="unknown suite"):
         from medadapt.eval.suites import get_suite
 
-        get_suite("cmteb")
+        get_suite("cmedteb2")
 
 
 # ----------------------------------------------------------------------------------------------- instructions

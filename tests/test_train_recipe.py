@@ -108,7 +108,8 @@ def test_saved_folder_loads_to_the_trained_model(tiny_bert_dir, synonym_beir_dir
     (model,) = trained
     texts = ["symptoms of thirst", "treatment of wheezing", "gout"]
     loaded = medadapt.load(str(out), device="cpu")
-    from medadapt.heads import MoEHead, find_head
+    from medadapt.adapters import find_head
+    from medadapt.moe import MoEHead
 
     head = find_head(model, MoEHead)
     assert head.residual_scale == 0.5 and head.routing == "learned"

@@ -292,7 +292,7 @@ def test_absurd_learning_rates_are_refused():
 
 def test_moe_config_refuses_non_finite_numbers():
     from medadapt.errors import ConfigError
-    from medadapt.heads import MoEConfig
+    from medadapt.moe import MoEConfig
 
     for field in ("alpha_init", "residual_scale"):
         with pytest.raises(ConfigError, match=f"{field} must be a finite number"):

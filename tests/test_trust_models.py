@@ -11,7 +11,6 @@ import http.server
 import json
 import os
 import shutil
-import sys
 import threading
 from pathlib import Path
 
@@ -375,8 +374,7 @@ class _Recording(http.server.BaseHTTPRequestHandler):
         pass
 
 
-@pytest.mark.parametrize("transport", ["httpx", "urllib"])
-def test_api_key_goes_only_to_the_base_url(transport, monkeypatch):
+def test_api_key_goes_only_to_the_base_url(monkeypatch):
     from medadapt.curation import OpenAIChat
 
     posted = []
@@ -400,8 +398,6 @@ def test_api_key_goes_only_to_the_base_url(transport, monkeypatch):
         OpenAIChat("m", "file:///etc/passwd", api_key_env="FAKE_MEDADAPT_KEY", post=post)
 
     # a redirect is never followed with the key (a local server on two ports stands in for two hosts)
-    if transport == "urllib":
-        monkeypatch.setitem(sys.modules, "httpx", None)  # the standard-library fallback
     servers = [http.server.HTTPServer(("127.0.0.1", 0), _Recording) for _ in range(2)]
     threads = [threading.Thread(target=s.serve_forever, daemon=True) for s in servers]
     for t in threads:

@@ -1,46 +1,65 @@
-"""``SentenceTransformer.add_adapter`` and its companions, extended to medadapt heads.
+"""``SentenceTransformer.add_adapter`` and its companions, extended to medadapt heads (PEFT only knows adapters
+*inside* the transformers backbone; :func:`medadapt.adapters.methods.install` dispatches between the two).
 
-sentence-transformers forwards ``add_adapter`` / ``set_adapter`` / ``enable_adapters`` /
-``disable_adapters`` / ``active_adapters`` / ``load_adapter`` / ``delete_adapter`` /
-``get_adapter_state_dict`` to PEFT on the model's transformers backbone, which only knows adapters that
-wrap layers *inside* that backbone (LoRA and kin). :func:`medadapt.adapters.methods.install` (run when
-:mod:`medadapt.adapters` is imported, which any medadapt head config does) wraps those methods on
-``SentenceTransformer`` with the calls here: a medadapt head config (a registered :class:`~medadapt.adapters.types.AdapterType`, e.g. ``MoEConfig``) or a name of
-a medadapt head is handled here, anything else goes to the original method, so PEFT LoRA adapters work
-exactly as before and both kinds can live in one model.
-
-Where a head sits: on the **pooled sentence embedding**, right before ``Normalize`` (inside an
-:class:`~medadapt.adapters.stack.AdapterStack`), or, with ``route="query"`` / ``"document"``, at the end of
-that route of an asymmetric (``Router``) model. A one-tower model given a route is first split
-(:func:`split_routes`): its backbone modules become both routes of a ``Router`` (the same module objects,
-so one set of weights), and the head goes on one route only, e.g. a query-only adapter whose documents stay
-exactly the frozen model's embeddings. Semantics follow PEFT / transformers:
-``add_adapter`` adds a head and makes it the active one; ``set_adapter(name or [names])`` chooses the
-active heads (several run in the given order); ``disable_adapters`` returns the plain backbone output,
-``enable_adapters`` turns them back on.
+A head sits on the pooled embedding right before ``Normalize`` (in an :class:`AdapterStack`) or, with
+``route="query"`` / ``"document"``, at the end of that route of a ``Router`` model; a one-tower model is first
+split (:func:`split_routes`) into routes sharing its backbone. As in PEFT, ``add_adapter`` adds a head and makes
+it the active one, ``set_adapter`` chooses the active heads (run in order), ``disable_adapters`` /
+``enable_adapters`` switch them. :func:`attach` / :func:`find_head` are the low-level calls for any module.
 """
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, TypeVar
+
+from sentence_transformers import SentenceTransformer
+from sentence_transformers.base.modules import Normalize, Router
+from torch import nn
 
 from medadapt.adapters.stack import AdapterStack
 from medadapt.adapters.types import adapter_type_of
 from medadapt.errors import ConfigError
-from medadapt.heads.attach import attach
 
-__all__ = ["ALL_ROUTES", "adapter_locations", "adapter_names", "add_adapter", "get_adapter", "shared_backbone",
-           "split_routes", "stack_for"]
+__all__ = ["ALL_ROUTES", "adapter_locations", "adapter_names", "add_adapter", "attach", "find_head", "get_adapter",
+           "shared_backbone", "split_routes", "stack_for"]
 
 ALL_ROUTES = "all"
 STACK_NAME = "medadapt_adapters"
+DEFAULT_HEAD_NAME = "medadapt_head"
+H = TypeVar("H", bound=nn.Module)
 
 
-# ---------------------------------------------------------------------- where the stacks are
+def attach(model: SentenceTransformer, head: nn.Module, name: str = DEFAULT_HEAD_NAME) -> SentenceTransformer:
+    """Insert ``head`` right before the model's first ``Normalize`` (or at the end), in place; returns ``model``.
+
+    The head sees the raw pooled embedding and its output is still L2-normalised, as heads are trained on cached
+    embeddings. Existing module names are kept; the head gets ``name`` (numbered if taken) and moves to the
+    model's device. A head reporting ``get_embedding_dimension()`` must match the model's.
+    """
+    model_dim = model.get_embedding_dimension()
+    head_dim = head.get_embedding_dimension() if hasattr(head, "get_embedding_dimension") else None
+    if model_dim is not None and head_dim is not None and model_dim != head_dim:
+        raise ValueError(f"head dimension {head_dim} != model embedding dimension {model_dim}")
+    modules = list(model._modules.items())
+    position = next((i for i, (_, m) in enumerate(modules) if isinstance(m, Normalize)), len(modules))
+    unique, suffix = name, 1
+    while unique in model._modules:
+        unique, suffix = f"{name}_{suffix}", suffix + 1
+    modules.insert(position, (unique, head.to(model.device)))
+    model._modules = OrderedDict(modules)
+    return model
+
+
+def find_head(model: SentenceTransformer, cls: type[H]) -> H | None:
+    """The first module of ``model`` that is a ``cls`` (top level first, then nested, e.g. inside an
+    :class:`~medadapt.adapters.stack.AdapterStack`), or ``None``."""
+    top = next((m for m in model._modules.values() if isinstance(m, cls)), None)
+    return top if top is not None else next((m for m in model.modules() if isinstance(m, cls)), None)
+
+
 def _router(model):
-    from sentence_transformers.base.modules import Router
-
     first = next(iter(model._modules.values()), None)
     return first if isinstance(first, Router) else None
 
@@ -62,22 +81,14 @@ def _route_dim(modules) -> int | None:
 def _embedding_level(module) -> bool:
     """``Normalize`` or a module that reads and writes only the sentence embedding (the rule of
     :func:`medadapt.cache.is_embedding_module`)."""
-    from sentence_transformers.base.modules import Normalize
-
     return isinstance(module, Normalize) or bool(getattr(module, "operates_on_sentence_embedding", False))
 
 
 def split_routes(model):
     """Turn the one-tower ``model`` into an asymmetric one, in place, and return its ``Router``: the backbone
-    modules (everything before the trailing ``Normalize`` / heads) become both the ``query`` and the
-    ``document`` route (``Router.for_query_document``, default route ``document``), as the *same* module
-    objects: one set of weights, which ``Router`` saves once and reloads shared. The trailing modules stay
-    after the Router. Until a head goes on a route, every output is unchanged; ``encode`` without a task
-    takes the document route. A model that already starts with a ``Router`` is returned as it is."""
-    from collections import OrderedDict
-
-    from sentence_transformers.base.modules import Router
-
+    modules (before the trailing ``Normalize`` / heads) become both the ``query`` and the ``document`` route
+    (default ``document``) as the *same* module objects, one set of weights that ``Router`` saves once. Outputs
+    are unchanged until a head goes on a route. A model already starting with a ``Router`` is returned as is."""
     existing = _router(model)
     if existing is not None:
         return existing
@@ -95,10 +106,9 @@ def split_routes(model):
 
 
 def shared_backbone(model) -> list | None:
-    """For a model made by :func:`split_routes` (a leading ``Router`` whose routes all start with the same
-    module objects and add nothing after them but medadapt adapter stacks): the one-tower model's modules
-    (the shared backbone, then the modules after the Router), else ``None``. Adapter base fingerprints are
-    computed on these, so a head saved from the split model loads onto the plain base and back."""
+    """For a model made by :func:`split_routes` (routes sharing the same modules, plus only adapter stacks): the
+    one-tower model's modules, else ``None``. Base fingerprints are computed on these, so a head saved from the
+    split model loads onto the plain base and back."""
     router = _router(model)
     if router is None or not router.sub_modules:
         return None
@@ -149,8 +159,7 @@ def _location_dim(model, location: str) -> int:
 
 
 def stack_for(model, route: str | None = None, create: bool = False) -> AdapterStack | None:
-    """The stack at ``route`` (``None`` / ``"all"``: the top level), created on demand (a one-tower model
-    is split first for a ``query`` / ``document`` route, :func:`split_routes`)."""
+    """The stack at ``route`` (``None`` / ``"all"``: the top level), created on demand."""
     location = route or ALL_ROUTES
     for where, stack in adapter_locations(model):
         if where == location:
@@ -189,15 +198,10 @@ def _peft_names(model) -> list[str]:
     return list(getattr(model.transformers_model, "peft_config", {}) or {})
 
 
-# ---------------------------------------------------------------------- the calls
 def add_adapter(model, adapter_config: Any, adapter_name: str | None = None, *, route: str | None = None):
-    """Add a fresh medadapt head built from ``adapter_config`` as ``adapter_name`` (default ``"default"``)
-    and make it the active head (other medadapt heads are deactivated, as in PEFT). Returns the head.
-
-    ``route``: ``None`` puts the head on the pooled embedding before ``Normalize`` (every input);
-    ``"query"`` / ``"document"`` puts it at the end of that route only (a one-tower model is split first,
-    :func:`split_routes`: the other route is then exactly the frozen model).
-    """
+    """Add a fresh head built from ``adapter_config`` as ``adapter_name`` (default ``"default"``) and make it the
+    only active head, as in PEFT; returns it. ``route``: ``None`` puts it before ``Normalize`` (every input),
+    ``"query"`` / ``"document"`` at the end of that route only (a one-tower model is split first)."""
     kind = adapter_type_of(adapter_config)
     if kind is None:
         raise ConfigError(f"{type(adapter_config).__name__} is not a medadapt head config")

@@ -1,16 +1,10 @@
 """Composition as data: which heads and branches go together, checked against one table.
 
-A composed model is a base model plus *components*: heads on the pooled embedding of a route (``"all"``:
-every input, ``"query"`` / ``"document"``: one route of an asymmetric ``Router`` model, or of a one-tower
-model split into routes that share its backbone) and *branches* (a second output beside the dense
-embedding, such as a learned-lexical branch). Recipes describe them as data (a recipe's ``head.route`` and
-``branches``); :func:`check_composition` accepts exactly the rows of :func:`allowed` and refuses the rest
-(with the reason from :data:`REFUSED`, or the list of what is allowed), and the pairs of components in
-:func:`refused_together`.
-
-Heads compose alike whatever they compute (:data:`ALLOWED`, here). A branch is offered by a system
-(:class:`BranchKind` in its :class:`~medadapt.systems.System`) and declares its own rows: the bases it
-composes on and what it refuses beside; nothing here imports or names a system.
+A composed model is a base model plus components: heads on the pooled embedding of a route (``all``, ``query``
+or ``document``; a one-tower model is split into routes sharing its backbone) and branches (a second output
+beside the dense embedding, such as a learned-lexical branch). :func:`check_composition` accepts exactly the rows
+of :func:`allowed` and refuses the rest with a reason. Heads compose alike whatever they compute (:data:`ALLOWED`);
+a branch is offered by a system (:class:`BranchKind`) and declares its own rows: nothing here names a system.
 """
 
 from __future__ import annotations
@@ -18,6 +12,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
+
+from sentence_transformers.base.modules import Router
 
 from medadapt import systems
 from medadapt.adapters.types import adapter_types
@@ -57,8 +53,6 @@ REFUSED: dict[tuple[str, str, str], str] = {}
 def base_kind(model) -> str:
     """``"asymmetric"`` when ``model``'s first module is a ``Router`` with query and document routes, else
     ``"dense"``."""
-    from sentence_transformers.base.modules import Router
-
     first = next(iter(getattr(model, "_modules", {}).values()), None)
     if isinstance(first, Router) and {"query", "document"} <= set(first.sub_modules):
         return "asymmetric"
@@ -71,10 +65,8 @@ def _component(name: str) -> str:
 
 
 def check_composition(base: str, components: list[tuple[str, str]]) -> None:
-    """Raise :class:`~medadapt.errors.ConfigError` unless every ``(component, where)`` is allowed on
-    ``base`` (a head type's name counts as ``head``) and no pair of them is in :func:`refused_together`.
-    This is the table only: a branch kind's ``check`` then looks at the model itself (e.g. a branch that
-    reads token states refuses a tower that is not a BERT-like encoder)."""
+    """``ConfigError`` unless every ``(component, where)`` is allowed on ``base`` (a head type counts as ``head``)
+    and no pair is in :func:`refused_together`; a branch kind's ``check`` then looks at the model itself."""
     parts = [(_component(c), w) for c, w in components]
     table = allowed()
     for (component, where), (named, _) in zip(parts, components):
@@ -96,21 +88,12 @@ def check_composition(base: str, components: list[tuple[str, str]]) -> None:
 
 @dataclass(frozen=True)
 class BranchKind:
-    """A branch a system offers.
-
-    Attributes:
-        name: the ``kind`` of a ``branches:`` entry.
-        section: the pydantic class that validates the entry.
-        build_and_train: ``fn(model, section, recipe, ctx) -> composed model``: adds the branch to the trained
-            model (a SentenceTransformer, possibly with heads) and trains it; the result has ``save`` /
-            ``save_adapter`` and is what the run evaluates and saves.
-        evaluate: ``fn(recipe, model, section, ctx) -> {metric: value}`` for the composed model.
-        check: optional ``fn(model, section, recipe)`` run on the loaded base model before any training; raises
-            :class:`~medadapt.errors.ConfigError` for a branch that cannot sit on it.
-        composes_on: base (``dense`` / ``asymmetric``) -> what the branch gives there (the bases it sits on).
-        refused_with: ``(base, (component, where)) -> reason``: components it cannot sit beside on that base
-            (``component`` is :data:`HEAD` for any head).
-    """
+    """A branch a system offers: ``name`` (the ``kind`` of a ``branches:`` entry), the pydantic ``section`` that
+    validates it, ``build_and_train(model, section, recipe, ctx)`` (adds the branch to the trained model and trains
+    it; the result has ``save`` / ``save_adapter`` and is what the run evaluates and saves), ``evaluate(recipe,
+    model, section, ctx)``, an optional ``check(model, section, recipe)`` run on the base before any training,
+    ``composes_on`` (base -> what the branch gives there) and ``refused_with`` (``(base, (component, where)) ->
+    reason``; ``component`` is :data:`HEAD` for any head)."""
 
     name: str
     section: type

@@ -1,30 +1,13 @@
-"""Adapter-only files: the heads without the backbone, tied to the backbone they were trained on.
+"""Adapter-only folders: the heads without the backbone, tied to the backbone they were trained on.
 
-An adapter folder holds::
-
-    medadapt_adapter.json        # format, base model (name or relative path + weight fingerprint; also as
-                                 # PEFT's base_model_name_or_path / revision), heads (type, config,
-                                 # location), active heads, checksum of the weights file
-    adapter_model.safetensors    # "<adapter name>.<parameter>" -> tensor
-    SHA256SUMS                   # SHA-256 of the two files above (medadapt.checksums)
-    README.md                    # model card (medadapt.cards), hub front matter
-    adapter_config.json          # a stub for PEFT: says that medadapt loads this folder (PEFT_STUB)
-
-A few MB for a MoE head, against the ~90 MB of a full MiniLM folder. :func:`load_adapter` (also
-``SentenceTransformer.load_adapter(folder)``) checks ``SHA256SUMS`` before the config is parsed, then the
-receiving model's base fingerprint, *before* building any head, so a truncated or edited file or a
-different / altered backbone is one clear :class:`~medadapt.errors.ModelLoadError` and the model is left
-untouched. Folders of format 1 (written before ``SHA256SUMS``) still load, with a warning asking to save
-them again. Nothing in the folder is
-code: heads are rebuilt from registered types (:mod:`medadapt.adapters.types`) and JSON configs.
-
-The base fingerprint hashes the backbone's tokenizers (:func:`medadapt.identity.tokenizer_fingerprint`) and
-its weights rounded to bfloat16 (name, shape, values; strided samples above 300M parameters), so the same
-backbone loaded in float32, bfloat16 or on another device matches, while any trained or swapped weight, or
-another tokenisation, does not. No absolute path is written: the base is recorded
-by the name it was loaded with (an alias such as ``minilm`` or a hub id) or, for a local folder, by its
-path relative to the adapter folder (:func:`base_name` finds it for a plain ``SentenceTransformer(path)``
-too; a packaged alias's folder is recorded as the alias).
+A folder holds ``medadapt_adapter.json`` (format, base model by name or relative path with its weight
+fingerprint, heads with type, config and location, active heads), ``adapter_model.safetensors``
+(``"<adapter name>.<parameter>"``), ``SHA256SUMS`` over those two, the model card ``README.md`` and a PEFT stub
+``adapter_config.json``. :func:`load_adapter` checks the sums, then the receiving model's base fingerprint, before
+building any head: a damaged file or another backbone is one clear :class:`~medadapt.errors.ModelLoadError` and
+the model is left untouched. The fingerprint hashes the backbone's tokenizers and its weights rounded to bfloat16
+(strided samples above 300M parameters): the same backbone in any dtype or device matches, any trained or
+swapped weight does not. No absolute path is written. Nothing in the folder is code.
 """
 
 from __future__ import annotations
@@ -35,6 +18,9 @@ import os
 from pathlib import Path
 from typing import Any
 
+import torch
+from safetensors.torch import load_file
+
 from medadapt._version import __version__
 from medadapt.adapters.api import (_location_dim, _peft_names, adapter_locations, adapter_names, set_active,
                                    shared_backbone, stack_for)
@@ -44,14 +30,14 @@ from medadapt.cards import write_card
 from medadapt.checksums import SUMS, ChecksumError, verify_sums, write_sums
 from medadapt.errors import ConfigError, MedAdaptError, ModelLoadError, warn
 from medadapt.finite import check_finite_tensors
+from medadapt.identity import sha256_file, tokenizer_fingerprint
 from medadapt.io import FolderKind, atomic_save_tensors, atomic_write_json, replace_folder
 from medadapt.locks import model_lock
 from medadapt.model_names import ALIAS_NAMES, ALIASES, module_classes
-from medadapt.identity import tokenizer_fingerprint
 
-__all__ = ["ADAPTER_CONFIG", "ADAPTER_FOLDER", "ADAPTER_WEIGHTS", "PEFT_STUB", "base_fingerprint",
-           "base_name", "is_adapter_folder",
-           "load_adapter", "load_adapter_model", "read_adapter_config", "save_adapter", "write_adapter"]
+__all__ = ["ADAPTER_CONFIG", "ADAPTER_FOLDER", "ADAPTER_WEIGHTS", "PEFT_STUB", "base_fingerprint", "base_name",
+           "is_adapter_folder", "load_adapter", "load_adapter_model", "read_adapter_config", "save_adapter",
+           "write_adapter"]
 
 ADAPTER_CONFIG = "medadapt_adapter.json"
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
@@ -62,11 +48,9 @@ READABLE_FORMATS = (1, 2)
 COVERED = (ADAPTER_CONFIG, ADAPTER_WEIGHTS)
 #: An adapter folder: an existing non-empty folder is replaced only when it is one (:func:`save_adapter`).
 ADAPTER_FOLDER = FolderKind("a medadapt adapter folder", (ADAPTER_CONFIG,))
-#: PEFT's config file name. Without medadapt imported, ``SentenceTransformer.load_adapter(folder)`` (and
-#: ``SentenceTransformer(folder)``, ``PeftConfig.from_pretrained``) read it first; the stub written there
-#: names no real ``peft_type``, so PEFT stops at once with :data:`PEFT_STUB_MESSAGE` (a ``KeyError``)
-#: instead of "adapter model file not found". It names no ``base_model_name_or_path`` (transformers would
-#: download that base before failing) and is not in ``SHA256SUMS`` (medadapt never reads it).
+#: PEFT's config file: without medadapt, PEFT reads it first and the stub's unknown ``peft_type`` stops it at once
+#: with :data:`PEFT_STUB_MESSAGE`. It names no base (transformers would download it before failing) and is not in
+#: ``SHA256SUMS`` (medadapt never reads it).
 PEFT_STUB = "adapter_config.json"
 PEFT_STUB_MESSAGE = ("this folder holds a medadapt adapter, not a PEFT one (medadapt_adapter.json): load it "
                      "with medadapt.load(folder), or run `import medadapt.adapters` before "
@@ -82,9 +66,9 @@ def is_adapter_folder(path: Any) -> bool:
 
 
 def _base_tensors(model) -> dict[str, Any]:
-    """The model's weights outside any :class:`~medadapt.adapters.stack.AdapterStack`. A one-tower model
-    split into routes that share its backbone (:func:`~medadapt.adapters.api.split_routes`) is named as
-    the one-tower model (``<position>.<parameter>``), so its heads load onto the plain base."""
+    """The model's weights outside any adapter stack; a one-tower model split into routes
+    (:func:`~medadapt.adapters.api.split_routes`) is named as the one-tower model, so its heads load onto the
+    plain base."""
     skip = {id(p) for _, stack in adapter_locations(model) for p in [*stack.parameters(), *stack.buffers()]}
     one_tower = shared_backbone(model)
     if one_tower is not None:
@@ -92,18 +76,12 @@ def _base_tensors(model) -> dict[str, Any]:
                  for name, t in [*module.named_parameters(), *module.named_buffers()]]
     else:
         named = [*model.named_parameters(), *model.named_buffers()]
-    out = {}
-    for name, t in named:
-        if id(t) not in skip:
-            out[name] = t
-    return out
+    return {name: t for name, t in named if id(t) not in skip}
 
 
 def base_fingerprint(model, full_hash_max_params: int = 300_000_000, version: int = ADAPTER_FORMAT) -> str:
     """Hash of ``model``'s backbone tokenizers and weights (heads excluded), dtype- and device-independent
     (module docstring). ``version=1``: the fingerprint adapters of format 1 recorded (weights only)."""
-    import torch
-
     tensors = _base_tensors(model)
     n_params = sum(t.numel() for t in tensors.values())
     h = hashlib.sha256(b"medadapt-base-1" if version == 1 else b"medadapt-base-2")
@@ -126,10 +104,9 @@ def base_fingerprint(model, full_hash_max_params: int = 300_000_000, version: in
 
 
 def base_name(model) -> str | None:
-    """The name or folder of ``model``'s base: the name ``medadapt.load`` was given, else
-    sentence-transformers' ``model_card_data.base_model`` (a hub id it verified), else the folder (or hub
-    model in the local Hugging Face cache) its transformer was loaded from (:func:`_loaded_from`); ``None``
-    when none is known (a model built in memory, or its folder is gone)."""
+    """The name or folder of ``model``'s base: the name ``medadapt.load`` was given, else sentence-transformers'
+    ``model_card_data.base_model``, else the folder (or cached hub model) it was loaded from; ``None`` when none
+    is known (built in memory, or its folder is gone)."""
     name = getattr(model, "_medadapt_base_name", None)
     if name:
         return str(name)
@@ -138,11 +115,9 @@ def base_name(model) -> str | None:
 
 
 def _loaded_from(model) -> str | None:
-    """Where a plain ``SentenceTransformer(path)`` came from: its transformer's ``config._name_or_path``, kept
-    only when that is the whole model, i.e. a one-tower model (or one split by
-    :func:`~medadapt.adapters.api.split_routes`) whose modules, heads aside, are those the folder builds, and
-    the folder exists (or, for a hub id, is in the local Hugging Face cache). An asymmetric model built in
-    memory is not its first tower's folder."""
+    """Where a plain ``SentenceTransformer(path)`` came from: its transformer's ``config._name_or_path``, kept only
+    when that folder (or cached hub model) builds the whole model, heads aside (an asymmetric model built in
+    memory is not its first tower's folder)."""
     modules = shared_backbone(model) or list(getattr(model, "_modules", {}).values())
     if not modules or type(modules[0]).__name__ != "Transformer":
         return None
@@ -177,8 +152,7 @@ def _builds(folder: Path, types: list[str]) -> bool:
 
 def _alias_of(path: Path) -> str | None:
     """The alias whose packaged folder ``path`` is (``minilm``): recorded by that name, which loads offline
-    wherever medadapt is installed. Only the aliases of packaged weights
-    (:data:`~medadapt.models.ALIAS_NAMES`) are resolved: nothing is built."""
+    wherever medadapt is installed (only packaged aliases are resolved: nothing is built)."""
     for alias in ALIAS_NAMES:
         try:
             if os.path.samefile(ALIASES[alias](), path):
@@ -215,10 +189,9 @@ def _base_record(model, folder: Path, name: str | None, final: str | None = None
 
 
 def _peft_keys(model, record: dict[str, Any]) -> dict[str, Any]:
-    """PEFT's names for the base: ``base_model_name_or_path`` (an alias's public hub id, a hub id, or the
-    relative path) and ``revision`` (the hub revision sentence-transformers recorded for that hub id, not
-    medadapt's weights fingerprint, which :func:`medadapt.models.set_identity` puts in the same card
-    field)."""
+    """PEFT's names for the base: ``base_model_name_or_path`` (a public hub id or the relative path) and
+    ``revision`` (the hub revision sentence-transformers recorded, not medadapt's weights fingerprint that
+    :func:`medadapt.models.set_identity` puts in the same card field)."""
     name = record.get("name")
     card = getattr(model, "model_card_data", None)
     revision = getattr(card, "base_model_revision", None)
@@ -231,23 +204,11 @@ def _peft_keys(model, record: dict[str, Any]) -> dict[str, Any]:
 
 def save_adapter(model, folder: str | Path, adapter_name: str | list[str] | None = None, *,
                  base: str | None = None, card: dict[str, Any] | None = None) -> Path:
-    """Write the medadapt heads of ``model`` (all, or ``adapter_name``) as an adapter-only folder.
-
-    Args:
-        base: the base model's name to record (default: what :func:`base_name` finds).
-        card: extra facts for the model card (:func:`medadapt.cards.write_card`: ``recipe``, ``metrics``,
-            ``baseline``, ...).
-
-    Files are written to a temporary sibling folder and swapped in as a whole. ``folder`` follows the output
-    policy (:func:`medadapt.io.check_output`), checked before anything is computed: it may be new, empty or
-    an adapter folder (replaced); a symlink is written through (the link stays). Several threads may save
-    into one folder at once: the last one wins and the folder is complete at every instant.
-
-    Raises:
-        ConfigError: ``folder`` is an existing file, a non-empty folder that is not an adapter, the current
-            folder or one above it, or cannot be written (nothing is changed); or the model has no such
-            heads / carries a PEFT adapter (:func:`write_adapter`).
-    """
+    """Write the medadapt heads of ``model`` (all, or ``adapter_name``) as an adapter-only folder, recording
+    ``base`` (default :func:`base_name`) and the ``card`` facts (:func:`medadapt.cards.write_card`). Written to a
+    temporary sibling and swapped in whole; ``folder`` follows the output policy (:func:`medadapt.io.check_output`):
+    new, empty or an adapter folder. ``ConfigError`` for any other folder, a model without such heads or with a
+    PEFT adapter."""
     folder = Path(folder)
     with replace_folder(folder, ADAPTER_FOLDER, what="adapter folder") as tmp:
         write_adapter(model, tmp, adapter_name, base=base, name=folder.name, card=card)
@@ -255,8 +216,8 @@ def save_adapter(model, folder: str | Path, adapter_name: str | list[str] | None
 
 
 def _refuse_peft(model) -> None:
-    """An adapter-only folder holds medadapt heads on an *unchanged* base: a model that also carries a PEFT
-    adapter (LoRA) would lose it and record a fingerprint no plain copy of the base matches."""
+    """A model that also carries a PEFT adapter (LoRA) would lose it in an adapter-only folder and record a
+    fingerprint no plain copy of the base matches."""
     try:
         from peft.tuners.tuners_utils import BaseTunerLayer
     except ImportError:  # pragma: no cover - peft is a dependency
@@ -270,17 +231,14 @@ def _refuse_peft(model) -> None:
 def write_adapter(model, folder: str | Path, adapter_name: str | list[str] | None = None, *,
                   base: str | None = None, name: str | None = None, card: dict[str, Any] | None = None,
                   allow_empty: bool = False) -> dict[str, Any]:
-    """The files of :func:`save_adapter`, written into the existing (fresh) folder ``folder``, which will
-    be called ``name`` (the model card uses it). Returns the adapter config. ``allow_empty``: a model
-    without heads is written too (a composed model whose other parts, e.g. a lexical branch, sit beside
-    the base model). Holds :func:`medadapt.locks.model_lock` while it reads the model (its tokenizer is
-    used to fingerprint the base: see :mod:`medadapt.locks`)."""
+    """The files of :func:`save_adapter` in the fresh folder ``folder``, to be called ``name``; returns the
+    adapter config. ``allow_empty``: a model without heads too (a composed model whose lexical branch sits
+    beside the base). Holds :func:`medadapt.locks.model_lock` (the base's tokenizer is fingerprinted)."""
     with model_lock(model):
-        return _write_adapter(model, Path(folder), adapter_name, base=base, name=name, card=card,
-                              allow_empty=allow_empty)
+        return _write_adapter(model, Path(folder), adapter_name, base, name, card, allow_empty)
 
 
-def _write_adapter(model, folder: Path, adapter_name, *, base, name, card, allow_empty) -> dict[str, Any]:
+def _write_adapter(model, folder: Path, adapter_name, base, name, card, allow_empty) -> dict[str, Any]:
     _refuse_peft(model)
     wanted = None if adapter_name is None else (
         [adapter_name] if isinstance(adapter_name, str) else list(adapter_name))
@@ -301,7 +259,7 @@ def _write_adapter(model, folder: Path, adapter_name, *, base, name, card, allow
         raise ConfigError("the model has no medadapt adapters to save (add one with model.add_adapter)")
     check_finite_tensors(tensors, f"adapter {name or folder.name}")
     atomic_save_tensors(folder / ADAPTER_WEIGHTS, tensors, metadata={"format": "pt"})
-    digest = hashlib.sha256((folder / ADAPTER_WEIGHTS).read_bytes()).hexdigest()
+    digest = sha256_file(folder / ADAPTER_WEIGHTS)
     record = _base_record(model, folder, base, final=name)
     if not record["name"] and not record["relative_path"]:
         warn(f"adapter {name or folder.name} records no base model: the model has no name or folder to "
@@ -354,8 +312,6 @@ def read_adapter_config(folder: str | Path, *, warn_legacy: bool = True) -> dict
 
 
 def _verified_weights(folder: Path, config: dict[str, Any]) -> dict[str, Any]:
-    from safetensors.torch import load_file
-
     weights = config["weights"]
     path = folder / str(weights.get("file", ADAPTER_WEIGHTS))
     if path.parent != folder:
@@ -364,8 +320,7 @@ def _verified_weights(folder: Path, config: dict[str, Any]) -> dict[str, Any]:
         raise ModelLoadError(f"{folder}: the adapter weights file {path.name} is missing")
     if config["format_version"] != 1:  # SHA256SUMS covered it when the config was read: no second hash
         return load_file(str(path))
-    digest = hashlib.sha256(path.read_bytes()).hexdigest()
-    if digest != weights.get("sha256"):
+    if sha256_file(path) != weights.get("sha256"):
         raise ModelLoadError(f"{path}: checksum mismatch (the file is truncated or was modified); "
                              "re-download or re-train the adapter")
     return load_file(str(path))
@@ -373,12 +328,9 @@ def _verified_weights(folder: Path, config: dict[str, Any]) -> dict[str, Any]:
 
 def load_adapter(model, folder: str | Path, adapter_name: str | None = None, *, check_base: bool = True,
                  **_: Any) -> list[str]:
-    """Load the heads of adapter folder ``folder`` onto ``model`` (``SentenceTransformer.load_adapter``).
-
-    The weights' checksum and ``model``'s base fingerprint are checked first; on any error the model is
-    left as it was. ``adapter_name`` renames a single-head adapter. The saved active heads become the
-    active ones. Returns the names of the loaded heads.
-    """
+    """Load the heads of adapter folder ``folder`` onto ``model`` (``SentenceTransformer.load_adapter``); returns
+    their names. The checksums and ``model``'s base fingerprint are checked first; on any error the model is left
+    as it was. ``adapter_name`` renames a single-head adapter; the saved active heads become the active ones."""
     folder = Path(folder)
     config = read_adapter_config(folder)
     base = config["base_model"]

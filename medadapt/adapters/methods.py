@@ -1,15 +1,13 @@
-"""The ``SentenceTransformer`` adapter methods, extended to medadapt heads and adapter folders.
-
-:func:`install` (run when :mod:`medadapt.adapters` is imported) wraps ``add_adapter`` / ``set_adapter`` /
-``enable_adapters`` / ``disable_adapters`` / ``active_adapters`` / ``load_adapter`` / ``delete_adapter`` /
-``get_adapter_state_dict``: a medadapt head config, a medadapt head's name or a medadapt adapter folder goes to
-:mod:`medadapt.adapters.api` / :mod:`medadapt.adapters.files`, anything else to the original (PEFT) method.
-Above both modules, so neither needs the other to dispatch.
+"""The ``SentenceTransformer`` adapter methods, extended to medadapt heads and adapter folders: :func:`install`
+wraps them so a medadapt head config, head name or adapter folder goes to :mod:`.api` / :mod:`.files`, anything
+else to the original (PEFT) method. Above both modules, so neither needs the other to dispatch.
 """
 
 from __future__ import annotations
 
 import functools
+
+from sentence_transformers import SentenceTransformer
 
 from medadapt.adapters.api import (_peft_loaded, adapter_locations, adapter_names, add_adapter, get_adapter,
                                    set_active)
@@ -93,8 +91,6 @@ def _wrap(name: str, original):
 
 def install() -> None:
     """Extend ``SentenceTransformer``'s adapter methods to medadapt heads (idempotent)."""
-    from sentence_transformers import SentenceTransformer
-
     if getattr(SentenceTransformer, "_medadapt_adapters_installed", False):
         return
     for name in _METHODS:

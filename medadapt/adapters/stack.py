@@ -1,20 +1,11 @@
-"""The module that holds a model's named medadapt heads: :class:`AdapterStack`.
-
-One stack sits on the pooled embedding, right before ``Normalize`` (or at the end of one route of an
-asymmetric model's ``Router``). It holds the named heads added through ``add_adapter`` and applies the
-active ones, in order, when adapters are enabled. It reads and writes only
-``features["sentence_embedding"]``, so the :class:`~medadapt.cache.EmbeddingCache` runs it on cached
-backbone outputs: adding, switching or training heads never re-encodes a corpus.
+"""The module that holds a model's named heads (:class:`AdapterStack`, before ``Normalize`` or at the end of a
+``Router`` route) and the base class of modules on the pooled embedding (:class:`EmbeddingModule`): they read and
+write only ``features["sentence_embedding"]``, so the embedding cache runs them on cached backbone outputs.
 """
 
 from __future__ import annotations
 
 from typing import Any
-
-try:
-    from typing import Self
-except ImportError:  # pragma: no cover - Python < 3.11
-    from typing_extensions import Self
 
 from sentence_transformers.base.modules import Module
 from torch import nn
@@ -22,20 +13,40 @@ from torch import nn
 from medadapt.adapters.types import adapter_type
 from medadapt.errors import ConfigError, ModelLoadError
 
-__all__ = ["AdapterStack", "STACK_FORMAT"]
+__all__ = ["AdapterStack", "EmbeddingModule", "STACK_FORMAT"]
 
 STACK_FORMAT = 1
 
 
-class AdapterStack(Module):
-    """Named heads on a ``dim``-wide embedding; the active ones run in order while ``enabled``.
+class EmbeddingModule(Module):
+    """A sentence-transformers module that reads and writes only ``features["sentence_embedding"]``, saved as
+    ``config.json`` (:meth:`get_config_dict`) and ``model.safetensors``; :meth:`from_config` rebuilds it."""
 
-    Saved like any sentence-transformers module (``config.json``: every head's type and config, the active
-    list and the enabled flag; ``model.safetensors``: the heads' weights under ``heads.<name>.``).
-    """
+    operates_on_sentence_embedding: bool = True
+
+    @classmethod
+    def from_config(cls, config: dict[str, Any]) -> EmbeddingModule:
+        return cls(**config)
+
+    def save(self, output_path: str, *args: Any, safe_serialization: bool = True, **kwargs: Any) -> None:
+        self.save_config(output_path)
+        self.save_torch_weights(output_path, safe_serialization=safe_serialization)
+
+    @classmethod
+    def load(cls, model_name_or_path: str, subfolder: str = "", token: bool | str | None = None,
+             cache_folder: str | None = None, revision: str | None = None, local_files_only: bool = False,
+             **kwargs: Any) -> EmbeddingModule:
+        hub = {"subfolder": subfolder, "token": token, "cache_folder": cache_folder, "revision": revision,
+               "local_files_only": local_files_only}
+        module = cls.from_config(dict(cls.load_config(model_name_or_path, **hub)))
+        return cls.load_torch_weights(model_name_or_path, model=module, **hub)
+
+
+class AdapterStack(EmbeddingModule):
+    """Named heads on a ``dim``-wide embedding; the active ones run in order while ``enabled``. Saved with every
+    head's type and config, the active list and the enabled flag; weights under ``heads.<name>.``."""
 
     config_keys: list[str] = ["dim"]
-    operates_on_sentence_embedding: bool = True
 
     def __init__(self, dim: int, adapters: dict[str, dict[str, Any]] | None = None,
                  active: list[str] | None = None, enabled: bool = True) -> None:
@@ -49,7 +60,6 @@ class AdapterStack(Module):
         self.active: list[str] = [n for n in (active or []) if n in self.heads]
         self.enabled = bool(enabled)
 
-    # ------------------------------------------------------------------ contents
     def add(self, name: str, head: nn.Module, type_name: str) -> None:
         if name in self.heads:
             raise ConfigError(f"an adapter named {name!r} already exists")
@@ -70,7 +80,6 @@ class AdapterStack(Module):
                 features = self.heads[name](features)
         return features
 
-    # ------------------------------------------------------------------ persistence
     def get_embedding_dimension(self) -> int:
         return self.dim
 
@@ -84,23 +93,13 @@ class AdapterStack(Module):
                 "adapters": {name: self.spec(name) for name in self.heads},
                 "active": list(self.active), "enabled": self.enabled}
 
-    def save(self, output_path: str, *args: Any, safe_serialization: bool = True, **kwargs: Any) -> None:
-        self.save_config(output_path)
-        self.save_torch_weights(output_path, safe_serialization=safe_serialization)
-
     @classmethod
-    def load(cls, model_name_or_path: str, subfolder: str = "", token: bool | str | None = None,
-             cache_folder: str | None = None, revision: str | None = None, local_files_only: bool = False,
-             **kwargs: Any) -> Self:
-        hub = {"subfolder": subfolder, "token": token, "cache_folder": cache_folder, "revision": revision,
-               "local_files_only": local_files_only}
-        config = dict(cls.load_config(model_name_or_path, **hub))
+    def from_config(cls, config: dict[str, Any]) -> AdapterStack:
         version = config.pop("format_version", STACK_FORMAT)
         if version != STACK_FORMAT:
             raise ModelLoadError(f"adapter stack format {version} is not supported (this medadapt reads "
                                  f"{STACK_FORMAT})")
-        stack = cls(**config)
-        return cls.load_torch_weights(model_name_or_path, model=stack, **hub)
+        return cls(**config)
 
     def __repr__(self) -> str:
         state = "enabled" if self.enabled else "disabled"

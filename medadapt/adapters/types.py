@@ -1,10 +1,8 @@
 """Adapter types: which head configs ``SentenceTransformer.add_adapter`` accepts, and how to rebuild them.
 
-The core registers its own heads with :func:`register_adapter_type` (``linear``, ``search_adaptor``:
-:mod:`medadapt.adapters.linear`); a system lists its heads in its :class:`~medadapt.systems.System`
-(``adapter_types``), found through the ``medadapt.systems`` entry points when a lookup first needs them.
-Hand-written because PEFT's method registry wraps layers *inside* a transformers model (``nn.Linear``
-targets), while medadapt heads act on the pooled embedding after it; see :mod:`medadapt.adapters`.
+The core registers its own heads with :func:`register_adapter_type` (:mod:`medadapt.adapters.linear`); a system
+lists its heads in its :class:`~medadapt.systems.System` (``adapter_types``). Hand-written because PEFT's method
+registry wraps layers *inside* a transformers model, while medadapt heads act on the pooled embedding after it.
 """
 
 from __future__ import annotations
@@ -21,24 +19,16 @@ __all__ = ["AdapterType", "adapter_type", "adapter_type_of", "adapter_types", "r
 
 @dataclass(frozen=True)
 class AdapterType:
-    """One kind of head.
-
-    Attributes:
-        name: the type's name, written into saved adapter files (``"moe"``).
-        config_classes: config classes ``add_adapter`` recognises as this type (e.g. ``MoEConfig`` and the
-            recipe's ``MoEHeadSection``).
-        build: ``build(config, dim) -> module``: a fresh head for a backbone of width ``dim``; raises
-            :class:`~medadapt.errors.ConfigError` when the config does not fit ``dim``.
-        to_dict / from_dict: the config as JSON and back (``to_dict`` of a built module's config).
-        config_of: the (JSON) config of a built head, as saved.
-        describe: one line for model cards (``"MoE: 1 shared + 4 routed experts, top-2"``).
-    """
+    """One kind of head: its ``name`` (written into saved adapter files), the ``config_classes`` ``add_adapter``
+    recognises, ``build(config, dim)`` (a fresh head for a ``dim``-wide backbone; ``ConfigError`` when the config
+    does not fit), ``from_dict(config, dim)`` (a saved head back), ``config_of(head)`` (its JSON config as saved;
+    default ``head.get_config_dict()``) and ``describe(head)`` (one line for model cards)."""
 
     name: str
     config_classes: tuple[type, ...]
     build: Callable[[Any, int], Any]
-    config_of: Callable[[Any], dict[str, Any]]
     from_dict: Callable[[dict[str, Any], int], Any]
+    config_of: Callable[[Any], dict[str, Any]] = lambda head: head.get_config_dict()
     describe: Callable[[Any], str] = lambda module: type(module).__name__
 
 

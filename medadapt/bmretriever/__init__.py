@@ -1,14 +1,18 @@
-"""BMRetriever (Xu et al., 2024): decoder-LLM biomedical retrievers trained in two stages.
+"""BMRetriever (Xu et al., 2024): decoder-LLM biomedical retrievers trained in two stages (docs/bmretriever.md).
 
-:func:`build_retriever` (EOS-pooling decoder tower or any ST model, dot product, instructions as prompts),
-stage I pairs (:mod:`~medadapt.bmretriever.pretrain_data`), stage II data (:mod:`~medadapt.bmretriever.finetune_data`,
-:mod:`~medadapt.bmretriever.synthetic`), training as stages of the one loop (:func:`contrastive_stage`,
-:func:`train_stage`), and the ``kind: bmretriever`` recipe (:class:`BmRetrieverRecipe`). See docs/bmretriever.md.
+Layout: :mod:`~.sections` (the ``kind: bmretriever`` recipe), :mod:`~.model` (the encoder), stage I and II data
+(:mod:`~.pretrain_data`, :mod:`~.finetune_data`, :mod:`~.synthetic`), :mod:`~.train` (the stages as
+``Stage``\\ s of the one loop), :mod:`~.plan`, registered by :mod:`~.system`.
 """
 
 from __future__ import annotations
 
-from medadapt.bmretriever.finetune_data import beir_groups, groups_to_dataset, subsample_groups
+from medadapt.bmretriever.finetune_data import (
+    beir_groups,
+    groups_to_dataset,
+    stage2_datasets,
+    subsample_groups,
+)
 from medadapt.bmretriever.instructions import (
     EVAL_INSTRUCTIONS,
     FINETUNE_INSTRUCTIONS,
@@ -26,9 +30,9 @@ from medadapt.bmretriever.pretrain_data import (
     iter_corpus,
     iter_pretrain_pairs,
     pretrain_dataset,
+    stage1_dataset,
 )
-from medadapt.bmretriever.recipe import stage1_dataset, stage2_datasets
-from medadapt.bmretriever.schema import BmRetrieverRecipe, BmStageSection
+from medadapt.bmretriever.sections import BmRetrieverRecipe, BmStageSection
 from medadapt.bmretriever.synthetic import (
     TASK_ATTRIBUTES,
     FakeQueryGenerator,

@@ -1,17 +1,8 @@
-"""BMRetriever's instruction formats (Appendix B) as data.
-
-Queries and passages are encoded as ``E(I ⊕ text)`` (§3.1): an instruction ``I`` is prepended to every text.
-In sentence-transformers terms these are *prompts*: the query prompt goes to ``anchor`` columns and to
-``encode_query``, the passage prompt to ``positive`` / ``negative`` columns and to ``encode_document``.
-
-* Pre-training (Appendix B.1): query ``"Given a query, retrieve passages that are relevant to the query.
-  Query: {}"``, passage ``"Represent this passage. Passage: {}"``.
-* Fine-tuning (Appendix B.2, Table 9): one query instruction per task; passages keep the pre-training
-  passage instruction.
-* Evaluation (Table 10): one query instruction per evaluation data set.
-
-The recipes carry these tables (``instructions:`` section, validated by
-:class:`~medadapt.bmretriever.recipe.InstructionsSection`); the constants below are the defaults.
+"""BMRetriever's instruction formats (Appendix B) as data: an instruction is prepended to every text
+(``E(I ⊕ text)``, §3.1), i.e. sentence-transformers prompts: the query prompt on ``anchor`` columns and
+``encode_query``, the passage prompt on ``positive`` / ``negative`` columns and ``encode_document``. These
+are the defaults of a recipe's ``instructions:`` section
+(:class:`~medadapt.bmretriever.sections.InstructionsSection`).
 """
 
 from __future__ import annotations
@@ -63,9 +54,7 @@ EVAL_INSTRUCTIONS: dict[str, str] = dict(SUITE_INSTRUCTIONS)
 
 
 def query_prompt(instruction: str, template: str = QUERY_TEMPLATE) -> str:
-    """The query prompt for a task instruction (``template`` with ``{instruction}`` filled in).
-
-    An empty instruction gives an empty prompt (no instruction at all, e.g. for an off-the-shelf model)."""
+    """``template`` with ``{instruction}`` filled in; an empty instruction gives an empty prompt."""
     if not instruction:
         return ""
     if "{instruction}" not in template:

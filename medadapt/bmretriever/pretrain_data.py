@@ -1,10 +1,6 @@
-"""Stage I data: silver (query, passage) pairs from unlabelled corpora (BMRetriever §3.2).
-
-Titled documents give ``(title, text)``; untitled ones two disjoint random word spans (Contriever cropping).
-Negatives are in-batch, so a pair is ``{"anchor": query, "positive": passage}``. Everything streams (JSONL line
-by line, pairs lazily, an on-disk ``datasets.Dataset``), and each document's crop is seeded by
-``(seed, doc_id)``, so results do not depend on order or process count. Hand-written: no library builds
-title / crop pairs. See docs/bmretriever.md.
+"""Stage I data (BMRetriever §3.2): ``{"anchor", "positive"}`` pairs from unlabelled corpora, title -> text
+for titled documents, two disjoint random word spans (Contriever cropping) otherwise. Everything streams, and
+each crop is seeded by ``(seed, doc_id)``, so results do not depend on order or process count.
 """
 
 from __future__ import annotations
@@ -13,9 +9,11 @@ import json
 import random
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
+from itertools import islice
 from pathlib import Path
 from typing import Literal
 
+from medadapt.bmretriever.sections import BmRetrieverRecipe
 from medadapt.data.builtin import resolve_data_dir
 from medadapt.data.jsonl import iter_jsonl
 from medadapt.errors import DataError
@@ -27,17 +25,13 @@ __all__ = [
     "iter_corpus",
     "iter_pretrain_pairs",
     "pretrain_dataset",
+    "stage1_dataset",
 ]
 
 
 @dataclass
 class CropConfig:
-    """Span sizes (in whitespace words) for untitled documents.
-
-    Attributes:
-        min_words / max_words: each span's length is drawn uniformly in ``[min_words, max_words]`` (capped
-            so both spans fit into the document).
-    """
+    """Span lengths in whitespace words, drawn uniformly in ``[min_words, max_words]`` (capped to fit)."""
 
     min_words: int = 8
     max_words: int = 64
@@ -49,15 +43,8 @@ class CropConfig:
 
 @dataclass
 class CorpusSource:
-    """One corpus for stage I.
-
-    Attributes:
-        path: a JSONL file, or a BEIR folder or builtin dataset name (its ``corpus.jsonl`` is read).
-        mode: ``auto`` (title -> text when the record has a non-empty title, cropping otherwise), ``title``
-            (titled records only; untitled ones are skipped), ``crop`` (always two spans of the text).
-        title_field / text_field / id_field: record keys (BEIR: ``title``, ``text``, ``_id``).
-        max_docs: read at most this many records.
-    """
+    """One stage I corpus: a JSONL file, or a BEIR folder or builtin name (its ``corpus.jsonl``). ``mode``:
+    ``auto`` (title -> text when titled, else crop), ``title`` (titled records only), ``crop`` (always)."""
 
     path: str | Path
     mode: Literal["auto", "title", "crop"] = "auto"
@@ -77,26 +64,19 @@ def iter_corpus(source: CorpusSource) -> Iterator[tuple[str, str, str]]:
     path = source.file
     if not path.is_file():
         raise DataError(f"stage I corpus not found: {path}")
-    n = 0
-    for lineno, obj in iter_jsonl(path, "stage I corpus"):  # the text policy of every loader, streamed
-        if source.max_docs is not None and n >= source.max_docs:
-            return
+    for lineno, obj in islice(iter_jsonl(path, "stage I corpus"), source.max_docs):  # streamed, text policy
         if not isinstance(obj.get(source.text_field), str):
             raise DataError(f"{path}:{lineno}: a record needs a string field {source.text_field!r}")
         title = obj.get(source.title_field) or ""
         if not isinstance(title, str):
             raise DataError(f"{path}:{lineno}: field {source.title_field!r} must be a string")
         doc_id = str(obj.get(source.id_field, f"{path.name}:{lineno}"))
-        n += 1
         yield doc_id, title.strip(), obj[source.text_field].strip()
 
 
 def crop_pair(text: str, rng: random.Random, config: CropConfig | None = None) -> tuple[str, str] | None:
-    """Two disjoint random word spans of ``text`` in random order, or ``None`` if it is too short.
-
-    The document is cut at a random point with at least ``min_words`` words on each side; one span is taken
-    inside each part (so they never overlap), and the pair is swapped with probability 1/2 so the query is
-    not always the earlier span."""
+    """Two disjoint random word spans of ``text`` (one each side of a random cut), in random order; ``None``
+    when it is too short."""
     config = config or CropConfig()
     words = text.split()
     n, lo = len(words), config.min_words
@@ -115,7 +95,7 @@ def crop_pair(text: str, rng: random.Random, config: CropConfig | None = None) -
 
 def iter_pretrain_pairs(sources: Iterable[CorpusSource], crop: CropConfig | None = None,
                         seed: int = 42) -> Iterator[dict[str, str]]:
-    """Yield ``{"anchor", "positive"}`` pairs from every source in turn (see module docstring)."""
+    """Yield ``{"anchor", "positive"}`` pairs from every source in turn."""
     crop = crop or CropConfig()
     for source in sources:
         for doc_id, title, text in iter_corpus(source):
@@ -146,7 +126,6 @@ def _reservoir(items: Iterator[dict], k: int, seed: int) -> list[dict]:
 
 
 def _files_stamp(sources: list[CorpusSource]) -> str:
-    """Path, size and modification time of every source file, as one string."""
     parts = []
     for s in sources:
         st = s.file.stat() if s.file.is_file() else None
@@ -156,10 +135,8 @@ def _files_stamp(sources: list[CorpusSource]) -> str:
 
 def pretrain_dataset(sources: Iterable[CorpusSource], crop: CropConfig | None = None, seed: int = 42,
                      max_pairs: int | None = None):
-    """A ``datasets.Dataset`` with ``anchor`` / ``positive`` columns.
-
-    Without ``max_pairs`` the pairs are streamed into an Arrow file (``Dataset.from_generator``); with it, a
-    uniform reservoir sample of ``max_pairs`` pairs (one pass, ``O(max_pairs)`` memory)."""
+    """An ``anchor`` / ``positive`` ``Dataset``: streamed into an Arrow file, or a one-pass reservoir sample
+    of ``max_pairs``."""
     from datasets import Dataset, Features, Value
 
     sources = list(sources)
@@ -181,3 +158,13 @@ def pretrain_dataset(sources: Iterable[CorpusSource], crop: CropConfig | None = 
     if len(ds) == 0:
         raise DataError("stage I sources gave no pairs")
     return ds
+
+
+def stage1_dataset(recipe: BmRetrieverRecipe):
+    """The stage I ``Dataset`` (``anchor`` / ``positive``) the recipe describes."""
+    s1 = recipe.stage1
+    sources = [CorpusSource(str(recipe.resolve(sec.path)), sec.mode, sec.title_field, sec.text_field,
+                            sec.id_field, sec.max_docs) for sec in s1.sources]
+    sources = sources or [CorpusSource(str(recipe.resolve(recipe.data.path)))]
+    return pretrain_dataset(sources, CropConfig(s1.min_words, s1.max_words), recipe.training.seed,
+                            s1.max_pairs)

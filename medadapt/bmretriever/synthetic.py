@@ -1,13 +1,10 @@
 """Synthetic training data (BMRetriever §3.3, Appendices A.1 and B.2) through pluggable generators.
 
-Two levels, each a small ``Protocol`` so any LLM client plugs in: instance level (:class:`QueryGenerator`,
-one query per passage) and task level (:class:`TaskGenerator`: brainstormed tasks, then examples per task
-with attributes drawn from :data:`TASK_ATTRIBUTES`). :func:`generate_instance_data` /
-:func:`generate_task_data` generate in rounds until the number to keep passes the filters or a cap is reached,
-and report the accounting (:class:`SyntheticReport`). Generators: the offline fakes, or
-:class:`LLMQueryGenerator` / :class:`LLMTaskGenerator` over a :class:`ChatClient` (local ``transformers`` or any
-OpenAI-compatible endpoint; the API key is read from an environment variable per request, never stored).
-The paper's values and where it is silent: docs/bmretriever.md.
+Instance level (:class:`QueryGenerator`: one query per passage) and task level (:class:`TaskGenerator`:
+brainstormed tasks, then examples with attributes drawn from :data:`TASK_ATTRIBUTES`), each generated in rounds
+until the number to keep passes the filters or a cap is reached, with the accounting in
+:class:`SyntheticReport`. Generators: offline fakes, or LLMs behind a :class:`ChatClient` (local
+``transformers`` or an OpenAI-compatible endpoint). Where the paper is silent: docs/bmretriever.md.
 """
 
 from __future__ import annotations
@@ -15,7 +12,6 @@ from __future__ import annotations
 import ast
 import json
 import math
-import os
 import random
 import re
 from collections.abc import Callable, Mapping, Sequence
@@ -23,8 +19,8 @@ from dataclasses import asdict, dataclass, field
 from typing import Protocol, runtime_checkable
 
 from medadapt.curation.consistency import filter_consistent_groups
+from medadapt.curation.openai_backend import BackendError, OpenAIChat
 from medadapt.data.training import TrainingGroup
-from medadapt.errors import MedAdaptError
 
 __all__ = [
     "INSTANCE_PROMPT",
@@ -100,8 +96,7 @@ TASK_ATTRIBUTES: dict[str, tuple[str, ...]] = {
 
 
 def sample_attributes(rng: random.Random) -> dict[str, str]:
-    """One draw of :data:`TASK_ATTRIBUTES`: each attribute uniformly and independently (the paper: "randomly
-    sampled")."""
+    """One draw of :data:`TASK_ATTRIBUTES`, each attribute uniformly and independently."""
     return {name: rng.choice(values) for name, values in TASK_ATTRIBUTES.items()}
 
 
@@ -114,8 +109,6 @@ class QueryGenerator(Protocol):
 
 @dataclass
 class TaskExample:
-    """One task-level example: its task instruction, query, positive and hard-negative passage."""
-
     task: str
     query: str
     positive: str
@@ -124,8 +117,8 @@ class TaskExample:
 
 @runtime_checkable
 class TaskGenerator(Protocol):
-    """Task-level augmentation: brainstorm ``n`` task instructions, then write one example for a task whose
-    prompt carries ``attributes`` (one draw of :data:`TASK_ATTRIBUTES`, :func:`sample_attributes`)."""
+    """Task-level augmentation: brainstorm ``n`` tasks, then one example per call for a task and
+    ``attributes`` (a :func:`sample_attributes` draw)."""
 
     def brainstorm_tasks(self, n: int) -> list[str]: ...
 
@@ -136,9 +129,8 @@ _WORD = re.compile(r"[A-Za-z][A-Za-z\-]{3,}")
 
 
 class FakeQueryGenerator:
-    """Offline stand-in for an LLM: the query is ``"what about <k words of the passage>"``, words drawn
-    with a generator seeded by ``(seed, passage)``. ``noise`` is the share of queries made of words from a
-    *different* passage (so consistency filtering has something to remove)."""
+    """Offline stand-in: ``"what about <k words of the passage>"``, seeded by ``(seed, passage)``; ``noise``
+    is the share of queries drawn from another passage (for consistency filtering to remove)."""
 
     def __init__(self, words: int = 4, noise: float = 0.0, seed: int = 0):
         if words < 1 or not 0 <= noise <= 1:
@@ -158,12 +150,9 @@ class FakeQueryGenerator:
 
 
 class FakeTaskGenerator:
-    """Offline task-level generator: tasks and examples built from a fixed list of ``(topic, description)``.
-
-    Tasks are distinct: one per topic, then the same topics in further phrasings (``variant 2``, ...). An
-    example's query names its task's topic and, given attributes, spells them out (so examples of one task
-    differ as their attribute draws do); the positive is the topic's description, the negative the next
-    topic's."""
+    """Offline task-level generator over ``(topic, description)`` pairs: one task per topic (then
+    ``variant 2``, ...); an example's query names the topic and its attributes, the positive is the topic's
+    description, the negative the next topic's."""
 
     def __init__(self, topics: Sequence[tuple[str, str]], seed: int = 0):
         if not topics:
@@ -199,9 +188,8 @@ class ChatClient(Protocol):
 
 
 class TransformersChatClient:
-    """A local ``transformers`` text-generation pipeline (any causal or chat LM): greedy decoding at
-    ``temperature`` 0, sampling above. Models with a chat template get each prompt as one user message. Not
-    run in tests (it needs a real model)."""
+    """A local ``transformers`` text-generation pipeline (greedy at ``temperature`` 0); models with a chat
+    template get each prompt as one user message."""
 
     def __init__(self, model: str, *, device: str | None = None, batch_size: int = 8,
                  temperature: float = 0.0):
@@ -222,67 +210,30 @@ class TransformersChatClient:
 
 
 class OpenAICompatibleClient:
-    """Any OpenAI-compatible ``POST {base_url}/chat/completions`` endpoint (OpenAI, Azure-style gateways,
-    vLLM, TGI, llama.cpp server), through ``httpx``; one request per prompt, at ``temperature`` (default 0:
-    greedy, the same reply for the same prompt).
-
-    ``api_key_env`` names the environment variable holding the key; the key is read at each request and
-    sent as a bearer token only: it is not kept on the object, logged, or put in any error message. An
-    endpoint that needs no key (a local server) works with the variable unset. Why not the ``openai``
-    package: one small JSON call does not justify the dependency, and ``httpx`` already ships with the
-    Hugging Face stack."""
+    """:class:`ChatClient` for any OpenAI-compatible endpoint, through
+    :class:`~medadapt.curation.OpenAIChat` (one request per prompt, no redirects, no key over plain http to
+    another host). The key is read from ``api_key_env`` at each call and never kept on the object."""
 
     def __init__(self, model: str, *, base_url: str = "https://api.openai.com/v1",
                  api_key_env: str = "OPENAI_API_KEY", timeout: float = 120.0, retries: int = 2,
                  temperature: float = 0.0):
         self.model, self.base_url, self.api_key_env = model, base_url.rstrip("/"), api_key_env
         self.timeout, self.retries, self.temperature = timeout, retries, temperature
-        self._http = None  # one pooled httpx client for every call (the task level calls once per example)
-
-    def __repr__(self) -> str:
-        return f"OpenAICompatibleClient(model={self.model!r}, base_url={self.base_url!r}, " \
-               f"api_key_env={self.api_key_env!r})"
 
     def complete(self, prompts: Sequence[str], max_new_tokens: int) -> list[str]:
-        import httpx
-
-        url = f"{self.base_url}/chat/completions"
-        headers = {"Content-Type": "application/json"}
-        key = os.environ.get(self.api_key_env)
-        if key:
-            headers["Authorization"] = f"Bearer {key}"
-        out = []
-        if self._http is None:
-            self._http = httpx.Client(timeout=self.timeout)
-        client = self._http
-        for prompt in prompts:
-            body = {"model": self.model, "messages": [{"role": "user", "content": prompt}],
-                    "max_tokens": max_new_tokens, "temperature": self.temperature}
-            for attempt in range(self.retries + 1):
-                try:
-                    r = client.post(url, json=body, headers=headers)
-                except httpx.HTTPError as exc:  # the message names the URL, never the headers
-                    if attempt == self.retries:
-                        raise MedAdaptError(f"synthetic data: cannot reach {url}: "
-                                            f"{type(exc).__name__}") from None
-                    continue
-                if r.status_code in (429, 500, 502, 503, 504) and attempt < self.retries:
-                    continue
-                if r.status_code != 200:
-                    hint = f" (is ${self.api_key_env} set?)" if r.status_code in (401, 403) else ""
-                    raise MedAdaptError(f"synthetic data: {url} answered HTTP {r.status_code}{hint}")
-                break
-            try:
-                out.append(str(r.json()["choices"][0]["message"]["content"] or "").strip())
-            except (ValueError, KeyError, IndexError, TypeError):
-                raise MedAdaptError(f"synthetic data: {url} did not answer in the chat-completions "
-                                    "format (choices[0].message.content)") from None
-        return out
+        chat = OpenAIChat(self.model, self.base_url, api_key_env=self.api_key_env, temperature=self.temperature,
+                          max_tokens=max_new_tokens, timeout=self.timeout, max_retries=self.retries)
+        try:
+            return [str(chat(p) or "").strip() for p in prompts]
+        except BackendError as exc:
+            if exc.status not in (401, 403):
+                raise
+            raise BackendError(f"{exc} (is ${self.api_key_env} set?)", status=exc.status) from None
 
 
 class LLMQueryGenerator:
-    """Instance-level generator over any :class:`ChatClient`: :data:`INSTANCE_PROMPT` per passage, the
-    first line of the reply is the query (empty replies are dropped later)."""
+    """Instance level over a :class:`ChatClient`: :data:`INSTANCE_PROMPT` per passage, the reply's first line
+    is the query."""
 
     def __init__(self, client: ChatClient, *, max_new_tokens: int = 48, prompt: str = INSTANCE_PROMPT):
         self.client, self.max_new_tokens, self.prompt = client, max_new_tokens, prompt
@@ -296,11 +247,7 @@ class LLMQueryGenerator:
 
 
 class TransformersQueryGenerator(LLMQueryGenerator):
-    """:class:`LLMQueryGenerator` on a local :class:`TransformersChatClient`. Example::
-
-        gen = TransformersQueryGenerator("Qwen/Qwen2.5-1.5B-Instruct", device="cuda")
-        queries = gen.generate_queries(passages, SYNTHETIC_INSTRUCTIONS["pubmed"])
-    """
+    """:class:`LLMQueryGenerator` on a local :class:`TransformersChatClient`."""
 
     def __init__(self, model: str, *, max_new_tokens: int = 48, batch_size: int = 8, device: str | None = None,
                  prompt: str = INSTANCE_PROMPT):
@@ -309,14 +256,10 @@ class TransformersQueryGenerator(LLMQueryGenerator):
 
 
 class LLMTaskGenerator:
-    """Task-level generator over any :class:`ChatClient` (the paper: GPT-4). Tasks are brainstormed
-    ``per_call`` at a time (:data:`TASK_BRAINSTORM_PROMPT`, Listing 1: a python / JSON list of about 20),
-    duplicates dropped, at most ``max_calls`` calls (default: three times the calls ``n`` needs); each
-    example is one JSON object (:data:`TASK_EXAMPLE_PROMPT`, Listing 2, with the given attributes; keys
-    ``user_query``, ``positive_document``, ``hard_negative_document``, or ``query`` / ``positive`` /
-    ``negative``). A reply that is not what was asked for yields nothing (counted in ``rejected``) rather
-    than stopping a long generation. At temperature 0 every brainstorm call gets the same reply: use a
-    sampling temperature to brainstorm more than one call's tasks."""
+    """Task level over a :class:`ChatClient` (paper: GPT-4): tasks brainstormed ``per_call`` at a time
+    (Listing 1) in at most ``max_calls`` calls (default: three times the calls needed), then one JSON example
+    per call (Listing 2). A reply that is not what was asked for yields nothing and counts in ``rejected``.
+    At temperature 0 every brainstorm call gets the same reply."""
 
     def __init__(self, client: ChatClient, *, per_call: int = 20, max_new_tokens: int = 512,
                  max_calls: int | None = None):
@@ -355,56 +298,35 @@ class LLMTaskGenerator:
 
 
 def _field(obj, *names: str):
-    """The first of ``names`` in the reply object (Listing 2's key, then the short one)."""
     for name in names:
         if name in obj:
             return obj[name]
     raise KeyError(names[0])
 
 
-def synthesize_query_groups(
-    passages: Sequence[str],
-    generator: QueryGenerator,
-    instruction: str,
-    searcher,
-    text_to_id: dict[str, str],
-    *,
-    top_k: int = 3,
-    show_progress: bool = True,
-) -> list[TrainingGroup]:
-    """Instance-level augmentation + consistency filtering.
-
-    Generates one query per passage, then keeps ``(query, passage)`` only when ``searcher`` (a base retriever
-    over the corpus, :class:`~medadapt.curation.DenseSearcher`) ranks the passage in its top ``top_k``.
-    ``text_to_id`` maps passage texts to corpus ids. Empty generations are dropped. The returned groups
-    carry ``instruction`` as their ``prompt`` and no negatives yet (mine them like labelled data)."""
+def synthesize_query_groups(passages: Sequence[str], generator: QueryGenerator, instruction: str, searcher,
+                            text_to_id: dict[str, str], *, top_k: int = 3,
+                            show_progress: bool = True) -> list[TrainingGroup]:
+    """One query per passage, kept when ``searcher`` ranks its passage in its top ``top_k``
+    (:func:`generate_instance_data` in one round); groups carry ``instruction`` and no negatives yet."""
     passages = list(passages)
-    queries = generator.generate_queries(passages, instruction)
-    if len(queries) != len(passages):
-        raise ValueError(f"the generator returned {len(queries)} queries for {len(passages)} passages")
-    groups = [TrainingGroup(query=q, pos=[p], prompt=instruction)
-              for q, p in zip(queries, passages) if q.strip()]
-    return filter_consistent_groups(groups, searcher, text_to_id, top_k=top_k, show_progress=show_progress)
+    if not passages:
+        return []
+    return generate_instance_data(passages, generator, instruction, searcher, text_to_id, target=len(passages),
+                                  top_k=top_k, show_progress=show_progress)[0]
 
 
 def synthesize_task_groups(generator: TaskGenerator, n_tasks: int, examples_per_task: int = 1, *,
                            seed: int = 0) -> list[TrainingGroup]:
-    """Task-level augmentation without a filter: ``n_tasks`` distinct tasks, ``examples_per_task``
-    (query, positive, hard negative) examples each (one attempt per example); each group's ``prompt`` is its
-    task instruction. :func:`generate_task_data` with its report, a filter and over-generation."""
+    """:func:`generate_task_data` with one attempt per example and no filter, without the report."""
     return generate_task_data(generator, tasks=n_tasks, examples_per_task=examples_per_task, seed=seed)[0]
 
 
 @dataclass
 class SyntheticReport:
-    """What one synthetic source produced (generate N, keep what passes).
-
-    ``target``: examples to keep; ``max_generated``: the most generations asked for (the cap). Of the
-    ``generated`` ones, ``rejected`` were empty or not the JSON asked for, ``duplicates`` repeated a query
-    their task already had (task level), ``filtered`` failed the filter and ``passed`` passed it; ``kept``
-    (at most ``target``) go to training, the rest of the last round is surplus. ``stopped``: ``target``
-    (kept it), ``cap`` (reached ``max_generated`` first) or ``exhausted`` (no passages or tasks left).
-    ``details``: what the source was (corpus, instruction, tasks, ...)."""
+    """What one synthetic source produced: of ``generated`` (at most ``max_generated``), ``rejected`` (empty
+    or not the JSON asked for), ``duplicates`` (a query its task had), ``filtered`` and ``passed``; ``kept``
+    (at most ``target``) train. ``stopped``: ``target``, ``cap`` or ``exhausted``."""
 
     name: str
     level: str  # "instance" or "task"
@@ -421,7 +343,7 @@ class SyntheticReport:
     details: dict = field(default_factory=dict)
 
     def as_dict(self) -> dict:
-        """JSON-ready (``train_log.json`` under ``synthetic``), with ``kept_per_generated``."""
+        """JSON-ready, with ``kept_per_generated`` (``train_log.json`` under ``synthetic``)."""
         out = asdict(self)
         out["kept_per_generated"] = round(self.kept / self.generated, 4) if self.generated else None
         return out
@@ -439,8 +361,8 @@ class SyntheticReport:
 
 
 def _round_size(need: int, generated: int, passed: int, room: int) -> int:
-    """How many to generate next for ``need`` more to keep: ``need`` at first, then ``need`` over the keep
-    rate so far (twice what was generated, when nothing has passed yet); at least 1, at most ``room``."""
+    """The next round's size for ``need`` more: ``need`` over the keep rate so far (first ``need``; twice
+    what was generated while nothing passed), in ``[1, room]``."""
     if generated == 0:
         size = need
     elif passed == 0:
@@ -463,11 +385,9 @@ def generate_instance_data(
     name: str = "synthetic",
     show_progress: bool = True,
 ) -> tuple[list[TrainingGroup], SyntheticReport]:
-    """Instance level, generate N and keep what passes: queries for ``passages`` taken in the order given
-    (pass a seeded sample), in rounds, until ``target`` pairs pass consistency filtering (the passage in
-    ``searcher``'s top ``top_k`` for its query, :func:`synthesize_query_groups`' rule), ``max_generated``
-    queries were asked for, or the passages run out. Returns the first ``target`` kept groups (passage order;
-    ``instruction`` as their ``prompt``, no negatives yet) and the :class:`SyntheticReport`."""
+    """Queries for ``passages`` in the order given, in rounds, until ``target`` pairs pass consistency
+    filtering (the passage in ``searcher``'s top ``top_k``), ``max_generated`` were asked for, or the
+    passages run out. Returns the kept groups (``instruction`` as their prompt) and the report."""
     if target < 1:
         raise ValueError(f"target must be >= 1, got {target}")
     passages = list(passages)
@@ -506,14 +426,10 @@ def generate_task_data(
     keep: Callable[[list[TrainingGroup]], list[TrainingGroup]] | None = None,
     name: str = "synthetic-task",
 ) -> tuple[list[TrainingGroup], SyntheticReport]:
-    """Task level, generate N and keep what passes: brainstorm ``tasks`` distinct tasks, then, in rounds,
-    examples per task until ``examples_per_task`` are kept or ``max_generated_per_task`` (default
-    ``examples_per_task``) were asked for. Each example's prompt gets its own attribute draw
-    (:func:`sample_attributes`, seeded by ``seed``, the task and the attempt). An example with an empty field
-    is rejected, one whose query its task already has is a duplicate, and ``keep`` (e.g.
-    :func:`filter_task_groups` with the base retriever; ``None``: keep all) filters each round's examples.
-    Returns the kept groups (task by task; each group's ``prompt`` is its task) and the
-    :class:`SyntheticReport` (``details``: tasks asked for and brainstormed)."""
+    """Brainstorm ``tasks`` distinct tasks, then, in rounds, examples per task until ``examples_per_task``
+    are kept or ``max_generated_per_task`` (default ``examples_per_task``) were asked for; each with its own
+    attribute draw seeded by ``(seed, task, attempt)``, each round filtered by ``keep`` (``None``: keep all).
+    Returns the kept groups (each ``prompt`` its task) and the report."""
     if tasks < 1 or examples_per_task < 1:
         raise ValueError("tasks and examples_per_task must be >= 1")
     per_task = max_generated_per_task if max_generated_per_task is not None else examples_per_task
@@ -563,10 +479,8 @@ def generate_task_data(
 
 
 def filter_task_groups(groups: Sequence[TrainingGroup], model, *, batch_size: int = 64) -> list[TrainingGroup]:
-    """Keep a task-level example only when ``model`` (the base retriever, a SentenceTransformer) scores its
-    positive above its hard negative for its query (``encode_query`` for the query, ``encode_document`` for
-    the passages, the model's own similarity). A generated "hard
-    negative" that actually answers the query, or a positive that does not, is dropped."""
+    """Keep an example only when ``model`` (the base retriever) scores its positive above its hard negative
+    (``encode_query`` / ``encode_document``, the model's own similarity)."""
     groups = [g for g in groups if g.pos and g.neg]
     if not groups:
         return []
@@ -582,8 +496,7 @@ def filter_task_groups(groups: Sequence[TrainingGroup], model, *, batch_size: in
 
 
 def parse_json_reply(text: str):
-    """Parse the first JSON value in an LLM reply (code fences and prose around it are ignored); a python
-    literal list (Listing 1 asks for "a python list of strings") is read with ``ast.literal_eval``."""
+    """The first JSON value in an LLM reply, or a python literal (Listing 1 asks for a python list)."""
     start = min((i for i in (text.find("["), text.find("{")) if i >= 0), default=-1)
     if start < 0:
         raise ValueError(f"no JSON in reply: {text[:80]!r}")

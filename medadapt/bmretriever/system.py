@@ -3,12 +3,18 @@ preset (entry point ``medadapt.systems: bmretriever``)."""
 
 from __future__ import annotations
 
-from medadapt.bmretriever.recipe import PAPER, frozen_base, plan_spec, train
-from medadapt.bmretriever.schema import BmRetrieverRecipe
-from medadapt.recipes.run import evaluate_dense
-from medadapt.systems import System, register_system
+from pathlib import Path
 
-__all__ = ["SYSTEM"]
+from medadapt.bmretriever.plan import plan_spec
+from medadapt.bmretriever.sections import BmRetrieverRecipe
+from medadapt.bmretriever.train import frozen_base, train
+from medadapt.recipes.run import evaluate_dense
+from medadapt.systems import System, load_paper, register_system
+
+__all__ = ["PAPER", "SYSTEM"]
+
+#: ``medadapt train --paper``: the paper's settings, with where it states each (``paper.yaml`` here).
+PAPER = load_paper(Path(__file__).with_name("paper.yaml"))
 
 SYSTEM = register_system(System(
     "bmretriever", BmRetrieverRecipe, train, evaluate_dense,

@@ -1,18 +1,8 @@
-"""Asymmetric retrieval (CARE, issue #7): a small query tower aligned to a large (LLM) document tower.
-
-Built on sentence-transformers' ``Router`` (``encode_query`` -> query route, ``encode_document`` -> document
-route); see ``docs/care.md``. Pieces, one concept per module:
-
-* towers: :func:`decoder_tower_modules` / :class:`EosTransformer` (decoder LLM + EOS + last-token pooling),
-  :func:`prune_layers` (KALE-style pruned query tower), :func:`static_from_document` (static query tower),
-  :class:`MatryoshkaTruncate` (MRL truncation of the document embedding), LoRA on the document route
-  (:func:`attach_document_lora`, on :mod:`medadapt.training.lora`).
-* model: :func:`build_asymmetric_model`, :func:`tower` (one route as a SentenceTransformer view).
-* training: :func:`init_tower`, :func:`align_queries` (stage I), :func:`joint_finetune` (stage II), each a
-  ``Stage`` of the one loop :func:`medadapt.training.loop.train` configured by a :class:`CarePhaseSection`;
-  losses :class:`QueryAlignmentLoss` here and ``medadapt.losses.AsymInfoNCELoss`` / ``MatryoshkaLoss``.
-* recipes: :class:`CareRecipe` (``kind: care``, run by :func:`medadapt.recipes.run_recipe`); evaluation:
-  :func:`evaluate_asymmetric`, :func:`query_speed`.
+"""Asymmetric retrieval (CARE): a small query tower aligned to a large (LLM) document tower, on
+sentence-transformers' ``Router``; see ``docs/care.md``. Modules: towers (:mod:`~medadapt.decoder`, ``pruning``,
+``static``, ``truncate``, ``lora``), the model (``model``), training items (``data``), the loss
+(``alignment_loss``), the phases' Steps and Stages (``stages``), the recipe (``sections``, ``train``, ``plan``,
+``evaluate``) and its registration (``system``).
 """
 
 from __future__ import annotations
@@ -24,9 +14,10 @@ from medadapt.care.evaluate import evaluate_asymmetric, query_speed
 from medadapt.care.lora import attach_document_lora, has_lora, merge_document_lora
 from medadapt.care.model import build_asymmetric_model, is_asymmetric, route_modules, tower
 from medadapt.care.pruning import prune_layers
-from medadapt.care.recipe import CareRecipe
-from medadapt.care.stages import (AlignReplay, CarePhaseSection, align_queries, align_stage, embed, init_stage,
-                                  init_tower, joint_finetune, joint_stage, teacher_targets, trainable_only)
+from medadapt.care.sections import CareRecipe
+from medadapt.care.stages import (AlignReplay, CarePhaseSection, align_queries, align_stage, embed,
+                                  init_stage, init_tower, joint_finetune, joint_stage, teacher_targets,
+                                  trainable_only)
 from medadapt.care.static import static_from_document
 from medadapt.care.truncate import MatryoshkaTruncate
 from medadapt.decoder import EosTransformer, append_eos, decoder_tower_modules

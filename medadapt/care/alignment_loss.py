@@ -1,33 +1,18 @@
-"""Stage-I query-alignment objective of CARE (§4.2.1, eq. 2 and eq. 3).
+"""Stage-I query-alignment objective of CARE (§4.2.1, eq. 2 and eq. 3), student ``E_Q`` (query tower),
+teacher ``E_D`` (frozen document tower), the same unlabeled text ``x_i`` on both sides:
 
     L_MSE   = 1/B sum_i || E_Q(x_i)/|E_Q(x_i)| - E_D(x_i)/|E_D(x_i)| ||^2          (eq. 2)
     L_align = w_c * L_AsymInfoNCE + w_m * L_MSE                                      (eq. 3)
 
-The student is the query tower ``E_Q``, the teacher the frozen document tower ``E_D``, and ``x_i`` the same
-unlabeled text on both sides (self-contrastive). The paper states eq. 3 as a weighted sum with one weight
-``lambda`` on the MSE term whose value is not given; here both weights are named and configurable
-(``contrastive_weight``, ``mse_weight``; 1 and 1 by default), so the Table-4 ablations "w/o MSE" and
-"w/o Contrastive" are ``mse_weight=0`` and ``contrastive_weight=0``.
-
-Optional ranking distillation (not in the paper, ``distill_weight`` > 0, with a ``documents`` table):
+The paper's single weight on MSE is unstated; both weights are named here, so the Table-4 ablations are
+``mse_weight=0`` / ``contrastive_weight=0``. ``L_MSE`` sums over dimensions (``2 - 2 cos``), so its scale does
+not depend on the width, unlike ``torch.nn.MSELoss``. Optional ranking distillation (not in the paper):
 
     L_rank  = 1/B sum_i KL( softmax(t_i D^T / tau_r) || softmax(s_i D^T / tau_r) )
 
-``t_i``, ``s_i`` the normalised teacher and student embeddings of ``x_i``, ``D`` the frozen document tower's
-normalised embeddings of the corpus (``(N, d)``, from the cache). Eq. 2 pulls the student towards the
-teacher in every direction alike; ``L_rank`` asks only that the student *rank the corpus* as the teacher
-does, which is what retrieval reads. On MedQuAD's held-out MPlus questions (short topic questions) a
-1-layer MiniLM tower trained with eq. 3 kept 90.0% of the document model's nDCG@10, with ``L_rank`` 99.3%
-(docs/benchmarks.md, leave-one-source-out). The softmax over all of ``D`` is exact (no sampling), so the
-table's size bounds the cost: a ``(B, N)`` product per step, N ~14k documents of 384 dimensions on MedQuAD.
-Hand-written for the same reason as eq. 2: sentence-transformers' distillation losses score given pairs,
-not precomputed teacher embeddings against a whole corpus.
-
-``L_MSE`` is the squared L2 distance between unit vectors summed over dimensions (``2 - 2 cos``), averaged
-over the batch: on the same scale for any embedding width, unlike ``torch.nn.MSELoss``'s mean over
-elements, which divides by the dimension. Hand-written: no library ships this pair of losses on
-precomputed teacher embeddings.
-"""
+over the frozen document tower's normalised corpus embeddings ``D``: the student ranks the corpus as the
+teacher does (measured in docs/benchmarks.md). Hand-written: no library ships these losses on precomputed
+teacher embeddings."""
 
 from __future__ import annotations
 
@@ -42,10 +27,7 @@ __all__ = ["NormalizedMSELoss", "QueryAlignmentLoss"]
 
 
 class NormalizedMSELoss(nn.Module):
-    """Eq. 2: ``{"mse": mean_i ||norm(student_i) - norm(teacher_i)||^2}``.
-
-    Inputs: ``student`` and ``teacher``, both ``(B, d)``.
-    """
+    """Eq. 2: ``{"mse": mean_i ||norm(student_i) - norm(teacher_i)||^2}`` on ``(B, d)`` inputs."""
 
     def forward(self, student: Tensor, teacher: Tensor) -> dict[str, Tensor]:
         if student.shape != teacher.shape or student.dim() != 2:
@@ -56,23 +38,13 @@ class NormalizedMSELoss(nn.Module):
 
 
 class QueryAlignmentLoss(nn.Module):
-    """Eq. 3: weighted Asym-InfoNCE (eq. 1) + normalised MSE (eq. 2), plus the optional ranking
-    distillation ``L_rank`` (module docstring); returns the *weighted* parts
-    ``{"asym_infonce": w_c * L1, "mse": w_m * L2, "rank_kl": w_r * L_rank}`` (a zero-weight part is left out).
+    """Eq. 3 plus the optional ``L_rank``; returns the *weighted* parts ``asym_infonce``, ``mse``,
+    ``rank_kl`` (a zero-weight part is left out).
 
     Args:
-        temperature: Asym-InfoNCE temperature.
-        contrastive_weight: ``w_c`` (0 disables the contrastive term: ablation "w/o Contrastive").
-        mse_weight: ``w_m`` (0 disables the MSE term: ablation "w/o MSE").
-        documents: ``(N, d)`` teacher embeddings of the corpus that ``L_rank`` ranks (normalised here).
-        distill_weight: ``w_r``; > 0 needs ``documents``.
-        distill_temperature: ``tau_r``.
-
-    Example:
-        >>> loss = QueryAlignmentLoss(temperature=0.05, mse_weight=1.0)
-        >>> parts = loss(query_tower(texts), teacher_embeddings)      # teacher from the EmbeddingCache
-        >>> sum(parts.values()).backward()
-    """
+        contrastive_weight, mse_weight, distill_weight: ``w_c``, ``w_m``, ``w_r``.
+        documents: ``(N, d)`` teacher embeddings of the corpus that ``L_rank`` ranks (needed when ``w_r`` > 0).
+        distill_temperature: ``tau_r``."""
 
     def __init__(self, temperature: float = 0.05, contrastive_weight: float = 1.0,
                  mse_weight: float = 1.0, *, documents: Tensor | None = None, distill_weight: float = 0.0,
@@ -95,8 +67,7 @@ class QueryAlignmentLoss(nn.Module):
         self.documents = F.normalize(documents.float(), dim=-1) if distill_weight > 0 else None
 
     def rank_kl(self, student: Tensor, teacher: Tensor) -> Tensor:
-        """``L_rank`` (unweighted): batch-mean KL from the teacher's to the student's softmax over the
-        corpus."""
+        """``L_rank`` (unweighted), in float32."""
         docs = self.documents.to(student.device)
         self.documents = docs  # moved once, kept on the student's device
         tau = self.distill_temperature

@@ -1,14 +1,7 @@
-"""Training items for the asymmetric stages, built from a BEIR folder.
-
-* :func:`self_contrastive_texts`: unlabeled texts for stage I (queries of some splits and/or corpus
-  documents or their sentences; CARE aligns on millions of raw texts, §4.2.1). Each carries the *role* under
-  which the teacher (document tower) embeds it: ``"query"`` for queries (so a document tower with a query
-  instruction uses it), ``"document"`` for documents (whose embeddings the corpus cache already holds).
-* :func:`labelled_pairs` + :func:`mine_hard_negatives`: (query, positive, hard negatives) for the
-  independent initialisation and stage II, negatives mined with the frozen document tower on cached
-  embeddings, skipping the very top ranks and every judged-relevant document (CARE §4.1 stresses false
-  negatives in medical retrieval).
-"""
+"""Training items for the asymmetric stages, from a BEIR folder: unlabeled texts for stage I
+(:func:`self_contrastive_texts`), each with the role the teacher embeds it under, and (query, positive, hard
+negatives) for the initialisation and stage II (:func:`mined_pairs`), negatives mined on cached embeddings past
+the top ranks and never a judged-relevant document (CARE §4.1: false negatives in medical retrieval)."""
 
 from __future__ import annotations
 
@@ -28,8 +21,7 @@ __all__ = ["TrainPair", "corpus_sentences", "labelled_pairs", "mine_hard_negativ
 
 @dataclass
 class TrainPair:
-    """One labelled training item: query text, index of its positive document, indices of hard negatives
-    (indices into ``BeirDataset.doc_ids``)."""
+    """A labelled item: query text, index of its positive and of its hard negatives in ``doc_ids``."""
 
     query: str
     positive: int
@@ -45,15 +37,12 @@ def _join(left: str) -> str:
 
 def corpus_sentences(text: str, min_chars: int = 20) -> list[str]:
     """The sentences of a document (split after ``. ! ? ;`` and their CJK forms), whitespace-normalised;
-    pieces shorter than ``min_chars`` characters are joined to the next one so that headings and list stubs
-    do not stand alone.
-    Hand-written: a rule split is all stage I needs (short, query-length texts) and keeps nltk / spaCy models
-    out of the dependencies.
+    pieces shorter than ``min_chars`` are joined to the next. A rule split keeps nltk / spaCy out of the
+    dependencies.
 
     Example:
         >>> corpus_sentences("Gout is a form of arthritis. It hurts. Treatment includes NSAIDs and rest.")
-        ['Gout is a form of arthritis.', 'It hurts. Treatment includes NSAIDs and rest.']
-    """
+        ['Gout is a form of arthritis.', 'It hurts. Treatment includes NSAIDs and rest.']"""
     out: list[str] = []
     carry = ""
     for piece in _SENTENCE_END.split(text):
@@ -76,11 +65,9 @@ def self_contrastive_texts(data, query_splits: list[str], include_corpus: bool =
                            max_texts: int | None = None, seed: int = 0,
                            max_corpus_texts: int | None = None,
                            corpus_units: str = "documents") -> list[tuple[str, str]]:
-    """``[(text, teacher_role)]``: the distinct queries of ``query_splits`` (role ``"query"``) and, with
-    ``include_corpus``, corpus documents (role ``"document"``; a random ``max_corpus_texts`` of them when
-    set), or with ``corpus_units="sentences"`` the distinct sentences of their text (:func:`corpus_sentences`;
-    titles left out; role ``"query"``: query-length texts, embedded by the teacher as the query tower will be
-    used); shuffled and capped at ``max_texts``."""
+    """``[(text, teacher_role)]``: the distinct queries of ``query_splits`` (``"query"``) and,
+    with ``include_corpus``, the corpus documents (``"document"``; a random ``max_corpus_texts`` when set) or their
+    distinct sentences (``corpus_units="sentences"``, role ``"query"``); shuffled, capped at ``max_texts``."""
     if corpus_units not in ("documents", "sentences"):
         raise DataError(f"corpus_units {corpus_units!r}: choose 'documents' or 'sentences'")
     items: list[tuple[str, str]] = []
@@ -127,16 +114,10 @@ def labelled_pairs(data, split: str, max_queries: int | None = None, seed: int =
 
 def mine_hard_negatives(pairs: list[TrainPair], query_emb: np.ndarray, doc_emb: np.ndarray, count: int,
                         skip_top: int = 0, depth: int = 50, exclude: list[set[int]] | None = None) -> None:
-    """Fill ``pair.negatives`` in place with ``count`` documents ranked after the first ``skip_top``
-    non-relevant ones by cosine similarity of ``query_emb[i]`` (row per pair) to ``doc_emb``, never a
-    positive of that query (``exclude[i]``, default the pair's own positive). Fewer than ``count`` (a tiny
-    corpus) are padded by repeating.
-
-    This is :func:`medadapt.curation.mine_from_embeddings` (the one embedding miner) with
-    ``window=(skip_top + 1, skip_top + count)``, ranks counted among non-relevant documents
-    (``count_positives=False``) and the best-ranked taken (``pick="best"``); ``depth`` is kept for
-    compatibility (the search always retrieves enough candidates for the window).
-    """
+    """Fill ``pair.negatives`` in place with ``count`` documents ranked after the first
+    ``skip_top`` non-relevant ones (cosine of ``query_emb[i]`` to ``doc_emb``), never in ``exclude[i]`` (default
+    the pair's positive); padded by repeating on a tiny corpus. The one embedding miner
+    (:func:`medadapt.curation.mine_from_embeddings`); ``depth`` is kept for compatibility."""
     if count <= 0:
         return
     banned = [set(exclude[i]) if exclude is not None else {pair.positive} for i, pair in enumerate(pairs)]
@@ -156,10 +137,9 @@ def mine_hard_negatives(pairs: list[TrainPair], query_emb: np.ndarray, doc_emb: 
 
 def mined_pairs(data, split: str, max_queries: int | None, count: int, skip_top: int, depth: int, document,
                 cache, batch_size: int = 64, seed: int = 0, query_encoder=None) -> list[TrainPair]:
-    """:func:`labelled_pairs` of ``split`` with ``count`` hard negatives each, mined by ``document`` (a
-    SentenceTransformer) on embeddings from ``cache`` (queries with role ``"query"``, corpus ``"document"``);
-    every document judged relevant to the query is excluded. ``query_encoder`` (default ``document``) encodes
-    the queries instead, e.g. a trained query tower aligned to ``document``'s space."""
+    """:func:`labelled_pairs` of ``split`` with ``count`` hard negatives each, mined by ``document`` on
+    embeddings from ``cache``, excluding every document judged relevant to the query; ``query_encoder`` (default
+    ``document``) encodes the queries instead."""
     pairs = labelled_pairs(data, split, max_queries=max_queries, seed=seed)
     if count:
         position = {d: i for i, d in enumerate(data.doc_ids)}

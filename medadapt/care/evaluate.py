@@ -1,60 +1,54 @@
-"""Evaluate and time asymmetric models.
-
-:func:`evaluate_asymmetric` scores a Router model the way it is served: the corpus through the document
-tower **via the EmbeddingCache** (keyed by the document route's own modules, so a document tower already
-cached as a standalone model, e.g. the packaged MiniLM, costs no encode), queries through the query tower.
-:func:`query_speed` measures queries/second (batched) and median single-query latency of any encoder.
-"""
+"""Evaluate and time asymmetric models. Scoring is the one evaluation path (:func:`medadapt.eval.tasks.evaluate`):
+queries through the query tower, the corpus through the document route via the embedding cache, keyed by that
+route's own modules (a document tower cached as a standalone model costs no encode)."""
 
 from __future__ import annotations
 
 import statistics
 import time
 from collections.abc import Callable, Iterable, Sequence
+from typing import TYPE_CHECKING
 
-import numpy as np
+from medadapt.adapters.compose import branch_kind
+from medadapt.care.model import build_document_tower
+from medadapt.care.sections import CareRecipe
+from medadapt.eval.tasks import evaluate as evaluate_task
+from medadapt.eval.tasks import task_kind
+from medadapt.recipes.run import evaluate_dense
 
-from medadapt.care.model import is_asymmetric, tower
-from medadapt.cache import EmbeddingCache
-from medadapt.eval.metrics import evaluate_run, parse_metric
-from medadapt.eval.retrieval import dense_run
+if TYPE_CHECKING:
+    from medadapt.recipes.run import RunContext
 
-__all__ = ["evaluate_asymmetric", "query_speed"]
+__all__ = ["evaluate", "evaluate_asymmetric", "frozen_base", "query_speed"]
 
 
 def evaluate_asymmetric(model, data, split: str = "test", metrics: Iterable[str] = ("ndcg@10",), cache=None,
-                        batch_size: int = 64, show_progress: bool = False, cache_queries: bool = False):
-    """nDCG etc. of an asymmetric model (or any SentenceTransformer) on a BEIR split.
+                        batch_size: int = 64, show_progress: bool = False) -> dict[str, float]:
+    """The metrics of an asymmetric model (or any SentenceTransformer) on a split of ``data`` (a loaded
+    :class:`~medadapt.data.beir.BeirDataset`), dense, through :func:`medadapt.eval.tasks.evaluate`."""
+    task = task_kind("retrieval").create("beir").load_data(data, split)
+    return evaluate_task(model, task, metrics=list(metrics), mode="dense", cache=cache, batch_size=batch_size,
+                         show_progress=show_progress).metrics
 
-    Documents: ``cache.encode(tower(model, "document"), ..., role="document")``. Queries: encoded directly
-    by the query tower (``cache_queries=False``, so trained-and-discarded query towers do not fill the cache)
-    or through the cache.
-    """
-    cache = cache if cache is not None else EmbeddingCache()
-    metrics = list(metrics)
-    q_model = tower(model, "query") if is_asymmetric(model) else model
-    d_model = tower(model, "document") if is_asymmetric(model) else model
-    queries = data.split_queries(split)
-    qids = list(queries)
-    texts = [queries[q] for q in qids]
-    if cache_queries:
-        q = cache.encode(q_model, texts, role="query", batch_size=batch_size, show_progress=show_progress)
-    else:
-        q = q_model.encode_query(texts, batch_size=batch_size, convert_to_numpy=True, show_progress_bar=False)
-    d = cache.encode(d_model, data.doc_texts(), role="document", batch_size=batch_size,
-                     show_progress=show_progress, desc="encoding corpus (document tower)")
-    depth = max([parse_metric(m)[1] for m in metrics] + [100])
-    run = dense_run(qids, np.asarray(q, dtype=np.float32), data.doc_ids, d, depth, "cosine")
-    return evaluate_run(data.qrels[split], run, metrics)
+
+def evaluate(recipe: CareRecipe, model, ctx: RunContext) -> dict[str, float]:
+    """The trained model on ``eval.data`` / ``eval.split`` (:func:`~medadapt.recipes.run.evaluate_dense`); a
+    composed model (``branches``) is evaluated by its last branch (``lexical/``, ``dense/``, ``hybrid/``)."""
+    if recipe.branches:
+        return branch_kind(recipe.branches[-1].kind).evaluate(recipe, model, recipe.branches[-1], ctx)
+    return evaluate_dense(recipe, model, ctx)
+
+
+def frozen_base(recipe: CareRecipe, ctx: RunContext):
+    """The base a CARE run is compared with (``eval.baseline``, ``eval.also``): the untrained document tower,
+    symmetric (both roles through it)."""
+    return build_document_tower(recipe.document, device=ctx.device)
 
 
 def query_speed(encode: Callable[[list[str]], object], queries: Sequence[str], *, batch_size: int = 64,
                 latency_samples: int = 200, warmup: int = 5, repeats: int = 1) -> dict[str, float]:
-    """Throughput and latency of ``encode`` (e.g. ``model.encode_query``) on ``queries``.
-
-    Returns ``qps`` (queries/second encoding all ``queries`` in batches of ``batch_size``, best of
-    ``repeats``) and ``p50_ms`` / ``p90_ms`` (single-query latency over ``latency_samples`` queries).
-    """
+    """Throughput and latency of ``encode`` (e.g. ``model.encode_query``): ``qps`` encoding all ``queries`` in
+    batches (best of ``repeats``), ``p50_ms`` / ``p90_ms`` single-query latency over ``latency_samples``."""
     queries = list(queries)
     for text in queries[:warmup]:
         encode([text])

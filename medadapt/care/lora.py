@@ -1,9 +1,9 @@
-"""LoRA on the document tower of an asymmetric model (CARE Appendix C.3: the document encoder is fine-tuned
-with LoRA, ``r=32`` in ``recipes/care.yaml``): the one helper :mod:`medadapt.training.lora`, placed on the
-``Transformer`` that starts the document route, and merged before saving so the folder loads without PEFT.
-"""
+"""LoRA on the document route of an asymmetric model (CARE Appendix C.3), through
+:mod:`medadapt.training.lora`, merged before saving so the folder loads without PEFT."""
 
 from __future__ import annotations
+
+from sentence_transformers.base.modules import Transformer
 
 from medadapt.care.model import route_modules
 from medadapt.errors import ConfigError
@@ -15,8 +15,6 @@ __all__ = ["attach_document_lora", "document_transformer", "has_lora", "merge_do
 
 def document_transformer(model):
     """The ``Transformer`` module that starts the document route of an asymmetric model."""
-    from sentence_transformers.base.modules import Transformer
-
     first = route_modules(model, "document")[0]
     if not isinstance(first, Transformer):
         raise ConfigError(f"the document route starts with {type(first).__name__}, not a Transformer; "
@@ -25,13 +23,12 @@ def document_transformer(model):
 
 
 def attach_document_lora(model, lora: LoraSection | None = None, *, gradient_checkpointing: bool = False):
-    """Wrap the document route's transformer with a PEFT LoRA adapter in place (``lora`` default:
-    ``LoraSection()``); returns the PEFT model. Afterwards only its LoRA matrices have ``requires_grad`` among
-    the document tower's parameters (the query tower's flags are not changed)."""
+    """Wrap the document route's transformer with a LoRA adapter in place (default
+    ``LoraSection()``); only its LoRA matrices then require gradients in that tower."""
     return attach_lora(document_transformer(model), lora if lora is not None else LoraSection(),
                        gradient_checkpointing=gradient_checkpointing)
 
 
 def merge_document_lora(model) -> bool:
-    """Fold the document tower's LoRA adapter into its weights (``merge_and_unload``); ``False`` if none."""
+    """Fold the document tower's LoRA adapter into its weights; ``False`` if none."""
     return merge_lora(document_transformer(model))

@@ -1,15 +1,8 @@
-"""Assemble and take apart asymmetric (query tower / document tower) SentenceTransformers.
-
-An asymmetric model is an ordinary ``SentenceTransformer`` whose first module is sentence-transformers'
-``Router`` with a ``"query"`` and a ``"document"`` route, followed by one shared ``Normalize``::
-
-    SentenceTransformer([Router({"query": [...small tower...],
-                                 "document": [...LLM tower..., MatryoshkaTruncate]}),
-                         Normalize()])
-
-so ``encode_query`` runs only the small tower and ``encode_document`` only the large one (CARE §4.2,
-"Serving"), ``save`` / ``SentenceTransformer(path, trust_remote_code=True)`` round-trip it as one folder, and
-ST's trainer can train it with ``router_mapping={"query": "query", "positive": "document", ...}``.
+"""Assemble and take apart asymmetric models: an ordinary ``SentenceTransformer`` whose first module is ST's
+``Router`` with a ``"query"`` and a ``"document"`` route, followed by one shared ``Normalize``, so
+``encode_query`` runs only the small tower and ``encode_document`` only the large one (CARE §4.2) and the
+model saves and loads as one folder. Also the towers a CARE recipe names (:func:`build_document_tower`,
+:func:`build_query_tower`).
 """
 
 from __future__ import annotations
@@ -17,17 +10,26 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Literal
 
+import torch
+from sentence_transformers import SentenceTransformer
+from sentence_transformers.base.modules import Dense, Normalize, Router
+
+from medadapt.care.pruning import prune_layers
+from medadapt.care.static import static_from_document
 from medadapt.care.truncate import MatryoshkaTruncate
-from medadapt.decoder import strip_normalize
+from medadapt.decoder import decoder_tower_modules, strip_normalize
 from medadapt.errors import ConfigError
+from medadapt.models import load, resolve_model_path
 
 __all__ = [
     "Route",
     "build_asymmetric_model",
+    "build_document_tower",
+    "build_query_tower",
     "is_asymmetric",
     "route_modules",
-    "tower",
     "strip_normalize",
+    "tower",
 ]
 
 Route = Literal["query", "document"]
@@ -57,31 +59,21 @@ def build_asymmetric_model(
     prompts: dict[str, str] | None = None,
     device: str | None = None,
 ):
-    """Build the Router-based asymmetric ``SentenceTransformer`` from two towers (models or module lists).
-
-    The towers' modules are *shared*, not copied (training the asymmetric model trains them).
+    """The Router-based asymmetric ``SentenceTransformer`` of two towers (models or module lists), whose
+    modules are shared, not copied.
 
     Args:
-        query: the query tower (a SentenceTransformer or its module list): any ST model, a pruned copy of the
-            document tower (:func:`~medadapt.care.prune_layers`) or a ``StaticEmbedding``.
-        document: the document tower (ST model or modules, e.g. :func:`~medadapt.care.decoder_tower_modules`).
-        projection: HotelMatch variant: append a linear ``Dense(query_dim -> document_dim)`` to the query
-            route instead of truncating the document embedding (CARE Table-4 discussion).
+        projection: HotelMatch variant: a linear ``Dense(query_dim -> document_dim)`` on the query route
+            instead of truncating the document embedding (CARE Table-4 discussion).
         truncate_to: without projection, ``"auto"`` appends :class:`~medadapt.care.MatryoshkaTruncate` to the
-            document route when the document tower is wider than the query tower; an int forces that width
-            on both sides' comparison; ``None`` adds nothing (dimensions must then match).
-        prompts: model prompts, e.g. ``{"query": "Instruct: ...\\nQuery: "}``; ``encode_query`` uses
-            ``prompts["query"]`` and ``encode_document`` ``prompts["document"]`` when present.
+            document route when it is wider than the query tower; an int forces that width; ``None`` adds
+            nothing (dimensions must then match).
     """
-    from sentence_transformers import SentenceTransformer
-    from sentence_transformers.base.modules import Dense, Normalize, Router
-    from torch import nn
-
     q_modules = strip_normalize(_modules_of(query))
     d_modules = strip_normalize(_modules_of(document))
     q_dim, d_dim = _dim(q_modules), _dim(d_modules)
     if projection:
-        q_modules.append(Dense(q_dim, d_dim, bias=True, activation_function=nn.Identity()))
+        q_modules.append(Dense(q_dim, d_dim, bias=True, activation_function=torch.nn.Identity()))
     else:
         target = q_dim if truncate_to == "auto" else truncate_to
         if target is not None and target != d_dim:
@@ -103,8 +95,6 @@ def build_asymmetric_model(
 
 def is_asymmetric(model) -> bool:
     """True if ``model``'s first module is a ``Router`` with query and document routes."""
-    from sentence_transformers.base.modules import Router
-
     first = next(iter(model._modules.values()), None)
     return isinstance(first, Router) and {"query", "document"} <= set(first.sub_modules)
 
@@ -121,12 +111,9 @@ def route_modules(model, route: Route) -> list:
 
 
 def tower(model, route: Route):
-    """A ``SentenceTransformer`` *view* of one route: the route's modules followed by the modules after the
-    Router (``Normalize``), sharing parameters with ``model``. Its ``encode`` is what ``encode_query`` /
-    ``encode_document`` of ``model`` returns, and the :class:`~medadapt.cache.EmbeddingCache` keys it by the
-    route's own modules, so a document tower that was cached as a standalone model gets cache hits."""
-    from sentence_transformers import SentenceTransformer
-
+    """A ``SentenceTransformer`` *view* of one route plus the modules after the Router, sharing parameters with
+    ``model``: it encodes as ``model`` does for that route, and the cache keys it by the route's own modules
+    (a document tower cached as a standalone model gets cache hits)."""
     modules = route_modules(model, route) + list(model._modules.values())[1:]
     prompts = {}
     if route in (model.prompts or {}):
@@ -134,3 +121,37 @@ def tower(model, route: Route):
     view = SentenceTransformer(modules=modules, device=str(model.device), prompts=prompts,
                                similarity_fn_name=model.similarity_fn_name)
     return view
+
+
+def build_document_tower(spec, device: str | None = None):
+    """The standalone (symmetric) document tower of a ``DocumentSection``: ST modules + ``Normalize``."""
+    if spec.kind == "decoder":
+        kwargs = {"dtype": getattr(torch, spec.torch_dtype)} if spec.torch_dtype else {}
+        modules = decoder_tower_modules(resolve_model_path(spec.model), spec.max_seq_length, spec.padding_side,
+                                        model_kwargs=kwargs)
+        return SentenceTransformer(modules=[*modules, Normalize()], device=device, prompts=dict(spec.prompts))
+    model = load(spec.model, device=device)
+    if spec.max_seq_length:
+        model.max_seq_length = spec.max_seq_length
+    if spec.prompts:
+        model.prompts = {**(model.prompts or {}), **spec.prompts}
+    return model
+
+
+def build_query_tower(spec, document, texts: list[str] | None = None, device: str | None = None):
+    """The query tower of a query section: a sentence-transformers model, a pruned copy of ``document`` or a
+    static table distilled from it (token frequencies from ``texts``), ending in ``Normalize``."""
+    if spec.kind == "sentence_transformer":
+        model = load(spec.model, device=device)
+    elif spec.kind == "pruned":
+        model = prune_layers(document, spec.layers)
+    else:
+        static = static_from_document(document, texts, sif_a=spec.sif_a, only_seen_tokens=spec.only_seen_tokens)
+        model = SentenceTransformer(modules=[static, Normalize()], device=device)
+    if getattr(spec, "max_seq_length", None):
+        model.max_seq_length = spec.max_seq_length
+    model.prompts = dict(spec.prompts)
+    if not isinstance(list(model._modules.values())[-1], Normalize):
+        model = SentenceTransformer(modules=[*strip_normalize(model._modules.values()), Normalize()],
+                                    device=device, prompts=dict(spec.prompts))
+    return model

@@ -1,16 +1,12 @@
-"""Layer-pruned query tower: the first ``n`` layers of the document encoder (KALE-style initialisation).
-
-KALE (Campos et al. 2023) initialises a fast query encoder by keeping the bottom layers of the document
-encoder, so the query tower starts *inside* the document encoder's representation space (same tokenizer,
-embeddings and lower layers) and alignment only has to recover what the removed layers did. CARE's
-Appendix C.2 uses the first 3 layers of Qwen3-4B this way. Hand-written: neither sentence-transformers nor
-transformers prunes layers of a loaded model.
-"""
+"""Layer-pruned query tower: the first ``n`` layers of the document encoder (KALE, Campos et al. 2023;
+CARE Appendix C.2 keeps 3 layers of Qwen3-4B), so the query tower starts inside the document encoder's space.
+Hand-written: neither sentence-transformers nor transformers prunes a loaded model."""
 
 from __future__ import annotations
 
 import copy
 
+from sentence_transformers.base.modules import Transformer
 from torch import nn
 
 from medadapt.errors import ConfigError
@@ -19,8 +15,7 @@ __all__ = ["layer_list", "prune_layers"]
 
 
 def layer_list(hf_model: nn.Module) -> nn.ModuleList:
-    """The transformer-block ``ModuleList`` of a Hugging Face model (BERT ``encoder.layer``, Llama/Qwen
-    ``layers``, GPT-NeoX ``layers``, GPT-2 ``h``, ...): the ``ModuleList`` whose length is
+    """The transformer-block ``ModuleList`` of a Hugging Face model: the one whose length is
     ``config.num_hidden_layers``."""
     n = getattr(getattr(hf_model, "config", None), "num_hidden_layers", None)
     candidates = [m for _, m in hf_model.named_modules() if isinstance(m, nn.ModuleList) and len(m) == n]
@@ -30,14 +25,9 @@ def layer_list(hf_model: nn.Module) -> nn.ModuleList:
 
 
 def prune_layers(model, n_layers: int):
-    """A deep copy of SentenceTransformer ``model`` keeping only the first ``n_layers`` transformer layers
-    of its first module (a ``Transformer``); every other module (pooling, dense, ...) is copied unchanged.
-
-    The copy's config says ``num_hidden_layers = n_layers`` (and per-layer lists such as ``layer_types``
-    are cut), so it saves and reloads as an ordinary smaller model.
-    """
-    from sentence_transformers.base.modules import Transformer
-
+    """A deep copy of ``model`` keeping the first ``n_layers`` layers of its first module (a
+    ``Transformer``), with the config cut to match (``num_hidden_layers``, per-layer lists), so it saves and
+    reloads as an ordinary smaller model."""
     pruned = copy.deepcopy(model)
     first = pruned[0]
     if not isinstance(first, Transformer):

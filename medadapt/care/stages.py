@@ -1,17 +1,7 @@
-"""The three CARE training phases on a Router-based asymmetric model (CARE §4.2, Appendix C).
-
-* independent initialisation (Appendix C.1, :func:`init_stage` / :func:`init_tower`): symmetric InfoNCE on
-  one standalone tower (the document tower's loss wrapped in ``MatryoshkaLoss``, eq. 5);
-* stage I (§4.2.1, :func:`align_stage` / :func:`align_queries`): the query route learns the teacher's
-  precomputed embedding of each text (eq. 3), the document tower frozen;
-* stage II (§4.2.2, :func:`joint_stage` / :func:`joint_finetune`): both routes (the document one through
-  LoRA when attached) with Asym-InfoNCE (eq. 4), or the query route alone against a frozen ``doc_table``.
-
-Each phase is a :class:`~medadapt.training.loop.Stage` of the one loop (in-batch negatives span the gathered
-global batch) configured by a :class:`CarePhaseSection`; texts are routed by ``task`` through the Router.
-
-Example:
-    >>> align_queries(model, texts, teacher, CarePhaseSection(epochs=1, batch_size=64), seed=0)
+"""The Steps and Stages of CARE's phases on a Router-based asymmetric model (CARE §4.2, Appendix C): independent
+initialisation of one tower (:func:`init_stage`, :func:`unsupervised_stage`), stage I query alignment to the
+teacher's precomputed embeddings (:func:`align_stage`, eq. 3) and stage II joint fine-tuning (:func:`joint_stage`,
+eq. 4). Texts are routed by ``task`` through the Router; in-batch negatives span the gathered global batch.
 """
 
 from __future__ import annotations
@@ -20,12 +10,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 import torch
 from torch import Tensor, nn
 
 from medadapt.care.alignment_loss import QueryAlignmentLoss
 from medadapt.care.data import TrainPair
 from medadapt.care.model import route_modules
+from medadapt.care.sections import CarePhaseSection
 from medadapt.errors import ConfigError
 from medadapt.losses.asym_infonce import AsymInfoNCELoss
 from medadapt.training.config import OptimSection
@@ -38,13 +30,6 @@ __all__ = ["AlignReplay", "AlignStep", "CarePhaseSection", "PairStep", "TextPair
            "joint_stage", "route_parameters", "teacher_targets", "trainable_only", "unsupervised_stage"]
 
 
-class CarePhaseSection(OptimSection):
-    """Optimisation of one CARE phase (independent init, stage I, stage II). CARE's Table-17 settings (lr
-    1e-4, warm-up 0.05 for every phase and both towers) are the loop's
-    :class:`~medadapt.training.config.OptimSection` defaults; batch sizes are global (the paper's are 640 /
-    2,560 / 640), and ``gradient_accumulation_steps`` trains exactly as the larger batch (GradCache)."""
-
-
 def route_parameters(model, route: str) -> list[nn.Parameter]:
     """All parameters of a route (whatever their ``requires_grad``)."""
     return [p for m in route_modules(model, route) for p in m.parameters()]
@@ -52,10 +37,8 @@ def route_parameters(model, route: str) -> list[nn.Parameter]:
 
 def teacher_targets(teacher, items: Sequence[tuple[str, str]], cache, *, dim: int | None = None,
                     batch_size: int = 64, show_progress: bool = False) -> Tensor:
-    """Normalised teacher embeddings ``(N, dim)`` of ``[(text, role)]`` through ``cache`` (a document tower
-    already cached costs nothing); truncated to the first ``dim`` coordinates (MRL) then re-normalised."""
-    import numpy as np
-
+    """Normalised teacher embeddings ``(N, dim)`` of ``[(text, role)]`` through ``cache``, truncated to the first
+    ``dim`` coordinates (MRL) and re-normalised."""
     out: np.ndarray | None = None
     for role in ("query", "document"):
         rows = [i for i, (_, r) in enumerate(items) if r == role]
@@ -74,16 +57,10 @@ def teacher_targets(teacher, items: Sequence[tuple[str, str]], cache, *, dim: in
 # ------------------------------------------------------------------------------------------------ steps
 @dataclass
 class AlignReplay:
-    """Stage I's alignment (eq. 3) kept on during stage II, weighted by ``weight``: training pair ``i`` of
-    epoch ``e`` also aligns ``texts[perm_e[i % len(texts)]]`` to its ``teacher`` row, ``perm_e`` a permutation
-    seeded by ``(seed, e)``. The draw is a function of the item and the epoch only, so it is the same for any
-    number of processes or chunks and on resume; over the epochs it walks through different texts.
-
-    Not in the paper (its stage II is eq. 4 alone, with stage I on millions of texts first): a regulariser
-    that keeps a small query tower in the document tower's space while it learns the labelled task, the
-    way rehearsal keeps a model on its earlier objective (measured in docs/benchmarks.md,
-    leave-one-source-out).
-    """
+    """Stage I's alignment (eq. 3) kept on during stage II, weighted by ``weight``: pair ``i`` of epoch ``e``
+    also aligns ``texts[perm_e[i % len(texts)]]`` to its ``teacher`` row (``perm_e`` seeded by ``(seed, e)``:
+    the same for any number of processes or chunks and on resume). Not in the paper: a rehearsal-like
+    regulariser that keeps a small query tower in the document tower's space (docs/benchmarks.md)."""
 
     texts: Sequence[str]
     teacher: Tensor
@@ -110,9 +87,8 @@ class AlignReplay:
 
 
 class PairStep:
-    """(query, positive, hard negatives) items of ``pairs`` -> ``loss(query, positive, negatives)``:
-    ``forward`` returns ``{"query": (b, d), "positive": (b, d), "negatives": (b, n, d)}`` (no ``negatives``
-    when the pairs have none); documents go through the document route, or are rows of ``doc_table``."""
+    """(query, positive, hard negatives) items -> ``loss(query, positive, negatives)``; documents go through
+    the document route, or are rows of ``doc_table``."""
 
     def __init__(self, model, pairs: Sequence[TrainPair], doc_texts: Sequence[str], loss: nn.Module, *,
                  doc_table: Tensor | None = None, query_max_length: int | None = None,
@@ -154,8 +130,7 @@ class PairStep:
 
 
 class AlignStep:
-    """Stage I: ``forward`` returns the query route's embedding of each text (``"student"``) and the
-    teacher's row (``"teacher"``); ``loss`` is :class:`~medadapt.care.QueryAlignmentLoss` (eq. 3)."""
+    """Stage I: the query route's embedding of each text (``student``) against the teacher's row (eq. 3)."""
 
     def __init__(self, model, texts: Sequence[str], teacher: Tensor, loss: nn.Module, *,
                  max_length: int | None = None) -> None:
@@ -181,9 +156,8 @@ def _check(name: str, n_items: int, params: Sequence[nn.Parameter]) -> None:
 
 def init_stage(tower, pairs: Sequence[TrainPair], doc_texts: Sequence[str], section: OptimSection,
                loss: nn.Module, *, max_length: int | None = None, name: str = "init") -> Stage:
-    """The independent-initialisation :class:`~medadapt.training.loop.Stage` of one standalone tower:
-    ``loss(q, d+, d-)`` (InfoNCE, or MRL-wrapped) on the tower's parameters that require gradients (only the
-    LoRA matrices when an adapter is attached)."""
+    """Independent initialisation of one standalone tower: ``loss(q, d+, d-)`` on its parameters that require
+    gradients (only the LoRA matrices when an adapter is attached)."""
     params = [p for p in tower.parameters() if p.requires_grad]
     _check(name, len(pairs), params)
     step = PairStep(tower, pairs, doc_texts, loss, query_max_length=max_length, doc_max_length=max_length)
@@ -192,10 +166,8 @@ def init_stage(tower, pairs: Sequence[TrainPair], doc_texts: Sequence[str], sect
 
 def unsupervised_stage(tower, pairs: Sequence[tuple[str, str]], section: OptimSection, loss: nn.Module, *,
                        max_length: int | None = None, name: str = "unsupervised") -> tuple[TowerWithLoss, Stage]:
-    """``(module, stage)`` of unsupervised contrastive pre-training of one standalone tower (CARE Appendix
-    C.1.1): ``loss(E(a), E(b))`` on text pairs (e.g. :class:`~medadapt.losses.LearnableTemperatureInfoNCELoss`).
-    Train ``module`` (the tower plus the loss's parameters, e.g. its temperature) inside
-    :func:`trainable_only`."""
+    """``(module, stage)`` of unsupervised contrastive pre-training of one tower (Appendix C.1.1):
+    ``loss(E(a), E(b))`` on text pairs; ``module`` is the tower plus the loss's parameters (a temperature)."""
     module = TowerWithLoss(tower, loss)
     params = [p for p in tower.parameters() if p.requires_grad] + [p for p in loss.parameters() if p.requires_grad]
     _check(name, len(pairs), params)
@@ -204,9 +176,8 @@ def unsupervised_stage(tower, pairs: Sequence[tuple[str, str]], section: OptimSe
 
 def align_stage(model, texts: Sequence[str], teacher: Tensor, section: OptimSection,
                 loss: nn.Module | None = None, *, max_length: int | None = None, name: str = "stage1") -> Stage:
-    """The stage-I :class:`~medadapt.training.loop.Stage`: the query route learns ``E_Q(texts[i]) ~
-    teacher[i]`` (eq. 3). Its params are the query route's; run it inside :func:`trainable_only` so the
-    document route stays frozen."""
+    """Stage I: the query route learns ``E_Q(texts[i]) ~ teacher[i]`` (eq. 3); run it inside
+    :func:`trainable_only` so the document route stays frozen."""
     if len(texts) != teacher.shape[0]:
         raise ValueError(f"{len(texts)} texts but {teacher.shape[0]} teacher embeddings")
     params = route_parameters(model, "query")
@@ -219,11 +190,9 @@ def joint_stage(model, pairs: Sequence[TrainPair], doc_texts: Sequence[str], sec
                 loss: nn.Module | None = None, *, train_document: bool = True, doc_table: Tensor | None = None,
                 query_max_length: int | None = None, doc_max_length: int | None = None,
                 align: AlignReplay | None = None, name: str = "stage2") -> Stage:
-    """The stage-II :class:`~medadapt.training.loop.Stage`: Asym-InfoNCE (eq. 4) with in-batch + hard
-    negatives, one learning rate for both towers. With ``train_document`` the document route trains too (only
-    its LoRA matrices if an adapter is attached); without it, document embeddings are rows of ``doc_table``
-    (``(n_docs, d)``, e.g. the cached corpus). ``align`` adds stage I's alignment on replayed texts
-    (:class:`AlignReplay`, ``stage2.align_weight``). Run it inside :func:`trainable_only`."""
+    """Stage II: Asym-InfoNCE (eq. 4) with in-batch + hard negatives. With ``train_document`` the document route
+    trains too (its LoRA matrices if attached), else documents are rows of ``doc_table`` (``(n_docs, d)``).
+    ``align`` replays stage I (:class:`AlignReplay`). Run it inside :func:`trainable_only`."""
     params = route_parameters(model, "query")
     if train_document:
         doc_modules = route_modules(model, "document")
@@ -240,8 +209,7 @@ def joint_stage(model, pairs: Sequence[TrainPair], doc_texts: Sequence[str], sec
 
 
 # ------------------------------------------------------------------------------------------------ runners
-# Each runs its stage through medadapt.training.loop.train (``train_kwargs``: seed, accelerator, checkpoint,
-# fingerprint, progress) with only the stage's parameters trainable (every flag restored afterwards).
+# Each trains its stage with medadapt.training.loop.train (``train_kwargs``), only the stage's parameters trainable.
 def _run(model, stage: Stage, train_kwargs: dict[str, Any]) -> LoopResult:
     with trainable_only(model, stage.params):
         return train(model, [stage], **train_kwargs)
@@ -256,8 +224,7 @@ def init_tower(tower, pairs: Sequence[TrainPair], doc_texts: Sequence[str], sect
 def align_queries(model, texts: Sequence[str], teacher: Tensor, section: OptimSection,
                   loss: QueryAlignmentLoss | None = None, *, max_length: int | None = None,
                   **train_kwargs: Any) -> LoopResult:
-    """Stage I (:func:`align_stage`): ``E_Q(texts[i])`` learns ``teacher[i]`` (eq. 3); the document tower's
-    weights stay bit-for-bit unchanged."""
+    """Stage I (:func:`align_stage`); the document tower's weights stay bit-for-bit unchanged."""
     return _run(model, align_stage(model, texts, teacher, section, loss, max_length=max_length), train_kwargs)
 
 

@@ -1,14 +1,8 @@
-"""Static-embedding query tower distilled from the document encoder (near-zero query latency).
-
-A sentence-transformers ``StaticEmbedding`` is an ``EmbeddingBag``: a query embedding is the mean of one
-vector per token, no transformer pass. We fill the table model2vec-style (Tulkens & van Dongen 2024): each
-token, decoded to text, is encoded by the **document** tower, so the table starts in the document
-embedding space; rows are then scaled by SIF weights ``a / (a + p(token))`` (Arora et al. 2017) with token
-frequencies ``p`` counted on the training texts, which down-weights stop-words in the mean. Stage-I
-alignment then trains the table like any query tower. Hand-written because ``StaticEmbedding.from_distillation``
-needs the ``model2vec`` package (not a dependency) and distils from a hub id, not from a loaded (possibly
-fine-tuned) document tower; the PCA step of model2vec is skipped so the width stays the document width.
-"""
+"""Static-embedding query tower distilled from the document tower (near-zero query latency): each token,
+decoded to text, is encoded by the document tower (model2vec-style, so the table starts in the document space),
+rows scaled by SIF weights ``a / (a + p(token))`` counted on the training texts. Hand-written because
+``StaticEmbedding.from_distillation`` needs ``model2vec`` and a hub id, not a loaded (fine-tuned) tower; no PCA,
+so the width stays the document width."""
 
 from __future__ import annotations
 
@@ -17,6 +11,8 @@ from collections.abc import Sequence
 
 import numpy as np
 import torch
+from sentence_transformers.sentence_transformer.modules import StaticEmbedding
+from tokenizers import Tokenizer
 
 from medadapt.errors import ConfigError
 
@@ -24,8 +20,6 @@ __all__ = ["static_from_document"]
 
 
 def _fast_tokenizer(model):
-    from tokenizers import Tokenizer
-
     tok = getattr(model, "tokenizer", None)
     backend = getattr(tok, "_tokenizer", tok)
     if not isinstance(backend, Tokenizer):
@@ -42,19 +36,13 @@ def static_from_document(
     batch_size: int = 512,
     show_progress: bool = False,
 ):
-    """Return a ``StaticEmbedding`` whose table is distilled from ``document_model`` (a SentenceTransformer).
+    """A ``StaticEmbedding`` whose table is distilled from ``document_model``.
 
     Args:
-        document_model: the (symmetric) document tower; its tokenizer becomes the static tower's tokenizer.
-        texts: training texts used to count token frequencies (SIF weights) and, with ``only_seen_tokens``,
-            to choose which tokens to distil; ``None`` distils the whole vocabulary without weights.
-        sif_a: SIF constant ``a`` (``None`` disables the weighting).
-        only_seen_tokens: distil only tokens that occur in ``texts`` (others stay zero); a 150k-token LLM
-            vocabulary otherwise costs 150k document-tower passes.
-        batch_size: tokens encoded per document-tower batch.
-    """
-    from sentence_transformers.sentence_transformer.modules import StaticEmbedding
-
+        texts: training texts for token frequencies (SIF) and, with ``only_seen_tokens``, the tokens to distil
+            (others stay zero; a 150k-token LLM vocabulary otherwise costs 150k passes); ``None``: the whole
+            vocabulary, unweighted.
+        sif_a: SIF constant ``a`` (``None``: no weighting)."""
     hf_tok, tokenizer = _fast_tokenizer(document_model)
     vocab_size = tokenizer.get_vocab_size()
     special = set(getattr(hf_tok, "all_special_ids", []) or [])

@@ -3,10 +3,18 @@
 
 from __future__ import annotations
 
-from medadapt.care.recipe import PAPER, CareRecipe, evaluate, frozen_base, plan_spec, train
-from medadapt.systems import System, register_system
+from pathlib import Path
 
-__all__ = ["SYSTEM"]
+from medadapt.care.evaluate import evaluate, frozen_base
+from medadapt.care.plan import plan_spec
+from medadapt.care.sections import CareRecipe
+from medadapt.care.train import train
+from medadapt.systems import System, load_paper, register_system
+
+__all__ = ["PAPER", "SYSTEM"]
+
+#: ``medadapt train --paper``: the paper's settings, with where it states each (``paper.yaml`` here).
+PAPER = load_paper(Path(__file__).with_name("paper.yaml"))
 
 SYSTEM = register_system(System(
     "care", CareRecipe, train, evaluate,

@@ -1,10 +1,6 @@
-"""Matryoshka truncation of the document embedding to the query dimension (CARE §5.1, Appendix C.1.2).
-
-CARE's LLM document towers emit 2560/4096-d embeddings; trained with MRL
-(:class:`~medadapt.losses.MatryoshkaLoss`) their first 768 coordinates are a good embedding, so the
-document route keeps exactly those and query and document vectors live in one 768-d space (the index
-stays 768-d whatever the document model's size).
-"""
+"""Matryoshka truncation of the document embedding to the query dimension (CARE §5.1, Appendix C.1.2):
+an LLM document tower trained with MRL keeps its first coordinates, so both towers share one space and the index
+stays small whatever the document model's width."""
 
 from __future__ import annotations
 
@@ -24,16 +20,8 @@ __all__ = ["MatryoshkaTruncate"]
 
 
 class MatryoshkaTruncate(Module):
-    """Keep the first ``dim`` coordinates of ``features["sentence_embedding"]`` (no weights).
-
-    Embedding-level (``operates_on_sentence_embedding``), so the :class:`~medadapt.cache.EmbeddingCache`
-    stores the *full* document embedding and truncates on read: one corpus encode serves every MRL width.
-    Put it before ``Normalize`` (re-normalise after truncation).
-
-    Example:
-        >>> MatryoshkaTruncate(768)({"sentence_embedding": torch.randn(2, 2560)})["sentence_embedding"].shape
-        torch.Size([2, 768])
-    """
+    """Keep the first ``dim`` coordinates of ``sentence_embedding`` (no weights; put it before
+    ``Normalize``). Embedding-level, so the cache stores the full embedding and truncates on read."""
 
     config_keys: list[str] = ["dim"]
     operates_on_sentence_embedding: bool = True

@@ -1,10 +1,6 @@
-"""The ``medadapt`` command line (Typer + rich).
-
-One module per command (``eval.py``, ...); this file only assembles the app from a table of where each
-command lives (:data:`COMMANDS`, :data:`DATA_COMMANDS`): a command's module (and torch with it) is imported
-only when that command runs or shows its own help, so ``medadapt --help`` and ``medadapt version`` answer at
-once. Every user error (:class:`medadapt.errors.MedAdaptError`, bad option values) is printed as one
-``error: ...`` line on stderr with exit code 1 and no traceback.
+"""The ``medadapt`` command line (Typer + rich): one module per command, assembled here from a table of where
+each lives (:data:`COMMANDS`), imported only when it runs, so ``medadapt --help`` answers at once. A user error
+is one ``error: ...`` line on stderr, exit code 1, no traceback.
 """
 
 from __future__ import annotations

@@ -1,8 +1,8 @@
-"""Shared CLI helpers: one-line errors, ``--quiet`` / ``--verbose``, ``--cache-dir`` / ``--backend``, quiet
-third-party logging. The consoles and :func:`tagged` live in :mod:`medadapt.cli._console` (re-exported here)."""
+"""Shared CLI helpers: one-line errors, the shared options, choices, quiet third-party logging."""
 
 from __future__ import annotations
 
+import enum
 import functools
 import os
 from collections.abc import Iterator
@@ -19,7 +19,17 @@ from medadapt.progress import level, set_level
 from medadapt.training.distributed import close_process_group
 
 __all__ = ["console", "err_console", "tagged", "fail", "user_errors", "quiet_libraries", "closes_process_group",
-           "QuietOpt", "VerboseOpt", "CACHE_DEFAULT", "CacheDirOpt", "BackendOption", "check_backend_option"]
+           "choices", "DeviceOpt", "QuietOpt", "VerboseOpt", "CACHE_DEFAULT", "CacheDirOpt", "BackendOption",
+           "check_backend_option"]
+
+
+def choices(name: str, *values: str) -> type[enum.Enum]:
+    """An option's choices as a ``str`` enum (Typer shows and checks its values); ``-`` in a member name is ``_``."""
+    return enum.Enum(name, {value.replace("-", "_"): value for value in values}, type=str)
+
+
+#: ``--device`` of every command that loads a model.
+DeviceOpt = Annotated[Optional[str], typer.Option(help="cpu, cuda, mps ... (default: auto).")]
 
 
 def _quiet_flag(value: bool) -> bool:
@@ -36,9 +46,8 @@ def _verbose_flag(value: bool) -> bool:
 
 
 def closes_process_group(command):
-    """Decorate a command that may run under ``accelerate launch`` so that every process closes the
-    ``torch.distributed`` process group when the command returns or fails
-    (:func:`medadapt.training.distributed.close_process_group` says why). Typer reads the wrapped signature."""
+    """Decorate a command that may run under ``accelerate launch``: every process closes the process group when
+    it returns or fails (:func:`medadapt.training.distributed.close_process_group`)."""
 
     @functools.wraps(command)
     def run(*args, **kwargs):
@@ -59,8 +68,7 @@ VerboseOpt = Annotated[bool, typer.Option(
 
 
 def quiet_libraries() -> None:
-    """Silence third-party warnings, logs and progress bars so medadapt's own progress (one rich display,
-    :mod:`medadapt.progress`) is what users see; with ``--verbose`` leave them all on."""
+    """Silence third-party warnings, logs and progress bars (medadapt's own progress stays); not with ``--verbose``."""
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     if level() == "verbose":
         return
@@ -71,25 +79,14 @@ def quiet_libraries() -> None:
     warnings.filterwarnings("default", category=MedAdaptWarning)  # medadapt's own recoveries stay visible
     for name in ("sentence_transformers", "accelerate", "datasets", "faiss", "jieba", "mteb"):
         logging.getLogger(name).setLevel(logging.ERROR)
-    try:
-        from transformers.utils import logging as hf_logging
+    from datasets.utils.logging import disable_progress_bar  # after the filters, as before: no import warnings
+    from huggingface_hub.utils import disable_progress_bars
+    from transformers.utils import logging as hf_logging
 
-        hf_logging.set_verbosity_error()
-        hf_logging.disable_progress_bar()
-    except ImportError:  # pragma: no cover
-        pass
-    try:  # "Loading weights" / "Fetching files" bars of the hub client
-        from huggingface_hub.utils import disable_progress_bars
-
-        disable_progress_bars()
-    except ImportError:  # pragma: no cover
-        pass
-    try:
-        from datasets.utils.logging import disable_progress_bar
-
-        disable_progress_bar()
-    except ImportError:  # pragma: no cover
-        pass
+    hf_logging.set_verbosity_error()
+    hf_logging.disable_progress_bar()
+    disable_progress_bars()  # "Loading weights" / "Fetching files" bars of the hub client
+    disable_progress_bar()
 
 
 def fail(message: str) -> None:
@@ -128,9 +125,8 @@ BackendOption = Annotated[str, typer.Option(
 
 
 def check_backend_option(backend: str, **unsupported: bool) -> None:
-    """Check ``--backend`` before any data or model is read: an unknown name or a missing package raises one
-    :class:`~medadapt.errors.MedAdaptError`; so does a non-torch backend together with an option that does
-    not support it (``check_backend_option(b, **{"--suite": suite is not None})``)."""
+    """Check ``--backend`` before any data or model is read: an unknown name, a missing package, or a non-torch
+    backend with an option that does not support it (``**{"--suite": suite is not None}``) is one error."""
     if check_backend(backend) == "torch":
         return
     require_backend(backend)

@@ -1,10 +1,5 @@
-"""The CLI's two consoles and :func:`tagged`: what ``medadapt --help`` / ``version`` need, without the
-command modules' libraries (torch stays unimported until a command runs).
-
-Everything the CLI prints goes through :data:`console` / :data:`err_console`, which print text as it is
-(:func:`medadapt.progress.plain_console`): a query, a document title, an id, a path or a warning holding
-``[/bold]``, ``[red]`` or ``[link=x]`` is printed literally, never read as rich markup. Colour comes only
-from ``rich.text.Text`` styles (:func:`tagged`)."""
+"""The CLI's two consoles and :func:`tagged` (importing no torch). They print text as it is (a query or path
+holding ``[/bold]`` is never read as rich markup); colour comes only from ``rich.text.Text`` styles."""
 
 from __future__ import annotations
 

@@ -1,11 +1,9 @@
 """What ``medadapt eval`` runs for its options: checks first (before any data or model is read), then one
-evaluation: a paired comparison, an MTEB task, a suite, or one task (:mod:`medadapt.eval.tasks`: retrieval of
-a model, a learned-sparse folder or an index, dense, lexical or hybrid; rerank, STS, QA, entity linking,
-recommendation) through :func:`medadapt.eval.tasks.evaluate` (file formats: docs/evaluation.md)."""
+evaluation: a paired comparison, an MTEB task, a suite, or one task of any kind through
+:func:`medadapt.eval.tasks.evaluate` (any model or index, any mode it offers; formats: docs/evaluation.md)."""
 
 from __future__ import annotations
 
-import enum
 import tempfile
 import time
 from contextlib import contextmanager
@@ -13,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from medadapt.cache import EmbeddingCache
-from medadapt.cli._common import check_backend_option, console
+from medadapt.cli._common import check_backend_option, choices, console
 from medadapt.data.text import check_text
 from medadapt.encode import launch_state, launched_processes, process_device, share_encoding
 from medadapt.errors import MedAdaptError, warn
@@ -21,7 +19,7 @@ from medadapt.eval import parse_metric, plot_results, results_table, write_json
 from medadapt.eval.compare import cli_compare
 from medadapt.eval.mteb import cli_mteb_task, cli_write_mteb
 from medadapt.eval.suites import get_suite, load_suite, plot_suite, run_suite, suite_table, write_suite_json
-from medadapt.eval.tasks import EvalSettings, EvalTask, evaluate, task_kind
+from medadapt.eval.tasks import EvalTask, evaluate, task_kind
 from medadapt.eval.tasks.retrieval import (
     corpus_documents,
     default_mode,
@@ -34,42 +32,11 @@ from medadapt.retrieval.encoders import offers_sparse
 from medadapt.retrieval.retriever import Retriever
 
 DEFAULT_MODEL = "minilm"
-
-
-class Mode(str, enum.Enum):
-    """Which side of a model or index retrieval uses."""
-
-    dense = "dense"
-    lexical = "lexical"
-    hybrid = "hybrid"
-
-
-class StsSimilarity(str, enum.Enum):
-    cosine = "cosine"
-    dot = "dot"
-    model = "model"
-
-
-class Instructions(str, enum.Enum):
-    """Suites: the papers' task instructions for every model, none, or only an instruction-aware one."""
-
-    auto = "auto"
-    on = "on"
-    off = "off"
-
-
-class Route(str, enum.Enum):
-    query = "query"
-    document = "document"
-
-
-class Task(str, enum.Enum):
-    retrieval = "retrieval"
-    rerank = "rerank"
-    sts = "sts"
-    qa = "qa"
-    entity_linking = "entity-linking"
-    recommendation = "recommendation"
+Mode = choices("Mode", "dense", "lexical", "hybrid")  # which side of a model or index retrieval uses
+StsSimilarity = choices("StsSimilarity", "cosine", "dot", "model")
+Instructions = choices("Instructions", "auto", "on", "off")  # suites: the papers' instructions (auto: if aware)
+Route = choices("Route", "query", "document")
+Task = choices("Task", "retrieval", "rerank", "sts", "qa", "entity-linking", "recommendation")
 
 
 @dataclass(frozen=True)
@@ -125,14 +92,14 @@ def cache_for(cache_dir: Path | None, no_cache: bool):
 def run_eval(o: EvalOptions) -> None:
     """Check ``o`` and run the one evaluation it asks for."""
     check_options(o)
-    if o.compare is not None:
-        cli_compare(o.compare, o.data, o.split, o.metrics, o.output, device=o.device, cache_dir=o.cache_dir,
-                    no_cache=o.no_cache, batch_size=o.batch_size, quiet=o.quiet, console=console)
-        return
-    if o.mteb_task is not None:
-        cli_mteb_task(o.mteb_task, o.model_name, o.data, o.split, o.output, o.mteb_output, device=o.device,
-                      cache_dir=o.cache_dir, no_cache=o.no_cache, batch_size=o.batch_size, quiet=o.quiet,
-                      console=console)
+    if o.compare is not None or o.mteb_task is not None:
+        with cache_for(o.cache_dir, o.no_cache) as cache:
+            if o.compare is not None:
+                cli_compare(o.compare, o.data, o.split, o.metrics, o.output, cache=cache, device=o.device,
+                            batch_size=o.batch_size, quiet=o.quiet, console=console)
+            else:
+                cli_mteb_task(o.mteb_task, o.model_name, o.data, o.split, o.output, o.mteb_output, cache=cache,
+                              device=o.device, batch_size=o.batch_size, quiet=o.quiet, console=console)
         return
     if o.mteb_output is not None and o.task is not Task.retrieval:
         raise MedAdaptError("--mteb-output applies to --task retrieval (or --mteb-task NAME)")
@@ -190,9 +157,7 @@ def parse_metrics(metrics: str | None) -> list[str] | None:
 
 
 def open_task(o: EvalOptions, metrics: list[str] | None) -> EvalTask:
-    """The task ``--task`` names, its data read and checked from ``--data`` / ``--split`` before a model is
-    loaded (a BEIR folder or builtin set for retrieval; a task file, or a folder holding
-    ``<task>/<split>.jsonl`` or ``<task>.jsonl``, for the others)."""
+    """The task ``--task`` names, its data read and checked from ``--data`` / ``--split`` before a model loads."""
     kind = task_kind(o.task.value)
     if o.mode is not None and not kind.modes:
         raise MedAdaptError(f"--mode {o.mode.value} applies to --task retrieval")
@@ -202,17 +167,8 @@ def open_task(o: EvalOptions, metrics: list[str] | None) -> EvalTask:
     return kind.create(Path(o.data).name or o.data).load_data(o.data, o.split)
 
 
-def open_model(o: EvalOptions, device: str | None):
-    """What ``--index`` / ``--model`` name: an index (:class:`~medadapt.retrieval.Retriever`) or the model
-    (:func:`medadapt.load`; a folder with a learned-lexical branch gives a model with a learned-sparse side)."""
-    if o.index is not None:
-        return Retriever.load(o.index, model=o.model, device=o.device)
-    return load_model(o, device)
-
-
 def check_mode(o: EvalOptions, model) -> Mode:
-    """``--mode`` (or the input's default: an index's kind, a learned-sparse model's hybrid, a model's dense)
-    if the input supports it; otherwise one error naming the modes it does support."""
+    """``--mode`` (or the input's default) if the input supports it; else one error naming the modes it does."""
     modes = [Mode(m) for m in supported_modes(model)]
     mode = Mode(default_mode(model)) if o.mode is None else o.mode
     if mode not in modes:
@@ -230,8 +186,8 @@ def check_mode(o: EvalOptions, model) -> Mode:
 
 
 def eval_one(o: EvalOptions) -> None:
-    """One task on ``--data`` / ``--split`` (:func:`medadapt.eval.tasks.evaluate`): any model or index, any
-    mode it offers; the corpus encode shared under ``accelerate launch``; ``--mteb-output`` through mteb too."""
+    """One task on ``--data`` / ``--split``: the corpus encode shared under ``accelerate launch``;
+    ``--mteb-output`` through mteb too."""
     metrics = parse_metrics(o.metrics)
     task = open_task(o, metrics)
     t0 = time.perf_counter()
@@ -239,7 +195,8 @@ def eval_one(o: EvalOptions) -> None:
     if launched_processes() > 1:  # under `accelerate launch`: the processes share the corpus encode
         state = launch_state(device)
         device = process_device(state, device)
-    model = open_model(o, device)
+    model = (Retriever.load(o.index, model=o.model, device=o.device) if o.index is not None  # its own model
+             else load_model(o, device))
     mode = check_mode(o, model) if task.modes else None
     if o.index is not None:
         warn_other_corpus(o, model, task)
@@ -267,8 +224,7 @@ def warn_other_corpus(o: EvalOptions, retriever: Retriever, task: EvalTask) -> N
 
 
 def load_model(o: EvalOptions, device: str | None):
-    """The model on ``--backend``, with ``--query-prompt`` set as its ``query`` prompt (for STS, a
-    symmetric task, both sentences get it: BIOSSES, Table 10)."""
+    """The model on ``--backend`` with ``--query-prompt`` as its ``query`` prompt (STS: on both sentences)."""
     st_model = load(o.model_name, device=device, backend=o.backend)
     if o.query_prompt is not None:
         st_model.prompts = {**(st_model.prompts or {}), "query": o.query_prompt.replace("\\n", "\n")}
@@ -280,7 +236,7 @@ def load_model(o: EvalOptions, device: str | None):
 # ------------------------------------------------------------------------------------------- suites, report
 def eval_suite(o: EvalOptions) -> None:
     """``--suite NAME --data-dir DIR``: every task of the suite (files checked before the model loads), the
-    per-task table and the paper's averages (:mod:`medadapt.eval.suites`)."""
+    per-task table and the paper's averages."""
     if o.suite is None or o.data_dir is None:
         raise MedAdaptError("--suite and --data-dir go together (e.g. --suite cure --data-dir data/cure)")
     for flag, value in (("--metrics", o.metrics), ("--mode", o.mode), ("--query-prompt", o.query_prompt)):

@@ -1,13 +1,7 @@
-"""How every ``medadapt`` command renders its ``--help``: help strings are logical paragraphs the terminal
-wraps, printed literally, and boolean flags show as plain ``--flag`` / ``--flag/--no-flag``.
-
-Typer's rich help keeps the single line breaks of a triple-quoted docstring (so sentences break at the
-source's line length), reads help text as rich markup (``openai:MODEL[@BASE_URL]`` lost its bracket part)
-and prints a ``<bool>`` type beside every flag. :class:`App` builds commands and groups that fix all three.
-
-A group may also hold its commands as a table of :class:`Lazy` entries (``App(lazy_commands=...)``): a
-command's module is imported only when that command runs or shows its own help, and the group's help lists
-the table's one-line help, so ``medadapt --help`` does not import torch.
+"""How every ``medadapt`` command renders its ``--help`` (:class:`App`): help strings are paragraphs the
+terminal wraps (Typer keeps a docstring's line breaks), printed literally (not read as rich markup), and flags
+show no ``<bool>`` type. A group may hold its commands as a table of :class:`Lazy` entries: a command's module
+is imported only when it runs or shows its own help, so ``medadapt --help`` does not import torch.
 """
 
 from __future__ import annotations

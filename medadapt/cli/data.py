@@ -1,15 +1,11 @@
-"""``medadapt data``: training-data curation (mine, filter, dedup, label, sts-triplets).
-
-Every command validates its inputs before loading a model, shows progress bars (``--quiet`` hides them),
-writes its output atomically, and reports user errors as one ``error: ...`` line.
-"""
+"""``medadapt data``: training-data curation (mine, filter, dedup, label, sts-triplets). Every command checks
+its inputs before loading a model, writes its output atomically and reports a user error as one line."""
 
 from __future__ import annotations
 
-import enum
+import functools
 import importlib
 import re
-from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -17,7 +13,16 @@ import typer
 from pydantic import ValidationError
 
 from medadapt.cache import EmbeddingCache
-from medadapt.cli._common import CacheDirOpt, QuietOpt, VerboseOpt, console, fail, quiet_libraries
+from medadapt.cli._common import (
+    CacheDirOpt,
+    DeviceOpt,
+    QuietOpt,
+    VerboseOpt,
+    choices,
+    console,
+    fail,
+    quiet_libraries,
+)
 from medadapt.cli._help import DATA_GROUP, App
 from medadapt.curation import (
     BM25Searcher,
@@ -49,52 +54,17 @@ from medadapt.models import load
 from medadapt.retrieval.tokenize import detect_language
 
 data_app = App(**DATA_GROUP)
-
-
-class Retriever(str, enum.Enum):
-    dense = "dense"
-    bm25 = "bm25"
-
-
-class Language(str, enum.Enum):
-    auto = "auto"
-    en = "en"
-    zh = "zh"
-
-
-class Kind(str, enum.Enum):
-    query = "query"
-    document = "document"
-
-
-class Policy(str, enum.Enum):
-    unanimous = "unanimous"
-    majority = "majority"
-
-
-class AgreementOn(str, enum.Enum):
-    label = "label"
-    grade = "grade"
-
-
-class LabelFormat(str, enum.Enum):
-    pairs = "pairs"
-    groups = "groups"
-
-
-class StsFormat(str, enum.Enum):
-    triplets = "triplets"
-    pairs = "pairs"
-
-
-class Mode(str, enum.Enum):
-    all = "all"
-    any = "any"
-
+Retriever = choices("Retriever", "dense", "bm25")
+Language = choices("Language", "auto", "en", "zh")
+Kind = choices("Kind", "query", "document")
+Policy = choices("Policy", "unanimous", "majority")
+AgreementOn = choices("AgreementOn", "label", "grade")
+LabelFormat = choices("LabelFormat", "pairs", "groups")
+StsFormat = choices("StsFormat", "triplets", "pairs")
+Mode = choices("Mode", "all", "any")
 
 ModelOpt = Annotated[str, typer.Option(help="Model alias (minilm), saved model folder, or hub id (dense).")]
 LanguageOpt = Annotated[Language, typer.Option(help="BM25 tokenisation (auto: by CJK share).")]
-DeviceOpt = Annotated[Optional[str], typer.Option(help="cpu, cuda, mps ... (default: auto).")]
 CacheOpt = CacheDirOpt
 OutputOpt = Annotated[Path, typer.Option("--output", "-o", help="Output JSONL (written atomically).")]
 
@@ -109,15 +79,22 @@ def _message(exc: Exception) -> str:
     return " ".join(str(exc).split())
 
 
-def _guard(fn: Callable[[], None]) -> None:
-    quiet_libraries()
-    try:
+def _guarded(command):
+    """Run a data command so that a user error (a bad value, a pydantic error included) or Ctrl-C is one
+    ``error:`` line; Typer reads the wrapped signature."""
+
+    @functools.wraps(command)
+    def run(*args, **kwargs) -> None:
+        quiet_libraries()
         try:
-            fn()
-        except (MedAdaptError, ValueError, ValidationError) as exc:
-            fail(_message(exc))
-    except KeyboardInterrupt:
-        fail("interrupted")
+            try:
+                command(*args, **kwargs)
+            except (MedAdaptError, ValueError, ValidationError) as exc:
+                fail(_message(exc))
+        except KeyboardInterrupt:
+            fail("interrupted")
+
+    return run
 
 
 def _searcher(retriever: Retriever, ids: list[str], texts: list[str], model: str, device, cache_dir, language,
@@ -151,13 +128,19 @@ def _import_object(spec: str, what: str):
     return obj
 
 
-def _openai_backend(spec: str, api_key_env: str, allow_insecure_http: bool = False):
-    rest = spec[len("openai:"):]
-    model, _, base_url = rest.partition("@")
-    if not model:
-        raise ConfigError(f"{spec!r}: expected openai:MODEL or openai:MODEL@BASE_URL")
-    return OpenAIChat(model, base_url or "https://api.openai.com/v1", api_key_env=api_key_env,
-                      allow_insecure_http=allow_insecure_http)
+def _llm(spec: str, what: str, over_chat, api_key_env: str, allow_insecure_http: bool):
+    """A ``judge`` / ``generator``: ``openai:MODEL[@BASE_URL]`` (``over_chat`` of an OpenAI-compatible chat
+    endpoint) or ``package.module:object``, which must be callable."""
+    if spec.startswith("openai:"):
+        model, _, base_url = spec[len("openai:"):].partition("@")
+        if not model:
+            raise ConfigError(f"{spec!r}: expected openai:MODEL or openai:MODEL@BASE_URL")
+        return over_chat(OpenAIChat(model, base_url or "https://api.openai.com/v1", api_key_env=api_key_env,
+                                    allow_insecure_http=allow_insecure_http))
+    obj = _import_object(spec, what)
+    if not callable(obj):
+        raise ConfigError(f"{what} {spec!r} is not callable")
+    return obj
 
 
 def _texts_from_jsonl(path: Path, field: str, join_title: bool) -> tuple[list[dict], list[str]]:
@@ -174,6 +157,7 @@ def _texts_from_jsonl(path: Path, field: str, join_title: bool) -> tuple[list[di
 
 # --------------------------------------------------------------------------------------------- mine
 @data_app.command("mine")
+@_guarded
 def mine_cmd(
     output: OutputOpt,
     data: Annotated[str, typer.Option(help="BEIR folder or builtin dataset (medmini).")] = "medmini",
@@ -204,28 +188,24 @@ def mine_cmd(
     verbose: VerboseOpt = False,
 ) -> None:
     """Mine hard negatives by rank window; write FlagEmbedding JSONL {query, pos, neg, *_scores}."""
-
-    def run() -> None:
-        check_output(output, what="--output")
-        overrides: dict = {"margin": margin, "absolute_margin": absolute_margin, "seed": seed,
-                           "with_scores": not no_scores, "drop_empty": not keep_empty,
-                           "text_dup_threshold": text_dup_threshold or None}
-        if window is not None:
-            overrides["window"] = _parse_window(window)
-        if num_negatives is not None:
-            overrides["num_negatives"] = num_negatives
-        config = MiningConfig.preset(preset, **overrides) if preset else MiningConfig(**overrides)
-        dataset = load_beir(data, [split])
-        searcher = _searcher(retriever, dataset.doc_ids, dataset.doc_texts(), model, device, cache_dir,
-                             language, quiet)
-        report = MiningReport()
-        groups = mine_hard_negatives(dataset, split, searcher, config, batch_size=batch_size,
-                                     show_progress=not quiet, report=report)
-        n = write_training_groups(output, groups)
-        console.print(_report_line(report.to_dict()))
-        console.print(f"wrote {n} training groups to {output}")
-
-    _guard(run)
+    check_output(output, what="--output")
+    overrides: dict = {"margin": margin, "absolute_margin": absolute_margin, "seed": seed,
+                       "with_scores": not no_scores, "drop_empty": not keep_empty,
+                       "text_dup_threshold": text_dup_threshold or None}
+    if window is not None:
+        overrides["window"] = _parse_window(window)
+    if num_negatives is not None:
+        overrides["num_negatives"] = num_negatives
+    config = MiningConfig.preset(preset, **overrides) if preset else MiningConfig(**overrides)
+    dataset = load_beir(data, [split])
+    searcher = _searcher(retriever, dataset.doc_ids, dataset.doc_texts(), model, device, cache_dir,
+                         language, quiet)
+    report = MiningReport()
+    groups = mine_hard_negatives(dataset, split, searcher, config, batch_size=batch_size,
+                                 show_progress=not quiet, report=report)
+    n = write_training_groups(output, groups)
+    console.print(_report_line(report.to_dict()))
+    console.print(f"wrote {n} training groups to {output}")
 
 
 def _report_line(d: dict) -> str:
@@ -234,6 +214,7 @@ def _report_line(d: dict) -> str:
 
 # --------------------------------------------------------------------------------------------- filter
 @data_app.command("filter")
+@_guarded
 def filter_cmd(
     input: Annotated[Path, typer.Option("--input", "-i", help="FlagEmbedding JSONL of synthetic groups.")],
     output: OutputOpt,
@@ -252,32 +233,29 @@ def filter_cmd(
     verbose: VerboseOpt = False,
 ) -> None:
     """Consistency filter (BMRetriever): keep synthetic pairs whose passage ranks in the retriever's top-k."""
-
-    def run() -> None:
-        check_output(output, what="--output")
-        groups = load_training_groups(input)
-        texts: dict[str, str] = {}  # text -> id
-        if corpus:
-            path = Path(corpus)
-            docs = load_corpus(path if path.is_file() else resolve_data_dir(corpus) / "corpus.jsonl")
-            for did, doc in docs.items():
-                text = f"{doc['title']} {doc['text']}".strip() if doc["title"] else doc["text"]
-                texts.setdefault(text, did)
-        for g in groups:
-            for p in g.pos:
-                texts.setdefault(p, f"synthetic-{len(texts)}")
-        ids, doc_texts = list(texts.values()), list(texts)
-        searcher = _searcher(retriever, ids, doc_texts, model, device, cache_dir, language, quiet)
-        kept = filter_consistent_groups(groups, searcher, texts, top_k, mode.value, batch_size=batch_size,
-                                        show_progress=not quiet)
-        n = write_training_groups(output, kept)
-        console.print(f"kept {n} of {len(groups)} groups (top-{top_k}, {retriever.value}); wrote {output}")
-
-    _guard(run)
+    check_output(output, what="--output")
+    groups = load_training_groups(input)
+    texts: dict[str, str] = {}  # text -> id
+    if corpus:
+        path = Path(corpus)
+        docs = load_corpus(path if path.is_file() else resolve_data_dir(corpus) / "corpus.jsonl")
+        for did, doc in docs.items():
+            text = f"{doc['title']} {doc['text']}".strip() if doc["title"] else doc["text"]
+            texts.setdefault(text, did)
+    for g in groups:
+        for p in g.pos:
+            texts.setdefault(p, f"synthetic-{len(texts)}")
+    ids, doc_texts = list(texts.values()), list(texts)
+    searcher = _searcher(retriever, ids, doc_texts, model, device, cache_dir, language, quiet)
+    kept = filter_consistent_groups(groups, searcher, texts, top_k, mode.value, batch_size=batch_size,
+                                    show_progress=not quiet)
+    n = write_training_groups(output, kept)
+    console.print(f"kept {n} of {len(groups)} groups (top-{top_k}, {retriever.value}); wrote {output}")
 
 
 # --------------------------------------------------------------------------------------------- dedup
 @data_app.command("dedup")
+@_guarded
 def dedup_cmd(
     input: Annotated[Path, typer.Option("--input", "-i", help="JSONL whose lines hold the texts "
                                                                "(queries.jsonl, corpus.jsonl ...).")],
@@ -300,31 +278,27 @@ def dedup_cmd(
     verbose: VerboseOpt = False,
 ) -> None:
     """Diversity-aware dedup (CARE App. B): stream into an index; drop items with > m neighbours above τ."""
-
-    def run() -> None:
-        check_outputs({"--output": output, "--discarded": discarded, "--report": report})
-        make = DedupConfig.for_queries if kind is Kind.query else DedupConfig.for_documents
-        overrides = {"k": k, "max_neighbors": max_neighbors, "seed_size": seed_size, "batch_size": batch_size,
-                     "index": index}
-        if threshold is not None:
-            overrides["threshold"] = threshold
-        config = make(**overrides)
-        rows, texts = _texts_from_jsonl(input, field, join_title=kind is Kind.document)
-        st = load(model, device=device)
-        emb = EmbeddingCache(cache_dir).encode(st, texts, role=kind.value, show_progress=not quiet,
-                                               desc=f"encoding {kind.value}s")
-        res = diversity_dedup(emb, config, show_progress=not quiet)
-        write_jsonl(output, (r for r, keep in zip(rows, res.kept) if keep))
-        if discarded:
-            write_jsonl(discarded, (r for r, keep in zip(rows, res.kept) if not keep))
-        summary = {**res.summary(), "k": config.k, "threshold": config.threshold,
-                   "max_neighbors": config.max_neighbors}
-        if report:
-            atomic_write_json(report, summary)
-        console.print(f"kept {res.n_kept} of {len(rows)} ({res.n_discarded} discarded; seed {res.seed_size}, "
-                      f"k={config.k}, τ={config.threshold}, m={config.max_neighbors}); wrote {output}")
-
-    _guard(run)
+    check_outputs({"--output": output, "--discarded": discarded, "--report": report})
+    make = DedupConfig.for_queries if kind is Kind.query else DedupConfig.for_documents
+    overrides = {"k": k, "max_neighbors": max_neighbors, "seed_size": seed_size, "batch_size": batch_size,
+                 "index": index}
+    if threshold is not None:
+        overrides["threshold"] = threshold
+    config = make(**overrides)
+    rows, texts = _texts_from_jsonl(input, field, join_title=kind is Kind.document)
+    st = load(model, device=device)
+    emb = EmbeddingCache(cache_dir).encode(st, texts, role=kind.value, show_progress=not quiet,
+                                           desc=f"encoding {kind.value}s")
+    res = diversity_dedup(emb, config, show_progress=not quiet)
+    write_jsonl(output, (r for r, keep in zip(rows, res.kept) if keep))
+    if discarded:
+        write_jsonl(discarded, (r for r, keep in zip(rows, res.kept) if not keep))
+    summary = {**res.summary(), "k": config.k, "threshold": config.threshold,
+               "max_neighbors": config.max_neighbors}
+    if report:
+        atomic_write_json(report, summary)
+    console.print(f"kept {res.n_kept} of {len(rows)} ({res.n_discarded} discarded; seed {res.seed_size}, "
+                  f"k={config.k}, τ={config.threshold}, m={config.max_neighbors}); wrote {output}")
 
 
 # --------------------------------------------------------------------------------------------- label
@@ -348,6 +322,7 @@ def _load_label_items(path: Path) -> list[tuple[str, list[str]]]:
 
 
 @data_app.command("label")
+@_guarded
 def label_cmd(
     input: Annotated[Path, typer.Option("--input", "-i", help="{query, passages} or {query, pos, neg}.")],
     output: OutputOpt,
@@ -369,39 +344,28 @@ def label_cmd(
     verbose: VerboseOpt = False,
 ) -> None:
     """Multi-judge consensus labels (CMedTEB): keep pairs the judges agree on; report Fleiss' kappa."""
-
-    def run() -> None:
-        check_outputs({"--output": output, "--report": report})
-        rub = get_rubric(rubric)
-        if positive_grades:
-            rub = rub.with_positive(g.strip().upper() for g in positive_grades.split(",") if g.strip())
-        if len(judge) < 2:
-            raise ConfigError("give at least two --judge options")
-        items = _load_label_items(input)
-        judges = []
-        for spec in judge:
-            if spec.startswith("openai:"):
-                judges.append(PromptJudge(_openai_backend(spec, api_key_env, allow_insecure_http), rub))
-            else:
-                obj = _import_object(spec, "judge")
-                if not callable(obj):
-                    raise ConfigError(f"judge {spec!r} is not callable")
-                judges.append(obj)
-        result = label_pairs(items, judges, rub, policy.value, agreement_on.value, show_progress=not quiet)
-        if fmt is LabelFormat.pairs:
-            n = write_jsonl(output, (p.to_dict() for p in result.kept))
-        else:
-            n = write_training_groups(output, result.to_training_groups())
-        summary = result.summary()
-        if report:
-            atomic_write_json(report, summary)
-        console.print(f"kept {summary['kept']} of {summary['pairs']} pairs ({summary['positives']} positive, "
-                      f"{summary['negatives']} negative; {policy.value} on {agreement_on.value}s); "
-                      f"Fleiss' kappa labels {summary['fleiss_kappa_labels']:.3f}, "
-                      f"grades {summary['fleiss_kappa_grades']:.3f}")
-        console.print(f"wrote {n} lines to {output}")
-
-    _guard(run)
+    check_outputs({"--output": output, "--report": report})
+    rub = get_rubric(rubric)
+    if positive_grades:
+        rub = rub.with_positive(g.strip().upper() for g in positive_grades.split(",") if g.strip())
+    if len(judge) < 2:
+        raise ConfigError("give at least two --judge options")
+    items = _load_label_items(input)
+    judges = [_llm(spec, "judge", lambda chat: PromptJudge(chat, rub), api_key_env, allow_insecure_http)
+              for spec in judge]
+    result = label_pairs(items, judges, rub, policy.value, agreement_on.value, show_progress=not quiet)
+    if fmt is LabelFormat.pairs:
+        n = write_jsonl(output, (p.to_dict() for p in result.kept))
+    else:
+        n = write_training_groups(output, result.to_training_groups())
+    summary = result.summary()
+    if report:
+        atomic_write_json(report, summary)
+    console.print(f"kept {summary['kept']} of {summary['pairs']} pairs ({summary['positives']} positive, "
+                  f"{summary['negatives']} negative; {policy.value} on {agreement_on.value}s); "
+                  f"Fleiss' kappa labels {summary['fleiss_kappa_labels']:.3f}, "
+                  f"grades {summary['fleiss_kappa_grades']:.3f}")
+    console.print(f"wrote {n} lines to {output}")
 
 
 # --------------------------------------------------------------------------------------------- sts
@@ -419,6 +383,7 @@ def _load_sentences(path: Path) -> list[str]:
 
 
 @data_app.command("sts-triplets")
+@_guarded
 def sts_cmd(
     synonyms: Annotated[Path, typer.Option(help="Synonym dictionary: JSON {term: [synonyms]} or TSV "
                                                 "term<TAB>synonym...")],
@@ -439,26 +404,17 @@ def sts_cmd(
     verbose: VerboseOpt = False,
 ) -> None:
     """Synonym STS data (CMedTEB): positive / hard-negative / easy-negative sentences per synonym pair."""
-
-    def run() -> None:
-        check_output(output, what="--output")
-        syn = load_synonyms(synonyms)
-        sents = _load_sentences(sentences)
-        if generator.startswith("openai:"):
-            gen = PromptGenerator(_openai_backend(generator, api_key_env, allow_insecure_http))
-        else:
-            gen = _import_object(generator, "generator")
-            if not callable(gen):
-                raise ConfigError(f"generator {generator!r} is not callable")
-        rep = StsReport()
-        triplets = build_sts_triplets(syn, sents, gen, per_pair=per_pair, symmetric=symmetric, seed=seed,
-                                      show_progress=not quiet, report=rep)
-        rows = [t.to_dict() for t in triplets] if fmt is StsFormat.triplets else to_sts_pairs(triplets)
-        n = write_jsonl(output, rows)
-        console.print(_report_line(rep.to_dict()))
-        console.print(f"wrote {n} lines to {output}")
-
-    _guard(run)
+    check_output(output, what="--output")
+    syn = load_synonyms(synonyms)
+    sents = _load_sentences(sentences)
+    gen = _llm(generator, "generator", PromptGenerator, api_key_env, allow_insecure_http)
+    rep = StsReport()
+    triplets = build_sts_triplets(syn, sents, gen, per_pair=per_pair, symmetric=symmetric, seed=seed,
+                                  show_progress=not quiet, report=rep)
+    rows = [t.to_dict() for t in triplets] if fmt is StsFormat.triplets else to_sts_pairs(triplets)
+    n = write_jsonl(output, rows)
+    console.print(_report_line(rep.to_dict()))
+    console.print(f"wrote {n} lines to {output}")
 
 
 __all__ = ["data_app"]

@@ -1,13 +1,8 @@
 """``medadapt encode``: fill the embedding cache with a corpus, on one process or split across the processes
-of ``accelerate launch`` (:func:`medadapt.encode.encode_corpus`); a killed run resumes where it stopped.
-
-    medadapt encode --model minilm --corpus path/to/beir [--dtype float16]
-    accelerate launch --num_processes 4 -m medadapt encode --model minilm --corpus path/to/beir
-"""
+of ``accelerate launch`` (:func:`medadapt.encode.encode_corpus`); a killed run resumes where it stopped."""
 
 from __future__ import annotations
 
-import enum
 from pathlib import Path
 from typing import Annotated
 
@@ -18,21 +13,18 @@ from medadapt.cli._common import (
     CacheDirOpt,
     QuietOpt,
     VerboseOpt,
+    choices,
     closes_process_group,
     console,
-    fail,
     quiet_libraries,
+    user_errors,
 )
 from medadapt.data.beir import load_beir
 from medadapt.encode import encode_corpus, launch_state, process_device
-from medadapt.errors import MedAdaptError
 from medadapt.io import atomic_write_json, check_output
 from medadapt.models import check_device, load
 
-
-class StorageDtype(str, enum.Enum):
-    float32 = "float32"
-    float16 = "float16"
+StorageDtype = choices("StorageDtype", "float32", "float16")
 
 
 @closes_process_group
@@ -54,7 +46,7 @@ def encode_cmd(
 ) -> None:
     """Encode a corpus into the embedding cache (resumable; split across `accelerate launch` processes)."""
     quiet_libraries()
-    try:
+    with user_errors("interrupted; run the same command again to resume (finished shards are kept)"):
         check_device(device)  # before reading data or loading a model
         check_output(report, what="--report")
         state = launch_state(device)
@@ -66,15 +58,6 @@ def encode_cmd(
             jobs.append(("query", list(data.queries.values())))
         done = [encode_corpus(st, texts, cache=cache, role=role, batch_size=batch_size,
                               show_progress=not quiet, state=state) for role, texts in jobs]
-    except MedAdaptError as exc:
-        fail(str(exc))
-        return
-    except OSError as exc:  # a file system error (a cache folder that is a file, a full disk) not turned into one
-        fail(f"{exc.filename + ': ' if exc.filename else ''}{exc.strerror or exc}")
-        return
-    except KeyboardInterrupt:
-        fail("interrupted; run the same command again to resume (finished shards are kept)")
-        return
     if not state.is_main_process:  # one summary, from the main process
         return
     for (role, _), r in zip(jobs, done):

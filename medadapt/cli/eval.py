@@ -12,6 +12,7 @@ import typer
 from medadapt.cli._common import (
     BackendOption,
     CacheDirOpt,
+    DeviceOpt,
     QuietOpt,
     VerboseOpt,
     closes_process_group,
@@ -30,7 +31,6 @@ ModelOpt = _opt(Optional[str], "Model alias, saved model folder, or hub id (defa
 DataOpt = _opt(str, "BEIR folder, task JSONL, or builtin dataset (medmini).")
 SplitOpt = _opt(str, "qrels split (retrieval) or file split.")
 MetricsOpt = _opt(Optional[str], "Comma-separated metrics, e.g. ndcg@10,recall@100,f1@10.")
-DeviceOpt = _opt(Optional[str], "cpu, cuda, mps ... (default: auto).")
 NoCacheOpt = Annotated[bool, typer.Option("--no-cache", help="Encode without reading or writing the cache.")]
 ModeOpt = _opt(Optional[Mode], "Retrieval side: dense, lexical or hybrid. A model with a learned-lexical branch "
                                "(HyReC, composed) offers all three (default hybrid), an index its own kind (a hybrid "
@@ -41,8 +41,8 @@ PromptOpt = _opt(Optional[str], "Instruction prepended to queries (sets the mode
 SimilarityOpt = _opt(StsSimilarity, "STS: cosine (as the papers score STS), dot, or the model's own.")
 RouteOpt = _opt(Optional[Route], "STS on an asymmetric (CARE) model: the tower that encodes both sentences "
                                  "(default query).")
-SuiteOpt = _opt(Optional[str], "Run a benchmark suite: cmedteb, cure, bmretriever or medmoe (reads --data-dir; "
-                               "layouts in docs/evaluation.md).")
+SuiteOpt = _opt(Optional[str], "Run a benchmark suite: cmedteb, cure, bmretriever, medmoe or cmteb "
+                               "(reads --data-dir; layouts in docs/evaluation.md).")
 DataDirOpt = _opt(Optional[Path], "The suite's data folder (one sub-folder or file per task).")
 SuiteTasksOpt = _opt(Optional[str], "Comma-separated subset of the suite's tasks (default: all).")
 InstructionsOpt = _opt(Optional[Instructions], "Suites: the papers' task instructions as query prompts: auto "
@@ -93,11 +93,7 @@ def eval_cmd(
     """Evaluate a model or an index on retrieval (nDCG/Recall/MRR/MAP@k), rerank (MAP@10), STS
     (Pearson/Spearman), QA (Recall@5/20, nDCG@20), entity linking (Recall@1/5, MRR@5) or paper recommendation
     (MAP, nDCG)."""
+    options = EvalOptions(**{k: v for k, v in locals().items() if k != "verbose"})  # every option, as given
     quiet_libraries()
     with user_errors():
-        run_eval(EvalOptions(
-            model=model, data=data, split=split, task=task, metrics=metrics, output=output, plot=plot,
-            batch_size=batch_size, device=device, cache_dir=cache_dir, no_cache=no_cache, quiet=quiet, mode=mode,
-            query_prompt=query_prompt, similarity=similarity, route=route, suite=suite, data_dir=data_dir,
-            suite_tasks=suite_tasks, instructions=instructions, no_instructions=no_instructions,
-            mteb_output=mteb_output, mteb_task=mteb_task, compare=compare, backend=backend, index=index))
+        run_eval(options)

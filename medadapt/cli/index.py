@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import enum
 import time
 from pathlib import Path
 from typing import Annotated, Optional
@@ -15,9 +14,11 @@ from medadapt.cache import EmbeddingCache
 from medadapt.cli._common import (
     BackendOption,
     CacheDirOpt,
+    DeviceOpt,
     QuietOpt,
     VerboseOpt,
     check_backend_option,
+    choices,
     closes_process_group,
     console,
     quiet_libraries,
@@ -39,22 +40,9 @@ from medadapt.retrieval.storage import INDEX_FOLDER, load_manifest
 from medadapt.retrieval.upgrade import upgrade_qdrant_queries, upgrade_queries
 from medadapt.retrieval.vectordb import open_qdrant
 
-
-class Kind(str, enum.Enum):
-    dense = "dense"
-    lexical = "lexical"
-    hybrid = "hybrid"
-
-
-class Fusion(str, enum.Enum):
-    minmax = "minmax"
-    zscore = "zscore"
-    rrf = "rrf"
-    sum = "sum"
-
-
+Kind = choices("Kind", "dense", "lexical", "hybrid")
+Fusion = choices("Fusion", "minmax", "zscore", "rrf", "sum")
 index_app = App(no_args_is_help=False)
-DeviceOpt = Annotated[Optional[str], typer.Option(help="cpu, cuda, mps ... (default: auto).")]
 
 
 @index_app.callback(invoke_without_command=True)

@@ -3,6 +3,7 @@ on the declared hardware, from architecture configs only (see :mod:`medadapt.pla
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -10,8 +11,7 @@ import typer
 from rich.table import Table
 from rich.text import Text
 
-from medadapt.cli._common import console, fail, quiet_libraries
-from medadapt.errors import MedAdaptError
+from medadapt.cli._common import console, fail, quiet_libraries, user_errors
 from medadapt.io import atomic_write_json
 from medadapt.plan import Hardware, plan_recipe, read_accelerate_config
 from medadapt.plan.planner import _n
@@ -41,18 +41,13 @@ def plan_cmd(
     optimizer step and the gradient accumulation the paper's global batch needs; exit 1 with the reason
     when it cannot fit."""
     quiet_libraries()
-    try:
-        from dataclasses import replace
-
+    with user_errors():
         spec = load_recipe(recipe, list(set_ or []), paper=paper)
         hw = read_accelerate_config(accelerate_config) if accelerate_config else Hardware(gpu_memory_gb=80.0)
         hw = replace(hw.with_overrides(num_gpus=num_gpus, gpu_memory_gb=gpu_memory), headroom=headroom)
         plan = plan_recipe(spec, hw, strict=False)
         if output is not None:
             atomic_write_json(output, plan.to_dict())
-    except MedAdaptError as exc:
-        fail(str(exc))
-        return
     if markdown:
         console.print(plan.to_markdown(), highlight=False, markup=False, soft_wrap=True)
     else:

@@ -8,7 +8,15 @@ from typing import Annotated, Optional
 import typer
 
 from medadapt.cache import EmbeddingCache
-from medadapt.cli._common import CacheDirOpt, QuietOpt, VerboseOpt, console, fail, quiet_libraries, tagged
+from medadapt.cli._common import (
+    CacheDirOpt,
+    QuietOpt,
+    VerboseOpt,
+    console,
+    quiet_libraries,
+    tagged,
+    user_errors,
+)
 from medadapt.errors import MedAdaptError
 from medadapt.io import check_output
 from medadapt.report import build_report
@@ -35,7 +43,7 @@ def report_cmd(
     """Write an HTML report of a training run: loss curves, expert load, positive vs hard-negative scores,
     metrics vs the frozen baseline, and the queries that gained or lost most."""
     quiet_libraries()
-    try:
+    with user_errors():
         check_output(output, what="--output")
         if images is not None and images.exists() and not images.is_dir():
             raise MedAdaptError(f"--images {images} is a file; give a folder")
@@ -46,7 +54,4 @@ def report_cmd(
         # the encoding bars are the embedding cache's own (shown only when the cache misses texts)
         path = build_report(run_dir, output, data=data, split=split, cache=EmbeddingCache(cache_dir), top=top,
                             top_negatives=negatives, images_dir=images, show_progress=not quiet, log=log)
-    except MedAdaptError as exc:
-        fail(str(exc))
-        return
     console.print(f"report written to {path}", highlight=False, soft_wrap=True)

@@ -17,10 +17,9 @@ from medadapt.cli._common import (
     VerboseOpt,
     closes_process_group,
     console,
-    fail,
     quiet_libraries,
+    user_errors,
 )
-from medadapt.errors import MedAdaptError
 from medadapt.recipes import load_recipe, run_recipe
 
 
@@ -50,22 +49,12 @@ def train_cmd(
 
     Runs on Accelerate: `accelerate launch -m medadapt train RECIPE` spreads it over GPUs / processes."""
     quiet_libraries()
-    try:
+    with user_errors(f"interrupted; run the same command again to resume from {output or 'runs/<name>'}.checkpoints"):
         overrides = [*(set_ or []), *(["save.adapter_only=false"] if full_model else [])]
         spec = load_recipe(recipe, overrides, paper=paper)  # `kind:` picks the system (medadapt.recipes.registry)
         result = run_recipe(spec, output or Path("runs") / spec.name, cache=EmbeddingCache(cache_dir),
                             show_progress=not quiet, evaluate=not no_eval, overwrite=overwrite,
                             log=lambda m: console.print(m, highlight=False, soft_wrap=True))
-    except MedAdaptError as exc:
-        fail(str(exc))
-        return
-    except OSError as exc:  # a file system error (a cache folder that is a file, a full disk) not turned into one
-        fail(f"{exc.filename + ': ' if exc.filename else ''}{exc.strerror or exc}")
-        return
-    except KeyboardInterrupt:
-        fail(f"interrupted; run the same command again to resume from {output or 'runs/<name>'}.checkpoints")
-        return
-
     if not PartialState().is_main_process:  # under `accelerate launch`, one summary from the main process
         return
     if result.loss_history:
@@ -80,53 +69,33 @@ def train_cmd(
 
 
 def result_table(result, title: str):
-    """The run's metrics as a rich table: ``metric | frozen base | trained | change`` when the run evaluated
-    the frozen base model (``eval.baseline``, ``eval.also``), else ``metric | trained``; plus an ``expected``
-    column (``ok`` / ``off by X``) only when the recipe sets ``eval.expected``, and one column per peer
-    baseline (``eval.peers``, trained in the same run) after ``change``. The ``eval.also`` sets follow in a
-    section of their own, one row per set and metric (``<set> <metric>``). No column is ever left empty."""
-    table = Table(title=title)
-    table.add_column("metric")
+    """The run's metrics as a rich table: ``metric | frozen base | trained | change`` (the first two alone
+    without a baseline), one column per peer, ``expected`` when the recipe sets it; then the ``eval.also`` sets
+    in a section of their own (``<set> <metric>``). No column is ever left empty."""
     base = {m: result.baseline[m] for m in result.metrics if m in result.baseline}
     also = getattr(result, "also", None) or {}
-    with_base = bool(base) or any(row.get("base") for row in also.values())
-    if with_base:
-        table.add_column("frozen base", justify="right")
-    table.add_column("trained", justify="right")
-    if with_base:
-        table.add_column("change", justify="right")
     peers = getattr(result, "peers", None) or {}
-    for label in peers:
-        table.add_column(label, justify="right")
-    if result.expected:
-        table.add_column("expected", justify="right")
+    with_base = bool(base) or any(row.get("base") for row in also.values())
+    table = Table(title=title)
+    for column in ("metric", *(["frozen base"] if with_base else []), "trained", *(["change"] if with_base else []),
+                   *peers, *(["expected"] if result.expected else [])):
+        table.add_column(column, **({} if column == "metric" else {"justify": "right"}))
+
+    def add(label: str, value: float, b: float | None, change: float | None, peer_values, expected: str) -> None:
+        cells = [_cell(b), f"{value:.4f}", _change(change)] if with_base else [f"{value:.4f}"]
+        table.add_row(label, *cells, *map(_cell, peer_values), *([expected] if result.expected else []))
+
     for metric, value in result.metrics.items():
-        row = [metric]
-        if with_base:
-            row.append(f"{base[metric]:.4f}" if metric in base else "-")
-        row.append(f"{value:.4f}")
-        if with_base:
-            row.append(_change(value - base[metric] if metric in base else None))
-        row += [_cell(peer["metrics"].get(metric)) for peer in peers.values()]
-        if result.expected:
-            target = result.expected.get(metric)
-            row.append("-" if target is None else "ok" if target[1] else f"off by {target[0] - value:.4f}")
-        table.add_row(*row)
+        target = result.expected.get(metric)
+        add(metric, value, base.get(metric), value - base[metric] if metric in base else None,
+            [peer["metrics"].get(metric) for peer in peers.values()],
+            "-" if target is None else "ok" if target[1] else f"off by {target[0] - value:.4f}")
     for n, (name, scores) in enumerate(also.items()):
         if n == 0:
             table.add_section()
         for metric, value in scores.get("trained", {}).items():
-            b = scores.get("base", {}).get(metric)
-            row = [f"{name} {metric}"]
-            if with_base:
-                row.append("-" if b is None else f"{b:.4f}")
-            row.append(f"{value:.4f}")
-            if with_base:
-                row.append(_change(scores.get("delta", {}).get(metric)))
-            row += [_cell(peer["also"].get(name, {}).get(metric)) for peer in peers.values()]
-            if result.expected:
-                row.append("-")
-            table.add_row(*row)
+            add(f"{name} {metric}", value, scores.get("base", {}).get(metric), scores.get("delta", {}).get(metric),
+                [peer["also"].get(name, {}).get(metric) for peer in peers.values()], "-")
     return table
 
 

@@ -1,14 +1,6 @@
-"""Training-data curation for medical retrieval (docs/curation.md).
-
-* Hard-negative mining by rank window with false-negative guards: :func:`mine_hard_negatives` (any searcher),
-  :func:`mine_from_embeddings` (cached embeddings), :func:`sample_negatives`, :class:`MiningConfig`.
-* Searchers: the ``search(query_texts, k)`` protocol, :class:`DenseSearcher`, :class:`BM25Searcher`.
-* Consistency filtering of synthetic pairs (BMRetriever §3.3): :func:`consistency_mask`,
-  :func:`filter_consistent_groups`.
-* Diversity-aware dedup (CARE §4.1): :func:`diversity_dedup`, :class:`DedupConfig`.
-* Multi-judge consensus labels (CMedTEB §3.1): :func:`label_pairs`, :class:`PromptJudge`,
-  :data:`CMEDTEB_RUBRIC`, :data:`CURE_RUBRIC`, :class:`OpenAIChat`, :func:`fleiss_kappa`.
-* Synonym STS triplets (CMedTEB §3.1): :func:`build_sts_triplets`.
+"""Training-data curation for medical retrieval (docs/curation.md): hard-negative mining with false-negative
+guards, searchers, consistency filtering (BMRetriever §3.3), diversity-aware dedup (CARE §4.1), multi-judge
+consensus labels and synonym STS triplets (CMedTEB §3.1), and an OpenAI-compatible completion backend.
 """
 
 from medadapt.curation.bm25 import BM25Searcher

@@ -1,11 +1,6 @@
-"""BM25 searcher adapter for curation, on medadapt's own lexical engine (:mod:`medadapt.retrieval`).
-
-One BM25 engine serves the whole package: this adapter wraps
-:meth:`medadapt.retrieval.lexical.LexicalIndex.build_bm25` (bm25s-compatible tokenisation and Lucene
-scoring, k1=1.5, b=0.75; equal nDCG to bm25s on MedQuAD, about 1.9x its query throughput, see
-docs/benchmarks.md) behind the curation ``search(query_texts, k)`` protocol. English: ``\\w\\w+`` tokens,
-English stopwords, Snowball stemming (PyStemmer). Chinese: jieba search-mode segmentation. Documents with
-a BM25 score of 0 (no shared term) are never returned.
+"""BM25 searcher for curation on medadapt's one BM25 engine
+(:meth:`medadapt.retrieval.lexical.LexicalIndex.build_bm25`: English stemmed, Chinese jieba). Documents with
+score 0 (no shared term) are never returned.
 """
 
 from __future__ import annotations
@@ -13,19 +8,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Literal
 
-
 from medadapt.curation.search import Hit, checked_corpus_ids
 from medadapt.retrieval.config import LexicalConfig
 from medadapt.retrieval.lexical import LexicalIndex
 
 
 class BM25Searcher:
-    """Searcher over a fixed corpus with BM25.
-
-    Args:
-        corpus_ids / corpus_texts: the documents (same length, ids unique).
-        language: ``"en"`` (stopwords + Snowball stemmer) or ``"zh"`` (jieba).
-    """
+    """Searcher over a fixed corpus (unique ids) with BM25; ``language`` ``en`` or ``zh``."""
 
     def __init__(self, corpus_ids: Sequence[str], corpus_texts: Sequence[str],
                  language: Literal["en", "zh"] = "en", show_progress: bool = False):

@@ -1,6 +1,5 @@
-"""Multi-judge consensus labelling (CMedTEB §3.1): several judges grade every (query, passage) pair, and a pair
-is kept only when they agree (``unanimous``, the paper's rule, or strict ``majority``), on labels or raw
-grades; agreement is reported as Fleiss' kappa. See docs/curation.md.
+"""Multi-judge consensus labelling (CMedTEB §3.1): a pair is kept only when the judges agree (``unanimous``,
+the paper's rule, or strict ``majority``) on labels or grades; agreement as Fleiss' kappa (docs/curation.md).
 """
 
 from __future__ import annotations
@@ -64,8 +63,7 @@ class ConsensusResult:
         }
 
     def to_training_groups(self) -> list[TrainingGroup]:
-        """Kept pairs grouped per query: label 1 -> ``pos``, label 0 -> ``neg``; queries without a positive
-        are left out."""
+        """Kept pairs per query (label 1: ``pos``, 0: ``neg``), queries with a positive only."""
         groups: dict[str, TrainingGroup] = {}
         for p in self.kept:
             g = groups.setdefault(p.query, TrainingGroup(query=p.query, pos=[], neg=[]))
@@ -75,11 +73,8 @@ class ConsensusResult:
 
 def decide(grades: Sequence[str], rubric: Rubric, policy: Policy = "unanimous",
            agreement_on: Literal["label", "grade"] = "label") -> tuple[int, int | None, str | None]:
-    """``(agreement, label, grade)`` for one pair's grades; label and grade are ``None`` when dropped.
-
-    The consensus grade is the most common grade among the agreeing judges; ties go to the lower
-    (more conservative) level.
-    """
+    """``(agreement, label, grade)`` of one pair (label and grade ``None`` when dropped); the grade is the
+    agreeing judges' most common, ties to the lower level."""
     if policy not in POLICIES:
         raise ValueError(f"unknown policy {policy!r}; valid policies: {', '.join(POLICIES)}")
     if agreement_on not in ("label", "grade"):
@@ -109,14 +104,8 @@ def label_pairs(
     max_passages_per_call: int = 20,
     show_progress: bool = True,
 ) -> ConsensusResult:
-    """Grade every ``(query, passages)`` item with every judge and apply the consensus ``policy``.
-
-    Each judge sees up to ``max_passages_per_call`` passages of a query per call (CMedTEB rates a query's
-    candidates together). Grades are upper-cased strings of the rubric's levels.
-
-    Raises:
-        JudgeError: a judge returned the wrong number of grades or a grade outside the rubric.
-    """
+    """Grade every ``(query, passages)`` item with every judge (``max_passages_per_call`` passages of a query
+    per call) and apply ``policy``; a wrong number of grades or one outside the rubric is a JudgeError."""
     if len(judges) < 2:
         raise ValueError("consensus labelling needs at least 2 judges")
     if policy not in POLICIES:

@@ -21,11 +21,7 @@ def consistency_mask(
     batch_size: int = 256,
     show_progress: bool = True,
 ) -> list[bool]:
-    """For each query, whether its positive(s) appear in the searcher's top ``top_k``.
-
-    ``mode="all"`` needs every positive there (BMRetriever's single-passage rule for one positive),
-    ``"any"`` at least one.
-    """
+    """Per query, whether its positives (``mode`` ``all``, or ``any`` one) are in the searcher's top ``top_k``."""
     if top_k < 1:
         raise ValueError(f"top_k must be >= 1, got {top_k}")
     if mode not in ("all", "any"):
@@ -51,11 +47,8 @@ def filter_consistent_groups(
     batch_size: int = 256,
     show_progress: bool = True,
 ) -> list[TrainingGroup]:
-    """Keep the training groups whose positives pass :func:`consistency_mask`.
-
-    ``text_to_id`` maps each positive passage text to its id in the searcher's corpus (every positive must
-    be in it, so that it can be retrieved at all).
-    """
+    """The groups whose positives pass :func:`consistency_mask`; ``text_to_id`` maps every positive text to
+    its id in the searcher's corpus."""
     missing = [p for g in groups for p in g.pos if p not in text_to_id]
     if missing:
         raise ValueError(f"{len(missing)} positive passage(s) are not in the search corpus, "

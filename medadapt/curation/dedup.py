@@ -1,10 +1,6 @@
-"""Diversity-aware deduplication (CARE / CMedTEB §4.1, Appendix B): a streaming index seeded with ``seed_size``
+"""Diversity-aware deduplication (CARE / CMedTEB §4.1): a streaming FAISS index seeded with ``seed_size``
 items; a candidate is discarded when more than ``max_neighbors`` of its top-``k`` neighbours are above
-``threshold``, else inserted.
-
-Hand-written policy over a FAISS index: candidates go in batches (searched against the index, then checked
-against the batch's earlier kept members), which equals the one-at-a-time result with a flat index at
-``O(n x dim + batch^2)`` memory; ``index="hnsw"`` trades exactness for speed. See docs/curation.md.
+``threshold``. Batched, equal to one at a time with a flat index (``hnsw`` trades exactness for speed).
 """
 
 from __future__ import annotations
@@ -16,6 +12,7 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from medadapt.cache import EmbeddingCache
+from medadapt.curation.fast_mining import as_matrix
 from medadapt.eval.search import normalize_rows
 from medadapt.progress import progress
 
@@ -56,8 +53,8 @@ class DedupConfig(BaseModel):
 
 @dataclass
 class DedupResult:
-    """Outcome: ``kept`` is a boolean mask over the input (input order); ``neighbors_above`` counts, per
-    item, its top-``k`` neighbours above τ at insertion time (``-1`` for seed items)."""
+    """``kept``: a mask over the input; ``neighbors_above``: per item, its top-``k`` neighbours above τ when
+    it was checked (``-1`` for seed items)."""
 
     kept: np.ndarray
     neighbors_above: np.ndarray
@@ -97,20 +94,11 @@ def _new_index(dim: int, config: DedupConfig):
 
 def diversity_dedup(embeddings: np.ndarray, config: DedupConfig | None = None,
                     show_progress: bool = True) -> DedupResult:
-    """Run the streaming diversity filter over ``embeddings`` (``n × dim``) in row order.
-
-    The first ``config.seed_size`` rows seed the index unconditionally (shuffle beforehand for a random
-    seed set). Returns a :class:`DedupResult`.
-    """
-
+    """The streaming diversity filter over ``embeddings`` in row order; the first ``seed_size`` rows seed
+    the index unconditionally (shuffle first for a random seed set)."""
     config = config or DedupConfig()
-    x = np.asarray(embeddings, dtype=np.float32)
-    if x.ndim != 2:
-        raise ValueError(f"embeddings must be a 2-D array, got shape {x.shape}")
-    if not np.isfinite(x).all():
-        raise ValueError("embeddings hold NaN or infinite values")
+    x = np.ascontiguousarray(normalize_rows(as_matrix(embeddings, "embeddings")))
     n = len(x)
-    x = np.ascontiguousarray(normalize_rows(x))
     kept = np.zeros(n, dtype=bool)
     above = np.full(n, -1, dtype=np.int64)
     seed = min(config.seed_size, n)
@@ -147,8 +135,7 @@ def diversity_dedup(embeddings: np.ndarray, config: DedupConfig | None = None,
 def dedup_texts(model, texts: list[str], config: DedupConfig | None = None,
                 role: Literal["query", "document", "plain"] = "query", cache=None, batch_size: int = 64,
                 show_progress: bool = True) -> DedupResult:
-    """Encode ``texts`` through the embedding cache (``role`` picks ``encode_query`` /
-    ``encode_document``) and run :func:`diversity_dedup`."""
+    """:func:`diversity_dedup` of ``texts`` encoded through the embedding cache as ``role``."""
     cache = cache if cache is not None else EmbeddingCache()
     emb = cache.encode(model, texts, role=role, batch_size=batch_size, show_progress=show_progress,
                        desc=f"encoding {role}s")

@@ -1,6 +1,5 @@
-"""Dense searcher adapter: a SentenceTransformer + :class:`medadapt.cache.EmbeddingCache` + FAISS exact
-search (:func:`medadapt.eval.exact_search`). Queries go through ``encode_query`` and documents through
-``encode_document`` (so asymmetric / prompted models search correctly), both cached on disk."""
+"""Dense searcher: a SentenceTransformer through the embedding cache (``encode_query`` /
+``encode_document``, so asymmetric and prompted models search correctly) and exact search."""
 
 from __future__ import annotations
 
@@ -14,18 +13,8 @@ from medadapt.eval.search import exact_search, prepare_for_similarity
 
 
 class DenseSearcher:
-    """Searcher over a fixed corpus with a dense model.
-
-    Args:
-        model: a ``SentenceTransformer``.
-        corpus_ids / corpus_texts: the documents (same length, ids unique).
-        cache: embedding cache (default: :class:`~medadapt.cache.EmbeddingCache` at its default root).
-        batch_size / show_progress: passed to the cache's encoder.
-
-    Document embeddings are computed on the first call (``doc_embeddings``), then kept in memory; the model
-    must stay unchanged while the searcher is used (its cache fingerprint is taken once, on the first query
-    batch, not at every batch).
-    """
+    """Searcher over a fixed corpus (unique ids). Document embeddings are computed on first use and kept;
+    the model must not change while the searcher is used (its fingerprint is taken once)."""
 
     def __init__(self, model, corpus_ids: Sequence[str], corpus_texts: Sequence[str], cache=None,
                  batch_size: int = 64, show_progress: bool = True):
@@ -69,7 +58,7 @@ class DenseSearcher:
                 for srow, irow in zip(scores, idx)]
 
     def score(self, query_texts: list[str], doc_ids: list[list[str]]) -> list[list[float]]:
-        """Similarity of each query with the given documents (ids must be in the corpus)."""
+        """Similarity of each query with the given documents."""
         if not query_texts:
             return []
         q = self.encode_queries(query_texts)

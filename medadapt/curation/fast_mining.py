@@ -1,9 +1,6 @@
-"""Hard-negative mining straight from precomputed embeddings: the one embedding miner of medadapt.
-
-One exact FAISS search for all queries (in chunks), then vectorised filtering with the semantics of
-:func:`~medadapt.curation.negatives.sample_negatives`, except that the near-duplicate guard compares
-embeddings (``config.embedding_dup_threshold``). Sampling is seeded per query, so chunking does not change the
-output. Used by the cached-embedding trainers; see docs/curation.md, "Fast path".
+"""Hard-negative mining from precomputed embeddings (medadapt's one embedding miner): one exact search, then
+:func:`~medadapt.curation.negatives.sample_negatives`' rules vectorised, the near-duplicate guard on
+embeddings. Seeded per query, so chunking does not change the output. See docs/curation.md, "Fast path".
 """
 
 from __future__ import annotations
@@ -18,7 +15,8 @@ from medadapt.curation.negatives import margin_threshold
 from medadapt.retrieval.exact import exact_search, normalize_rows
 
 
-def _as_matrix(x, name: str) -> np.ndarray:
+def as_matrix(x, name: str) -> np.ndarray:
+    """``x`` as a contiguous float32 matrix, refusing other shapes and non-finite values."""
     x = np.ascontiguousarray(np.asarray(x, dtype=np.float32))
     if x.ndim != 2:
         raise ValueError(f"{name} must be a 2-D array, got shape {x.shape}")
@@ -39,39 +37,20 @@ def mine_from_embeddings(
     count_positives: bool = True,
     pick: Literal["random", "best"] = "random",
 ) -> list[list[int]] | tuple[list[list[int]], list[list[float]]]:
-    """Mine hard-negative document indices for each query from embeddings.
+    """Per query, hard-negative document indices in rank order (with ``return_scores``, also their scores).
 
     Args:
-        query_emb: ``n_queries × dim`` query embeddings.
-        doc_emb: ``n_docs × dim`` document embeddings.
-        positives: for each query, the set of its positive document indices (may be empty: then no
-            positive is excluded and no margin applies to that query).
-        config: window / number / margins / ``embedding_dup_threshold`` / seed; ``text_dup_threshold`` is
-            not used here.
-        normalize: L2-normalise both sides first (cosine, the sentence-transformers default); pass
-            ``False`` for dot-product models or already-normalised inputs.
-        return_scores: also return the negatives' scores.
-        count_positives: ranks count the query's positives (the papers' convention, see
-            :mod:`~medadapt.curation.negatives`); ``False``: ranks count only non-positive documents, so
-            ``window=(s + 1, s + n)`` means "skip the ``s`` best non-relevant documents, then take ``n``"
-            (CARE's stage II).
-        pick: ``"random"`` draws ``config.num_negatives`` of the eligible candidates with the per-query
-            seed; ``"best"`` takes the best-ranked ones.
-
-    Returns:
-        ``negatives[i]``: document indices (rank order, at most ``config.num_negatives``) for query ``i``;
-        with ``return_scores``, ``(negatives, scores)``.
-
-    Example::
-
-        q = cache.encode(model, queries, role="query"); d = cache.encode(model, docs, role="document")
-        negs = mine_from_embeddings(q, d, [{3}, {7, 9}], MiningConfig.preset("hyrec"))
+        positives: per query, its positive document indices (empty: nothing excluded, no margin).
+        normalize: L2-normalise both sides (cosine); ``False`` for dot-product models.
+        count_positives: ranks count the positives (the papers' convention); ``False``: only non-positive
+            documents, so ``window=(s + 1, s + n)`` skips the ``s`` best non-relevant ones (CARE stage II).
+        pick: ``"random"`` (seeded per query) or ``"best"`` of the eligible candidates.
     """
     if pick not in ("random", "best"):
         raise ValueError(f"pick must be 'random' or 'best', got {pick!r}")
     config = config or MiningConfig()
-    q = _as_matrix(query_emb, "query_emb")
-    d = _as_matrix(doc_emb, "doc_emb")
+    q = as_matrix(query_emb, "query_emb")
+    d = as_matrix(doc_emb, "doc_emb")
     if q.shape[1] != d.shape[1]:
         raise ValueError(f"dimension mismatch: queries {q.shape}, documents {d.shape}")
     if len(positives) != len(q):

@@ -1,9 +1,6 @@
-"""Relevance judges: the :class:`Judge` protocol and :class:`PromptJudge`, which turns any text-completion
-callable (an LLM behind an HTTP API, a local model, a test fake) into a judge using a
-:class:`~medadapt.curation.rubrics.Rubric` prompt (CMedTEB §3.1 multi-LLM labelling).
-
-A judge is any callable ``judge(query: str, passages: list[str]) -> list[str]`` returning one grade per
-passage (a level of the rubric in use). Give it a ``name`` attribute to label its votes.
+"""Relevance judges (CMedTEB §3.1): any callable ``judge(query, passages) -> grades`` (one level of the rubric
+per passage; a ``name`` attribute labels its votes), and :class:`PromptJudge`, which makes one from any
+text-completion callable and a :class:`~medadapt.curation.rubrics.Rubric` prompt.
 """
 
 from __future__ import annotations
@@ -40,8 +37,7 @@ def secrets_of(complete) -> list[str]:
 
 
 def extract_json(text: str, secrets=()) -> dict:
-    """The JSON object in an LLM reply (code fences and chatter around it are ignored). A reply quoted in
-    the error is redacted (:func:`medadapt.errors.redact`, with ``secrets``: the key the request sent)."""
+    """The JSON object in an LLM reply; a reply quoted in an error is redacted (``secrets``: the key sent)."""
     text = text or ""
     match = _JSON_OBJECT.search(text)
     if not match:
@@ -64,8 +60,7 @@ def _grade(value, rubric: Rubric) -> str:
 
 
 def parse_grades(reply: str, rubric: Rubric, num_passages: int) -> list[str]:
-    """Grades from a reply: ``{"Passage-i": grade}`` for batch rubrics, ``{"score": grade}`` for
-    per-passage rubrics (then ``num_passages`` must be 1)."""
+    """Grades from ``{"Passage-i": grade}`` (batch rubrics) or ``{"score": grade}`` (per-passage rubrics)."""
     obj = extract_json(reply)
     if rubric.per_passage:
         if "score" not in obj:
@@ -79,15 +74,9 @@ def parse_grades(reply: str, rubric: Rubric, num_passages: int) -> list[str]:
 
 
 class PromptJudge:
-    """A judge built from a completion function ``complete(prompt) -> reply_text``.
-
-    Args:
-        complete: e.g. :class:`~medadapt.curation.openai_backend.OpenAIChat`, or any callable.
-        rubric: the grading scale and prompt (default CMedTEB S/A/B/C/D).
-        name: label of this judge's votes.
-        retries: extra attempts when a reply cannot be parsed.
-        fields: extra template fields (e.g. ``clinical_role`` for CURE).
-    """
+    """A judge from ``complete(prompt) -> reply`` (e.g. :class:`~medadapt.curation.OpenAIChat`);
+    ``retries``: extra attempts on an unreadable reply; ``fields``: extra template fields (CURE's
+    ``clinical_role``)."""
 
     def __init__(self, complete: Callable[[str], str], rubric: Rubric = CMEDTEB_RUBRIC,
                  name: str | None = None, retries: int = 1, **fields):

@@ -1,16 +1,5 @@
-"""Fleiss' kappa (Fleiss 1971) for agreement among a fixed number of raters.
-
-Hand-written: statsmodels (which has ``fleiss_kappa``) is not a medadapt dependency. With ``N`` items,
-``n`` raters per item and ``n_ij`` raters putting item ``i`` in category ``j``::
-
-    P_i   = (sum_j n_ij² - n) / (n (n - 1))         agreement on item i
-    P̄     = mean_i P_i
-    p_j   = sum_i n_ij / (N n)                     share of category j
-    P̄_e   = sum_j p_j²                             chance agreement
-    kappa = (P̄ - P̄_e) / (1 - P̄_e)
-
-When every rating falls into one category ``P̄_e = 1`` and kappa is undefined: ``nan`` is returned (as
-statsmodels does).
+"""Fleiss' kappa (Fleiss 1971), as statsmodels computes it (not a dependency): ``nan`` when every rating
+falls into one category (chance agreement 1).
 """
 
 from __future__ import annotations

@@ -1,9 +1,5 @@
-"""Hard-negative mining over a BEIR dataset with any searcher, writing FlagEmbedding training groups
-``{query, pos, neg, pos_scores, neg_scores}``: positives are a judged query's documents with grade > 0, and
-:func:`~medadapt.curation.negatives.sample_negatives` picks negatives from the searcher's candidates. With
-embeddings at hand, :func:`~medadapt.curation.mine_from_embeddings` is the faster equivalent. See
-docs/curation.md.
-"""
+"""Hard-negative mining over a BEIR split with any searcher, into FlagEmbedding training groups (positives:
+grade > 0; negatives: :func:`~medadapt.curation.negatives.sample_negatives`). See docs/curation.md."""
 
 from __future__ import annotations
 
@@ -21,7 +17,7 @@ from medadapt.errors import DataError
 
 @dataclass
 class MiningReport:
-    """What mining did: counts of queries, groups, negatives and of candidates removed by each guard."""
+    """Counts of queries, groups, negatives and of candidates removed by each guard."""
 
     queries: int = 0
     no_positive: int = 0
@@ -37,8 +33,7 @@ class MiningReport:
 
 
 def query_rng(seed: int, key: str) -> random.Random:
-    """A per-query generator: the same ``(seed, key)`` always gives the same stream (str seeding in
-    :mod:`random` hashes with SHA-512, independent of ``PYTHONHASHSEED``)."""
+    """A per-query generator, the same for the same ``(seed, key)`` (str seeds hash with SHA-512)."""
     return random.Random(f"{seed}\x00{key}")
 
 
@@ -63,20 +58,9 @@ def mine_hard_negatives(
     show_progress: bool = True,
     report: MiningReport | None = None,
 ) -> list[TrainingGroup]:
-    """Mine hard negatives for every judged query of ``split``.
-
-    Args:
-        data: a loaded BEIR dataset (``split`` must be loaded).
-        split: qrels split whose queries are mined.
-        searcher: any ``search(query_texts, k)`` callable over ``data``'s corpus ids
-            (:class:`~medadapt.curation.dense.DenseSearcher`, :class:`~medadapt.curation.bm25.BM25Searcher`).
-        config: window, count, margins, duplicate guard, seed (default :class:`MiningConfig`).
-        report: if given, filled with counts.
-
-    Returns:
-        One :class:`~medadapt.data.TrainingGroup` per query (queries with no positive are skipped, and
-        queries with no negative too when ``config.drop_empty``). Deterministic given ``config.seed``.
-    """
+    """One training group per judged query of ``split`` (none for a query without a positive, or without
+    a negative under ``config.drop_empty``), deterministic given ``config.seed``. ``searcher``: any
+    ``search(query_texts, k)`` over ``data``'s corpus ids; ``report``: filled with counts."""
     config = config or MiningConfig()
     report = report if report is not None else MiningReport()
     qrels = data.qrels.get(split)

@@ -9,37 +9,29 @@ from pydantic import Field, model_validator
 
 from medadapt import systems
 from medadapt.config import Section
+from medadapt.curation.negatives import validate_window
 from medadapt.errors import ConfigError
 
 MINING_CONFIG_VERSION = 1
 
 
 def presets() -> dict[str, dict[str, Any]]:
-    """The named presets the registered systems contribute (see :mod:`medadapt.curation.negatives` for the
-    papers' settings), by name."""
+    """The named presets the registered systems contribute, by name."""
     found = {name: dict(values) for s in systems.registered() for name, values in s.mining_presets.items()}
     return dict(sorted(found.items()))
 
 
 class MiningConfig(Section):
-    """How to turn retrieved candidates into hard negatives.
+    """How retrieved candidates become hard negatives.
 
     Attributes:
-        window: inclusive 1-based rank window ``(lo, hi)``; positives count towards ranks. The retriever
-            is asked for ``hi`` candidates.
-        num_negatives: negatives per query (fewer when fewer are eligible).
-        margin: relative false-negative margin: drop candidates scoring above
-            ``pos_score - margin * |pos_score|`` (= ``pos_score * (1 - margin)`` for positive scores).
-            With several positives the *lowest* positive score is used (the stricter guard).
-        absolute_margin: drop candidates scoring above ``pos_score - absolute_margin``.
-        text_dup_threshold: drop candidates whose character 3-gram Jaccard with any positive's text is at
-            least this (``None`` disables). Used by :func:`mine_hard_negatives`.
-        embedding_dup_threshold: drop candidates whose embedding cosine with any positive document is at
-            least this (``None`` disables). Used by :func:`mine_from_embeddings`.
-        seed: sampling seed; each query gets its own generator derived from ``(seed, query)``, so results
-            do not depend on batch sizes or on which other queries are mined.
-        with_scores: write ``pos_scores`` / ``neg_scores`` in the training groups.
-        drop_empty: drop queries left with no negative.
+        window: inclusive 1-based rank window ``(lo, hi)``, positives counted; ``hi`` candidates retrieved.
+        margin: drop candidates scoring above ``pos_score - margin * |pos_score|``, with the lowest positive
+            score (the stricter guard); ``absolute_margin``: above ``pos_score - absolute_margin``.
+        text_dup_threshold / embedding_dup_threshold: drop candidates whose character 3-gram Jaccard
+            (:func:`mine_hard_negatives`) / embedding cosine (:func:`mine_from_embeddings`) with a positive is
+            at least this (``None``: off).
+        seed: each query samples with its own generator from ``(seed, query)``.
     """
 
     version: int = MINING_CONFIG_VERSION
@@ -55,19 +47,16 @@ class MiningConfig(Section):
 
     @model_validator(mode="after")
     def _check_window(self) -> MiningConfig:
-        lo, hi = self.window
-        if lo < 1 or hi < lo:
-            raise ValueError(f"window must satisfy 1 <= lo <= hi, got ({lo}, {hi})")
+        validate_window(self.window)
         return self
 
     @property
     def depth(self) -> int:
-        """How many candidates to retrieve per query (the window's upper rank)."""
         return self.window[1]
 
     @classmethod
     def preset(cls, name: str, **overrides) -> MiningConfig:
-        """A config from a paper preset (:func:`presets`) plus overrides."""
+        """A paper preset (:func:`presets`) plus overrides."""
         known = presets()
         if name not in known:
             raise ConfigError(f"unknown mining preset {name!r}; valid presets: {', '.join(known)}")

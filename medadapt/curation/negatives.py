@@ -1,9 +1,6 @@
-"""The pure core of hard-negative mining: pick negatives from one query's ranked candidates.
-
-Rank-window sampling as in HyReC (ranks 20-100), Med-MoE-Embed (6-10) and BMRetriever (1-100), with
-false-negative guards (``margin``, ``absolute_margin``, ``excluded_ids``). Ranks are 1-based and count
-positives, which are never sampled. Hand-written: no library exposes rank-window sampling with these guards as
-a pure function. Presets and guards: docs/curation.md.
+"""The pure core of hard-negative mining: rank-window sampling from one query's candidates (HyReC 20-100,
+Med-MoE-Embed 6-10, BMRetriever 1-100) with false-negative guards. Ranks are 1-based and count positives,
+which are never sampled. See docs/curation.md.
 """
 
 from __future__ import annotations
@@ -44,16 +41,8 @@ def sample_negatives(
     excluded_ids: Collection[str] = (),
     absolute_margin: float | None = None,
 ) -> list[Hit]:
-    """Sample up to ``num`` negatives from ``candidates`` (``(doc_id, score)`` best first).
-
-    Eligible: rank in ``window`` (inclusive, 1-based, positives counted), not a positive, not in
-    ``excluded_ids``, and score within the margins (when ``pos_score`` is given). If at most ``num`` are
-    eligible all are returned; otherwise ``num`` are drawn without replacement with ``rng``. The result is
-    in rank order, so equal inputs and seeds give equal outputs.
-
-    Raises:
-        ValueError: a bad window or ``num``, or a margin requested without ``pos_score``.
-    """
+    """Up to ``num`` negatives of ``candidates`` (``(doc_id, score)`` best first), in rank order: ranked in
+    ``window``, not a positive or excluded, within the margins; drawn with ``rng`` when more are eligible."""
     lo, hi = validate_window(window)
     if num < 0:
         raise ValueError(f"num must be >= 0, got {num}")

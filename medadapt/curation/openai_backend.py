@@ -1,11 +1,6 @@
-"""Optional completion backend for any OpenAI-compatible chat-completions server (OpenAI, vLLM, SGLang,
-llama.cpp server, ...), through ``httpx`` when installed, else ``urllib``; no request at import or
-construction.
-
-The API key goes only to the configured base URL: plain ``http://`` to a non-loopback host is refused unless
-``allow_insecure_http=True``, redirects are never followed (the ``urllib`` fallback would re-send the
-``Authorization`` header), and server text reaches errors only through :func:`medadapt.errors.redact`. See
-docs/guarantees.md.
+"""Completion backend for any OpenAI-compatible chat-completions server, through ``httpx``.
+The API key goes only to the base URL: no plain ``http://`` to another host unless allowed, no redirects,
+server text in errors only through :func:`medadapt.errors.redact` (docs/guarantees.md).
 """
 
 from __future__ import annotations
@@ -13,8 +8,6 @@ from __future__ import annotations
 import json
 import os
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Callable
 from urllib.parse import urlsplit
 
@@ -22,8 +15,7 @@ from medadapt.errors import ConfigError, MedAdaptError, redact
 
 
 class BackendError(MedAdaptError):
-    """The completion server could not be reached or answered with an error (``status``: the HTTP status of
-    the answer, ``None`` when there was none)."""
+    """The server could not be reached or answered an error (``status``: its HTTP status, or ``None``)."""
 
     def __init__(self, message: str, status: int | None = None):
         super().__init__(message)
@@ -31,9 +23,8 @@ class BackendError(MedAdaptError):
 
 
 def header_secrets(headers: dict) -> list[str]:
-    """The values of the request headers that may hold a credential (all but ``Content-Type`` / ``Accept``),
-    each also without its scheme (``Bearer sk-...`` -> ``sk-...``): what :func:`redact` removes from any text
-    the server sends back."""
+    """The header values that may hold a credential, each also without its scheme (``Bearer sk-...``):
+    what :func:`redact` removes from the server's text."""
     found = []
     for name, value in (headers or {}).items():
         if str(name).lower() in ("content-type", "accept") or not value:
@@ -42,65 +33,37 @@ def header_secrets(headers: dict) -> list[str]:
     return found
 
 
-def _redirect_error(url: str, code: int, location: str | None, secrets=()) -> "BackendError":
+def _redirect_error(url: str, code: int, location: str | None, secrets=()) -> BackendError:
     message = (f"{url} answered HTTP {code}, a redirect to {location or '(no location)'}; medadapt does not "
                "follow redirects (the API key would go there too): set the base URL to the final address")
     return BackendError(redact(message, secrets), status=code)
 
 
-class _NoRedirect(urllib.request.HTTPRedirectHandler):
-    """``urllib`` handler refusing every redirect (the default handler re-sends the request headers,
-    ``Authorization`` included, to the redirect's host, even over plain http)."""
-
-    def redirect_request(self, req, fp, code, msg, headers, newurl):
-        raise _redirect_error(req.full_url, code, newurl, header_secrets(dict(req.header_items())))
-
-
 def _post_json(url: str, payload: dict, headers: dict, timeout: float) -> dict:
-    """POST ``payload`` as JSON, return the JSON answer; every error is a :class:`BackendError` whose text
-    from the server is redacted (:func:`header_secrets`) and cut to 200 characters."""
-    body = json.dumps(payload).encode("utf-8")
+    """POST ``payload``, return the JSON answer; errors are :class:`BackendError` with redacted text."""
+    import httpx
+
     secrets = header_secrets(headers)
     shown = redact(url, secrets)  # the URL as printed: a password in it (https://user:key@host) is not
     try:
-        import httpx
-    except ImportError:  # pragma: no cover - depends on the environment
-        httpx = None
-    if httpx is not None:
-        try:
-            resp = httpx.post(url, content=body, headers=headers, timeout=timeout, follow_redirects=False)
-        except httpx.HTTPError as exc:
-            raise BackendError(redact(f"request to {url} failed: {exc}", secrets)) from None
-        if 300 <= resp.status_code < 400:
-            raise _redirect_error(url, resp.status_code, resp.headers.get("location"), secrets)
-        if resp.status_code >= 400:
-            raise BackendError(f"{shown} answered HTTP {resp.status_code}: {redact(resp.text, secrets, 200)}",
-                               status=resp.status_code)
-        try:
-            return resp.json()
-        except ValueError:
-            raise BackendError(f"{shown} answered with something that is not JSON: "
-                               f"{redact(resp.text, secrets, 200)!r}") from None
-    opener = urllib.request.build_opener(_NoRedirect())
-    req = urllib.request.Request(url, data=body, headers=headers, method="POST")
-    text = ""
-    try:
-        with opener.open(req, timeout=timeout) as resp:  # noqa: S310 - user-given URL
-            text = resp.read().decode("utf-8", errors="replace")
-        return json.loads(text)
-    except urllib.error.HTTPError as exc:
-        text = exc.read().decode("utf-8", errors="replace")
-        raise BackendError(f"{shown} answered HTTP {exc.code}: {redact(text, secrets, 200)}",
-                           status=exc.code) from None
-    except (urllib.error.URLError, TimeoutError) as exc:
+        resp = httpx.post(url, content=json.dumps(payload).encode("utf-8"), headers=headers, timeout=timeout,
+                          follow_redirects=False)
+    except httpx.HTTPError as exc:
         raise BackendError(redact(f"request to {url} failed: {exc}", secrets)) from None
+    if 300 <= resp.status_code < 400:
+        raise _redirect_error(url, resp.status_code, resp.headers.get("location"), secrets)
+    if resp.status_code >= 400:
+        raise BackendError(f"{shown} answered HTTP {resp.status_code}: {redact(resp.text, secrets, 200)}",
+                           status=resp.status_code)
+    try:
+        return resp.json()
     except ValueError:
         raise BackendError(f"{shown} answered with something that is not JSON: "
-                           f"{redact(text, secrets, 200)!r}") from None
+                           f"{redact(resp.text, secrets, 200)!r}") from None
 
 
 def is_loopback_host(host: str | None) -> bool:
-    """``localhost`` or a loopback IP address (``127.0.0.0/8``, ``::1``): a server on this machine."""
+    """``localhost`` or a loopback IP address."""
     import ipaddress
 
     if not host:
@@ -115,12 +78,8 @@ def is_loopback_host(host: str | None) -> bool:
 
 
 def check_base_url(base_url: str, sends_key: bool, allow_insecure_http: bool = False) -> None:
-    """Refuse a base URL that is not ``http(s)://host...``, and plain ``http://`` to another machine when an
-    API key would be sent with it (unless ``allow_insecure_http``).
-
-    Raises:
-        ConfigError: with the reason and the way out.
-    """
+    """ConfigError for a base URL that is not ``http(s)://host``, or plain http to another machine with a
+    key (unless ``allow_insecure_http``)."""
     parts = urlsplit(base_url)
     scheme = parts.scheme.lower()
     if scheme not in ("http", "https") or not parts.hostname:
@@ -137,18 +96,11 @@ class OpenAIChat:
     """``complete(prompt) -> reply`` against ``{base_url}/chat/completions``.
 
     Args:
-        model: model name on the server.
-        base_url: e.g. ``https://api.openai.com/v1`` or ``http://localhost:8000/v1``.
-        api_key: bearer token; default: the environment variable named by ``api_key_env``.
-        temperature / max_tokens / timeout: request settings.
-        max_retries: retries (exponential back-off) on transport errors and on answers other than a redirect
-            or a client error (4xx but 408 / 429: a wrong key or request fails at once).
+        api_key: bearer token (default: the environment variable ``api_key_env``).
+        max_retries: retries with back-off, on transport errors and answers other than a redirect or a
+            client error (4xx but 408 / 429).
         post: the transport ``post(url, payload, headers, timeout) -> dict`` (tests inject a fake).
-        allow_insecure_http: send the API key over plain ``http://`` to a host other than this machine
-            (refused by default: anyone on the path can read it).
-
-    Raises:
-        ConfigError: a base URL that is not http(s), or plain http to another host with an API key.
+        allow_insecure_http: send the key over plain http to another host (refused by default).
     """
 
     def __init__(self, model: str, base_url: str = "https://api.openai.com/v1", api_key: str | None = None,
@@ -167,7 +119,6 @@ class OpenAIChat:
         self.name = model
 
     def request(self, prompt: str) -> tuple[str, dict, dict]:
-        """The URL, JSON payload and headers that :meth:`__call__` sends."""
         headers = {"Content-Type": "application/json"}
         if self.api_key:
             headers["Authorization"] = f"Bearer {self.api_key}"

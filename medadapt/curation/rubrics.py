@@ -1,8 +1,5 @@
-"""Relevance rubrics as data: grade levels, which grades count as positive, and the prompt template.
-
-:data:`CMEDTEB_RUBRIC` (S/A/B/C/D, all passages of a query in one prompt; CMedTEB Appendix F) and
-:data:`CURE_RUBRIC` (0-2, one passage per prompt; CURE Appendix B) restate the papers' prompts. Which grades
-count as positive is medadapt's choice, overridable with :meth:`Rubric.with_positive`. See docs/curation.md.
+"""Relevance rubrics as data: levels, positive grades (medadapt's choice, :meth:`Rubric.with_positive`) and
+the papers' prompts: CMedTEB Appendix F (S-D, a query's passages in one prompt) and CURE Appendix B (0-2).
 """
 
 from __future__ import annotations
@@ -55,17 +52,8 @@ Article Title: {article_title}"""
 
 @dataclass(frozen=True)
 class Rubric:
-    """A grading scale.
-
-    Attributes:
-        name: identifier (``cmedteb``, ``cure``).
-        levels: valid grades, best first.
-        positive: grades that make a pair a positive (label 1); all other levels are negatives (label 0).
-        template: ``str.format`` prompt template.
-        per_passage: ``True`` when the template grades one passage per prompt (``{passage}``), ``False``
-            when it grades all passages of a query at once (``{passages}``, ``{num_passages}``).
-        defaults: default values of extra template fields.
-    """
+    """A grading scale: ``levels`` best first, ``positive`` grades (label 1), a ``str.format`` template
+    grading one passage (``per_passage``) or a query's passages at once, ``defaults`` of extra fields."""
 
     name: str
     levels: tuple[str, ...]
@@ -80,7 +68,6 @@ class Rubric:
             raise ValueError(f"positive grades {sorted(bad)} are not levels of rubric {self.name!r}")
 
     def label(self, grade: str) -> int:
-        """1 when ``grade`` counts as positive, else 0."""
         return int(grade in self.positive)
 
     def with_positive(self, grades) -> Rubric:

@@ -1,9 +1,6 @@
-"""The search protocol that decouples curation from any particular retriever.
-
-A searcher is any callable ``search(query_texts, k) -> list[list[(doc_id, score)]]``, best first; optionally
-``score(query_texts, doc_ids)`` gives a positive's score when it was not retrieved (the false-negative
-margin needs it). Shipped: :class:`~medadapt.curation.dense.DenseSearcher` and
-:class:`~medadapt.curation.bm25.BM25Searcher`. See docs/curation.md, "Searchers".
+"""The search protocol that decouples curation from any retriever: ``search(query_texts, k)`` -> per query
+``[(doc_id, score), ...]`` best first, and optionally ``score(query_texts, doc_ids)`` (a positive's score for
+the false-negative margin when it was not retrieved). See docs/curation.md, "Searchers".
 """
 
 from __future__ import annotations
@@ -18,15 +15,11 @@ Hit = tuple[str, float]
 
 @runtime_checkable
 class Searcher(Protocol):
-    """``search(query_texts, k)`` -> per query, ``[(doc_id, score), ...]`` best first (at most ``k``)."""
-
     def __call__(self, query_texts: list[str], k: int) -> list[list[Hit]]: ...
 
 
 @runtime_checkable
 class Scorer(Protocol):
-    """Optional companion of a searcher: scores of given documents for each query."""
-
     def score(self, query_texts: list[str], doc_ids: list[list[str]]) -> list[list[float]]: ...
 
 
@@ -34,7 +27,7 @@ def batched_search(
     searcher: Searcher, query_texts: Sequence[str], k: int, batch_size: int = 256, show_progress: bool = True,
     desc: str = "searching",
 ) -> list[list[Hit]]:
-    """Call ``searcher`` on ``batch_size`` queries at a time with a progress bar; checks the output shape."""
+    """``searcher`` on ``batch_size`` queries at a time, with a progress bar and a shape check."""
     out: list[list[Hit]] = []
     query_texts = list(query_texts)
     with progress(total=len(query_texts), desc=desc, unit="query", disable=not show_progress) as bar:

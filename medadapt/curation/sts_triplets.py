@@ -1,15 +1,8 @@
-"""Synonym STS data (CMedTEB §3.1 "STS", prompt of Appendix F, Table 24): from a medical synonym
-dictionary and sentences mentioning its terms, a generator writes for each (term, synonym) pair
-
-* a **positive**: the sentence with the synonym substituted, meaning preserved;
-* a **hard negative**: a different question on the same topic that *uses the synonym* (meaning changed);
-* an **easy negative**: a different question on the same topic that keeps the *original term*.
-
-The generator is pluggable: any callable ``generator(example: SynonymExample) -> dict`` with keys
-``positive``, ``hard_negative``, ``easy_negative`` (or the paper's ``positive``, ``negative-1``,
-``negative-2``). :class:`PromptGenerator` wraps a completion function with the paper's prompt. Outputs
-are triplets, or STS pairs ``{sentence1, sentence2, score}`` readable by :func:`medadapt.data.load_sts`.
-Hand-written: no library builds such data.
+"""Synonym STS triplets (CMedTEB §3.1, Appendix F Table 24): per (term, synonym) pair and sentence, a
+generator writes a positive (synonym substituted, same meaning), a hard negative (another question using the
+synonym) and an easy negative (another question keeping the term). A generator is any callable
+``generator(SynonymExample) -> dict`` (keys ``positive``, ``hard_negative`` / ``negative-1``, ``easy_negative``
+/ ``negative-2``); :class:`PromptGenerator` uses the paper's prompt. Pairs for :func:`medadapt.data.load_sts`.
 """
 
 from __future__ import annotations
@@ -60,7 +53,7 @@ Output:"""
 
 @dataclass(frozen=True)
 class SynonymExample:
-    """What the generator receives: the term, its synonym, the sentence and its substituted form."""
+    """The term, its synonym, the sentence and its substituted form."""
 
     origin: str
     replace: str
@@ -90,7 +83,7 @@ class Generator(Protocol):
 
 
 class PromptGenerator:
-    """Generator from a completion function ``complete(prompt) -> reply`` using the paper's prompt."""
+    """A generator from ``complete(prompt) -> reply`` with the paper's prompt."""
 
     def __init__(self, complete: Callable[[str], str], template: str = STS_TEMPLATE):
         self.complete = complete
@@ -102,8 +95,7 @@ class PromptGenerator:
 
 
 def load_synonyms(path: str | Path) -> dict[str, list[str]]:
-    """Read a synonym dictionary: a JSON object ``{term: [synonym, ...]}``, or a TSV whose lines are
-    ``term<TAB>synonym[<TAB>synonym ...]``."""
+    """A synonym dictionary from JSON ``{term: [synonym, ...]}`` or TSV ``term<TAB>synonym[<TAB>...]``."""
     path = Path(path)
     if not path.is_file():
         raise DataError(f"synonym dictionary not found: {path}")
@@ -136,11 +128,9 @@ def synonym_pairs(synonyms: dict[str, Sequence[str]], symmetric: bool = True) ->
     """Ordered ``(origin, replace)`` pairs; with ``symmetric`` each group's terms replace one another."""
     pairs: set[tuple[str, str]] = set()
     for term, syns in synonyms.items():
-        group = [term, *syns] if symmetric else [term]
-        for a in group:
-            for b in [term, *syns]:
-                if a != b and (symmetric or a == term):
-                    pairs.add((a, b))
+        group = [term, *syns]
+        for a in group if symmetric else [term]:
+            pairs.update((a, b) for b in group if a != b)
     return sorted(pairs)
 
 
@@ -179,13 +169,9 @@ def build_sts_triplets(
     show_progress: bool = True,
     report: StsReport | None = None,
 ) -> list[StsTriplet]:
-    """Build STS triplets.
-
-    For every ``(origin, replace)`` synonym pair, up to ``per_pair`` sentences containing ``origin`` are
-    drawn (seeded), the substituted sentence is formed, and ``generator`` writes the three sentences.
-    With ``require_terms`` an output is rejected (and counted) unless the positive and hard negative
-    contain ``replace``, the easy negative contains ``origin``, and none equals the anchor.
-    """
+    """Per ``(origin, replace)`` pair, up to ``per_pair`` sentences with ``origin`` (seeded) through
+    ``generator``. ``require_terms`` rejects (and counts) an output unless the positive and hard negative
+    hold ``replace``, the easy negative ``origin``, and none equals the anchor."""
     if per_pair < 1:
         raise ValueError(f"per_pair must be >= 1, got {per_pair}")
     report = report if report is not None else StsReport()

@@ -1,10 +1,5 @@
-"""Cheap text near-duplicate test: Jaccard similarity of character n-gram sets.
-
-Used by hard-negative mining to exclude candidates whose *text* nearly equals a positive's (re-posted
-answers, boiler-plate variants), the false negatives that CMedTEB (§4.1, "topic intensity") warns about.
-Character n-grams work for Chinese (no word boundaries) and English alike. Hand-written because no
-installed library offers it (MinHash packages are not dependencies, and exact Jaccard is cheap at
-mining sizes: one set per distinct document, computed once).
+"""Text near-duplicates by Jaccard similarity of character n-grams (Chinese and English alike): mining drops
+candidates nearly equal to a positive, the false negatives CMedTEB §4.1 warns about.
 """
 
 from __future__ import annotations
@@ -16,7 +11,6 @@ _SPACE_PUNCT = re.compile(r"[\s\W_]+", re.UNICODE)
 
 
 def normalize_text(text: str) -> str:
-    """Lower-case and drop whitespace and punctuation."""
     return _SPACE_PUNCT.sub("", text.lower())
 
 

@@ -10,7 +10,7 @@ from medadapt.io import atomic_open
 
 
 def write_jsonl(path: str | Path, rows: Iterable[dict]) -> int:
-    """Write ``rows`` as UTF-8 JSON lines atomically; returns the number of lines."""
+    """Write ``rows`` as UTF-8 JSON lines atomically; returns their number."""
     n = 0
     with atomic_open(path, "w") as f:
         for row in rows:

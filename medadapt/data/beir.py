@@ -1,8 +1,7 @@
 """BEIR-layout retrieval data: ``corpus.jsonl``, ``queries.jsonl`` and ``qrels/<split>.tsv``.
 
-Qrels are graded (integer scores); scores <= 0 are kept for nDCG but count as non-relevant (TREC's -2 for
-junk is accepted; :func:`medadapt.eval.metrics.evaluate_run` treats every negative grade as 0). Document and
-query ids may not hold whitespace or control characters (they would split or forge TREC run lines).
+Qrels are integer grades; grades <= 0 count as non-relevant (TREC's -2 for junk is accepted). Ids may not
+hold whitespace or control characters (they would split or forge TREC run lines).
 """
 
 from __future__ import annotations
@@ -23,9 +22,8 @@ _SPLIT_NAME = re.compile(r"[^\W_][\w.-]{0,99}")
 
 
 def check_split(split: str) -> str:
-    """Return ``split``; raise :class:`DataError` unless it is a plain name that stays inside the data
-    folder (``qrels/<split>.tsv``, ``<task>/<split>.jsonl``): letters, digits, ``.``, ``-``, ``_``, starting
-    with a letter or digit, at most 100 characters; never a path (``../x``, ``/etc/x``, ``a/b``)."""
+    """``split`` if it is a plain name that stays inside the data folder (never a path), else a
+    :class:`DataError`."""
     if not isinstance(split, str) or not _SPLIT_NAME.fullmatch(split):
         shown = repr(split) if not isinstance(split, str) or len(split) <= 100 else f"{split[:100]!r}..."
         raise DataError(f"split {shown} is not a split name: use a plain name such as 'test' or 'dev' (letters, "
@@ -35,14 +33,8 @@ def check_split(split: str) -> str:
 
 @dataclass
 class BeirDataset:
-    """A loaded BEIR folder.
-
-    Attributes:
-        corpus: doc id -> ``{"title": str, "text": str}`` in file order.
-        queries: query id -> text.
-        qrels: split name -> ``{query_id: {doc_id: grade}}`` for the splits that were loaded.
-        root: the folder it came from.
-    """
+    """A loaded BEIR folder: ``corpus`` (doc id -> ``{"title", "text"}``, file order), ``queries``,
+    ``qrels`` (split -> ``{query_id: {doc_id: grade}}``, the splits loaded) and its ``root``."""
 
     corpus: dict[str, dict[str, str]]
     queries: dict[str, str]
@@ -75,43 +67,44 @@ def available_splits(root: str | Path) -> list[str]:
 
 
 def load_corpus(path: str | Path) -> dict[str, dict[str, str]]:
-    path = Path(path)
-    corpus: dict[str, dict[str, str]] = {}
-    for lineno, obj in iter_jsonl(path, "corpus file"):
-        doc_id = check_id(str(field(obj, "_id", (str, int), path, lineno)), "document id", path, lineno)
+    """Doc id -> ``{"title", "text"}``, in file order."""
+    def read(obj: dict, path: Path, lineno: int, doc_id: str) -> dict[str, str]:
         text = field(obj, "text", str, path, lineno)
-        title = field(obj, "title", str, path, lineno, required=False) or ""
-        if doc_id in corpus:
-            raise DataError(f"{path}:{lineno}: duplicate document id {doc_id!r}")
-        corpus[doc_id] = {"title": title, "text": text}
-    if not corpus:
-        raise DataError(f"{path}: corpus is empty")
-    return corpus
+        return {"title": field(obj, "title", str, path, lineno, required=False) or "", "text": text}
+
+    return records_by_id(path, "corpus file", "document", read, "corpus is empty")
 
 
 def load_queries(path: str | Path) -> dict[str, str]:
     """Query id -> text; an empty or blank query text is refused (it retrieves nothing and scores 0)."""
-    path = Path(path)
-    queries: dict[str, str] = {}
-    for lineno, obj in iter_jsonl(path, "queries file"):
-        qid = check_id(str(field(obj, "_id", (str, int), path, lineno)), "query id", path, lineno)
+    def read(obj: dict, path: Path, lineno: int, qid: str) -> str:
         text = field(obj, "text", str, path, lineno)
         if not text.strip():
             raise DataError(f"{path}:{lineno}: query {qid!r} has an empty text")
-        if qid in queries:
-            raise DataError(f"{path}:{lineno}: duplicate query id {qid!r}")
-        queries[qid] = text
-    if not queries:
-        raise DataError(f"{path}: no queries")
-    return queries
+        return text
+
+    return records_by_id(path, "queries file", "query", read, "no queries")
+
+
+def records_by_id(path: str | Path, what: str, kind: str, read, empty: str) -> dict:
+    """``{_id: read(obj, path, lineno, _id)}`` of a JSONL file of records with ``_id`` (checked ids); a
+    repeated id or no record is a :class:`DataError` (``empty``: its message)."""
+    path = Path(path)
+    out: dict = {}
+    for lineno, obj in iter_jsonl(path, what):
+        rid = check_id(str(field(obj, "_id", (str, int), path, lineno)), f"{kind} id", path, lineno)
+        value = read(obj, path, lineno, rid)
+        if rid in out:
+            raise DataError(f"{path}:{lineno}: duplicate {kind} id {rid!r}")
+        out[rid] = value
+    if not out:
+        raise DataError(f"{path}: {empty}")
+    return out
 
 
 def load_qrels(path: str | Path) -> Qrels:
-    """Read a BEIR qrels TSV (``query-id  corpus-id  score``, header optional).
-
-    Scores must be integer grades (``1``, ``2.0``, ``-2``) no larger than
-    :data:`~medadapt.data.jsonl.MAX_GRADE`; ids may not hold whitespace or control characters. A pair
-    judged twice with the same grade is kept once; with two different grades it is refused."""
+    """Read a BEIR qrels TSV (``query-id  corpus-id  score``, header optional): integer grades up to
+    :data:`~medadapt.data.jsonl.MAX_GRADE`; a pair judged twice with two different grades is refused."""
     path = require_file(path, "qrels file")
     qrels: Qrels = {}
     for lineno, line in iter_lines(path, "qrels file"):
@@ -148,8 +141,7 @@ def _first_line(path: Path, qid: str, did: str) -> int:
 
 
 def _grade(score: str, path: Path, lineno: int) -> int:
-    """``"2"`` / ``"2.0"`` -> 2; anything else (``"1.5"``, ``"inf"``, ``"nan"``, ``"x"``) is a
-    :class:`DataError`."""
+    """``"2"`` / ``"2.0"`` -> 2; anything else (``"1.5"``, ``"nan"``, ``"x"``) is a :class:`DataError`."""
     try:
         return int(score)
     except ValueError:
@@ -164,17 +156,9 @@ def _grade(score: str, path: Path, lineno: int) -> int:
 
 
 def load_beir(root: str | Path, splits: list[str] | str | None = None) -> BeirDataset:
-    """Load a BEIR folder (or a builtin dataset name such as ``"medmini"``).
-
-    Args:
-        root: folder with ``corpus.jsonl``, ``queries.jsonl`` and ``qrels/``.
-        splits: qrels splits to load (``"test"``, ``["train", "dev"]``); ``None`` loads every split found.
-
-    Raises:
-        DataError: a name that is neither a folder nor a builtin dataset (the error lists the builtin
-            names), a split that is not a plain name (:func:`check_split`), missing files, malformed JSON
-            (with file and line), an empty corpus, or qrels ids found in no corpus / queries file.
-    """
+    """Load a BEIR folder (or a builtin dataset name such as ``"medmini"``) with the qrels of ``splits``
+    (``"test"``, ``["train", "dev"]``; ``None``: every split found). Any problem (an unknown name, missing
+    files, malformed lines, qrels ids in no corpus / queries file) is a :class:`DataError`."""
     if isinstance(splits, str):
         splits = [splits]
     for split in splits or ():
@@ -206,12 +190,9 @@ def load_beir(root: str | Path, splits: list[str] | str | None = None) -> BeirDa
 
 
 def merge_beir(parts: dict[str, BeirDataset]) -> BeirDataset:
-    """One dataset from several (``{"medquad": ..., "questiondoctors": ...}``): the union of corpora, queries and
-    each split's qrels, every id prefixed ``"<name>/"`` so that ids of different sets never collide and the
-    domain of a query or document is its prefix (:func:`domain_of`). Splits are those every part loaded.
-
-    Training one model on several medical domains (``data.mix`` of the ``moe`` recipe) and scoring it on the
-    union both go through this; per-domain scores come from each set alone (``eval.also``)."""
+    """One dataset from several (``{"medquad": ..., "questiondoctors": ...}``, e.g. ``data.mix``): the union
+    of corpora, queries and the splits every part loaded, each id prefixed ``"<name>/"`` (its domain,
+    :func:`domain_of`)."""
     if not parts:
         raise DataError("merge_beir needs at least one dataset")
     for name in parts:

@@ -1,13 +1,6 @@
-"""Datasets that ship inside the package, usable with no data of the user's: pass their name wherever a
-data folder is expected.
-
-* ``medmini``: 200 short passages written by the medadapt team (CC0), a smoke-test set (the frozen
-  MiniLM already scores 0.92 nDCG@10 on it).
-* ``medquad-mini``: 1,446 NIH answers and 1,450 consumer-health questions selected from MedQuAD
-  (Ben Abacha & Demner-Fushman 2019, CC BY 4.0) in whole topic clusters, split by source document as the
-  full set is; built by ``benchmarks/make_medquad_mini.py``. The first run's demonstration set.
-* ``tiny-beir``: 12 made-up documents and 24 queries (:func:`medadapt.tiny.build_tiny_beir`), built into the
-  medadapt cache on first use; what the ``*-tiny*`` recipes on tiny random models train on.
+"""Datasets that ship inside the package (pass the name wherever a data folder is expected): ``medmini``
+(200 CC0 passages, a smoke test), ``medquad-mini`` (1,446 NIH answers and 1,450 questions of MedQuAD, CC BY
+4.0, in whole topic clusters; ``benchmarks/make_medquad_mini.py``) and ``tiny-beir`` (built on first use).
 """
 
 from __future__ import annotations

@@ -29,11 +29,8 @@ def require_file(path: str | Path, what: str) -> Path:
 
 
 def iter_lines(path: str | Path, what: str = "file") -> Iterator[tuple[int, str]]:
-    """Yield ``(line_number, line)`` of a UTF-8 text file (universal newlines; a leading BOM is dropped).
-
-    Bytes that are not UTF-8 raise :class:`DataError` naming the file and the line, not a bare
-    ``UnicodeDecodeError`` from somewhere in the file; so does a line longer than :data:`MAX_LINE_CHARS`
-    (read no further than that)."""
+    """Yield ``(line_number, line)`` of a UTF-8 text file (a leading BOM dropped); bytes that are not UTF-8
+    or a line over :data:`MAX_LINE_CHARS` are a :class:`DataError` naming the file and the line."""
     path = require_file(path, what)
     limit = MAX_LINE_CHARS
     with open(path, encoding="utf-8-sig", errors="surrogateescape") as f:
@@ -80,9 +77,8 @@ def check_id(value: str, what: str, path: Path | str, lineno: int) -> str:
 
 
 def iter_jsonl(path: str | Path, what: str = "JSONL file") -> Iterator[tuple[int, dict[str, Any]]]:
-    """Yield ``(line_number, object)`` for each non-blank line; raise :class:`DataError` naming the file and
-    the line on bytes that are not UTF-8 and on whatever :func:`medadapt.data.text.decode_json` refuses
-    (bad JSON, too deep, huge integers, duplicate keys, lone surrogates)."""
+    """Yield ``(line_number, object)`` for each non-blank line; whatever :func:`~medadapt.data.text.decode_json`
+    refuses is a :class:`DataError` naming the file and the line."""
     path = require_file(path, what)
     for lineno, line in iter_lines(path, what):
         if not line.strip():

@@ -1,9 +1,6 @@
-"""Per-source splits of a BEIR folder whose queries carry ``metadata.source`` (MedQuAD's six sites).
-
-:func:`leave_one_source_out` builds the fold that measures generalisation: train on every source but one and
-evaluate on the held-out source's questions (``test-out``) beside the usual test questions (``test-in``).
-Hand-written because BEIR, MTEB and ``datasets`` split by query list, not by a metadata field. The fold links
-the original ``corpus.jsonl`` / ``queries.jsonl`` and holds its own ``qrels/`` and ``fold.json``.
+"""Per-source splits of a BEIR folder whose queries carry ``metadata.source`` (MedQuAD's six sites):
+:func:`leave_one_source_out` trains on every source but one and evaluates on the held-out one (``test-out``)
+beside the usual test (``test-in``). Hand-written: BEIR, MTEB and ``datasets`` split by query list.
 """
 
 from __future__ import annotations
@@ -13,11 +10,12 @@ import os
 from collections import Counter
 from pathlib import Path
 
-from medadapt.data.beir import BeirDataset, Qrels, available_splits, load_qrels
+from medadapt.data.beir import BeirDataset, Qrels, available_splits, load_qrels, records_by_id
 from medadapt.data.builtin import data_folder
-from medadapt.data.jsonl import check_id, field, iter_jsonl, require_file
+from medadapt.data.jsonl import require_file
 from medadapt.errors import DataError
-from medadapt.io import FolderKind, atomic_open, atomic_write_json, replace_folder
+from medadapt.io import FolderKind, atomic_write_json, replace_folder
+from medadapt.tiny import write_qrels
 
 #: the splits of a fold, in the order they are written
 FOLD_SPLITS = ("train", "dev", "test-in", "test-out")
@@ -32,27 +30,17 @@ def _root(data: str | Path | BeirDataset) -> Path:
 
 
 def query_sources(data: str | Path | BeirDataset) -> dict[str, str]:
-    """Query id -> ``metadata.source`` of every query in ``queries.jsonl`` of ``data`` (a BEIR folder, a
-    builtin dataset name, or a :class:`~medadapt.data.BeirDataset` loaded from a folder).
-
-    Raises:
-        DataError: a query without a non-empty string ``metadata.source`` (named by file and line), or a
-            repeated query id.
-    """
-    path = require_file(_root(data) / "queries.jsonl", "queries file")
-    sources: dict[str, str] = {}
-    for lineno, obj in iter_jsonl(path, "queries file"):
-        qid = check_id(str(field(obj, "_id", (str, int), path, lineno)), "query id", path, lineno)
+    """Query id -> ``metadata.source`` of every query of ``data`` (a BEIR folder, builtin name or
+    :class:`~medadapt.data.BeirDataset` from a folder); a query without one is a :class:`DataError`."""
+    def read(obj: dict, path: Path, lineno: int, qid: str) -> str:
         meta = obj.get("metadata")
         source = meta.get("source") if isinstance(meta, dict) else None
         if not isinstance(source, str) or not source.strip():
             raise DataError(f"{path}:{lineno}: query {qid!r} has no metadata.source")
-        if qid in sources:
-            raise DataError(f"{path}:{lineno}: duplicate query id {qid!r}")
-        sources[qid] = source
-    if not sources:
-        raise DataError(f"{path}: no queries")
-    return sources
+        return source
+
+    return records_by_id(require_file(_root(data) / "queries.jsonl", "queries file"), "queries file", "query",
+                         read, "no queries")
 
 
 def _link(src: Path, dst: Path) -> None:
@@ -67,34 +55,13 @@ def _link(src: Path, dst: Path) -> None:
                             "the fold never copies the data") from None
 
 
-def _write_qrels(path: Path, qrels: Qrels) -> None:
-    with atomic_open(path, "w") as f:
-        f.write("query-id\tcorpus-id\tscore\n")
-        for qid, rel in qrels.items():
-            for did, grade in rel.items():
-                f.write(f"{qid}\t{did}\t{grade}\n")
-
-
 def leave_one_source_out(root: str | Path, held_out: str, out_dir: str | Path) -> Path:
-    """Write the leave-one-source-out fold of ``root`` that holds out source ``held_out`` into ``out_dir``.
+    """Write the fold of ``root`` that holds out source ``held_out`` into ``out_dir`` (replaced whole).
 
-    Qrels of the fold (``S`` = the other sources):
-
-    * ``train`` / ``dev``: the ``train`` / ``dev`` judgements of the queries of ``S``;
-    * ``test-in``: the ``test`` judgements of the queries of ``S`` (the in-source figure);
-    * ``test-out``: every judgement of the held-out source, from its ``test``, ``dev`` **and** ``train``
-      qrels: none of its questions is trained or tuned on in this fold, so all of them are unseen (the
-      out-of-source figure). Its documents stay in the shared corpus as retrieval candidates, so a model
-      that mines hard negatives from the corpus may meet them as negatives, never as positives.
-
-    ``out_dir`` is replaced as a whole (:func:`medadapt.io.replace_folder`); ``corpus.jsonl`` and
-    ``queries.jsonl`` are links to the originals. ``out_dir/fold.json`` records the held-out source, the
-    training sources and, per split, the number of judged queries in total and per source.
-
-    Raises:
-        DataError: ``held_out`` is not a source of the queries (the error lists them), ``root`` lacks a
-            ``train`` / ``dev`` / ``test`` qrels file, a judged query has no source, or a fold split would
-            be empty. Nothing is written then.
+    ``train`` / ``dev`` / ``test-in``: the other sources' ``train`` / ``dev`` / ``test`` judgements;
+    ``test-out``: every judgement of the held-out source (``test``, ``dev`` and ``train``: none is trained
+    on; its documents stay in the corpus as candidates). ``fold.json`` records the sources and per-split
+    counts. An unknown source, a missing split or an empty fold split is a :class:`DataError`.
     """
     root = data_folder(root)
     out_dir = Path(out_dir)
@@ -132,7 +99,7 @@ def leave_one_source_out(root: str | Path, held_out: str, out_dir: str | Path) -
         _link(root / "queries.jsonl", tmp / "queries.jsonl")
         (tmp / "qrels").mkdir()
         for split in FOLD_SPLITS:
-            _write_qrels(tmp / "qrels" / f"{split}.tsv", fold[split])
+            write_qrels(tmp / "qrels" / f"{split}.tsv", fold[split])
         atomic_write_json(tmp / "fold.json", {
             "source_data": str(root.resolve()), "held_out": held_out,
             "train_sources": [n for n in names if n != held_out], "splits": counts})

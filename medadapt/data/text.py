@@ -1,8 +1,6 @@
-"""The text-input policy every loader and the CLI apply: text is Unicode that UTF-8 can encode, and a JSON line
-decodes to one unambiguous object. :func:`check_text` refuses lone surrogates (accepted by Python, fatal
-later when hashed or tokenised); :func:`decode_json` turns every JSON problem (invalid, too deep, huge
-integers, duplicate keys, surrogates) into one :class:`DataError` naming file and line. See
-docs/guarantees.md.
+"""The text-input policy every loader and the CLI apply (docs/guarantees.md): :func:`check_text` refuses lone
+surrogates; :func:`decode_json` turns every JSON problem (invalid, too deep, huge integers, duplicate keys,
+surrogates) into one :class:`DataError` naming file and line.
 """
 
 from __future__ import annotations
@@ -22,8 +20,8 @@ _ESCAPED_SURROGATE = re.compile(r"\\u[dD][89a-fA-F]")  # what JSON decodes to a 
 
 
 def check_text(value: str, where: str) -> str:
-    """Return ``value``; raise :class:`DataError` (``"<where> holds a lone surrogate ..."``) if it holds a
-    lone surrogate, which no UTF-8 file can hold and which would crash hashing and tokenisation later."""
+    """``value``, unless it holds a lone surrogate (no UTF-8 file can; hashing and tokenising would crash):
+    then a :class:`DataError`."""
     bad = _SURROGATE.search(value)
     if bad is not None:
         raise DataError(f"{where} holds a lone surrogate (U+{ord(bad.group()):04X} at character {bad.start() + 1}), "

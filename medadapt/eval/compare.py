@@ -1,19 +1,9 @@
 """Paired comparison of two retrieval runs on the same queries: is B's gain over A real?
 
-Both runs are scored per query with pytrec_eval (``ndcg@10`` by default, any retrieval metric of
-:mod:`medadapt.eval.metrics`; every query in the qrels counts, one a run misses scores 0), then:
-
-* the mean difference ``B - A`` over queries;
-* a **paired bootstrap** 95% confidence interval of that mean: queries resampled with replacement
-  (``n_resamples``, default 10,000, seeded), the percentile interval of the resampled means;
-* the **paired t-test** p-value (``scipy.stats.ttest_rel``, two-sided);
-* wins / ties / losses: queries where B scores higher / the same (within ``tie_tolerance``) / lower.
-
-numpy draws the resamples and scipy runs the test; only the bookkeeping is written here (neither library
-has a paired-bootstrap-of-IR-runs helper that takes pytrec_eval's per-query scores).
-
-Runs are TREC run files (``qid Q0 docid rank score tag``, as ``medadapt search`` writes them), JSON files
-``{"qid": {"docid": score}}``, or run dicts in Python.
+Both runs are scored per query (:func:`medadapt.eval.metrics.per_query_values`, ``ndcg@10`` by default), then
+the mean difference ``B - A``, its **paired bootstrap** confidence interval (queries resampled with
+replacement, seeded; numpy), the **paired t-test** p-value (scipy) and wins / ties / losses. Runs are TREC run
+files, JSON files ``{"qid": {"docid": score}}`` or run dicts.
 """
 
 from __future__ import annotations
@@ -23,45 +13,17 @@ from pathlib import Path
 
 import numpy as np
 
-from medadapt.cache import EmbeddingCache
 from medadapt.data import load_beir
 from medadapt.data.text import decode_json
 from medadapt.errors import DataError, MedAdaptError
-from medadapt.eval.metrics import Qrels, Run, _safe_qrels, parse_metric, truncate_run
+from medadapt.eval.metrics import Qrels, Run, parse_metric
+from medadapt.eval.metrics import per_query_values as per_query_scores
 from medadapt.eval.retrieval import evaluate_retrieval
 from medadapt.io import atomic_write_json
 from medadapt.models import load
 
 __all__ = ["PairedComparison", "compare_runs", "comparison_table", "paired_comparison", "per_query_scores",
            "read_run"]
-
-#: trec_eval measure of each metric (``mrr`` is ``recip_rank`` on the run cut at k; ``f1`` from P and recall).
-_TREC = {"ndcg": "ndcg_cut", "recall": "recall", "map": "map_cut", "precision": "P", "accuracy": "success"}
-
-
-def per_query_scores(qrels: Qrels, run: Run, metric: str = "ndcg@10") -> dict[str, float]:
-    """``{qid: score}`` for every query of ``qrels`` (pytrec_eval per query; a query without results
-    scores 0), the per-query values whose mean :func:`medadapt.eval.metrics.evaluate_run` reports."""
-    import pytrec_eval
-
-    base, k = parse_metric(metric, per_query=True)  # the paper metrics have no per-query value
-    qrels = _safe_qrels(qrels)
-    if not qrels:
-        raise DataError("the qrels are empty")
-    run = {q: {d: float(s) for d, s in run.get(q, {}).items()} or {"__medadapt_none__": 0.0} for q in qrels}
-    if base == "mrr":
-        found = pytrec_eval.RelevanceEvaluator(qrels, {"recip_rank"}).evaluate(truncate_run(run, k))
-        return {q: float(found.get(q, {}).get("recip_rank", 0.0)) for q in qrels}
-    if base == "f1":
-        found = pytrec_eval.RelevanceEvaluator(qrels, {f"P.{k}", f"recall.{k}"}).evaluate(run)
-        out = {}
-        for q in qrels:
-            p, r = found.get(q, {}).get(f"P_{k}", 0.0), found.get(q, {}).get(f"recall_{k}", 0.0)
-            out[q] = 2 * p * r / (p + r) if p + r > 0 else 0.0
-        return out
-    key = f"{_TREC[base]}_{k}"
-    found = pytrec_eval.RelevanceEvaluator(qrels, {f"{_TREC[base]}.{k}"}).evaluate(run)
-    return {q: float(found.get(q, {}).get(key, 0.0)) for q in qrels}
 
 
 @dataclass
@@ -228,25 +190,20 @@ def comparison_table(result: PairedComparison, title: str | None = None):
     return table
 
 
-def _run_of(source: str, data, split: str, metric: str, *, device, cache_dir, no_cache, batch_size, quiet) -> Run:
+def _run_of(source: str, data, split: str, metric: str, *, device, cache, batch_size: int, quiet: bool) -> Run:
     """The run of ``source``: a run file (TREC or JSON), else a model (alias, folder, hub id) evaluated on
     ``data`` (dense retrieval through the embedding cache)."""
     path = Path(source).expanduser()
     if path.is_file():
         return read_run(path)
-    import tempfile
-
-    model = load(source, device=device)
-    with tempfile.TemporaryDirectory() as tmp:
-        cache = EmbeddingCache(tmp if no_cache else cache_dir)
-        _, run = evaluate_retrieval(model, data, split, [metric], cache=cache, batch_size=batch_size,
-                                    show_progress=not quiet, return_run=True)
+    _, run = evaluate_retrieval(load(source, device=device), data, split, [metric], cache=cache,
+                                batch_size=batch_size, show_progress=not quiet, return_run=True)
     return run
 
 
 def cli_compare(runs: tuple[str, str], data: str, split: str, metrics: str | None, output: Path | None, *,
-                device=None, cache_dir=None, no_cache: bool = False, batch_size: int = 64, quiet: bool = False,
-                console=None, n_resamples: int = 10_000, seed: int = 0) -> PairedComparison:
+                cache, device=None, batch_size: int = 64, quiet: bool = False, console=None,
+                n_resamples: int = 10_000, seed: int = 0) -> PairedComparison:
     """``medadapt eval --compare RUN_A RUN_B --data DIR --split S``: the comparison table, and the JSON
     (:meth:`PairedComparison.to_dict` with the per-query scores) with ``--output``."""
     wanted = [m.strip() for m in metrics.split(",") if m.strip()] if metrics else ["ndcg@10"]
@@ -258,8 +215,8 @@ def cli_compare(runs: tuple[str, str], data: str, split: str, metrics: str | Non
         raise MedAdaptError(str(exc)) from None
     dataset = load_beir(data, [split])
     qrels = dataset.qrels[split]
-    found = [_run_of(r, dataset, split, wanted[0], device=device, cache_dir=cache_dir, no_cache=no_cache,
-                     batch_size=batch_size, quiet=quiet) for r in runs]
+    found = [_run_of(r, dataset, split, wanted[0], device=device, cache=cache, batch_size=batch_size, quiet=quiet)
+             for r in runs]
     judged = [r for r in found if set(r) & set(qrels)]
     if len(judged) < 2:
         raise MedAdaptError(f"a run shares no query id with the qrels of split {split!r} of {data}")

@@ -1,31 +1,17 @@
 """IR metrics over a run, computed with pytrec_eval (trec_eval's C code; not re-implemented here).
 
-Metric names are ``<name>@<k>``. The default (trec_eval) definitions, each a mean over queries of a
-per-query value: ``ndcg``, ``recall``, ``mrr``, ``map``, ``precision``, ``f1`` and ``accuracy`` (share of
-queries with a relevant document in the top k, trec_eval's ``success``). ``f1@k`` is the per-query harmonic
-mean of ``precision@k`` and ``recall@k``, averaged over queries.
+Metric names are ``<name>@<k>``: ``ndcg``, ``recall``, ``mrr``, ``map``, ``precision``, ``f1`` (per-query
+harmonic mean of P and R) and ``accuracy`` (trec_eval's ``success``), each a mean over queries. Med-MoE-Embed's
+tables need other definitions, named apart (docs/evaluation.md, "Med-MoE-Embed's metrics"):
 
-Med-MoE-Embed's tables need other definitions (worked out from its published rows; docs/evaluation.md and
-``tests/test_eval_metrics.py``), named apart so they are never mistaken for the trec ones:
+* ``paper_f1@k``: the harmonic mean of the *averaged* ``precision@k`` and ``recall@k``.
+* ``paper_map@k``: AP over the top k normalised by the relevant documents *retrieved* there, averaged over the
+  queries with at least one relevant document in the top k.
+* ``paper_accuracy@k``: classification accuracy over each query's *judged* documents (top k predicted
+  relevant), averaged over queries.
 
-* ``paper_f1@k``: the harmonic mean of the *averaged* ``precision@k`` and ``recall@k`` (every row of the
-  paper's Tables I-III, V, VI: F1 = 2PR/(P+R) of its own P and R).
-* ``paper_map@k``: average precision over the top k normalised by the number of relevant documents *retrieved*
-  there (not by all relevant ones), averaged over the queries with at least one relevant document in the top
-  k (a query with none has no such AP). It can exceed ``recall@k``, as in the paper; trec ``map@k`` cannot.
-* ``paper_accuracy@k``: binary classification accuracy over each query's *judged* documents (its qrels rows,
-  relevant or judged non-relevant with grade <= 0): a document in the top k is predicted relevant, one outside
-  it not; (relevant in the top k + judged non-relevant outside it) / judged, averaged over queries. Retrieved
-  documents without a judgement are in neither class. It can be below ``precision@k``, as in the paper;
-  success@k cannot. With qrels that judge no non-relevant document it equals ``recall@k``.
-
-Graded qrels feed nDCG with trec_eval's linear gain (gain = grade); binary measures count grade >= 1 as
-relevant.
-
-Negative grades (TREC's -2 for junk) are given to pytrec_eval as 0: trec_eval treats every grade <= 0 as
-non-relevant, so no metric changes, but grades <= -2 collide with trec_eval's internal markers and can crash
-the process (a segfault). Grades above :data:`MAX_GRADE` are refused: trec_eval allocates memory per
-grade level and silently scores 0 (or crashes) on huge ones.
+Graded qrels feed nDCG with linear gain; binary measures count grade >= 1 as relevant. Negative grades reach
+pytrec_eval as 0 (same metrics; grades <= -2 can crash trec_eval); grades above :data:`MAX_GRADE` are refused.
 """
 
 from __future__ import annotations
@@ -52,9 +38,7 @@ MAX_K = 1_000_000
 
 def parse_metric(name: str, *, per_query: bool = False) -> tuple[str, int]:
     """``"ndcg@10"`` -> ``("ndcg", 10)``; a ``ValueError`` naming the valid metrics otherwise.
-
-    ``per_query=True`` refuses the paper metrics, which are not means of per-query values (for paired
-    comparisons)."""
+    ``per_query=True`` also refuses the paper metrics, which are no means of per-query values."""
     try:
         base, k = name.lower().split("@")
         k = int(k)
@@ -103,6 +87,43 @@ def _safe_qrels(qrels: Qrels) -> Qrels:
     return out
 
 
+def _full_run(qrels: Qrels, run: Run) -> Run:
+    """``run`` over the queries of ``qrels``: trec_eval drops a query with an empty ranking, so such a query
+    gets one impossible document and scores 0."""
+    return {q: {d: float(s) for d, s in run.get(q, {}).items()} or {"__medadapt_none__": 0.0} for q in qrels}
+
+
+def _per_query(qrels: Qrels, run: Run, parsed: list[tuple[str, int]]) -> dict[tuple[str, int], dict[str, float]]:
+    """``{(base, k): {qid: value}}`` of the per-query metrics in ``parsed`` (``f1`` and ``paper_f1`` need
+    ``precision`` and ``recall``, added), in trec_eval's query order; ``qrels`` and ``run`` as prepared."""
+    import pytrec_eval
+
+    needed = {(b, k) for b, k in parsed if b not in ("paper_map", "paper_accuracy")}
+    needed |= {(m, k) for b, k in needed if b in ("f1", "paper_f1") for m in ("precision", "recall")}
+    measures = {f"{_TREC[b]}.{k}" for b, k in needed if b in _TREC}
+    found = pytrec_eval.RelevanceEvaluator(qrels, measures).evaluate(run) if measures else {}
+    out = {(b, k): {q: v[f"{_TREC[b]}_{k}"] for q, v in found.items()} for b, k in needed if b in _TREC}
+    for b, k in needed:
+        if b == "mrr":
+            rr = pytrec_eval.RelevanceEvaluator(qrels, {"recip_rank"}).evaluate(truncate_run(run, k))
+            out[b, k] = {q: v["recip_rank"] for q, v in rr.items()}
+        elif b == "f1":
+            p, r = out["precision", k], out["recall", k]
+            out[b, k] = {q: 2 * p[q] * r[q] / (p[q] + r[q]) if p[q] + r[q] > 0 else 0.0 for q in p}
+    return out
+
+
+def per_query_values(qrels: Qrels, run: Run, metric: str = "ndcg@10") -> dict[str, float]:
+    """``{qid: value}`` of a per-query ``metric`` for every query of ``qrels`` (a query without results scores
+    0): the values whose mean :func:`evaluate_run` reports."""
+    parsed = parse_metric(metric, per_query=True)
+    qrels = _safe_qrels(qrels)
+    if not qrels:
+        raise DataError("the qrels are empty")
+    found = _per_query(qrels, _full_run(qrels, run), [parsed])[parsed]
+    return {q: float(found.get(q, 0.0)) for q in qrels}
+
+
 def _paper_map_accuracy(qrels: Qrels, run: Run, k: int) -> tuple[float, float]:
     """``(paper_map@k, paper_accuracy@k)`` from trec_eval's counts on the run cut at k (module docstring)."""
     import pytrec_eval
@@ -123,51 +144,24 @@ def _paper_map_accuracy(qrels: Qrels, run: Run, k: int) -> tuple[float, float]:
 
 def evaluate_run(qrels: Qrels, run: Run, metrics: Iterable[str] = DEFAULT_METRICS) -> dict[str, float]:
     """Mean of each metric over the queries in ``qrels`` (a query missing from ``run`` scores 0); the paper
-    metrics as the module docstring defines them.
-
-    Negative grades are passed to pytrec_eval as 0 (the same metrics: trec_eval counts grades <= 0 as
-    non-relevant; grades <= -2 could otherwise crash it). A grade above :data:`MAX_GRADE` raises
-    :class:`~medadapt.errors.DataError`.
-    """
-    import pytrec_eval
-
+    metrics as the module docstring defines them. A grade above :data:`MAX_GRADE` is a :class:`DataError`."""
     qrels = _safe_qrels(qrels)
     metrics = list(dict.fromkeys(m.lower() for m in metrics))
     parsed = [parse_metric(m) for m in metrics]
-    run = {q: {d: float(s) for d, s in run.get(q, {}).items()} for q in qrels}
-    # trec_eval drops queries with an empty ranking; give them one impossible document so they count as 0.
-    for q, docs in run.items():
-        if not docs:
-            docs["__medadapt_none__"] = 0.0
+    run = _full_run(qrels, run)
     n = len(qrels)
     if n == 0:
         raise ValueError("qrels are empty")
-    needed = {f"{_TREC[b]}.{k}" for b, k in parsed if b in _TREC}
-    for b, k in parsed:
-        if b in ("f1", "paper_f1"):
-            needed |= {f"P.{k}", f"recall.{k}"}
-    per_query = pytrec_eval.RelevanceEvaluator(qrels, needed).evaluate(run) if needed else {}
+    per_query = _per_query(qrels, run, parsed)
     paper: dict[int, tuple[float, float]] = {}  # k -> (paper_map, paper_accuracy)
     out: dict[str, float] = {}
     for name, (base, k) in zip(metrics, parsed):
-        if base == "mrr":
-            rr = pytrec_eval.RelevanceEvaluator(qrels, {"recip_rank"}).evaluate(truncate_run(run, k))
-            out[name] = sum(v["recip_rank"] for v in rr.values()) / n
-        elif base == "f1":
-            total = 0.0
-            for v in per_query.values():
-                p, r = v[f"P_{k}"], v[f"recall_{k}"]
-                total += 2 * p * r / (p + r) if p + r > 0 else 0.0
-            out[name] = total / n
-        elif base == "paper_f1":
-            p = sum(v[f"P_{k}"] for v in per_query.values()) / n
-            r = sum(v[f"recall_{k}"] for v in per_query.values()) / n
-            out[name] = f1_of_means(p, r)
+        if base == "paper_f1":
+            out[name] = f1_of_means(*(sum(per_query[m, k].values()) / n for m in ("precision", "recall")))
         elif base in ("paper_map", "paper_accuracy"):
             if k not in paper:
                 paper[k] = _paper_map_accuracy(qrels, run, k)
             out[name] = paper[k][0 if base == "paper_map" else 1]
         else:
-            key = f"{_TREC[base]}_{k}"
-            out[name] = sum(v[key] for v in per_query.values()) / n
+            out[name] = sum(per_query[base, k].values()) / n
     return out

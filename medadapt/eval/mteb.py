@@ -1,35 +1,12 @@
-"""The ``mteb`` package as a first-class client: MTEB itself evaluates medadapt models on local data.
+"""The ``mteb`` package as a client: MTEB itself evaluates medadapt models on local data (no internet).
 
-mteb (>= 2) does the evaluation here; medadapt only hands it what it cannot fetch without internet:
-
-* :func:`local_retrieval_task` builds an ``mteb`` ``AbsTaskRetrieval`` from a local BEIR folder at run time
-  (the corpus, queries and qrels of one split, read by medadapt's loader, which refuses repeated ids: mteb
-  keeps every query row, dict-based clients keep the last, and the two then disagree). Nothing is
-  downloaded. With ``like="SomeMTEBTask"`` the task takes a registered MTEB task's metadata (name, main
-  score, languages, instructions), so its result files are filed under that task.
-* :func:`named_task` loads a registered MTEB task (``mteb.get_task``) whose data is local: a BEIR folder
-  (retrieval tasks), or a local copy of the task's Hugging Face dataset repository (any task type, read by
-  mteb's own loader with the hub offline). Data that is not local is one clear error (no internet here).
-* :func:`mteb_model` wraps any medadapt model (a MoE head, adapter-only or full; a CARE asymmetric
-  ``Router``; a BMRetriever instruction model; the dense side of a HyReC model) in mteb's own
-  ``SentenceTransformerEncoderWrapper``, so queries go through ``encode_query`` and documents through
-  ``encode_document`` with the model's ``query`` / ``document`` prompts, exactly as mteb runs any
-  Sentence-Transformers model. Its :class:`ModelMeta <mteb.models.ModelMeta>` carries the model's name
-  (``model_card_data.model_name``, set by :func:`medadapt.load`) and a revision (the weights fingerprint),
-  so mteb's result cache keeps two models apart, its embedding width, similarity and prompts, and where it
-  comes from (:func:`model_provenance`, read from the run folder): ``adapted_from`` (the frozen base) and
-  ``training_datasets`` (the recipe's training data as MTEB task names, :func:`mteb_tasks_for`: MedQuAD ->
-  ``MedicalQARetrieval``).
-* :func:`leak_message`: mteb's own zero-shot test (``ModelMeta.is_zero_shot_on``); :func:`run_mteb` warns
-  once when the task it scores is in the model's training data.
-* :func:`run_mteb` runs ``mteb.evaluate`` and returns its scores; with ``output=DIR`` mteb writes its result
-  files under ``DIR`` (``results/<model>/<revision>/<task>.json`` and ``model_meta.json``, the layout of
-  ``mteb.ResultCache``, with medadapt's ``medadapt_provenance.yaml`` beside them).
-  ``use_cache=True`` reads embeddings through medadapt's embedding cache (:class:`CachedEncoder`): the
-  same vectors the model's ``encode_query`` / ``encode_document`` give, without re-encoding a corpus that
-  ``medadapt eval`` already encoded; mteb still does the search, the scoring and the files.
-
-Only the glue is written here; retrieval, scoring, prompts and result files are mteb's.
+:func:`local_retrieval_task` builds an mteb retrieval task from a local BEIR split (optionally with a
+registered task's metadata, ``like=``); :func:`named_task` loads a registered MTEB task from local files;
+:func:`mteb_model` wraps any medadapt model in mteb's ``SentenceTransformerEncoderWrapper`` with a
+``ModelMeta`` that names it (weights fingerprint as revision) and says where it comes from
+(:func:`model_provenance`: base model, training data as MTEB task names); :func:`run_mteb` runs
+``mteb.evaluate``, warns when the task is in the model's training data (:func:`leak_message`, mteb's own
+``is_zero_shot_on``) and writes mteb's result files. Retrieval, scoring, prompts and result files are mteb's.
 """
 
 from __future__ import annotations
@@ -37,12 +14,14 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
+import os
 import re
 import time
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+from unittest import mock
 
 import yaml
 
@@ -54,7 +33,7 @@ from medadapt.eval.report import results_table, write_json
 from medadapt.eval.tasks import EvalTask
 from medadapt.eval.tasks.retrieval import sparse_encoder
 from medadapt.io import atomic_write_text
-from medadapt.models import ALIASES, ALIAS_NAMES, load, model_fingerprint, model_name_for
+from medadapt.models import ALIAS_NAMES, ALIASES, load, model_fingerprint, model_name_for
 from medadapt.progress import level
 from medadapt.yaml_input import load_yaml, read_yaml
 
@@ -80,15 +59,14 @@ def require_mteb():
 
 
 def task_name_for(data_root: str | Path) -> str:
-    """A task name for a local folder: its name with anything but letters, digits, ``_`` and ``-`` removed
-    (it becomes a file name in mteb's results), e.g. ``medquad``."""
-    name = re.sub(r"[^A-Za-z0-9_-]+", "", Path(str(data_root)).resolve().name) or "local"
-    return name
+    """A folder's name with anything but letters, digits, ``_`` and ``-`` removed (a file name in mteb's
+    results), e.g. ``medquad``."""
+    return re.sub(r"[^A-Za-z0-9_-]+", "", Path(str(data_root)).resolve().name) or "local"
 
 
 def _data_revision(data: BeirDataset, split: str) -> str:
-    """A content hash of the split as evaluated (documents, judged queries, qrels): the task's dataset
-    revision in mteb's result files, so results on edited data are not confused with the old ones."""
+    """A content hash of the split (documents, judged queries, qrels): the task's dataset revision in mteb's
+    result files, so results on edited data are not confused with the old ones."""
     h = hashlib.sha256(b"medadapt-beir-1")
     for did, doc in data.corpus.items():
         h.update(f"{did}\t{doc.get('title') or ''}\t{doc['text']}\n".encode())
@@ -121,17 +99,11 @@ def _split_data(data: BeirDataset, split: str) -> dict[str, Any]:
 def local_retrieval_task(data: BeirDataset | str | Path, split: str = "test", *, name: str | None = None,
                          languages: list[str] | None = None, like: str | None = None,
                          description: str | None = None):
-    """An mteb retrieval task over ``split`` of a local BEIR folder (or loaded :class:`BeirDataset`).
-
-    Args:
-        name: the task name in mteb's results (default: the folder's name, :func:`task_name_for`).
-        languages: mteb language codes (``["eng-Latn"]`` by default).
-        like: a registered MTEB retrieval task (``"NFCorpus"``, ``"CUREv1Retrieval"`` ...) whose metadata
-            (name, main score, languages, prompt, type) the task takes; the data is still the folder's.
-        description: the task description (default: the folder it came from).
-
-    Returns an instance of an ``AbsTaskRetrieval`` subclass built at run time, its data already loaded.
-    """
+    """An mteb ``AbsTaskRetrieval`` (a subclass built at run time, data loaded) over ``split`` of a local BEIR
+    folder or loaded :class:`BeirDataset`. ``like``: a registered MTEB retrieval task whose metadata (name,
+    main score, languages, prompt) it takes; ``name`` defaults to the folder's (:func:`task_name_for`),
+    ``languages`` to ``["eng-Latn"]``. The corpus, queries and qrels are medadapt's loader's (repeated ids
+    refused: mteb and dict-based clients would disagree)."""
     mteb = require_mteb()
     from mteb.abstasks.retrieval import AbsTaskRetrieval
     from mteb.abstasks.task_metadata import TaskMetadata
@@ -189,13 +161,10 @@ def _looks_like_hf_dataset(path: Path) -> bool:
 
 
 def named_task(name: str, data: str | Path | None = None, split: str | None = None):
-    """The registered MTEB task ``name`` with its data read from local files.
-
-    ``data`` is a BEIR folder (retrieval tasks: :func:`local_retrieval_task` with the task's metadata), a
-    local copy of the task's Hugging Face dataset repository (any task type: mteb's own loader reads it, the
-    hub offline), or ``None`` (mteb's loader with the hub offline: works when the Hugging Face datasets cache
-    already holds the data). Data that is not there is one :class:`MedAdaptError` saying how to get it.
-    """
+    """The registered MTEB task ``name`` with its data read from local files: ``data`` is a BEIR folder
+    (retrieval tasks), a local copy of the task's Hugging Face dataset repository (any task type, read by mteb
+    with the hub offline) or ``None`` (the Hugging Face datasets cache). Missing data is one
+    :class:`MedAdaptError` saying how to get it."""
     mteb = require_mteb()
     try:
         task = mteb.get_task(name, eval_splits=[split] if split else None)
@@ -218,29 +187,19 @@ def named_task(name: str, data: str | Path | None = None, split: str | None = No
         # on the instance: the metadata object is shared by every instance of the task class
         task.metadata = task.metadata.model_copy(update={"dataset": {**task.metadata.dataset,
                                                                      "path": str(path.resolve())}})
-    import os
-
-    saved = {k: os.environ.get(k) for k in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE")}
-    os.environ.update({"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"})
     try:
-        task.load_data()
+        with mock.patch.dict(os.environ, {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}):
+            task.load_data()
     except MedAdaptError:
         raise
     except Exception as exc:  # noqa: BLE001 - datasets / hub raise many types when data is not there
         first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:300]
         raise MedAdaptError(f"{how} ({type(exc).__name__}: {first})") from None
-    finally:
-        for key, value in saved.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
     return task
 
 
-#: MTEB tasks built from a data set medadapt trains on, keyed by the data set's name in lower case with
-#: letters and digits only (:func:`mteb_tasks_for`). A name missing here is looked up among MTEB's own task
-#: names (``nfcorpus`` -> ``NFCorpus``, ``msmarco`` -> ``MSMARCO``).
+#: MTEB tasks built from a data set medadapt trains on, by the set's name in lower case, letters and digits only
+#: (:func:`mteb_tasks_for`; other names are looked up among MTEB's task names: ``nfcorpus`` -> ``NFCorpus``).
 MTEB_SOURCES: dict[str, tuple[str, ...]] = {
     # MedicalQARetrieval is MedQuAD's question / answer pairs (its reference: Ben Abacha & Demner-Fushman 2019)
     "medquad": ("MedicalQARetrieval",),
@@ -257,8 +216,7 @@ MTEB_SOURCES: dict[str, tuple[str, ...]] = {
     "cure": ("CUREv1",),  # clinia/CUREv1
 }
 
-#: The file medadapt writes beside ``model_meta.json`` (not ``*.json``: mteb's result cache reads every
-#: ``<model>/<revision>/*.json`` but ``model_meta.json`` as a task result).
+#: medadapt's record beside ``model_meta.json`` (not ``*.json``: mteb's result cache reads those as results).
 PROVENANCE_FILE = "medadapt_provenance.yaml"
 
 
@@ -277,9 +235,9 @@ def _registered_tasks() -> dict[str, str]:
 
 
 def mteb_tasks_for(name: str) -> tuple[str, ...]:
-    """The MTEB tasks built from the data set ``name`` (a builtin name, a folder or a file as a recipe names it:
-    ``medquad-mini``, ``../data/medquad``, ``finetune/medquad.jsonl``): :data:`MTEB_SOURCES`, else the MTEB
-    task of the same name (case, ``-`` and ``_`` aside); ``()`` when the data set is no MTEB task's."""
+    """The MTEB tasks built from the data set ``name`` as a recipe names it (``medquad-mini``,
+    ``../data/medquad``, ``finetune/medquad.jsonl``): :data:`MTEB_SOURCES`, else the MTEB task of the same name
+    (case, ``-`` and ``_`` aside); ``()`` when it is no MTEB task's."""
     stem = Path(str(name).strip().rstrip("/\\")).name
     for suffix in (".gz", ".jsonl", ".json", ".tsv", ".parquet", ".csv"):
         stem = stem[: -len(suffix)] if stem.lower().endswith(suffix) else stem
@@ -293,7 +251,7 @@ def mteb_tasks_for(name: str) -> tuple[str, ...]:
 
 
 def _read_recipe(path: Path) -> dict:
-    """A run folder's ``recipe.yaml`` as a mapping, read with the YAML input policy (:mod:`medadapt.yaml_input`)."""
+    """A run folder's ``recipe.yaml`` as a mapping (the YAML input policy)."""
     recipe, _ = read_yaml(path)
     if not isinstance(recipe, dict):
         raise ConfigError(f"{path}: not a recipe (a YAML mapping of sections)")
@@ -310,11 +268,9 @@ def _mapping(obj: Any, key: str) -> dict:
 
 
 def recipe_training_data(recipe: dict) -> list[str]:
-    """The data sets a recipe (a ``recipe.yaml`` mapping) trains on, as the recipe names them: ``data.path``
-    and ``data.mix`` (every kind), HyReC's ``pretrain.data`` / ``prefinetune.data``, BMRetriever's
-    ``stage1.sources``, ``stage2.tasks`` and ``stage2.synthetic.corpus``. The evaluation sets (``eval``) are
-    not training data. A set a disabled stage would read still counts: a false leak warning is cheaper than a
-    missed one."""
+    """The data sets a ``recipe.yaml`` mapping trains on, as it names them: ``data.path``, ``data.mix``,
+    ``pretrain.data`` / ``prefinetune.data``, ``stage1.sources``, ``stage2.tasks``, ``stage2.synthetic.corpus``
+    (not ``eval``). A set a disabled stage would read counts: a false leak warning is cheaper than a missed one."""
     found: list[str] = []
 
     def add(value: Any) -> None:
@@ -337,9 +293,8 @@ def recipe_training_data(recipe: dict) -> list[str]:
 
 
 def recipe_base_model(recipe: dict) -> str | None:
-    """The pretrained model a recipe starts from: ``model.backbone`` (moe, hyrec), ``model.name``
-    (bmretriever), else the document tower's ``document.model`` (CARE: the query tower is aligned to it),
-    else ``query.model``."""
+    """The pretrained model a recipe starts from: ``model.backbone``, ``model.name``, else the document tower's
+    ``document.model`` (an asymmetric recipe aligns its query tower to it), else ``query.model``."""
     for value in (_mapping(recipe, "model").get("backbone"), _mapping(recipe, "model").get("name"),
                   _mapping(recipe, "document").get("model"), _mapping(recipe, "query").get("model")):
         if isinstance(value, str) and value.strip():
@@ -348,10 +303,8 @@ def recipe_base_model(recipe: dict) -> str | None:
 
 
 def _model_label(value: str, folder: Path | None = None) -> str:
-    """The MTEB name of the model ``value`` names (as a recipe or an adapter config does): the name
-    :func:`medadapt.load` gives it (an alias's hub id, ``local/<folder>`` or ``medadapt/<folder>``; a relative
-    folder is looked for from the current folder, then from ``folder``), a hub id as it is, and
-    ``local/<name>`` for a local folder that is no longer there."""
+    """The MTEB name of the model ``value`` names: the name :func:`medadapt.load` gives it (a relative folder
+    is looked for from here, then from ``folder``), a hub id as it is, ``local/<name>`` for a folder now gone."""
     key = value.strip()
     if key.lower() in ALIAS_NAMES:
         return ALIAS_NAMES[key.lower()]
@@ -367,8 +320,7 @@ def _model_label(value: str, folder: Path | None = None) -> str:
 
 
 def _adapter_base(config: dict, folder: Path) -> str | None:
-    """The base model an adapter folder's ``medadapt_adapter.json`` records (PEFT's
-    ``base_model_name_or_path`` where written, else its ``base_model`` entry), as :func:`_model_label`."""
+    """The base model an adapter folder's ``medadapt_adapter.json`` records, as :func:`_model_label`."""
     base = _mapping(config, "base_model")
     relative = base.get("relative_path")
     if isinstance(relative, str) and (folder / relative).is_dir():
@@ -402,16 +354,10 @@ def _card_base(folder: Path) -> str | None:
 
 @dataclass(frozen=True)
 class Provenance:
-    """Where a model comes from, for MTEB's ``ModelMeta``: ``adapted_from`` (the model it was trained from),
-    ``training_data`` (each data set as its recipe names it -> the MTEB tasks built from it, ``()`` for local
-    data that is no MTEB task's; ``None``: unknown), ``source`` (the folder read) and ``read`` (its files
-    that said so).
-
-    MTEB's ``training_datasets`` holds MTEB task names only (it is what mteb compares task names with), and
-    ``ModelMeta`` refuses fields of its own (mteb re-validates ``model_meta.json`` when it reads results
-    back, and a file with an unknown key loses its metadata): the names of local data that is no MTEB task
-    are therefore kept in medadapt's own record, :attr:`local_training_data` (``run_mteb``'s ``provenance``
-    and ``medadapt_provenance.yaml`` beside ``model_meta.json``)."""
+    """Where a model comes from, for MTEB's ``ModelMeta``: ``adapted_from``, ``training_data`` (each data set
+    as its recipe names it -> its MTEB tasks, ``()`` for local data; ``None``: unknown), ``source`` (the folder
+    read) and ``read`` (its files that said so). ``ModelMeta`` holds MTEB task names only and refuses extra
+    keys, so local data is kept in medadapt's own record (:attr:`local_training_data`, :data:`PROVENANCE_FILE`)."""
 
     adapted_from: str | None = None
     training_data: dict[str, tuple[str, ...]] | None = None
@@ -439,14 +385,9 @@ class Provenance:
 
 
 def model_provenance(source: str | Path | None, model=None) -> Provenance:
-    """The :class:`Provenance` of the model loaded from ``source`` (what was passed to :func:`medadapt.load`).
-
-    A folder is read: ``medadapt_adapter.json`` (the base an adapter's heads sit on), ``recipe.yaml`` (the
-    training data, :func:`recipe_training_data`, and the base when there is no adapter config,
-    :func:`recipe_base_model`) and the model card's ``base_model:``. Without a folder (an alias, a hub id,
-    ``None``) only ``model``'s card says where it comes from (``model_card_data.base_model``, what mteb reads
-    itself) and the training data is unknown. A ``recipe.yaml`` that cannot be read is a warning (the metadata
-    then records no training data), not an error: the model itself loaded."""
+    """The :class:`Provenance` of the model loaded from ``source``: a folder's ``medadapt_adapter.json``,
+    ``recipe.yaml`` and model card; otherwise ``model``'s card (``base_model``), training data unknown. An
+    unreadable ``recipe.yaml`` is a warning (no training data recorded): the model itself loaded."""
     folder = Path(str(source)).expanduser() if source is not None else None
     if folder is not None and not folder.is_dir():
         folder = None
@@ -483,16 +424,10 @@ def model_provenance(source: str | Path | None, model=None) -> Provenance:
                       source=None if source is None else str(source), read=tuple(read))
 
 
-
 def model_identity(model, name: str | None = None, revision: str | None = None) -> tuple[str, str]:
-    """``(name, revision)`` of ``model`` in mteb's results.
-
-    The name is ``name``, else ``model_card_data.model_name`` (set by :func:`medadapt.load` for local
-    folders), else ``model_card_data.base_model``, else ``medadapt/unnamed``; mteb wants ``org/name``, so a
-    name without ``/`` gets ``medadapt/`` in front. The revision is ``revision``, else the fingerprint of the
-    weights as they are now (:func:`medadapt.identity.model_fingerprint`; a model trained after loading gets a
-    new one).
-    """
+    """``(name, revision)`` of ``model`` in mteb's results: ``name``, else the card's ``model_name`` or
+    ``base_model``, else ``medadapt/unnamed`` (``medadapt/`` put in front of a name without ``/``); ``revision``,
+    else the fingerprint of the weights as they are now."""
     card = getattr(model, "model_card_data", None)
     name = name or getattr(card, "model_name", None) or getattr(card, "base_model", None) or "medadapt/unnamed"
     name = str(name).strip()
@@ -504,19 +439,11 @@ def model_identity(model, name: str | None = None, revision: str | None = None) 
 def mteb_model(model, *, name: str | None = None, revision: str | None = None, use_cache: bool = False,
                cache=None, batch_size: int = 64, source: str | Path | None = None,
                provenance: Provenance | None = None):
-    """mteb's ``SentenceTransformerEncoderWrapper`` around ``model`` (queries through ``encode_query``,
-    documents through ``encode_document``, the model's ``query`` / ``document`` prompts). ``use_cache=True``:
-    a :class:`CachedEncoder` reading embeddings through medadapt's embedding cache (``cache``, default
-    ``$MEDADAPT_CACHE``).
-
-    Its :class:`ModelMeta <mteb.models.ModelMeta>` (what mteb writes as ``model_meta.json``) carries
-    :func:`model_identity` (name, weights-fingerprint revision), the embedding width, the similarity, the
-    parameter count, ``use_instructions`` (the model has a non-empty ``query`` / ``document`` prompt; the
-    prompts themselves as ``loader_kwargs["model_prompts"]``, as mteb's registry records them) and the
-    model's :class:`Provenance` (``provenance``, else :func:`model_provenance` of ``source``, the folder or
-    name the model was loaded from): ``adapted_from`` and ``training_datasets``. A model that is no medadapt
-    run (an alias, a hub id) and that mteb's model registry knows by its name takes the registry's
-    ``training_datasets`` and ``adapted_from``."""
+    """mteb's ``SentenceTransformerEncoderWrapper`` around ``model`` (``encode_query`` / ``encode_document``
+    with the model's prompts); ``use_cache=True``: a :class:`CachedEncoder` (medadapt's embedding cache).
+    Its ``ModelMeta`` carries :func:`model_identity`, width, parameter count, ``use_instructions`` and the
+    prompts, and the :class:`Provenance` (``provenance``, else :func:`model_provenance` of ``source``); a model
+    that is no medadapt run but is in mteb's registry takes the registry's training data and base."""
     mteb = require_mteb()
     from mteb.models import SentenceTransformerEncoderWrapper
 
@@ -563,11 +490,8 @@ def _cached_encoder_class():
     from mteb.types import PromptType
 
     class CachedEncoder(SentenceTransformerEncoderWrapper):
-        """mteb's Sentence-Transformers wrapper whose ``encode`` reads embeddings through medadapt's
-        :class:`~medadapt.cache.EmbeddingCache`: the role (``encode_query`` / ``encode_document``) and the
-        prompt mteb resolves for the task are the cache key, so the vectors are the ones the wrapped model
-        gives for the same call. Written here because mteb's cache wrappers key by text only and know nothing
-        of medadapt's per-route, per-prompt namespaces."""
+        """mteb's Sentence-Transformers wrapper encoding through medadapt's embedding cache, keyed by role and
+        the prompt mteb resolves (mteb's own cache wrappers key by text only)."""
 
         medadapt_cache = None
         medadapt_batch_size = 64
@@ -604,19 +528,15 @@ def medadapt_scores(task_scores: dict[str, Any]) -> dict[str, float]:
 
 
 def _expanded(meta, tasks: set[str] | None, adapted_from: str | None = None) -> set[str]:
-    """mteb's own reading of training data (``ModelMeta.get_training_datasets``): ``tasks``, the tasks mteb
-    relates to them (``adapted_from`` / ``superseded_by`` of its task metadata) and, with ``adapted_from``,
-    the training data mteb's model registry lists for that model."""
+    """``tasks`` as mteb reads training data (``ModelMeta.get_training_datasets``: related tasks, and with
+    ``adapted_from`` what mteb's model registry lists for that model)."""
     return meta.model_copy(update={"training_datasets": set(tasks or ()), "adapted_from": adapted_from}) \
         .get_training_datasets() or set()
 
 
 def leak_message(meta, task, provenance: Provenance | None = None) -> str | None:
-    """A line saying that ``task`` is in the training data of the model ``meta`` describes, or ``None``.
-
-    The test is mteb's own, ``ModelMeta.is_zero_shot_on``: the task is in ``training_datasets``, in a task
-    mteb relates to them, or in what mteb's model registry lists for ``adapted_from`` (the base model). The
-    line says which (the recipe's data set names, when ``provenance`` has them)."""
+    """A line saying that ``task`` is in the training data of the model ``meta`` describes (mteb's own test,
+    ``ModelMeta.is_zero_shot_on``) and why, or ``None``."""
     if meta.is_zero_shot_on([task]) is not False:
         return None
     name = task.metadata.name
@@ -632,32 +552,17 @@ def leak_message(meta, task, provenance: Provenance | None = None) -> str | None
             "(model_meta.json's training_datasets says so)")
 
 
-
 def run_mteb(model, task, *, output: str | Path | None = None, name: str | None = None,
              revision: str | None = None, use_cache: bool = False, cache=None, batch_size: int = 64,
              overwrite: bool = True, show_progress: bool = False, source: str | Path | None = None,
              provenance: Provenance | None = None) -> dict[str, Any]:
-    """Evaluate ``model`` (a SentenceTransformer, or an mteb encoder from :func:`mteb_model`) on ``task``
-    (an mteb task: :func:`local_retrieval_task`, :func:`named_task`, ``mteb.get_task(...)``; or a loaded
-    medadapt retrieval task, :func:`mteb_task_of`) with ``mteb.evaluate``.
+    """Evaluate ``model`` (a SentenceTransformer, or an encoder from :func:`mteb_model`) on ``task`` (an mteb
+    task, or a loaded medadapt retrieval task) with ``mteb.evaluate``; a leak (:func:`leak_message`) is one
+    warning first. ``output``: mteb's result cache folder (``results/<model>/<revision>/<task>.json``,
+    ``model_meta.json``, and :data:`PROVENANCE_FILE`); ``overwrite=False`` returns a cached result.
 
-    Args:
-        output: folder of mteb's result cache: result files land in
-            ``output/results/<model name>/<revision>/<task>.json`` with ``model_meta.json``; ``None``: none.
-        overwrite: re-run even when ``output`` already holds a result for this model, revision and task
-            (``False``: mteb's ``only-missing``, the cached result is returned).
-        source, provenance: where the model comes from (:func:`mteb_model`): the folder it was loaded from
-            (``adapted_from`` and ``training_datasets`` are read there), or the :class:`Provenance` itself.
-
-    A task in the model's training data (mteb's ``ModelMeta.is_zero_shot_on``: training on MedQuAD, then
-    scoring ``MedicalQARetrieval``) gives one warning (:func:`leak_message`) before mteb runs. With
-    ``output``, ``medadapt_provenance.yaml`` beside ``model_meta.json`` keeps the provenance as medadapt read
-    it (the training data by the recipe's names, local data included).
-
-    Returns ``{"task", "model", "revision", "seconds", "scores": {split: {subset: mteb scores}},
-    "main_score", "medadapt": {metric: value}, "zero_shot", "provenance"}`` (``medadapt``: the first split
-    and subset's scores under medadapt's metric names; ``zero_shot``: mteb's ``is_zero_shot_on``, ``None``
-    when the training data is unknown; ``provenance``: :meth:`Provenance.to_dict`).
+    Returns ``{"task", "model", "revision", "seconds", "scores": {split: {subset: scores}}, "main_score",
+    "medadapt": {metric: value} (first split and subset), "zero_shot", "provenance"}``.
     """
     mteb = require_mteb()
     from sentence_transformers import SentenceTransformer
@@ -718,9 +623,8 @@ def result_path(output: str | Path, result: dict[str, Any]) -> Path:
         model_revision=result["revision"])
 
 
-def _check_agreement(ours: dict[str, float], theirs: dict[str, float], console, tolerance: float = 0.002) -> None:
-    """Warn (one line) when mteb's and medadapt's figures for the same metric differ by more than
-    ``tolerance``."""
+def _check_agreement(ours: dict[str, float], theirs: dict[str, float], tolerance: float = 0.002) -> None:
+    """Warn when mteb's and medadapt's figures for the same metric differ by more than ``tolerance``."""
     for metric, value in ours.items():
         other = theirs.get(metric)
         if other is not None and abs(other - value) > tolerance:
@@ -728,25 +632,21 @@ def _check_agreement(ours: dict[str, float], theirs: dict[str, float], console, 
                  "check the data for repeated ids and the model's prompts")
 
 
-def _verbose() -> bool:
-    """mteb draws its own tqdm bars: like every library's, the CLI shows them only with ``--verbose``."""
-    return level() == "verbose"
-
-
-def _dense_side_note(model, source: str | Path | None) -> str | None:
-    """For a model with a side mteb cannot score (a HyReC or composed model's learned-lexical branch: mteb's
-    retrieval is dense), the line saying that mteb scores its dense side; else ``None``."""
+def _cli_run(model, task, output, cache, batch_size: int, quiet: bool, console, source) -> dict[str, Any]:
+    """:func:`run_mteb` for the CLI, through medadapt's cache: first a ``note:`` line when mteb scores only
+    the dense side of a model with a learned-lexical side; mteb's own bars only with ``--verbose``."""
     encoder = sparse_encoder(model)
-    if encoder is None:
-        return None
-    name = Path(str(source)).name if source is not None else "the model"
-    return (f"note: {name} is a hybrid model ({encoder.encoder_tag}: dense + learned-lexical); mteb scores "
-            "its dense side, the model medadapt.load gives (medadapt eval --mode hybrid scores both)")
+    if encoder is not None and console is not None:
+        name = Path(str(source)).name if source is not None else "the model"
+        console.print(f"note: {name} is a hybrid model ({encoder.encoder_tag}: dense + learned-lexical); mteb "
+                      "scores its dense side, the model medadapt.load gives (medadapt eval --mode hybrid scores "
+                      "both)", highlight=False, soft_wrap=True)
+    return run_mteb(model, task, output=output, use_cache=True, cache=cache, batch_size=batch_size,
+                    show_progress=not quiet and level() == "verbose", source=source)
 
 
 def mteb_task_of(task: EvalTask | BeirDataset, split: str | None = None):
-    """The mteb task of a loaded medadapt retrieval task (:mod:`medadapt.eval.tasks`) or BEIR split: the same
-    corpus, queries and qrels, for mteb to score what :func:`medadapt.eval.tasks.evaluate` scored."""
+    """The mteb task of a loaded medadapt retrieval task or BEIR split (the same corpus, queries and qrels)."""
     if isinstance(task, EvalTask):
         if task.kind != "retrieval" or task.data is None:
             raise MedAdaptError(f"the mteb export takes a loaded retrieval task, not {task!r}")
@@ -757,17 +657,11 @@ def mteb_task_of(task: EvalTask | BeirDataset, split: str | None = None):
 def cli_write_mteb(model, task: EvalTask | BeirDataset, split: str, results: dict[str, float],
                    output: str | Path, cache, batch_size: int = 64, quiet: bool = False, console=None,
                    source: str | Path | None = None) -> dict[str, Any]:
-    """``medadapt eval ... --mteb-output DIR``: mteb evaluates ``model`` (loaded from ``source``: its
-    provenance goes into ``model_meta.json``) on the task :func:`medadapt.eval.tasks.evaluate` scored into
-    ``results`` (embeddings through medadapt's cache, so nothing is encoded twice) and writes its result
-    files under ``DIR``; a figure that differs from ``results`` by more than 0.002 is a warning."""
+    """``medadapt eval ... --mteb-output DIR``: mteb scores ``model`` on the task ``results`` came from and
+    writes its result files under ``DIR``; a figure more than 0.002 off ``results`` is a warning."""
     task = mteb_task_of(task, split)
-    note = _dense_side_note(model, source)
-    if note is not None and console is not None:
-        console.print(note, highlight=False, soft_wrap=True)
-    result = run_mteb(model, task, output=output, use_cache=True, cache=cache, batch_size=batch_size,
-                      show_progress=not quiet and _verbose(), source=source)
-    _check_agreement(results, result["medadapt"], console)
+    result = _cli_run(model, task, output, cache, batch_size, quiet, console, source)
+    _check_agreement(results, result["medadapt"])
     if console is not None:
         console.print(f"mteb {task.metadata.name} ({result['model']} @ {result['revision']}): main score "
                       f"{result['main_score']:.5f}; wrote {result_path(output, result)}")
@@ -775,25 +669,13 @@ def cli_write_mteb(model, task: EvalTask | BeirDataset, split: str, results: dic
 
 
 def cli_mteb_task(name: str, model: str, data: str | None, split: str, output: str | Path | None,
-                  mteb_output: str | Path | None, *, device=None, cache_dir=None, no_cache: bool = False,
-                  batch_size: int = 64, quiet: bool = False, console=None) -> dict[str, Any]:
-    """``medadapt eval --mteb-task NAME --data DIR``: the registered MTEB task on local data (``--data``
-    left at its default ``medmini`` means no folder: mteb's own loader, offline), a table of its scores,
-    ``--output`` as a flat JSON of them, ``--mteb-output`` for mteb's result files. Any model
-    :func:`medadapt.load` reads: a head (adapter-only or full), a CARE ``Router`` (queries and documents
-    through their towers), the dense side of a hybrid (HyReC / composed) model, said in one ``note:`` line."""
-    import tempfile
-
-    local = None if data in (None, "medmini") else data
-    task = named_task(name, local, split)
-    st_model = load(model, device=device)
-    note = _dense_side_note(st_model, model)
-    if note is not None and console is not None:
-        console.print(note, highlight=False, soft_wrap=True)
-    with tempfile.TemporaryDirectory() as tmp:
-        result = run_mteb(st_model, task, output=mteb_output, use_cache=True,
-                          cache=EmbeddingCache(tmp if no_cache else cache_dir), batch_size=batch_size,
-                          show_progress=not quiet and _verbose(), source=model)
+                  mteb_output: str | Path | None, *, cache, device=None, batch_size: int = 64,
+                  quiet: bool = False, console=None) -> dict[str, Any]:
+    """``medadapt eval --mteb-task NAME``: the registered MTEB task on local data (``--data`` left at
+    ``medmini``: mteb's own loader, offline) for any model :func:`medadapt.load` reads; a table of its scores,
+    ``--output`` as flat JSON, ``--mteb-output`` for mteb's result files."""
+    task = named_task(name, None if data in (None, "medmini") else data, split)
+    result = _cli_run(load(model, device=device), task, mteb_output, cache, batch_size, quiet, console, model)
     flat = result["medadapt"] or {k: float(v) for k, v in next(iter(next(iter(result["scores"].values())).values()))
                                   .items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
     flat = {"main_score": float(result["main_score"]), **flat}

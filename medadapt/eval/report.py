@@ -32,8 +32,8 @@ def write_json(path: str | Path, metrics: Results) -> None:
     atomic_write_json(path, {k: round(float(v), 6) for k, v in metrics.items()})
 
 
-def plot_results(results: dict[str, Results], path: str | Path, title: str = "") -> Path:
-    """Grouped bar chart: one group per metric, one bar per run. Written atomically as PNG."""
+def pyplot():
+    """``matplotlib.pyplot`` on the Agg backend, or one error naming the extra to install."""
     try:
         import matplotlib
 
@@ -41,6 +41,12 @@ def plot_results(results: dict[str, Results], path: str | Path, title: str = "")
         import matplotlib.pyplot as plt
     except ImportError as exc:  # pragma: no cover - depends on the environment
         raise MedAdaptError("plotting needs matplotlib: pip install 'medadapt[plot]'") from exc
+    return plt
+
+
+def plot_results(results: dict[str, Results], path: str | Path, title: str = "") -> Path:
+    """Grouped bar chart: one group per metric, one bar per run. Written atomically as PNG."""
+    plt = pyplot()
     runs = list(results)
     metrics = list(dict.fromkeys(m for r in results.values() for m in r))
     width = 0.8 / max(len(runs), 1)
@@ -57,11 +63,9 @@ def plot_results(results: dict[str, Results], path: str | Path, title: str = "")
 
 def save_figure(fig, path: str | Path) -> Path:
     """Lay out ``fig``, write it as a PNG to ``path`` atomically and close it."""
-    import matplotlib.pyplot as plt
-
     fig.tight_layout()
     path = Path(path)
     with atomic_open(path, "wb") as f:
         fig.savefig(f, format="png", dpi=120)
-    plt.close(fig)
+    pyplot().close(fig)
     return path

@@ -1,20 +1,10 @@
 """Bagging module (HyReC §3.1.4, eq. 7-8): merge tokens into words using the predicted union labels.
 
-At inference each token ``i`` has a weight ``W_i`` (eq. 5) and union probabilities ``U_i`` over
-``{S, B, M, E}`` (eq. 4). Tokens are grouped by the arg-max labels: ``B`` opens a word, ``M`` continues it,
-``E`` closes it, ``S`` is a word of one token; an ``M``/``E`` with no open word opens one (the model may be
-inconsistent), a ``B``/``S`` while a word is open closes the open word first. For a word ``j`` made of
-several tokens::
-
-    U_word_j = max_i U_i      (eq. 7, the max over the word's tokens of the winning label's probability)
-    W_word_j = max_i W_i      (eq. 8)
-
-Learned words get **stable term ids**: a BLAKE2b hash of their token-id sequence mapped into
-``[vocab_size, vocab_size + n_buckets)``, above every tokenizer id, so a word has the same id in every
-document, query, process and run, and all ids stay inside an inverted index of ``n_terms = vocab_size +
-n_buckets`` terms. The word strings seen are kept (:class:`WordVocab`) so :meth:`WordVocab.decode` can show
-them; colliding words (rare) share an id and the first string is kept.
-
+Tokens are grouped by their arg-max ``{S, B, M, E}`` labels (eq. 4): ``B`` opens a word, ``M`` continues
+it, ``E`` closes it, ``S`` is a one-token word; an ``M`` / ``E`` with no open word opens one, a ``B`` / ``S``
+closes an open word first. A multi-token word gets ``U_word = max U_i`` (eq. 7) and ``W_word = max W_i``
+(eq. 8), and a stable term id: a BLAKE2b hash of its token ids in ``[vocab_size, vocab_size + n_buckets)``,
+the same in every text, process and run (:class:`WordVocab` keeps the first string seen for ``decode``).
 Hand-written: no library implements HyReC's union-of-terms bagging.
 """
 

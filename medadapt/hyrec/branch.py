@@ -60,9 +60,9 @@ class BranchModelSection(HyReCModelSection):
 
     @model_validator(mode="after")
     def _unchanged_backbone(self) -> BranchModelSection:
-        if self.extend_vocab or self.num_layers is not None:
-            raise ValueError("a composed branch keeps the backbone unchanged: extend_vocab and num_layers are "
-                             "not available (train kind: hyrec for those)")
+        if self.extend_vocab or self.num_layers is not None or self.init != "pretrained":
+            raise ValueError("a composed branch keeps the backbone unchanged: extend_vocab, num_layers and init "
+                             "are not available (train kind: hyrec for those)")
         return self
 
 
@@ -112,6 +112,9 @@ class HyReCLexicalBranch(Section):
         if tr.train_dense_encoder or tr.state_cache == "off" or tr.dense_inputs != "cache":
             raise ValueError("a branch trains on the frozen backbone's caches: training.train_dense_encoder: "
                              "false, state_cache: disk or memory, dense_inputs: cache")
+        if self.negatives.refresh_every is not None or tr.batch_size_scope != "global":
+            raise ValueError("negatives.refresh_every and training.batch_size_scope are kind: hyrec's: a branch "
+                             "mines once with the frozen dense model and its batch_size is global")
         return self
 
 

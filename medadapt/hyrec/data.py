@@ -17,6 +17,7 @@ import contextlib
 import hashlib
 import json
 import random
+import tempfile
 import uuid
 import weakref
 from collections.abc import Sequence
@@ -43,7 +44,7 @@ from medadapt.io import atomic_open
 from medadapt.progress import progress
 
 __all__ = ["Example", "SharedStateCache", "UnionLabelCache", "build_examples", "filter_pairs", "load_pairs",
-           "score_pairs"]
+           "remine_negatives", "score_pairs"]
 
 
 @dataclass
@@ -100,6 +101,25 @@ def build_examples(data, split: str, *, negatives: Literal["dense", "bm25", "non
     if max_queries is not None and len(out) > max_queries:
         out = random.Random(seed).sample(out, max_queries)
     return out
+
+
+def remine_negatives(examples: Sequence[Example], data, split: str, model, *, window: tuple[int, int],
+                     num_negatives: int, seed: int, show_progress: bool = False) -> list[list[str]]:
+    """ANCE-style self-mining: each example's hard negatives mined again, in ranks ``window`` of
+    ``model``'s own dense side (a HyReC model being trained; encoded in eval mode, its training flags put
+    back, through a throw-away cache), in the order of ``examples``."""
+    was = {m: m.training for m in model.st.modules()}
+    model.st.eval()
+    try:
+        with tempfile.TemporaryDirectory(prefix="medadapt-self-mining-") as tmp:
+            fresh = build_examples(data, split, negatives="dense", window=window, num_negatives=num_negatives,
+                                   miner_model=model.st, cache=EmbeddingCache(tmp), seed=seed,
+                                   show_progress=show_progress)
+    finally:
+        for m, flag in was.items():
+            m.train(flag)
+    mined = {(e.query, e.positive): e.negatives for e in fresh}
+    return [list(mined[(e.query, e.positive)]) for e in examples]
 
 
 def load_pairs(path: str | Path, split: str = "train") -> list[tuple[str, str]]:

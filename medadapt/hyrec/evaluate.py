@@ -1,19 +1,12 @@
-"""Evaluate a HyReC model lexical-only, dense-only or hybrid on a BEIR split.
+"""Evaluate a HyReC model lexical-only, dense-only or hybrid on a BEIR split, every mode from one encoding
+pass (the system's scorer behind ``evaluate(model, task)``, and the recipe's evaluation).
 
-* **lexical**: document sparse vectors go into :meth:`medadapt.retrieval.LexicalIndex.from_sparse`
-  (``n_terms = model.n_terms``); queries are sparse vectors from the same head; exact top-k.
-* **dense**: normalised dense vectors, FAISS exact search (:func:`medadapt.eval.search.exact_search`).
-  ``dense_source="cache"`` encodes through the saved sentence-transformers side and the
-  :class:`~medadapt.cache.EmbeddingCache` (the projector runs on cached backbone outputs, so a frozen
-  dense encoder reuses the backbone's cached corpus); ``"model"`` computes it from the sharing backbone
-  in the same pass as the lexical side (uses ``passage_max_length``); ``"states"`` takes the pooled dense
-  inputs from ``state_cache`` (only valid while the dense encoder is frozen).
-* **hybrid**: the Normalisation Module sum ``S_lex + dense_weight * S_den`` (eq. 9,
-  :func:`medadapt.retrieval.fusion.hybrid_topk`, the same ranking as the
-  :class:`~medadapt.retrieval.Retriever`'s ``sum`` fusion with the model's ``dense_weight``) computed
-  *exactly* for every document in the union of both top-``depth`` lists (missing scores are computed, not
-  imputed), or ``fusion="minmax"`` (:func:`medadapt.retrieval.fusion.minmax_fusion` over the two runs,
-  equal weights).
+* **lexical**: exact top-k over a :class:`~medadapt.retrieval.LexicalIndex` of the documents' sparse vectors.
+* **dense**: exact search; ``dense_source``: ``model`` (same pass as the lexical side), ``cache`` (the saved
+  sentence-transformers side through the EmbeddingCache) or ``states`` (pooled inputs from ``state_cache``,
+  frozen dense encoder only).
+* **hybrid**: the NM sum ``S_lex + dense_weight * S_den`` (eq. 9, the Retriever's ``sum`` fusion) computed
+  exactly for the union of both top-``depth`` lists, or ``fusion="minmax"`` over the two runs.
 
 Also reports sparsity (mean active terms per query / document) as ``q_terms`` / ``d_terms``.
 """

@@ -1,27 +1,11 @@
 """Global-Local-Aware Encoder (HyReC §3.1.1-3.1.3, Appendix A) for any BERT-like backbone.
 
-A pretrained encoder with ``L`` layers is split at ``L - N``: the embeddings and the first ``L - N``
-layers are the **semantic sharing backbone** (eq. 1); the last ``N`` layers are duplicated, one copy
-becoming the **global-aware lexicon encoder** (eq. 2) and the other the **local-aware dense encoder**
-(eq. 3). Both copies start from the same pretrained weights (Appendix A).
-
-Here the dense encoder *is* the backbone's own last ``N`` layers (so backbone + dense encoder is still an
-ordinary pretrained model that sentence-transformers saves and loads), and the lexicon encoder is a deep
-copy of them. The paper's small model is 1 + 1 + 1 layers, its base model 5 + 7 + 7.
-Two CPU-oriented generalisations, both off by default: ``num_layers`` keeps only the first layers of a
-deeper backbone before splitting (MiniLM-L6 -> 1 + 1 + 1), and ``lexicon_layers < N`` copies only the first
-layers of the dense encoder into the lexicon encoder (e.g. 1 shared + 5 dense + 1 lexicon, so a frozen
-dense side stays the unchanged backbone whose embeddings are already cached).
-
-Variants:
-
-* ``full`` — everything trains (the paper).
-* ``frozen`` — the sharing backbone (embeddings + first ``L - N`` layers) is frozen; only the lexicon
-  encoder, the projectors and optionally the dense encoder train. Its token states can then be computed
-  once and cached (:class:`~medadapt.hyrec.data.SharedStateCache`): the cheap way to add the lexical
-  branch to an existing frozen embedder.
-
-Hand-written: the layer surgery is model-specific and no library splits an encoder this way.
+An encoder of ``L`` layers is split at ``L - N``: embeddings + first ``L - N`` layers are the semantic
+sharing backbone (eq. 1); the last ``N`` layers are the local-aware dense encoder (eq. 3) and a deep copy of
+them the global-aware lexicon encoder (eq. 2), both from the same weights (Appendix A). The dense encoder
+stays the backbone's own layers, so backbone + dense encoder remain an ordinary sentence-transformers
+model. ``num_layers`` / ``lexicon_layers`` (off by default) and the ``frozen`` variant: docs/hyrec.md.
+Hand-written: no library splits an encoder this way.
 """
 
 from __future__ import annotations

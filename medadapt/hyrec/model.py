@@ -301,10 +301,13 @@ class HyReCModel(nn.Module):
     @classmethod
     def from_backbone(cls, backbone: str, config: HyReCConfig | None = None, *,
                       extend_with: Sequence[str] = (),
-                      device: str | None = None, seed: int = 0, num_layers: int | None = None) -> HyReCModel:
+                      device: str | None = None, seed: int = 0, num_layers: int | None = None,
+                      scratch: bool = False) -> HyReCModel:
         """A fresh HyReC model on ``backbone`` (alias, folder or hub id; its first module must be a
         ``Transformer``). ``extend_with``: texts whose CJK characters unknown to the tokenizer are added as
-        new tokens (new embedding rows drawn with ``seed``, scaled like the existing ones)."""
+        new tokens (new embedding rows drawn with ``seed``, scaled like the existing ones). ``scratch``:
+        keep the backbone's architecture and tokenizer only, its weights drawn anew with ``seed`` (the
+        model's own initialisation), for RetroMAE pre-training from scratch as the paper does."""
         from sentence_transformers import SentenceTransformer
         from sentence_transformers.base.modules import Normalize, Transformer
         from sentence_transformers.sentence_transformer.modules import Pooling
@@ -318,6 +321,12 @@ class HyReCModel(nn.Module):
         transformer.max_seq_length = config.dense_max_length or config.passage_max_length
         if num_layers is not None:
             truncate_layers(transformer.auto_model, num_layers)
+        if scratch:
+            auto = transformer.auto_model
+            with torch.random.fork_rng(devices=[]):  # a model built from the config draws every weight
+                torch.manual_seed(seed)
+                fresh = type(auto)(auto.config)
+            auto.load_state_dict(fresh.state_dict())
         if extend_with:
             extend_vocabulary(transformer, cjk_characters(extend_with), seed=seed)
         dim = transformer.get_embedding_dimension()

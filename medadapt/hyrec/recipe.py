@@ -1,22 +1,16 @@
-"""HyReC recipes (``kind: hyrec``, e.g. ``recipes/hyrec-tiny.yaml``; see ``docs/hyrec.md``): the schema
-(``model``, ``negatives``, ``loss``, ``training``, ``eval``) and the system's ``train`` / ``evaluate`` for the
-one runner (:func:`medadapt.recipes.run.run_recipe`).
-
-The sections are the Python API's configs too (:func:`medadapt.hyrec.train.train_hyrec` takes a
-:class:`HyReCTrainingSection` and a :class:`HyReCLossSection`). ``loss.union_weight: 0`` trains without the
-semantic union (no union loss, no words in the training-time lexical score) and turns bagging off (the
-paper's "w/o SU"). Metrics and ``eval.expected`` are ``<mode>/<metric>`` (``hybrid/ndcg@10``).
-
-The paper's three training stages (Appendix A) are optional sections run in order through one training loop
-(one checkpoint folder, resumable across every boundary): ``pretrain`` (RetroMAE masked-autoencoder
-pre-training of the backbone) -> ``prefinetune`` (score-filtered pairs, in-batch negatives) -> the main
-fine-tuning (``training``).
+"""The system's ``train`` / ``evaluate`` / ``plan`` for HyReC recipes (``kind: hyrec``, sections in
+:mod:`medadapt.hyrec.sections`, docs/hyrec.md). The paper's three stages (Appendix A) run in order in one
+training loop, resumable across every boundary: ``pretrain`` (RetroMAE) -> ``prefinetune`` -> the main
+fine-tuning (``training``, in self-mining rounds with ``negatives.refresh_every``). Metrics and
+``eval.expected`` are ``<mode>/<metric>`` (``hybrid/ndcg@10``).
 """
 
 from __future__ import annotations
 
+import json
 import time
 import weakref
+from collections.abc import Callable
 from pathlib import Path
 
 import medadapt.hyrec.train as hyrec_train
@@ -31,6 +25,7 @@ from medadapt.hyrec.data import (
     build_examples,
     filter_pairs,
     load_pairs,
+    remine_negatives,
     score_pairs,
     share_miner_encoding,
 )
@@ -47,6 +42,7 @@ from medadapt.hyrec.sections import (  # noqa: F401 - re-exported: the sections 
     PrefinetuneSection,
     PretrainSection,
 )
+from medadapt.io import atomic_write_json
 from medadapt.models import load
 from medadapt.plan import ModelSpec, PhaseSpec, PlanSpec, Usage, find_config
 from medadapt.plan.memory import mlm_logit_bytes
@@ -87,9 +83,10 @@ def train(recipe: HyReCRecipe, ctx):
     pt_texts = _pretrain_texts(pt, data if own else None, pt_splits, ctx) if pt is not None else None
     train_texts = data.doc_texts() + [data.queries[q] for q in data.qrels[split]] if m.extend_vocab else []
     model = HyReCModel.from_backbone(m.backbone, model_config(recipe), extend_with=train_texts, seed=tr.seed,
-                                     num_layers=m.num_layers)
+                                     num_layers=m.num_layers, scratch=m.init == "scratch")
     model.to(ctx.device)
-    ctx.log(f"HyReC: {m.backbone}, {model._n_shared} shared + {len(model.lexicon)} lexicon + "
+    ctx.log(f"HyReC: {m.backbone}{' (architecture only, weights from scratch)' if m.init == 'scratch' else ''}, "
+            f"{model._n_shared} shared + {len(model.lexicon)} lexicon + "
             f"{m.branch_layers} dense layers ({m.variant}), {model.vocab_size} tokenizer terms")
     state_cache = None
     if tr.state_cache != "off":
@@ -122,17 +119,39 @@ def train(recipe: HyReCRecipe, ctx):
     ctx.result.details.update(train_examples=len(examples), n_terms=model.n_terms)
     ctx.log(f"training on {len(examples)} examples")
     dense_fn = None if tr.dense_inputs == "model" else dense_inputs
+    world = ctx.accelerator.num_processes
+
+    def batch(section, scope: str = tr.batch_size_scope):  # per_device: global batch = batch_size x processes
+        if scope != "per_device":
+            return section
+        ctx.log(f"batch_size {section.batch_size} per device x {world} process(es): global batch "
+                f"{section.batch_size * world}")
+        return section.model_copy(update={"batch_size": section.batch_size * world})
+
     stages = []
     if pre_examples is not None:  # in-batch negatives only; its own optimiser and schedule
         ctx.log(f"preliminary fine-tuning on {len(pre_examples)} of {len(pairs)} pairs")
-        stages.append(hyrec_train.hyrec_stage(model, pre_examples, pre.training(tr), recipe.loss, negatives=0,
-                                  state_cache=state_cache, dense_inputs=dense_fn, name="prefinetune"))
-    stages.append(hyrec_train.hyrec_stage(model, examples, tr, recipe.loss, negatives=neg.num, state_cache=state_cache,
-                              dense_inputs=dense_fn))
+        stages.append(hyrec_train.hyrec_stage(model, pre_examples, batch(pre.training(tr)), recipe.loss,
+                                              negatives=0, state_cache=state_cache, dense_inputs=dense_fn,
+                                              name="prefinetune"))
+    main = hyrec_train.hyrec_stage(model, examples, batch(tr), recipe.loss, negatives=neg.num,
+                                   state_cache=state_cache, dense_inputs=dense_fn)
+    if neg.refresh_every is None:
+        stages.append(main)
+    else:  # ANCE-style self-mining: the main stage in rounds, each after the first re-mines with the model
+        every = neg.refresh_every
+        if neg.refresh_unit == "epochs":
+            every *= -(-len(examples) // main.optim.effective_batch_size)
+        rounds = hyrec_train.refreshed_stages(main, every, _self_mining(recipe, ctx, model, data, examples),
+                                              tr.seed)
+        ctx.log(f"self-mining: {len(rounds) - 1} refresh(es) of the negatives, every {every} steps")
+        ctx.result.details["self_mining"] = {"every_steps": every, "rounds": len(rounds), "changed": {}}
+        stages += rounds
     run_model = model
     if pt_texts is not None:  # RetroMAE first: the loop trains the model plus the decoder and MLM head
         ctx.log(f"RetroMAE pre-training on {len(pt_texts)} texts")
-        run_model, pt_stage = hyrec_train.pretrain_stage(model, pt_texts, pt, tr, name="pretrain")
+        run_model, pt_stage = hyrec_train.pretrain_stage(model, pt_texts, batch(pt, pt.batch_size_scope), tr,
+                                                           name="pretrain")
         stages.insert(0, pt_stage)
     res = ctx.train(run_model, stages)
     ctx.result.details["steps"] = res.steps
@@ -148,6 +167,34 @@ def train(recipe: HyReCRecipe, ctx):
     if state_cache is not None:
         _STATE_CACHES[model] = state_cache
     return model
+
+
+def _self_mining(recipe: HyReCRecipe, ctx, model, data, examples: list) -> Callable[[int], None]:
+    """``refresh(r)``: round ``r``'s negatives for every example, mined by the model being trained
+    (:func:`~medadapt.hyrec.data.remine_negatives`; the main process mines, the others read) and kept in
+    ``<checkpoints>/self-mining/round-<r>.json`` with the run's fingerprint, so a resume inside round ``r``
+    reuses them instead of mining with the weights it resumed from. The fraction of examples whose
+    negatives changed goes to ``details["self_mining"]["changed"]``."""
+    neg = recipe.negatives
+
+    def refresh(r: int) -> None:
+        path = ctx.checkpoint_dir / "self-mining" / f"round-{r}.json"
+        with ctx.accelerator.main_process_first():
+            saved = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
+            negatives = saved.get("negatives") if saved.get("fingerprint") == ctx.fingerprint else None
+            if negatives is None or len(negatives) != len(examples):
+                negatives = remine_negatives(examples, data, recipe.data.train_split, model, window=neg.window,
+                                             num_negatives=neg.num, seed=recipe.training.seed + r,
+                                             show_progress=ctx.show_progress)
+                if ctx.is_main:
+                    atomic_write_json(path, {"fingerprint": ctx.fingerprint, "round": r, "negatives": negatives})
+        changed = sum(e.negatives[: neg.num] != n[: neg.num] for e, n in zip(examples, negatives))
+        for e, n in zip(examples, negatives):
+            e.negatives = n
+        ctx.result.details["self_mining"]["changed"][str(r)] = changed / len(examples)
+        ctx.log(f"self-mining round {r}: the model's own negatives ({changed} of {len(examples)} examples changed)")
+
+    return refresh
 
 
 def _prefinetune_examples(pre: PrefinetuneSection, pairs: list[tuple[str, str]], ctx) -> list:
@@ -274,4 +321,10 @@ def plan_spec(recipe: HyReCRecipe):
         note = (f"RetroMAE pre-training: the MLM head's logits on the masked tokens are counted ({logits / 2**30:.3f} "
                 "GB per example); the one-layer decoder is not; the lexicon copy does not run there but is counted")
         notes += (note,)
+    scoped = [name for name, on in (("pretrain", pt is not None and pt.batch_size_scope == "per_device"),
+                                     ("training", tr.batch_size_scope == "per_device")) if on]
+    if scoped:
+        notes += ((f"batch_size_scope: per_device ({', '.join(scoped)}): that batch_size is per device, the "
+                   "global batch is batch_size x devices; its memory per device is this plan's on one GPU "
+                   "(--gpus 1), as a plan on N GPUs splits the batch over them"),)
     return PlanSpec(recipe.name, tuple(models), phases, tr.mixed_precision, notes)

@@ -29,6 +29,9 @@ class HyReCModelSection(Section):
     """Backbone and GLAE split (small = 1+1+1 layers, base = 5+7+7 in the paper)."""
 
     backbone: str
+    init: Literal["pretrained", "scratch"] = Field(
+        "pretrained", description="scratch: the backbone's architecture and tokenizer with freshly drawn weights "
+        "(needs a pretrain section: RetroMAE from scratch, as the paper)")
     branch_layers: int = Field(1, ge=1, description="N: layers of the lexicon and of the dense encoder")
     variant: Literal["full", "frozen"] = "full"
     pooling: Literal["cls", "mean"] = "cls"
@@ -54,12 +57,22 @@ class HyReCModelSection(Section):
 
 class NegativesSection(Section):
     """Hard negatives from ANN ranks ``window`` (Appendix B: 20-100) of a first-stage retriever; ``num``
-    per example are used in training (fewer when an example of the optimiser step has fewer)."""
+    per example are used in training (fewer when an example of the optimiser step has fewer).
+
+    ``refresh_every`` (not in the paper, which mines once with its first-stage model): ANCE-style self-mining
+    (Xiong et al. 2021). The first ``refresh_every`` epochs (or steps, ``refresh_unit``) of the main
+    fine-tuning train on ``source``'s negatives; then, and every ``refresh_every`` after, the model being
+    trained re-mines every example's negatives from its own dense side (same ``window`` and ``num``). The
+    optimiser, schedule and data order are those of one uninterrupted stage, and each round's negatives are
+    kept beside the checkpoints, so a resumed run repeats the uninterrupted one."""
 
     source: Literal["dense", "bm25", "none"] = "dense"
     miner: str = Field("minilm", description="embedder for source: dense")
     window: tuple[int, int] = (20, 100)
     num: int = Field(3, ge=0)
+    refresh_every: int | None = Field(None, ge=1, description="ANCE-style self-mining: the trained model "
+                                      "re-mines the negatives every N refresh_units (null: mined once, the paper)")
+    refresh_unit: Literal["epochs", "steps"] = "epochs"
 
 
 class HyReCLossSection(Section):
@@ -91,9 +104,13 @@ class HyReCLossSection(Section):
 class HyReCTrainingSection(OptimSection, RunSection):
     """Optimisation (``OptimSection`` with the paper's lr 5e-5, linear decay after a 5 % warm-up), the run
     settings (``RunSection``) and what trains. ``lr`` is the encoders' learning rate, ``head_lr`` the three
-    projectors' (default ``lr``); ``batch_size`` is the global number of examples per forward pass."""
+    projectors' (default ``lr``). ``batch_size`` is the number of examples per forward pass over all
+    processes (``batch_size_scope: global``) or on each process (``per_device``: the global batch is
+    ``batch_size`` x processes); ``prefinetune`` follows it, ``pretrain`` has its own."""
 
     lr: float = Field(5e-5, gt=0, le=10.0)
+    batch_size_scope: Literal["global", "per_device"] = Field(
+        "global", description="batch_size over all processes (global) or on each process (per_device)")
     scheduler: SchedulerKind = "linear"
     head_lr: float | None = Field(None, gt=0, le=10.0, description="projectors' learning rate (default: lr)")
     train_dense_encoder: bool = True
@@ -136,6 +153,8 @@ class PretrainSection(RetroMAESection):
     warmup_ratio: float = Field(0.1, ge=0, lt=1)
     weight_decay: float = Field(0.01, ge=0)
     scheduler: SchedulerKind = "linear"
+    batch_size_scope: Literal["global", "per_device"] = Field(
+        "global", description="batch_size over all processes (global) or on each process (per_device)")
 
 
 class PrefinetuneSection(Section):
@@ -222,6 +241,20 @@ class HyReCRecipe(RecipeBase):
                              "training.dense_inputs: cache or states")
         if (tr.dense_inputs == "states" or self.eval.dense_source == "states") and tr.state_cache == "off":
             raise ValueError("dense inputs from 'states' need training.state_cache: memory or disk")
+        if self.model.init == "scratch" and self.pretrain is None:
+            raise ValueError("model.init: scratch starts from random weights: add a pretrain section (RetroMAE "
+                             "pre-training from scratch, as the paper) or keep model.init: pretrained")
+        neg = self.negatives
+        if neg.refresh_every is not None:
+            if neg.num == 0 or neg.source == "none":
+                raise ValueError("negatives.refresh_every re-mines hard negatives: it needs negatives.num >= 1 "
+                                 "and a first-round negatives.source (dense or bm25)")
+            if frozen and not tr.train_dense_encoder:
+                raise ValueError("negatives.refresh_every: the model mines with its own dense side, which does "
+                                 "not train here (model.variant frozen, training.train_dense_encoder false)")
+            if neg.refresh_unit == "epochs" and neg.refresh_every >= tr.epochs:
+                raise ValueError(f"negatives.refresh_every: {neg.refresh_every} epochs >= training.epochs "
+                                 f"({tr.epochs}): the negatives would never be refreshed")
         if self.negatives.num == 0 and tr.effective_batch_size < 2:
             raise ValueError("without hard negatives (negatives.num: 0) in-batch negatives need "
                              "training.batch_size * gradient_accumulation_steps >= 2")

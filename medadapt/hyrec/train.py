@@ -1,19 +1,10 @@
 """HyReC training (§3.2) as a :class:`~medadapt.training.loop.Step` of the one training loop.
 
-Each item is one :class:`~medadapt.hyrec.data.Example`. ``forward`` returns, per item, the term weights,
-union logits / labels and dense vectors of the query and of its passages (the positive and ``n`` hard
-negatives, ``n`` = the smallest count in the optimiser step, at most ``negatives``), padded to the step's
-longest text so the loop can gather them; :meth:`HyReCStep.loss` computes :class:`~medadapt.losses.HyReCLoss`
-on the gathered step (InfoNCE with in-batch + hard negatives, cross-entropy on the union labels).
-
-Frozen variant: the sharing backbone's token states come from a :class:`~medadapt.hyrec.data.SharedStateCache`
-and, with the dense encoder frozen too, the pooled dense inputs from ``dense_inputs`` (e.g. the
-EmbeddingCache); with ``train_lexicon_encoder: false`` the lexicon states are cached as well and only the
-three projectors run. Frozen parts run in eval mode (no dropout).
-
-RetroMAE pre-training (§4.1.3, Appendix A) is :func:`pretrain_stage`: the neutral RetroMAE objective
-(:mod:`medadapt.training.retromae`) on the model's backbone, as the first stage of the same loop, followed
-by re-copying the lexicon encoder from the pre-trained dense layers.
+Each item is one :class:`~medadapt.hyrec.data.Example` (query, positive, hard negatives): :class:`HyReCStep`
+encodes it, :meth:`HyReCStep.loss` computes :class:`~medadapt.losses.HyReCLoss` on the gathered step. The
+frozen variant reads cached states (:class:`~medadapt.hyrec.data.SharedStateCache`, ``dense_inputs``).
+:func:`pretrain_stage` is RetroMAE pre-training (§4.1.3, Appendix A; :mod:`medadapt.training.retromae`) as
+the first stage of the same loop; :func:`refreshed_stages` cuts a stage into self-mining rounds.
 
 Example:
     >>> res = train_hyrec(model, examples, HyReCTrainingSection(epochs=2, lr=1e-4), HyReCLossSection())
@@ -21,6 +12,7 @@ Example:
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -37,7 +29,7 @@ from medadapt.training.loop import Batch, LoopResult, Stage, train
 from medadapt.training.retromae import RetroMAEPretrainer, RetroMAESection, RetroMAEStep
 
 __all__ = ["HyReCPretraining", "HyReCStep", "copy_lexicon_from_dense", "hyrec_stage", "pretrain_stage",
-           "train_hyrec"]
+           "refreshed_stages", "train_hyrec"]
 
 DenseInputs = Callable[[Sequence[str], str], Tensor]
 
@@ -238,6 +230,37 @@ def hyrec_stage(model, examples: Sequence[Example], training: HyReCTrainingSecti
     groups = [{"params": enc, "lr": training.lr}, {"params": heads, "lr": training.head_lr or training.lr}]
     return Stage(name, len(examples), step, [g for g in groups if g["params"]], training,
                  on_start=frozen.eval)
+
+
+def refreshed_stages(stage: Stage, every: int, refresh: Callable[[int], None], seed: int) -> list[Stage]:
+    """``stage`` cut into rounds of ``every`` optimiser steps (ANCE-style self-mining): round ``r > 0`` calls
+    ``refresh(r)`` when it starts (also when a resume lands inside it), then ``stage.on_start``. The rounds
+    share ``stage``'s optimiser and schedule (one warm-up and decay over all steps) and draw its batches
+    from one plan (epoch ``e``: a permutation seeded by ``(seed, e)`` cut into effective batches, the order
+    the loop draws for a first stage), so without a refresh they train exactly as that stage does. Round ``r`` is named ``<name>.<r>`` (``r > 0``)."""
+    total, eff, n = stage.steps(), stage.optim.effective_batch_size, stage.n_items
+    plan: list[list[int]] = []
+
+    def batches(r: int, epoch: int) -> list[list[int]]:
+        if epoch:
+            return []
+        while len(plan) < total:  # drawn once, on first use
+            gen = torch.Generator().manual_seed(seed * 1_000_003 + len(plan) // math.ceil(n / eff))
+            order = torch.randperm(n, generator=gen).tolist()
+            plan.extend(order[b: b + eff] for b in range(0, n, eff))
+        return plan[r * every: min((r + 1) * every, total)]
+
+    def start(r: int) -> Callable[[], None]:
+        def on_start() -> None:
+            refresh(r)
+            if stage.on_start is not None:
+                stage.on_start()
+        return on_start
+
+    return [Stage(stage.name if r == 0 else f"{stage.name}.{r}", n, stage.step, stage.params, stage.optim,
+                  schedule=stage.schedule or stage.name, on_start=stage.on_start if r == 0 else start(r),
+                  on_end=stage.on_end, batches=lambda e, r=r: batches(r, e))
+            for r in range(math.ceil(total / every))]
 
 
 def train_hyrec(model, examples: Sequence[Example], training: HyReCTrainingSection | None = None,

@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 from medadapt.losses.asym_infonce import AsymInfoNCELoss
+from medadapt.losses.hyrec import HyReCLoss
 from medadapt.losses.infonce import InfoNCELoss
+from medadapt.losses.learnable_infonce import LearnableTemperatureInfoNCELoss
 from medadapt.losses.load_balance import LoadBalanceLoss, switch_load_balance
 from medadapt.losses.mrl import MatryoshkaLoss
+from medadapt.losses.union_ce import UnionCELoss
 
-__all__ = ["AsymInfoNCELoss", "InfoNCELoss", "LoadBalanceLoss", "MatryoshkaLoss", "switch_load_balance"]
-from medadapt.losses.hyrec import HyReCLoss  # noqa: E402
-from medadapt.losses.learnable_infonce import LearnableTemperatureInfoNCELoss  # noqa: E402
-from medadapt.losses.union_ce import UnionCELoss  # noqa: E402
-
-__all__ += ["HyReCLoss", "LearnableTemperatureInfoNCELoss", "UnionCELoss"]
+__all__ = ["AsymInfoNCELoss", "HyReCLoss", "InfoNCELoss", "LearnableTemperatureInfoNCELoss", "LoadBalanceLoss",
+           "MatryoshkaLoss", "UnionCELoss", "switch_load_balance"]

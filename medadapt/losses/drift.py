@@ -17,18 +17,8 @@ __all__ = ["DriftLoss"]
 
 
 class DriftLoss(nn.Module):
-    """``{"drift": weight * mean ||normalize(adapted) - normalize(frozen)||^2}`` over rows.
-
-    Args:
-        weight: multiplier of the mean squared distance (0 returns a zero part, no gradient).
-
-    Inputs:
-        ``frozen``, ``adapted``: ``(rows, d)`` raw embeddings before and after the head.
-
-    Example:
-        >>> parts = DriftLoss(0.1)(frozen, head({"sentence_embedding": frozen})["sentence_embedding"])
-        >>> total = infonce_parts["infonce"] + parts["drift"]
-    """
+    """``{"drift": weight * mean ||normalize(adapted) - normalize(frozen)||^2}`` over ``(rows, d)`` raw
+    embeddings before and after the head (weight 0: a zero part without gradient)."""
 
     def __init__(self, weight: float = 0.0) -> None:
         super().__init__()

@@ -1,15 +1,10 @@
 """HyReC total loss (eq. 12-14): ``L = w_lex L_lex + w_den L_den + w_union L_union`` (+ ``w_hyb L_hyb``).
 
-``L_lex`` and ``L_den`` are InfoNCE (eq. 12, in-batch + hard negatives, temperature ``tau``) on the
-normalised term-weight vectors and dense vectors (the Normalisation Module: InfoNCE's cosine *is* the dot
-product of L2-normalised vectors); ``L_union`` is :class:`~medadapt.losses.union_ce.UnionCELoss` (eq. 13).
-The paper sums the three with weight 1; each weight is named and configurable here (0 disables a part).
-
-``L_hyb`` is not in the paper (default weight 0): InfoNCE on the *fused* score the hybrid index ranks by,
-``(cos_lex + hybrid_dense_weight * cos_den) / tau`` over the same candidates (eq. 9's sum inside the
-softmax). With the dense vectors fixed (a lexical branch beside a trained dense model) it trains the lexical
-side on what the dense side still gets wrong, the complementary training of CLEAR (Gao et al. 2021, there
-for a dense residual beside BM25). No library loss scores two representations' sum, hence this term.
+``L_lex`` / ``L_den``: InfoNCE on the normalised term-weight and dense vectors (eq. 12); ``L_union``:
+:class:`~medadapt.losses.union_ce.UnionCELoss` (eq. 13); the paper's weights are 1. ``L_hyb`` (not in the
+paper, default 0): InfoNCE on the fused score the hybrid index ranks by, ``(cos_lex + w * cos_den) / tau``,
+which trains a lexical side beside fixed dense vectors on what the dense side gets wrong (CLEAR, Gao et al.
+2021). No library loss scores two representations' sum.
 """
 
 from __future__ import annotations
@@ -24,25 +19,10 @@ __all__ = ["HyReCLoss"]
 
 
 class HyReCLoss(nn.Module):
-    """Returns ``{"lexical", "dense", "union", "hybrid", "loss"}`` (parts with weight 0 left out; ``loss`` is
-    the weighted sum).
-
-    Args:
-        temperature: InfoNCE ``tau`` (0.05 in the paper).
-        lexical_weight / dense_weight / union_weight: weights of the paper's three parts.
-        hybrid_weight: weight of the fused-score term (module docstring; 0: off, the paper).
-        hybrid_dense_weight: the dense side's weight inside the fused score (``lexical + w * dense``).
-
-    Inputs (any part may be ``None`` when its weight is 0):
-        lexical: ``(q (B, V), pos (B, V), neg (B, n, V) | None)`` term vectors.
-        dense: ``(q (B, D), pos (B, D), neg (B, n, D) | None)``.
-        union: ``(logits (N, T, 4), labels (N, T))``.
-        hybrid: ``(lexical, dense)`` as above, for the fused term (gradients flow wherever the inputs have them).
-
-    Example:
-        >>> out = HyReCLoss()(lexical=(q_t, p_t, n_t), dense=(q_d, p_d, n_d), union=(logits, labels))
-        >>> out["loss"].backward()
-    """
+    """``{"lexical", "dense", "union", "hybrid", "loss"}`` (weight-0 parts left out; ``loss``: the weighted
+    sum). Inputs: ``lexical`` / ``dense`` as ``(q, pos, neg | None)``, ``union`` as ``(logits, labels)``,
+    ``hybrid`` as ``(lexical, dense)`` (a part may be ``None`` when its weight is 0);
+    ``hybrid_dense_weight``: the dense side's weight inside the fused score."""
 
     def __init__(self, temperature: float = 0.05, lexical_weight: float = 1.0, dense_weight: float = 1.0,
                  union_weight: float = 1.0, hybrid_weight: float = 0.0, hybrid_dense_weight: float = 1.0) -> None:
@@ -58,9 +38,7 @@ class HyReCLoss(nn.Module):
         self.hybrid_dense_weight = float(hybrid_dense_weight)
 
     def fused_scores(self, lexical, dense) -> Tensor:
-        """``(B, B + B*n)`` fused similarities ``cos_lex + hybrid_dense_weight * cos_den`` (before ``tau``) over
-        the candidates of :func:`~medadapt.losses.infonce.cosine_candidate_scores` (target of query ``i``:
-        column ``i``)."""
+        """``cos_lex + hybrid_dense_weight * cos_den`` over the candidates of ``cosine_candidate_scores``."""
         lex, den = cosine_candidate_scores(*lexical), cosine_candidate_scores(*dense)
         if lex.shape != den.shape:
             raise ValueError(f"lexical and dense candidate sets differ: {tuple(lex.shape)} vs {tuple(den.shape)}")

@@ -1,11 +1,10 @@
-"""InfoNCE contrastive loss on cosine similarity (Med-MoE-Embed eq. 3; van den Oord et al. 2018).
+"""InfoNCE contrastive loss on cosine similarity (Med-MoE-Embed eq. 3; van den Oord et al. 2018):
 
     L = -log( exp(s(q, d+)) / ( sum_{d in positives} exp(s(q, d)) + sum_{d-} exp(s(q, d-)) ) ),
     s(q, d) = cos(q, d) / tau
 
-Candidates for query ``i`` are every positive of the batch plus every hard negative of the batch. Unlike
-eq. 3, similarities are divided by ``temperature`` (0.05 by default). The loop passes the gathered global
-batch (:func:`medadapt.training.distributed.gather_with_grad`), so in-batch negatives span all processes.
+over every positive and hard negative of the batch (gathered across processes by the loop). Unlike eq. 3,
+similarities are divided by ``temperature`` (0.05 by default).
 """
 
 from __future__ import annotations
@@ -37,9 +36,8 @@ def fp32_dots(a: Tensor, b: Tensor) -> Tensor:
 
 def cosine_candidate_scores(query: Tensor, positive: Tensor, negatives: Tensor | None = None, *,
                             similarity: Literal["cosine", "dot"] = "cosine") -> Tensor:
-    """``(B, B + B*n)`` cosine similarities (or dot products) of each query to every positive of the batch,
-    then every hard negative (the candidate set above; the target of query ``i`` is column ``i``), in float32
-    (:func:`fp32_cosines`). Checks the shapes."""
+    """``(B, B + B*n)`` float32 cosines (or dots) of each query to every positive of the batch, then every
+    hard negative (the target of query ``i``: column ``i``); shapes checked."""
     if query.shape != positive.shape or query.dim() != 2:
         raise ValueError(f"query and positive must be (B, d); got {tuple(query.shape)}, {tuple(positive.shape)}")
     candidates = positive
@@ -51,22 +49,9 @@ def cosine_candidate_scores(query: Tensor, positive: Tensor, negatives: Tensor |
 
 
 class InfoNCELoss(nn.Module):
-    """In-batch + hard-negative InfoNCE, returned as ``{"infonce": loss}``.
-
-    Args:
-        temperature: softmax temperature ``tau`` applied to the similarities.
-        similarity: ``"cosine"`` (eq. 3 above) or ``"dot"``, the raw dot product (BMRetriever, eq. 2-3:
-            sentence-transformers' ``MultipleNegativesRankingLoss(scale=1/tau, similarity_fct=dot_score)``).
-
-    Inputs:
-        query: ``(B, d)`` query embeddings (normalised internally).
-        positive: ``(B, d)`` embeddings of each query's positive document.
-        negatives: optional ``(B, n, d)`` hard negatives (any ``n >= 0``).
-
-    Example:
-        >>> loss = InfoNCELoss(temperature=0.05)
-        >>> loss(q, d_pos, d_neg)["infonce"].backward()
-    """
+    """In-batch + hard-negative InfoNCE, ``{"infonce": loss}``, of ``query`` and ``positive`` ``(B, d)`` and
+    optional ``negatives`` ``(B, n, d)``. ``similarity``: ``"cosine"`` (eq. 3) or ``"dot"`` (BMRetriever eq.
+    2-3, as ``MultipleNegativesRankingLoss(scale=1/tau, similarity_fct=dot_score)``)."""
 
     def __init__(self, temperature: float = 0.05, *, similarity: Literal["cosine", "dot"] = "cosine") -> None:
         super().__init__()
@@ -81,7 +66,6 @@ class InfoNCELoss(nn.Module):
         return {"infonce": self.from_cosines(scores)}
 
     def from_cosines(self, cosines: Tensor) -> Tensor:
-        """The loss of ``(B, B + B*n)`` candidate similarities laid out as :func:`cosine_candidate_scores`
-        returns them (target of query ``i``: column ``i``), divided by ``temperature`` here."""
+        """The loss of similarities laid out as :func:`cosine_candidate_scores` returns them."""
         target = torch.arange(cosines.shape[0], device=cosines.device)
         return F.cross_entropy(cosines / self.temperature, target)

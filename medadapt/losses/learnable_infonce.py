@@ -1,15 +1,7 @@
-"""InfoNCE with a learnable temperature (CARE Appendix C.1.1 "unsupervised pretrain"; CLIP):
-``L = -log(exp(cos(a_i, b_i) / tau) / sum_j exp(cos(a_i, b_j) / tau))`` with ``tau = exp(log_tau)`` clamped
-below at ``min_temperature``; in-batch negatives, optional hard negatives.
-
-Hand-written because sentence-transformers' losses have a fixed scale or own the model call. The loop trains
-the temperature only as part of the module it trains: wrap ``(model, loss)`` in
-:class:`medadapt.training.steps.TowerWithLoss`.
-
-Example:
-    >>> loss = LearnableTemperatureInfoNCELoss(temperature=0.05)
-    >>> parts = loss(a, b)            # {"loss": ..., "infonce": ..., "temperature": ...}
-    >>> parts["loss"].backward()      # gradients reach loss.log_temperature too
+"""InfoNCE with a learnable temperature (CARE Appendix C.1.1 "unsupervised pretrain"; CLIP): ``tau =
+exp(log_tau)`` clamped below at ``min_temperature``, in-batch and optional hard negatives. Hand-written:
+sentence-transformers' losses have a fixed scale or own the model call. The loop trains the temperature as
+part of the module it trains (:class:`medadapt.training.steps.TowerWithLoss`).
 """
 
 from __future__ import annotations
@@ -27,18 +19,9 @@ __all__ = ["LearnableTemperatureInfoNCELoss"]
 
 
 class LearnableTemperatureInfoNCELoss(nn.Module):
-    """In-batch (+ hard-negative) InfoNCE whose temperature ``exp(log_temperature)`` is learned.
-
-    Args:
-        temperature: initial temperature (> 0).
-        min_temperature: lower clamp of the temperature (> 0, <= ``temperature``).
-        symmetric: also score ``b -> a`` and average the two directions (CLIP); off by default (SimCSE,
-            the paper's eq.: one direction).
-        learnable: ``False`` freezes the temperature (a fixed-temperature InfoNCE, for ablations).
-
-    Returns ``{"loss": L, "infonce": L, "temperature": tau}`` (``loss`` is the total; ``temperature`` is
-    logged, detached).
-    """
+    """In-batch (+ hard-negative) InfoNCE whose temperature ``exp(log_temperature)`` is learned, clamped
+    below at ``min_temperature``; ``symmetric`` also scores ``b -> a`` (CLIP; off: the paper's one
+    direction); ``learnable=False`` freezes it. Returns ``{"loss", "infonce", "temperature"}``."""
 
     #: A training step calls the loss after the model's forward (on outputs gathered from every process),
     #: so FSDP must leave its parameter alone (medadapt.training.distributed.fsdp_outside_modules).

@@ -1,15 +1,10 @@
-"""Auxiliary load-balancing loss for routed experts (Switch Transformer, Fedus et al. 2022, eq. 4-6).
+"""Auxiliary load-balancing loss for routed experts (Switch Transformer, Fedus et al. 2022, eq. 4-6), the
+small-weight term of Med-MoE-Embed §III-D (which prints no formula):
 
-Med-MoE-Embed (paper §III-D) adds a load-balancing term with a *small* weight because its experts are
-architecturally different and should be allowed to specialise; the paper does not print the formula, so we
-use the Switch-Transformer form
+    L_aux = N * sum_i f_i * P_i
 
-    L_aux = N * sum_i f_i * P_i,
-
-where ``N`` is the number of routed experts, ``f_i`` the fraction of routing assignments (top-k slots) that
-went to expert ``i`` in the batch and ``P_i`` the mean router probability of expert ``i``. ``L_aux = 1``
-for perfectly uniform routing and grows up to ``N`` as routing collapses onto one expert. Only ``P`` carries
-gradient (``f`` comes from a hard top-k).
+with ``N`` routed experts, ``f_i`` the fraction of top-k assignments to expert ``i`` and ``P_i`` its mean
+router probability: 1 for uniform routing, up to ``N`` when it collapses. Only ``P`` carries gradient.
 """
 
 from __future__ import annotations
@@ -39,21 +34,8 @@ class _HasAuxLoss(Protocol):
 
 
 class LoadBalanceLoss(nn.Module):
-    """Weighted load-balancing term, returned as ``{"load_balance": weight * L_aux}``.
-
-    Args:
-        weight: multiplier of ``L_aux`` in the total loss (paper: "a smaller value"; default 0.01,
-            Switch Transformer's value).
-
-    Inputs:
-        ``aux``: either the unweighted ``L_aux`` tensor (e.g. ``features["moe_aux_loss"]``) or a head exposing
-        ``last_aux_loss`` (e.g. :class:`medadapt.heads.MoEHead` after its forward pass).
-
-    Example:
-        >>> loss_fn = LoadBalanceLoss(weight=0.01)
-        >>> parts = loss_fn(head)          # after out = head({"sentence_embedding": v})
-        >>> total = infonce_parts["infonce"] + parts["load_balance"]
-    """
+    """``{"load_balance": weight * L_aux}`` (default weight 0.01, Switch Transformer's; the paper says "a
+    smaller value") of an ``L_aux`` tensor or of a head exposing ``last_aux_loss`` after its forward."""
 
     def __init__(self, weight: float = 0.01) -> None:
         super().__init__()

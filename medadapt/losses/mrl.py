@@ -1,9 +1,7 @@
 """Matryoshka Representation Learning loss (Kusupati et al. 2022; CARE Appendix C.1.2 eq. 5): the wrapped
-contrastive loss averaged over nested prefix dimensions, ``L_MRL = 1/|M| sum_{m in M} L(q[:m], d+[:m], d-[:m])``,
-so the first ``m`` coordinates are an embedding on their own.
-
-Applied to embeddings (inputs sliced), not by patching the model's forward as sentence-transformers'
-``MatryoshkaLoss`` does, so any medadapt loss returning a dict of parts can be wrapped.
+loss averaged over nested prefix dimensions, ``1/|M| sum_m L(q[:m], d+[:m], d-[:m])``. Applied to the
+embeddings, not by patching the model's forward as sentence-transformers' ``MatryoshkaLoss`` does, so any
+medadapt loss returning parts can be wrapped.
 """
 
 from __future__ import annotations
@@ -18,22 +16,9 @@ __all__ = ["MatryoshkaLoss"]
 
 
 class MatryoshkaLoss(nn.Module):
-    """Average a loss over nested embedding prefixes (eq. 5); returns the wrapped loss's parts, each averaged.
-
-    Args:
-        loss: a loss module ``loss(query, positive, negatives=None) -> dict[str, Tensor]``
-            (:class:`~medadapt.losses.InfoNCELoss`, :class:`~medadapt.losses.AsymInfoNCELoss`).
-        dims: the nested dimensions ``M`` (each ``>= 1``, distinct). A dimension larger than the embedding
-            raises, so a typo cannot silently train the full embedding twice.
-        weights: optional per-dimension weights (normalised to sum to 1); default uniform, as in eq. 5.
-
-    The per-dimension values of the last call are kept in :attr:`last_per_dim` (``{dim: {part: float}}``)
-    for logging; they are not returned, so a trainer that sums the returned parts sums eq. 5 exactly once.
-
-    Example:
-        >>> mrl = MatryoshkaLoss(InfoNCELoss(0.05), dims=[768, 1024, 2560])
-        >>> mrl(q, d_pos, d_neg)["infonce"].backward()
-    """
+    """Average ``loss(query, positive, negatives) -> parts`` over the nested prefixes ``dims`` (distinct, each
+    at most the embedding's width), with optional ``weights`` (normalised; default uniform, eq. 5). The last
+    call's per-dimension parts are in :attr:`last_per_dim`, for logging only."""
 
     def __init__(self, loss: nn.Module, dims: Sequence[int], weights: Sequence[float] | None = None) -> None:
         super().__init__()

@@ -14,15 +14,7 @@ __all__ = ["UnionCELoss"]
 
 
 class UnionCELoss(nn.Module):
-    """Token-level cross-entropy over the 4 union classes, returned as ``{"union": loss}``.
-
-    Inputs:
-        logits: ``(B, T, 4)`` union logits.
-        labels: ``(B, T)`` labels in ``{0, 1, 2, 3, -100}``.
-
-    Example:
-        >>> UnionCELoss()(logits, labels)["union"].backward()
-    """
+    """``{"union": loss}``: token cross-entropy of ``(B, T, 4)`` logits against ``(B, T)`` labels."""
 
     def __init__(self, ignore_index: int = -100) -> None:
         super().__init__()

@@ -27,33 +27,21 @@ PAPER_ROUTED_EXPERTS = ("mlp_swiglu", "mlp_gelu", "kan", "mlp_kan")
 
 @dataclass
 class MoEConfig:
-    """Configuration of a Med-MoE-Embed head (paper eq. 1-2).
+    """Configuration of a Med-MoE-Embed head (paper eq. 1-2), saved inside the module.
 
     Attributes:
         dim: embedding width ``h`` of the backbone (input and output of the head).
-        shared_experts: registered expert names always applied (``E^(s)``).
-        routed_experts: registered expert names chosen by the gate (``E^(r)``); may be empty.
-        top_k: routed experts per input ``K_r``; must be 0 iff there are no routed experts.
-        expansion: hidden width multiplier of every expert (paper: 4).
-        alpha_init: initial value of the trainable routed-branch scale ``alpha``. Must be non-zero when
-            ``zero_init_output`` is set, otherwise alpha and the routed experts' output layers would both get
-            zero gradient forever.
-        residual: output ``v + residual_scale * h`` instead of ``h``.
-        residual_scale: scale ``γ`` of the learned correction at inference (training always uses ``γ = 1``);
-            ``γ < 1`` interpolates between the backbone (0) and the trained head (1), WiSE-FT style.
+        shared_experts / routed_experts: registered expert names always applied / chosen by the gate (may be
+            empty), ``top_k`` of them per input (0 iff there are none); ``expansion``: hidden width multiplier.
+        alpha_init: initial routed-branch scale; non-zero with ``zero_init_output`` (else it never trains).
+        residual / residual_scale: output ``v + γ h`` instead of ``h``; ``γ < 1`` interpolates toward the backbone
+            at inference, WiSE-FT style (training uses ``γ = 1``).
         zero_init_output: zero the last layer of every expert, so ``h = 0`` at initialisation.
-        routing: ``"learned"`` (top-k gate), ``"random"`` (warm-up) or ``"off"`` (routed branch skipped);
-            can be switched at train time with :meth:`MoEHead.set_routing`.
-        renormalize_top_k: renormalise the kept gate values to sum to 1 (see :mod:`medadapt.moe.routing`).
-        gate_init_std: standard deviation of the initial gate centroids.
-        expert_options: per expert name, extra constructor options (e.g. ``{"kan": {"grid_size": 8}}``);
-            validated against the expert's signature.
+        routing, renormalize_top_k, gate_init_std: see :mod:`medadapt.moe.routing`.
+        expert_options: per expert name, extra constructor options (``{"kan": {"grid_size": 8}}``), validated.
         input_name: feature key the head reads and overwrites.
-        domains: names of the domains a trained head routes between (empty: one ``residual_scale`` for every
-            input). With domains, a linear domain classifier on the normalised backbone embedding
-            (:attr:`MoEHead.domain_router`, fitted after training by :func:`medadapt.moe.domains.fit_domain_routing`)
-            gives each input ``γ = Σ_k p_k · domain_scales[k]`` instead of ``residual_scale``.
-        domain_scales: the residual scale of each domain, in ``domains``' order, each in [0, 1].
+        domains / domain_scales: the domains a trained head routes between and each one's residual scale
+            (:mod:`medadapt.moe.domains`; empty: one ``residual_scale``).
     """
 
     dim: int
@@ -121,7 +109,6 @@ class MoEConfig:
         if unused:
             raise ConfigError(f"expert_options given for expert(s) not in this head: {unused}")
 
-    # ----------------------------------------------------------------- presets
     @classmethod
     def paper(cls, dim: int, **overrides: Any) -> MoEConfig:
         """The paper's setting: 1 shared MLP-SwiGLU; routed MLP-SwiGLU, MLP-GELU, KAN, MLP-KAN; top-2."""
@@ -132,20 +119,17 @@ class MoEConfig:
         """A residual single-expert head (``v + E(v)``): one shared expert, no routed experts."""
         return cls(dim=dim, shared_experts=[expert], routed_experts=[], top_k=0, **overrides)
 
-    # --------------------------------------------------------- serialisation
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready dict with a ``format_version`` stamp."""
         return {"format_version": MOE_CONFIG_FORMAT_VERSION, **dataclasses.asdict(self)}
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> MoEConfig:
-        """Inverse of :meth:`to_dict`; unknown keys raise ``ValueError`` listing the valid ones."""
+        """Inverse of :meth:`to_dict`; unknown keys raise ``ConfigError`` listing the valid ones."""
         data = dict(data)
         version = data.pop("format_version", MOE_CONFIG_FORMAT_VERSION)
         if version != MOE_CONFIG_FORMAT_VERSION:
-            raise ConfigError(
-                f"Unsupported MoEConfig format_version {version}; expected {MOE_CONFIG_FORMAT_VERSION}"
-            )
+            raise ConfigError(f"Unsupported MoEConfig format_version {version}; expected {MOE_CONFIG_FORMAT_VERSION}")
         valid = [f.name for f in dataclasses.fields(cls)]
         unknown = sorted(set(data) - set(valid))
         if unknown:

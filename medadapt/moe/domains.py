@@ -1,10 +1,7 @@
-"""Domain routing of a trained MoE head: one residual scale per domain of a ``data.mix``, chosen on each domain's
-dev split, and a linear domain classifier that gives every input ``gamma = sum_k p_k gamma_k``
-(:meth:`MoEHead.scale_for`).
-
-Domains want different interpolations ``v + gamma h``, and sentence-transformers' ``Router`` routes by task,
-not content. The classifier is a class-balanced logistic regression on the frozen embedding, fitted with
-deterministic L-BFGS in torch (scikit-learn is not a core dependency). See docs/heads.md, "Domain routing".
+"""Domain routing of a trained MoE head: one residual scale per ``data.mix`` domain, chosen on its dev split, and
+a linear domain classifier giving each input ``gamma = sum_k p_k gamma_k`` (:meth:`MoEHead.scale_for`): domains
+want different interpolations ``v + gamma h``, and ``Router`` routes by task, not content. The classifier is a
+class-balanced logistic regression on the frozen embedding, fitted with deterministic L-BFGS in torch.
 """
 
 from __future__ import annotations
@@ -78,14 +75,9 @@ def _best(scores: dict[float, float]) -> float:
 def fit_domain_routing(model, head: MoEHead, domains: dict[str, BeirDataset], cache, *, train_split: str,
                        dev_split: str = "dev", grid: Sequence[float] = DOMAIN_SCALE_GRID, batch_size: int = 64,
                        log: Callable[[str], None] = print) -> DomainRouting:
-    """Choose each domain's residual scale on its ``dev_split`` and install the domain classifier on ``head``.
-
-    Args:
-        model: the SentenceTransformer ``head`` sits in (a trained head, domain routing not yet installed).
-        domains: domain name -> its BEIR set, loaded with ``train_split`` and ``dev_split``.
-        cache: the run's :class:`~medadapt.cache.EmbeddingCache` (backbone outputs are cached; the head runs
-            over them, so each scale costs a pass of the head, not of the backbone).
-    """
+    """Choose each domain's residual scale on its ``dev_split`` and install the domain classifier on ``head`` (in
+    ``model``). ``domains``: name -> BEIR set with both splits; ``cache``: the run's embedding cache (each scale
+    costs a pass of the head, not of the backbone)."""
     names = list(domains)
     saved_scale, saved_routing = head.residual_scale, head.domain_routing
     head.domain_routing = False

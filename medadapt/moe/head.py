@@ -10,15 +10,10 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-try:
-    from typing import Self
-except ImportError:  # pragma: no cover - Python < 3.11
-    from typing_extensions import Self
-
 import torch
-from sentence_transformers.base.modules import Module
 from torch import Tensor, nn
 
+from medadapt.adapters.stack import EmbeddingModule
 from medadapt.errors import ConfigError
 from medadapt.moe.config import MoEConfig
 from medadapt.moe.routing import RoutingMode, TopKRouter
@@ -37,38 +32,18 @@ def _scalar_to_vector(name: str):
     return hook
 
 
-class MoEHead(Module):
-    """Shared + top-k routed experts on the sentence embedding (see :class:`MoEConfig` for every option).
-
-    Identity-preserving by default (``residual=True``, ``zero_init_output=True``): an untrained head returns
-    the backbone embedding exactly, so training learns a correction (docs/heads.md).
-
-    A single-expert residual MLP head is the special case with one shared expert and no routed experts
-    (``MoEConfig.single_expert(dim)``, ``top_k=0``); it has no gate, no ``alpha`` and a zero aux loss.
-
-    Routing (:meth:`set_routing`): ``"learned"``, ``"random"`` (warm-up) or ``"off"`` (shared experts only).
-    Each forward stores the unweighted Switch load-balancing loss on ``self.last_aux_loss`` and, in training
-    mode, also in ``features["moe_aux_loss"]`` (kept out of inference outputs so that
-    ``encode(output_value=None)`` only returns per-input tensors). :meth:`routing_stats` reports per-expert
-    load fractions for the last batch and since the last :meth:`reset_routing_stats`.
-
-    Saved like any sentence-transformers module: ``config.json`` (the :class:`MoEConfig` plus
-    ``format_version``) and ``model.safetensors``; reload with
-    ``SentenceTransformer(path, trust_remote_code=True)`` (needed because the class lives outside
-    ``sentence_transformers``). Routing statistics are not saved.
-
-    Args:
-        config: a :class:`MoEConfig`; alternatively pass its fields as keyword arguments.
+class MoEHead(EmbeddingModule):
+    """Shared + top-k routed experts on the sentence embedding (options: :class:`MoEConfig`). By default an
+    untrained head returns the backbone embedding exactly (``residual``, ``zero_init_output``), so training learns a
+    correction. Routing (:meth:`set_routing`): ``learned``, ``random`` (warm-up) or ``off``. Each forward stores the
+    unweighted Switch load-balancing loss on ``last_aux_loss`` (in training also in ``features["moe_aux_loss"]``,
+    kept out of inference outputs). Routing statistics are not saved.
 
     Example:
         >>> head = MoEHead(MoEConfig.paper(dim=384))
-        >>> out = head({"sentence_embedding": torch.randn(8, 384)})["sentence_embedding"]
     """
 
     config_keys: list[str] = [f.name for f in dataclasses.fields(MoEConfig)]
-    #: reads and writes only ``features["sentence_embedding"]``: the embedding cache may run it on cached
-    #: backbone outputs (see :func:`medadapt.cache.split_backbone`).
-    operates_on_sentence_embedding: bool = True
 
     def __init__(self, config: MoEConfig | None = None, **config_kwargs: Any) -> None:
         super().__init__()
@@ -84,26 +59,19 @@ class MoEHead(Module):
         self.router: TopKRouter | None = None
         self.alpha: nn.Parameter | None = None
         if config.routed_experts:
-            self.router = TopKRouter(
-                config.dim,
-                len(config.routed_experts),
-                config.top_k,
-                renormalize=config.renormalize_top_k,
-                init_std=config.gate_init_std,
-            )
+            self.router = TopKRouter(config.dim, len(config.routed_experts), config.top_k,
+                                     renormalize=config.renormalize_top_k, init_std=config.gate_init_std)
             # shape (1,), not a 0-dim scalar: FSDP and DeepSpeed ZeRO flatten parameters and refuse scalars
             self.alpha = nn.Parameter(torch.full((1,), float(config.alpha_init)))
         self.last_aux_loss: Tensor = torch.zeros(())
         #: domain routing (``config.domains``): a linear domain classifier on the normalised input and each
-        #: domain's residual scale; ``domain_routing`` is run-time (off while the head trains, see
-        #: :func:`medadapt.moe.schedule.head_training`)
+        #: domain's residual scale; ``domain_routing`` is run-time (off while the head trains)
         self.domain_router: nn.Linear | None = None
         self.domain_routing: bool = bool(config.domains)
         if config.domains:
             self._build_domain_router(config.domain_scales)
         self.register_load_state_dict_pre_hook(_scalar_to_vector("alpha"))
 
-    # ------------------------------------------------------------------ forward
     def forward(self, features: dict[str, Tensor | Any], **kwargs: Any) -> dict[str, Tensor | Any]:
         name = self.config.input_name
         features[name] = self.transform(features[name], routing_noise=features.get("routing_noise"))
@@ -112,10 +80,8 @@ class MoEHead(Module):
         return features
 
     def transform(self, v: Tensor, routing_noise: Tensor | None = None) -> Tensor:
-        """Apply the head to raw embeddings ``(..., dim)`` and return ``(..., dim)``.
-
-        ``routing_noise`` (rows, num_routed_experts): the random-routing scores (see
-        :meth:`~medadapt.moe.routing.TopKRouter.forward`); ignored unless routing is ``"random"``."""
+        """The head on raw embeddings ``(..., dim)``; ``routing_noise`` (rows, routed experts): the random-routing
+        scores (:meth:`~medadapt.moe.routing.TopKRouter.forward`), used only when routing is ``"random"``."""
         leading = v.shape[:-1]
         v = v.reshape(-1, self.config.dim)
         h = torch.zeros_like(v)
@@ -133,7 +99,7 @@ class MoEHead(Module):
         the domain classifier's probabilities times the domains' scales, shape (rows, 1)."""
         if self.domain_router is None or not self.domain_routing:
             return self.residual_scale
-        probs = torch.softmax(self.domain_router(nn.functional.normalize(v, dim=-1)), dim=-1)
+        probs = self.domain_probabilities(v)
         return (probs @ self.domain_gammas.to(probs.dtype)).unsqueeze(-1)
 
     def domain_probabilities(self, v: Tensor) -> Tensor:
@@ -172,7 +138,6 @@ class MoEHead(Module):
             out = out.index_add(0, rows, routed.to(out.dtype))  # under autocast the expert may compute in bf16
         return out
 
-    # ------------------------------------------------------------------ control
     def set_routing(self, mode: RoutingMode) -> None:
         """Switch routing to ``"learned"``, ``"random"`` or ``"off"``."""
         if mode not in ("learned", "random", "off"):
@@ -182,11 +147,8 @@ class MoEHead(Module):
     def parameter_groups(self) -> dict[str, list[nn.Parameter]]:
         """Parameters by role: ``shared`` experts, ``routed`` experts and ``gate`` (centroids and alpha)."""
         gate = [] if self.router is None else [*self.router.parameters(), self.alpha]
-        return {
-            "shared": list(self.shared_experts.parameters()),
-            "routed": list(self.routed_experts.parameters()),
-            "gate": gate,
-        }
+        return {"shared": list(self.shared_experts.parameters()), "routed": list(self.routed_experts.parameters()),
+                "gate": gate}
 
     def routing_stats(self) -> dict[str, Any]:
         """Per-routed-expert load fractions (``last_load``, ``running_load``), ``running_counts``,
@@ -201,42 +163,17 @@ class MoEHead(Module):
         if self.router is not None:
             self.router.reset_stats()
 
-    # ------------------------------------------------------------ persistence
     def get_embedding_dimension(self) -> int:
         return self.config.dim
 
     def get_config_dict(self) -> dict[str, Any]:
         return dataclasses.replace(self.config, routing=self.routing, residual_scale=self.residual_scale).to_dict()
 
-    def save(self, output_path: str, *args: Any, safe_serialization: bool = True, **kwargs: Any) -> None:
-        self.save_config(output_path)
-        self.save_torch_weights(output_path, safe_serialization=safe_serialization)
-
     @classmethod
-    def load(
-        cls,
-        model_name_or_path: str,
-        subfolder: str = "",
-        token: bool | str | None = None,
-        cache_folder: str | None = None,
-        revision: str | None = None,
-        local_files_only: bool = False,
-        **kwargs: Any,
-    ) -> Self:
-        hub_kwargs = {
-            "subfolder": subfolder,
-            "token": token,
-            "cache_folder": cache_folder,
-            "revision": revision,
-            "local_files_only": local_files_only,
-        }
-        config = MoEConfig.from_dict(cls.load_config(model_name_or_path, **hub_kwargs))
-        head = cls(config)
-        return cls.load_torch_weights(model_name_or_path, model=head, **hub_kwargs)
+    def from_config(cls, config: dict[str, Any]) -> MoEHead:
+        return cls(MoEConfig.from_dict(config))
 
     def __repr__(self) -> str:
         cfg = self.config
-        return (
-            f"MoEHead(dim={cfg.dim}, shared={cfg.shared_experts}, routed={cfg.routed_experts}, "
-            f"top_k={cfg.top_k}, residual={cfg.residual}, routing={self.routing!r})"
-        )
+        return (f"MoEHead(dim={cfg.dim}, shared={cfg.shared_experts}, routed={cfg.routed_experts}, "
+                f"top_k={cfg.top_k}, residual={cfg.residual}, routing={self.routing!r})")

@@ -1,9 +1,6 @@
-"""Top-k router over routed experts (paper eq. 2) with learned or random assignment and routing statistics.
-
-Affinity ``s_i = softmax_i(v^T e_i)`` with a learnable centroid per expert; the gate keeps the ``k`` largest,
-renormalised to sum to 1 by default (``renormalize=False``: the paper's raw scores). ``mode`` is
-``"learned"``, ``"random"`` (the paper's warm-up: ``k`` uniform experts at ``1/k`` each, affinity still
-computed for the statistics) or ``"off"`` (routed experts skipped, to pre-train shared experts).
+"""Top-k router over routed experts (paper eq. 2): affinity ``s_i = softmax_i(v^T e_i)`` over learnable
+centroids, the ``k`` largest kept (renormalised to sum 1 unless ``renormalize=False``, the paper's raw scores).
+Modes: ``learned``, ``random`` (warm-up: ``k`` uniform experts at ``1/k``) and ``off`` (the head skips routing).
 """
 
 from __future__ import annotations
@@ -24,14 +21,9 @@ RoutingMode = Literal["learned", "random", "off"]
 
 @dataclass
 class RoutingDecision:
-    """Result of routing a batch of ``N`` inputs over ``E`` experts.
-
-    Attributes:
-        weights: ``(N, E)`` gate values ``g_i`` (zero where not selected).
-        selected: ``(N, E)`` boolean top-k mask.
-        probs: ``(N, E)`` affinities ``s_i``.
-        aux_loss: unweighted load-balancing loss ``N * sum f_i P_i`` (scalar).
-    """
+    """A batch of ``N`` inputs routed over ``E`` experts: gate values ``weights`` (zero where not selected),
+    the boolean top-k mask ``selected``, the affinities ``probs`` (all ``(N, E)``) and the unweighted
+    load-balancing loss ``aux_loss`` (``N * sum f_i P_i``)."""
 
     weights: Tensor
     selected: Tensor
@@ -40,15 +32,8 @@ class RoutingDecision:
 
 
 class TopKRouter(nn.Module):
-    """Learnable-centroid top-k gate (see module docstring).
-
-    Args:
-        dim: input width.
-        num_experts: number of routed experts ``E``.
-        top_k: experts per input, ``1 <= top_k <= E``.
-        renormalize: renormalise the kept gate values to sum to 1.
-        init_std: standard deviation of the initial centroids (small = near-uniform routing at start).
-    """
+    """Learnable-centroid top-k gate over ``num_experts`` (module docstring); ``renormalize``: the kept gate
+    values sum to 1; ``init_std``: of the initial centroids (small = near-uniform routing at start)."""
 
     def __init__(self, dim: int, num_experts: int, top_k: int, renormalize: bool, init_std: float) -> None:
         super().__init__()
@@ -57,8 +42,7 @@ class TopKRouter(nn.Module):
         self.num_experts, self.top_k, self.renormalize = num_experts, top_k, renormalize
         self.centroids = nn.Parameter(torch.randn(num_experts, dim) * init_std)
         # Diagnostics only: not saved with the weights.
-        counts = torch.zeros(num_experts, dtype=torch.float64)
-        self.register_buffer("running_counts", counts, persistent=False)
+        self.register_buffer("running_counts", torch.zeros(num_experts, dtype=torch.float64), persistent=False)
         self.register_buffer("last_load", torch.zeros(num_experts), persistent=False)
         self.inputs_seen = 0
 
@@ -96,12 +80,8 @@ class TopKRouter(nn.Module):
         plus raw ``running_counts`` and ``inputs_seen``."""
         total = float(self.running_counts.sum())
         running = (self.running_counts / total).tolist() if total else [0.0] * self.num_experts
-        return {
-            "last_load": self.last_load.tolist(),
-            "running_load": running,
-            "running_counts": [int(c) for c in self.running_counts.tolist()],
-            "inputs_seen": self.inputs_seen,
-        }
+        return {"last_load": self.last_load.tolist(), "running_load": running,
+                "running_counts": [int(c) for c in self.running_counts.tolist()], "inputs_seen": self.inputs_seen}
 
     def reset_stats(self) -> None:
         self.running_counts.zero_()

@@ -1,15 +1,9 @@
 """Med-MoE-Embed's training schedule (paper §III-D) on cached frozen-backbone embeddings, as stages of the one
-loop (:func:`medadapt.training.loop.train`).
-
-:func:`head_stages` gives a MoE head the stages ``shared`` (shared experts alone), ``random`` (random routing)
-and ``learned`` (top-k gate; shares the optimiser of ``random``); other heads train in one stage, ``main``.
-The loss (:class:`MoEStep`) is InfoNCE over in-batch + hard negatives, the load-balancing term and a head's
-own ``penalty`` on the whole gathered step; random routing is seeded per step, so 1 and N processes agree.
-See docs/training.md.
-
-Example:
-    >>> result = train_head(head, q_emb, pos_emb, neg_emb, MoETrainingSection(epochs=3, shared_epochs=1))
-    >>> docs = encode_with_head(head, doc_emb)
+loop. :func:`head_stages` gives a MoE head the stages ``shared`` (shared experts alone), ``random`` (random
+routing) and ``learned`` (top-k gate; shares the optimiser of ``random``); other heads train in one stage,
+``main``. The loss (:class:`MoEStep`) is InfoNCE over in-batch + hard negatives, the load-balancing term and a
+head's own ``penalty`` on the whole gathered step; random routing is seeded per step, so 1 and N processes agree.
+:func:`train_head` is the Python API (docs/training.md).
 """
 
 from __future__ import annotations
@@ -38,9 +32,9 @@ __all__ = ["HeadTrainResult", "MoEStep", "encode_with_head", "expert_load_log", 
 
 
 class MoEStep:
-    """One stage's :class:`~medadapt.training.loop.Step`: ``head`` (the unwrapped module, whose router is
-    observed) over cached ``(N, d)`` query / positive and ``(N, n, d)`` negative (or ``None``) raw
-    embeddings, in routing mode ``routing`` (``None`` for heads that are not a ``MoEHead``)."""
+    """One stage's :class:`~medadapt.training.loop.Step`: ``head`` (whose router is observed) over cached
+    ``(N, d)`` query / positive and ``(N, n, d)`` negative (or ``None``) raw embeddings, in routing mode
+    ``routing`` (``None`` for heads that are not a ``MoEHead``)."""
 
     def __init__(self, head: nn.Module, query: Tensor, positive: Tensor, negatives: Tensor | None,
                  loss: InfoNCESection, routing: RoutingMode | None, route: str = "all") -> None:
@@ -59,10 +53,9 @@ class MoEStep:
         self.load_history: list[dict[str, Any]] = []
 
     def forward(self, model: nn.Module, batch: Batch) -> dict[str, Tensor]:
-        """Per item of ``batch.indices``: ``q``, ``p`` (d), ``n`` (n, d) embeddings, mapped by the head on
-        the stage's route (``all``: every row; ``query`` / ``document``: that side only, the other side is
-        the raw tower output) and, when the stage routes, the router's ``probs`` / ``selected`` of the
-        item's mapped rows ((rows, E))."""
+        """Per item of ``batch.indices``: ``q``, ``p`` (d), ``n`` (n, d) embeddings, mapped by the head on the
+        stage's route (the other side stays the raw tower output) and, when the stage routes, the router's
+        ``probs`` / ``selected`` of the item's mapped rows."""
         device = next(self.head.parameters()).device
         index = torch.as_tensor(batch.indices, dtype=torch.long)
         b = len(batch.indices)
@@ -100,21 +93,18 @@ class MoEStep:
         return out
 
     def _per_item(self, rows: Tensor, b: int) -> Tensor:
-        """The head's input rows (all, the queries or the documents of the step's items, see
-        :meth:`forward`) -> per item ``(b, rows per item, E)``."""
+        """The head's input rows (``[queries, positives, negatives]`` of the step's items, or the route's part of
+        them, see :meth:`forward`) -> per item ``(b, rows per item, E)``."""
         if self.route == "query":
             return rows[:, None]
-        if self.route == "document":
-            docs = [rows[:b, None]]
-            if self.n_neg:
-                docs.append(rows[b:].reshape(b, self.n_neg, rows.shape[-1]))
-            return torch.cat(docs, dim=1)
-        return self._per_item_all(rows, b)
+        per_item = [rows[:b, None]] if self.route == "document" else [rows[:b, None], rows[b: 2 * b, None]]
+        if self.n_neg:
+            per_item.append(rows[-b * self.n_neg:].reshape(b, self.n_neg, rows.shape[-1]))
+        return torch.cat(per_item, dim=1)
 
     def loss(self, outputs: dict[str, Tensor], batch: Batch) -> dict[str, Tensor]:
-        """``infonce`` of the gathered step, the head's ``penalty`` parts (if it has one) and, for a
-        ``MoEHead``, ``load_balance`` (weighted Switch loss on
-        every row the step routed; zero when the stage does not route)."""
+        """``infonce`` of the gathered step, the head's ``penalty`` parts and, for a ``MoEHead``, ``load_balance``
+        (weighted Switch loss on every row the step routed; zero when the stage does not route)."""
         parts = self.infonce(outputs["q"], outputs["p"], outputs.get("n"))
         if callable(self.penalty):
             parts.update(self.penalty(*self._mapped_rows(outputs, batch)))
@@ -147,14 +137,6 @@ class MoEStep:
         before = torch.cat([frozen[k] for k in sides]).to(device=q.device, dtype=torch.float32)
         return before, torch.cat([adapted[k] for k in sides]).float()
 
-    def _per_item_all(self, rows: Tensor, b: int) -> Tensor:
-        """Head-input rows laid out ``[queries (b), positives (b), negatives (b * n)]`` -> per item
-        ``(b, 2 + n, E)``."""
-        per_item = [rows[:b, None], rows[b: 2 * b, None]]
-        if self.n_neg:
-            per_item.append(rows[2 * b:].reshape(b, self.n_neg, rows.shape[-1]))
-        return torch.cat(per_item, dim=1)
-
     def _noise(self, batch: Batch, device: torch.device) -> Tensor:
         """This chunk's rows of one uniform draw, seeded by ``(seed, step)``, over every head-input row of
         the optimiser step (laid out ``[queries, positives, negatives]`` of ``batch.all_indices``)."""
@@ -175,9 +157,8 @@ def _trainable(params) -> list[nn.Parameter]:
 
 def head_stages(head: nn.Module, query: Tensor, positive: Tensor, negatives: Tensor | None,
                 training: MoETrainingSection, loss: InfoNCESection, route: str = "all") -> list[Stage]:
-    """The :class:`~medadapt.training.loop.Stage` list of the module docstring (stages with zero epochs
-    are left out). ``route``: the side the head maps (``all``; ``query`` / ``document`` for a head on one
-    route of an asymmetric model, the other side's embeddings used as they are)."""
+    """The stages of the module docstring (those with zero epochs left out); ``route``: the side the head maps
+    (``all``, ``query`` or ``document``; the other side's embeddings are used as they are)."""
     n = int(query.shape[0])
 
     def step(routing: RoutingMode | None) -> MoEStep:
@@ -217,10 +198,9 @@ def head_stages(head: nn.Module, query: Tensor, positive: Tensor, negatives: Ten
 
 @contextlib.contextmanager
 def head_training(head: nn.Module | None) -> Iterator[nn.Module | None]:
-    """While training, a :class:`~medadapt.moe.head.MoEHead` learns the full-strength correction
-    (``residual_scale = 1``; the configured scale is the WiSE-FT interpolation applied at inference); its
-    scale and routing mode are restored afterwards, also after an error. Other heads (or ``None``) pass
-    through."""
+    """While training, a ``MoEHead`` learns the full-strength correction (``residual_scale = 1``, no domain
+    routing; the configured scale is the inference-time interpolation); restored afterwards, also after an
+    error. Other heads (or ``None``) pass through."""
     if not isinstance(head, MoEHead):
         yield head
         return
@@ -247,18 +227,16 @@ def merge_routing_stats(head: nn.Module, accelerator: Any | None) -> None:
 
 @dataclass
 class HeadTrainResult(LoopResult):
-    """:class:`~medadapt.training.loop.LoopResult` plus the head's routing statistics over the last stage
-    (``head.routing_stats()``; empty for heads that are not a ``MoEHead``)."""
+    """The loop's result plus the head's routing statistics over the last stage and per-step expert load (both
+    empty for heads that are not a ``MoEHead``)."""
 
     routing_stats: dict[str, Any] = field(default_factory=dict)
     expert_load: dict[str, Any] = field(default_factory=dict)
 
 
 def expert_load_log(head: nn.Module, stages: list[Stage]) -> dict[str, Any]:
-    """The per-step expert load of the routed stages of a finished run, for ``train_log.json``:
-    ``{"names": [routed expert names], "rows": [{"stage", "step", "load": [fraction per expert]}]}``
-    (empty for heads without routed experts). Steps before a resume point are not in it (they ran in the
-    earlier process)."""
+    """The per-step expert load of a finished run's routed stages for ``train_log.json``: ``{"names", "rows":
+    [{"stage", "step", "load"}]}`` (empty without routed experts; steps before a resume point are not in it)."""
     if not isinstance(head, MoEHead) or head.router is None:
         return {}
     rows = [{"stage": s.name, **row} for s in stages for row in getattr(s.step, "load_history", [])]
@@ -281,13 +259,11 @@ def _fingerprint(head: nn.Module, tensors: list[Tensor | None], training: MoETra
                  loss: InfoNCESection, route: str = "all") -> str:
     """Identity of a :func:`train_head` run (configuration, head, route, training data), so that a checkpoint
     of another run is refused."""
-    get_config = getattr(head, "get_config_dict", None)
+    config: Any = type(head).__name__
     if isinstance(head, MoEHead):
-        config: Any = head.get_config_dict()
-    elif callable(get_config):  # LinearHead, SearchAdaptorHead: their configuration too
-        config = [type(head).__name__, get_config()]
-    else:
-        config = type(head).__name__
+        config = head.get_config_dict()
+    elif callable(getattr(head, "get_config_dict", None)):  # LinearHead, SearchAdaptorHead: their configuration too
+        config = [config, head.get_config_dict()]
     parts = [training.model_dump(mode="json", exclude={"device", "checkpoint_every_steps", "encode_batch_size"}),
              loss.model_dump(mode="json"), config, [None if t is None else list(t.shape) for t in tensors]]
     if route != "all":  # runs on every input keep the fingerprint they had before routes existed
@@ -304,28 +280,12 @@ def train_head(head: nn.Module, query_emb: Tensor, pos_emb: Tensor, neg_emb: Ten
                accelerator: Any | None = None, checkpoint: CheckpointConfig | str | Path | None = None,
                fingerprint: str | None = None, route: str = "all",
                progress: Callable[[str, int, int, dict[str, Any]], None] | None = None) -> HeadTrainResult:
-    """Train ``head`` (a ``MoEHead``, ``LinearHead``, ``SearchAdaptorHead`` or any module mapping
-    ``features["sentence_embedding"]``) in place on
-    cached raw ``(N, d)`` query / positive and optional ``(N, n, d)`` hard-negative embeddings through the
-    schedule of the module docstring: the Python API of the ``moe`` recipe's fast path.
-
-    Args:
-        training / loss: the recipe sections (their defaults when ``None``); ``training.seed`` seeds data
-            order and random routing, ``training.device`` places the head when there is no accelerator.
-        accelerator: an ``accelerate.Accelerator`` (``None``: one process); under ``accelerate launch`` the
-            loss is the global-batch loss.
-        checkpoint: a :class:`~medadapt.training.checkpoint.CheckpointConfig` or a folder (checkpoints every
-            ``training.checkpoint_every_steps`` steps and at stage ends); a later call resumes from it.
-        fingerprint: the run's identity stored in checkpoints (default: a hash of configuration, head and
-            data); a resume with another one is refused.
-        route: the side ``head`` maps: ``all`` (queries and documents), or ``query`` / ``document`` for a
-            head on one route (``add_adapter(..., route="query")``), the other side's cached embeddings used
-            as they are (a query-only head never touches the document embeddings).
-        progress: ``progress(stage, step, total, row)`` after every step (main process).
-
-    Returns:
-        :class:`HeadTrainResult`: per-step rows (``stage``, ``step``, ``epoch``, ``loss``, ``infonce``,
-        ``load_balance``, ``lr``), steps per stage, seconds and the routing statistics.
+    """Train ``head`` (any module mapping ``features["sentence_embedding"]``) in place on cached raw ``(N, d)``
+    query / positive and optional ``(N, n, d)`` hard-negative embeddings through :func:`head_stages`: the Python
+    API of the ``moe`` recipe's fast path. ``training.seed`` seeds data order and random routing; without an
+    ``accelerator`` (one process) ``training.device`` places the head. ``checkpoint`` (a ``CheckpointConfig`` or a
+    folder): a later call resumes, unless its ``fingerprint`` (default: a hash of configuration, head and data)
+    differs. ``route``: the side the head maps. ``progress(stage, step, total, row)`` runs after every step.
     """
     training = training if training is not None else MoETrainingSection()
     loss = loss if loss is not None else InfoNCESection()
@@ -355,9 +315,8 @@ def train_head(head: nn.Module, query_emb: Tensor, pos_emb: Tensor, neg_emb: Ten
 
 @torch.no_grad()
 def encode_with_head(head: nn.Module, emb: Tensor, batch_size: int = 1024) -> Tensor:
-    """Apply ``head`` then L2 normalisation to cached raw embeddings ``(N, d)``, in eval mode, batch by
-    batch: what the attached head followed by ``Normalize`` computes. Returns float32 on ``emb``'s device;
-    the head's train/eval mode is restored."""
+    """``head`` then L2 normalisation on cached raw embeddings ``(N, d)`` in eval mode (what the attached head and
+    ``Normalize`` compute), float32 on ``emb``'s device."""
     was_training = head.training
     head.eval()
     device = next(head.parameters()).device

@@ -1,9 +1,7 @@
-"""Architecture configs of the models a recipe names, and their parameter counts, without any weights.
-
-:func:`find_config` finds a ``config.json`` (a local folder's, a shipped ``recipes/configs/<name>/``, or the
-Hugging Face cache; never a download); :func:`architecture` builds the model on the meta device, wrapped in
-PEFT's LoRA as training does, so counts match training. A ``model_type`` that needs remote code is counted
-from its config fields (:func:`_analytic_params`). See docs/recipes.md.
+"""Architecture configs of the models a recipe names (:func:`find_config`: a local folder, a shipped
+``recipes/configs/<name>/`` or the Hugging Face cache, never a download) and their parameter counts
+(:func:`architecture`: built on the meta device, in PEFT's LoRA as training does; remote-code types counted
+from their config fields).
 """
 
 from __future__ import annotations
@@ -78,12 +76,9 @@ def _read(path: Path) -> dict:
 
 @dataclass(frozen=True)
 class Architecture:
-    """The numbers the memory model needs (see :mod:`medadapt.plan.memory`).
-
-    ``total_params`` counts the model as trained (truncated layers, extra layers, LoRA matrices and heads
-    included); ``trainable_params`` those that get gradients when the model trains. ``lora_in_features``:
-    the summed input widths of the LoRA-wrapped linears of one layer; ``lora_targets``: how many there are.
-    """
+    """The numbers the memory model needs: ``total_params`` as trained (layers kept and added, LoRA, heads),
+    ``trainable_params``; ``lora_in_features`` / ``lora_targets``: input widths / count of one layer's LoRA
+    linears."""
 
     model: str
     source: str
@@ -232,11 +227,9 @@ _ANALYTIC = {"new"}
 
 
 def _analytic_params(cfg: dict) -> tuple[int, int]:
-    """``(total, per layer)`` parameters of a BERT-style encoder from its config fields, for ``new``
-    (Alibaba-NLP's gte-v1.5 / gte-multilingual code, ``trust_remote_code``): word + token-type embeddings
-    (RoPE: no position table) and LayerNorm; per layer a packed QKV projection ``h x 3h`` (+ bias), the
-    output projection ``h x h`` (+ bias), the gated MLP ``h x 2I`` (no bias) and ``I x h`` (+ bias), and two
-    LayerNorms. gte-multilingual-base: 305,368,320 (the published 305M)."""
+    """``(total, per layer)`` parameters of model type ``new`` (gte-v1.5 / gte-multilingual remote code) from
+    its config: embeddings and LayerNorm; per layer packed QKV, output projection, gated MLP (``h x 2I``, no
+    bias) and ``I x h``, two LayerNorms. gte-multilingual-base: 305,368,320 (the published 305M)."""
     h, i = int(cfg["hidden_size"]), int(cfg["intermediate_size"])
     n = int(cfg["num_hidden_layers"])
     emb = int(cfg["vocab_size"]) * h + int(cfg.get("type_vocab_size") or 0) * h + 2 * h

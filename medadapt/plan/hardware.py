@@ -1,8 +1,5 @@
-"""The hardware a plan is for: GPU count and memory, and how Accelerate shares state between them.
-
-:func:`read_accelerate_config` reads an ``accelerate`` config YAML (devices, ``distributed_type``, ZeRO stage,
-FSDP sharding strategy, mixed precision). What each strategy shards: docs/recipes.md, "How the plan counts
-memory".
+"""The hardware a plan is for: GPU count and memory, and how Accelerate shares state between them (read from
+an ``accelerate`` config by :func:`read_accelerate_config`; what each strategy shards: docs/recipes.md).
 """
 
 from __future__ import annotations
@@ -22,9 +19,8 @@ Strategy = Literal["single", "ddp", "deepspeed", "fsdp"]
 
 @dataclass(frozen=True)
 class Hardware:
-    """``num_gpus`` devices of ``gpu_memory_gb`` GiB each; ``shard_stage`` 0-3 in ZeRO terms (what is split
-    over ``shard_group`` devices); ``headroom`` is the fraction of each device kept free for the CUDA
-    context, the allocator's fragmentation and communication buffers."""
+    """``num_gpus`` devices of ``gpu_memory_gb`` GiB each; ``shard_stage`` 0-3 in ZeRO terms (split over
+    ``shard_group`` devices); ``headroom``: the fraction of each device kept free (CUDA context, fragmentation)."""
 
     num_gpus: int = 1
     gpu_memory_gb: float = 80.0
@@ -60,16 +56,10 @@ class Hardware:
         return f"{self.num_gpus} x {self.gpu_memory_gb:g} GB, {how}"
 
     def with_overrides(self, *, num_gpus: int | None = None, gpu_memory_gb: float | None = None) -> Hardware:
-        hw = self
         if gpu_memory_gb is not None and not (math.isfinite(gpu_memory_gb) and gpu_memory_gb > 0):
             raise ConfigError(f"--gpu-memory must be a finite number of GB > 0, got {gpu_memory_gb}")
-        if num_gpus is not None and num_gpus < 1:
-            raise ConfigError(f"--num-gpus must be >= 1, got {num_gpus}")
-        if num_gpus is not None:
-            hw = replace(hw, num_gpus=num_gpus)
-        if gpu_memory_gb is not None:
-            hw = replace(hw, gpu_memory_gb=gpu_memory_gb)
-        return hw
+        return replace(self, num_gpus=self.num_gpus if num_gpus is None else num_gpus,
+                       gpu_memory_gb=self.gpu_memory_gb if gpu_memory_gb is None else gpu_memory_gb)
 
 
 _FSDP = {"FULL_SHARD": (3, False), "1": (3, False), "SHARD_GRAD_OP": (2, False), "2": (2, False),
@@ -88,8 +78,7 @@ def _count(cfg: dict, key: str, path: Path) -> int:
 
 
 def read_accelerate_config(path: str | Path) -> Hardware:
-    """The :class:`Hardware` an Accelerate config file describes (GPU memory stays at the default 80 GB;
-    pass ``--gpu-memory``). An unknown ``distributed_type`` or sharding strategy is an error."""
+    """The :class:`Hardware` an Accelerate config file describes (GPU memory: the default 80 GB)."""
     path = Path(path)
     if not path.is_file():
         raise ConfigError(f"accelerate config not found: {path}")

@@ -1,10 +1,6 @@
 """The memory model of :func:`medadapt.plan.plan_recipe`: bytes per device for weights, gradients, optimizer
-state and activations (per layer, after Korthikanti et al. 2022, for full fine-tuning, LoRA on a frozen base
-and gradient checkpointing).
-
-Hand-written because no library estimates *training* memory of an arbitrary model without allocating it. The
-formulas are in docs/recipes.md, "How the plan counts memory"; the peak is an upper bound (everything alive at
-once), :func:`step_peak_bytes` the tighter single-process figure.
+state and activations (after Korthikanti et al. 2022; formulas in docs/recipes.md, "How the plan counts
+memory"). Hand-written: no library estimates the *training* memory of a model without allocating it.
 """
 
 from __future__ import annotations
@@ -119,15 +115,12 @@ def state_bytes(arch: Architecture, spec: ModelSpec, hw: Hardware, mixed_precisi
 
 
 def mlm_logit_bytes(masked_tokens: float, vocab_size: int) -> float:
-    """Bytes per example of an MLM head's logits on ``masked_tokens`` positions (RetroMAE computes them on
-    the masked positions only): the bf16 logits, their float32 copy for the cross-entropy and its gradient,
-    10 bytes per logit (float32 training: 12, counted as 10)."""
+    """Bytes per example of an MLM head's logits on ``masked_tokens`` positions: the bf16 logits, their float32
+    copy for the cross-entropy and its gradient, 10 bytes per logit."""
     return float(masked_tokens) * int(vocab_size) * 10
 
 
 def step_peak_bytes(state: StateBytes, activations: float, embeddings: float = 0.0) -> float:
-    """The peak of one process's training step when the whole batch is one forward pass: weights and
-    optimizer state stay, while backward trades activations for gradients (each freed tensor is replaced
-    by gradients of the layer it belongs to), so the step holds the larger of the two (plus the extras),
-    not both. The planner itself reports the sum (an upper bound, safe for sizing)."""
+    """The peak of one process's step when the batch is one forward pass: backward trades activations for
+    gradients, so it holds the larger of the two, not both (the planner reports the sum, an upper bound)."""
     return state.weights + state.optimizer + state.extra + max(state.gradients, activations) + embeddings

@@ -1,18 +1,13 @@
 """``plan_recipe``: parameters, memory per device, tokens per step and the gradient accumulation a recipe
-needs on given hardware, from architecture configs alone (nothing is downloaded or allocated).
-
-Systems describe their recipes through the ``plan`` of their :class:`~medadapt.systems.System` (neutral code
-never imports a system). For each phase the planner finds the largest per-device micro-batch that fits in the
-usable memory (:class:`~medadapt.plan.hardware.Hardware`), and from it the gradient-accumulation steps
-that keep the phase's global batch (the paper's); medadapt's accumulation is GradCache-exact (the loss
-sees the whole global batch), so accumulating changes memory, not the result. A phase whose state (weights,
-gradients, optimizer) plus one example's activations does not fit is refused with the numbers.
+needs on given hardware, from architecture configs alone. For each phase: the largest per-device micro-batch
+that fits, and the accumulation that keeps the phase's global batch (GradCache-exact, so it changes memory, not
+the result); a phase whose state plus one example's activations does not fit is refused with the numbers.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 
 from medadapt import systems
 from medadapt.errors import ConfigError, MedAdaptError
@@ -186,7 +181,8 @@ def plan_recipe(recipe, hardware: Hardware | None = None, *, spec: PlanSpec | No
                 g += p_t * 4
                 o += p_t * 8
                 continue
-            sb = state_bytes(_frozen_copy(a, m.role in trains_here), roles[m.role], hw, mp, m.role in trains_here)
+            trains = m.role in trains_here
+            sb = state_bytes(a if trains else replace(a, trainable_params=0), roles[m.role], hw, mp, trains)
             w, g, o, x = w + sb.weights, g + sb.gradients, o + sb.optimizer, x + sb.extra
         act = act_nockpt = 0.0
         ckpt = False
@@ -230,14 +226,6 @@ def plan_recipe(recipe, hardware: Hardware | None = None, *, spec: PlanSpec | No
         raise DoesNotFit(f"{spec.recipe} cannot fit on {hw.describe()} (usable {hw.usable_bytes / GiB:.1f} GB per "
                          "device): " + "; ".join(f"{p.name}: {p.reason}" for p in bad))
     return plan
-
-
-def _frozen_copy(a: Architecture, trains: bool) -> Architecture:
-    if trains:
-        return a
-    from dataclasses import replace
-
-    return replace(a, trainable_params=0)
 
 
 def _fit(pp: PhasePlan, hw: Hardware, act_per_example: float, emb: float) -> None:

@@ -1,8 +1,5 @@
-"""What a system tells the planner about a recipe: the models it holds and the phases that train them.
-
-A system's ``plan`` (:class:`medadapt.systems.System`) turns its recipe into a
-:class:`PlanSpec`; the planner (neutral code) never imports a system. All sizes are global (the recipe's
-``batch_size`` is split over the processes, as the trainers do).
+"""What a system's ``plan`` tells the planner about a recipe: the models it holds and the phases that train
+them. All sizes are global (the recipe's ``batch_size`` is split over the processes, as the trainers do).
 """
 
 from __future__ import annotations
@@ -25,39 +22,25 @@ class LoraSpec:
 
 @dataclass(frozen=True)
 class ModelSpec:
-    """One network of a recipe.
-
-    Attributes:
-        role: the name the phases use (``document``, ``query``, ``backbone``, ``head``).
-        model: hub id, local folder or alias; mapped to an architecture config (:mod:`medadapt.plan.configs`).
-            ``None`` for a head whose size the system gives in ``head_params``.
-        lora: train through LoRA (the base stays frozen); ``None``: full fine-tuning when the model trains.
-        torch_dtype: dtype the weights are loaded in (``None``: float32).
-        gradient_checkpointing: activation checkpointing per transformer layer.
-        num_layers: keep only the first layers (HyReC's CPU / paper small model); ``None``: all.
-        extra_layers: copies of the last layer added beside the model (HyReC's lexicon encoder).
-        head_params: trainable parameters outside the transformer (projectors, heads).
-        attn_implementation: ``sdpa`` (transformers' default: no ``seq x seq`` matrix is stored) or ``eager``.
-    """
+    """One network of a recipe: ``role`` (the name the phases use), ``model`` (hub id, folder or alias; ``None``
+    for a head of ``head_params`` parameters), trained through ``lora`` (else fully, when it trains)."""
 
     role: str
     model: str | None
     lora: LoraSpec | None = None
-    torch_dtype: str | None = None
+    torch_dtype: str | None = None  # None: float32
     gradient_checkpointing: bool = False
-    num_layers: int | None = None
-    extra_layers: int = 0
-    head_params: int = 0
-    attn_implementation: Literal["sdpa", "eager"] = "sdpa"
+    num_layers: int | None = None  # keep only the first layers; None: all
+    extra_layers: int = 0  # copies of the last layer beside the model (e.g. a lexicon encoder)
+    head_params: int = 0  # trainable parameters outside the transformer (projectors, heads)
+    attn_implementation: Literal["sdpa", "eager"] = "sdpa"  # sdpa stores no seq x seq matrix
 
 
 @dataclass(frozen=True)
 class Usage:
-    """How one phase uses one model: ``texts`` sequences of ``seq_len`` tokens per training example;
-    ``trains``: gradients flow through it (its activations are kept for backward, its trainable
-    parameters get gradients and optimizer state). A model that is present but does not train only
-    costs its weights (its outputs are cached or computed without gradients); every model of the
-    :class:`PlanSpec` counts as loaded in every phase (its weights), used there or not."""
+    """How one phase uses one model: ``texts`` sequences of ``seq_len`` tokens per example; ``trains``: gradients
+    flow through it (activations, gradients, optimizer state); every model of the plan costs its weights in
+    every phase."""
 
     role: str
     texts: int
@@ -67,7 +50,7 @@ class Usage:
 
 @dataclass(frozen=True)
 class PhaseSpec:
-    """One training phase (stage) of a recipe: ``batch_size`` examples per forward pass (global) and
+    """One training phase: ``batch_size`` examples per forward pass (global) and
     ``gradient_accumulation_steps`` forward passes per optimizer step, as the recipe declares them."""
 
     name: str
@@ -93,14 +76,9 @@ class PlanSpec:
     phases: tuple[PhaseSpec, ...]
     mixed_precision: str = "no"
     notes: tuple[str, ...] = field(default_factory=tuple)
-    #: the system's trainer accumulates gradients under DeepSpeed (sentence-transformers' trainer does;
-    #: medadapt's own loop accumulates under DDP and FSDP only, so a phase needing accumulation does not fit
-    #: under DeepSpeed there)
+    #: the system's trainer accumulates gradients under DeepSpeed (medadapt's loop does so under DDP and FSDP only)
     engine_accumulation: bool = False
-    #: separate optimisers medadapt's own loop trains the recipe with (None: one per phase). DeepSpeed
-    #: prepares one model with one optimiser, so more than one cannot run there (``engine_accumulation``
-    #: marks sentence-transformers' trainer, which is not concerned)
+    #: separate optimisers the loop trains the recipe with (None: one per phase; DeepSpeed takes only one)
     optimizers: int | None = None
-    #: lines on the data the recipe builds before training (e.g. BMRetriever's synthetic data: sources,
-    #: examples to keep, generation caps); shown by ``medadapt plan``, not part of the memory plan
+    #: lines on the data the recipe builds before training, shown by ``medadapt plan``
     data: tuple[str, ...] = field(default_factory=tuple)

@@ -1,20 +1,13 @@
 """More evaluation sets after training (``eval.also``): "no harm outside the domain".
 
-A head that gains on its own data can lose elsewhere. For each :class:`~medadapt.recipes.base.AlsoSection`
-the runner scores the frozen base model and the trained model with the recipe's metrics, through the same
-evaluation the recipe kind runs on its own split (the recipe's ``eval`` pointed at the set: dense, asymmetric
-or per-mode hybrid alike, queries through ``encode_query`` and documents through ``encode_document``, so a
-query-only head is scored against the frozen document embeddings) and the run's embedding cache (the base's
-corpus encode is shared by the trained model wherever its document side is the base's).
-
-This module holds what does not depend on the runner: checking the sets before training, pointing a recipe
-at a set, and the ``base`` / ``trained`` / ``delta`` rows with their warning line.
+For each set the runner scores the frozen base and the trained model with the kind's own evaluation (the
+recipe's ``eval`` pointed at the set) through the run's cache. Here: checking the sets before training,
+pointing a recipe at a set, the ``base`` / ``trained`` / ``delta`` rows and their warning lines.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from pathlib import Path
 
 from medadapt.data.beir import load_beir
 from medadapt.errors import ConfigError, MedAdaptError
@@ -28,8 +21,7 @@ _LABELS = {"ndcg": "nDCG", "mrr": "MRR", "map": "MAP", "recall": "Recall", "prec
 
 
 def check_also_sets(recipe: RecipeBase) -> None:
-    """Load every ``eval.also`` set (corpus, queries, the split's qrels) so that a missing folder or split
-    fails with one line before any training; raises :class:`~medadapt.errors.ConfigError`."""
+    """Load every ``eval.also`` set so that a missing folder or split is one :class:`ConfigError` before training."""
     for entry in recipe.eval.also:
         try:
             load_beir(recipe.resolve(entry.data), [entry.split])
@@ -38,32 +30,28 @@ def check_also_sets(recipe: RecipeBase) -> None:
 
 
 def redirect(recipe: RecipeBase, entry: AlsoSection) -> RecipeBase:
-    """A copy of ``recipe`` whose ``eval`` reads ``entry``'s data and split (every other eval setting, the
-    metrics and a hybrid recipe's modes included, kept; relative paths still resolve against the recipe's
-    file)."""
+    """A copy of ``recipe`` whose ``eval`` reads ``entry``'s data and split (every other eval setting kept)."""
     ev = recipe.eval.model_copy(update={"data": entry.data, "split": entry.split, "also": []})
     return recipe.model_copy(update={"eval": ev})
 
 
 def as_modes(trained: dict[str, float], base: dict[str, float]) -> dict[str, float]:
-    """``base`` beside per-mode metrics (``lexical/…``, ``dense/…``, ``hybrid/…`` of a hybrid model): a plain
-    base is a dense model, so its metrics become ``dense/<metric>``; otherwise ``base`` as it is."""
+    """``base`` beside a hybrid model's per-mode metrics (``dense/…``, ...): a plain base is a dense model, so
+    its metrics become ``dense/<metric>``; otherwise ``base`` as it is."""
     if trained and all("/" in k for k in trained) and not any("/" in k for k in base):
         return {f"dense/{k}": v for k, v in base.items()}
     return dict(base)
 
 
 def compare(trained: dict[str, float], base: dict[str, float]) -> dict[str, dict[str, float]]:
-    """``{"base": ..., "trained": ..., "delta": trained - base}`` (the base aligned by :func:`as_modes`; the
-    delta on the keys both have)."""
+    """``{"base", "trained", "delta": trained - base}`` (on the keys both have, the base by :func:`as_modes`)."""
     base = as_modes(trained, base)
     return {"base": base, "trained": dict(trained),
             "delta": {k: trained[k] - base[k] for k in trained if k in base}}
 
 
 def primary_key(row: dict[str, dict[str, float]], metric: str) -> str | None:
-    """The key of ``metric`` (the recipe's first metric) in ``row``'s delta: ``metric`` itself, or for
-    per-mode results the first ``<mode>/<metric>`` the base has too (its dense mode); ``None`` if neither."""
+    """The key of ``metric`` in ``row``'s delta: itself, or the first ``<mode>/<metric>``; ``None`` if neither."""
     delta = row.get("delta", {})
     if metric in delta:
         return metric
@@ -79,9 +67,7 @@ def metric_label(key: str) -> str:
 
 
 def regression_warning(label: str, row: dict[str, dict[str, float]], metric: str) -> str | None:
-    """The warning line when the trained model's ``metric`` is below the base's on set ``label``, e.g.
-    ``warning: trained model is below the frozen base on questiondoctors/test: nDCG@10 0.3751 < 0.3810
-    (-0.0059)``; ``None`` when it is not (or nothing compares)."""
+    """The warning line when the trained model's ``metric`` is below the base's on set ``label``, else ``None``."""
     key = primary_key(row, metric)
     if key is None or not row["delta"][key] < 0:
         return None
@@ -93,9 +79,8 @@ def regression_warning(label: str, row: dict[str, dict[str, float]], metric: str
 def evaluate_also_sets(recipe: RecipeBase, score_trained: Callable[[RecipeBase], dict[str, float]],
                        score_base: Callable[[RecipeBase], dict[str, float]]
                        ) -> dict[str, dict[str, dict[str, float]]]:
-    """``{set name: {"base", "trained", "delta"}}`` for every ``eval.also`` set: the trained model first, then
-    the base (each a ``score(recipe pointed at the set)``), so a base whose document side the trained model
-    shares reads the corpus from the cache."""
+    """``{set name: {"base", "trained", "delta"}}`` for every ``eval.also`` set: the trained model first (a base
+    sharing its document side then reads the corpus from the cache)."""
     out = {}
     for entry in recipe.eval.also:
         pointed = redirect(recipe, entry)
@@ -104,19 +89,14 @@ def evaluate_also_sets(recipe: RecipeBase, score_trained: Callable[[RecipeBase],
 
 
 def eval_set_name(recipe: RecipeBase) -> str:
-    """The recipe's own evaluation set, named as ``eval.also`` names its sets: ``<folder>/<split>`` of
-    ``eval.data`` (default ``data.path``), e.g. ``medquad-mini/test``."""
-    data = recipe.eval.data or recipe.data.path
-    folder = Path(data.rstrip("/\\")).name or data
-    return f"{folder}/{recipe.eval.split}"
+    """The recipe's own evaluation set named as ``eval.also`` names its sets, e.g. ``medquad-mini/test``."""
+    return AlsoSection.model_construct(data=recipe.eval.data or recipe.data.path, split=recipe.eval.split).name
 
 
 def peer_warning(peer: str, label: str, trained: dict[str, float], scores: dict[str, float],
                  metric: str) -> str | None:
-    """The warning line when peer baseline ``peer`` (``eval.peers``) scores above the trained model on
-    ``metric`` on set ``label``, e.g. ``warning: the linear query adapter trained in this run beats the head
-    on medquad-mini/test: nDCG@10 0.9237 > 0.8950``; ``None`` when it does not (or either lacks
-    ``metric``)."""
+    """The warning line when peer baseline ``peer`` beats the trained model on ``metric`` on set ``label``, else
+    ``None``."""
     if metric not in trained or metric not in scores or not scores[metric] > trained[metric]:
         return None
     return (f"warning: the {peer} trained in this run beats the head on {label}: {metric_label(metric)} "

@@ -1,15 +1,6 @@
-"""The recipe base every system's schema extends: ``kind``, ``name``, ``schema_version``, ``data``,
-``training``, ``eval``, plus the sections several systems share (LoRA).
-
-A system's recipe is a subclass that narrows ``kind`` to a literal, narrows or extends the shared
-sections, and adds its own (``head``, ``stage1``, ...). The sections *are* the library's configs: the
-Python API builds the same classes a YAML file validates into, with the same defaults.
-
-Example::
-
-    class MyRecipe(RecipeBase):
-        kind: Literal["mine"] = "mine"
-        model: MyModelSection
+"""The recipe base every system's schema extends (``kind``, ``name``, ``data``, ``training``, ``eval``,
+``save``) and the sections several systems share. A system's recipe narrows ``kind`` to a literal and adds its
+own sections; the Python API builds the same classes a YAML file validates into, with the same defaults.
 """
 
 from __future__ import annotations
@@ -30,8 +21,8 @@ SCHEMA_VERSION = 1
 
 
 def resolve_path(value: str, recipe_path: str | Path | None) -> Path:
-    """Resolve a relative path in a recipe: against the current directory if it exists there, else
-    against the recipe file's folder. Builtin dataset names (``medmini``) are returned as they are."""
+    """A recipe's relative path: from the current folder if it exists there, else from the recipe file's
+    folder; builtin dataset names as they are."""
     if is_builtin_dataset(value):
         return Path(value)
     p = Path(value).expanduser()
@@ -50,8 +41,7 @@ class DataSection(Section):
 
 
 class RunSection(Section):
-    """How a run executes, whatever the system: seed, precision, device, checkpoint cadence, encoding
-    batch size. A system's ``training`` section extends it with its optimisation settings."""
+    """How a run executes, whatever the system; a system's ``training`` section adds its optimisation settings."""
 
     seed: int = 42
     mixed_precision: Literal["no", "fp16", "bf16"] = "no"
@@ -66,9 +56,7 @@ class RunSection(Section):
 
 
 class AlsoSection(Section):
-    """One more evaluation set scored after training, beside the frozen base model: "no harm outside the
-    domain" (:mod:`medadapt.recipes.also`). ``data``: a BEIR folder (relative paths as for ``data.path``)
-    or a builtin name (``medmini``, ``medquad-mini``)."""
+    """One more evaluation set scored after training beside the frozen base model (:mod:`medadapt.recipes.also`)."""
 
     data: str = Field(..., min_length=1, description="BEIR folder or builtin dataset name")
     split: str = Field("test", min_length=1)
@@ -85,9 +73,8 @@ class AlsoSection(Section):
 
 
 class EvalSection(Section):
-    """Evaluation after training: on ``data`` (default: the recipe's data folder), split ``split``;
-    ``expected`` are regression targets checked within ``tolerance``; ``also`` are more sets, each scored
-    for the frozen base and the trained model (a warning when the trained model is below the base)."""
+    """Evaluation after training on ``data`` (default: the recipe's), ``split``; ``expected`` regression targets
+    within ``tolerance``; ``also`` more sets, each scored for the frozen base and the trained model."""
 
     data: str | None = None
     split: str = "test"
@@ -159,12 +146,10 @@ class RecipeBase(Section):
     _source: str | None = PrivateAttr(None)  # the file it was read from: relative paths resolve against it
 
     def resolve(self, value: str) -> Path:
-        """A path of this recipe: as given if it exists (or is absolute, or a builtin dataset name), else
-        relative to the recipe file's folder."""
+        """A path of this recipe (:func:`resolve_path`)."""
         return resolve_path(value, self._source)
 
     def training_identity(self) -> dict:
-        """What decides the trained weights (everything but ``name``, ``description``, ``eval`` and
-        ``save``): the
-        part of the recipe a checkpoint must match to be resumed."""
+        """What decides the trained weights (all but ``name``, ``description``, ``eval``, ``save``): what a
+        checkpoint must match to be resumed."""
         return self.model_dump(mode="json", exclude={"name", "description", "eval", "save"})

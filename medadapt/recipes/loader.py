@@ -1,9 +1,6 @@
-"""Load a recipe YAML (any registered kind), with ``--set a.b=c`` overrides and
-errors that name the file and line, or the ``--set`` flag, and the field.
-
-Recipe files and ``--set`` values are read under the YAML input policy of :mod:`medadapt.yaml_input`
-(aliases bounded in expansion before anything is validated, nesting bounded, duplicate keys, lone
-surrogates and unreadable numbers refused with their line); unknown keys get a did-you-mean from the schema.
+"""Load a recipe YAML (any registered kind) with ``--set a.b=c`` overrides, under the YAML input policy
+(:mod:`medadapt.yaml_input`); every error names the file and line, or the ``--set`` item, and the field (an
+unknown key with a did-you-mean from the schema).
 """
 
 from __future__ import annotations
@@ -29,9 +26,8 @@ M = TypeVar("M", bound=BaseModel)
 
 # ------------------------------------------------------------------------------------------------ overrides
 def parse_override(item: str) -> tuple[list[str], Any]:
-    """``"training.lr=1e-4"`` -> ``(["training", "lr"], 0.0001)``; the value is parsed as YAML (text that is
-    not valid YAML is taken as it is). A malformed item, or a value that breaks the YAML input policy, is a
-    :class:`~medadapt.errors.ConfigError` naming ``--set <item>``."""
+    """``"training.lr=1e-4"`` -> ``(["training", "lr"], 0.0001)``: the value parsed as YAML (invalid YAML as
+    text); a malformed item or a policy breach is a :class:`ConfigError` naming ``--set <item>``."""
     flag = f"--set {item}"
     if has_surrogate(item):  # undecodable bytes on the command line arrive as lone surrogates
         raise ConfigError(f"{flag!r}: not valid UTF-8 text")
@@ -108,9 +104,8 @@ def _list_item(items: list, part: str, item: str):
 
 # ------------------------------------------------------------------------------------------------ errors
 def user_path(loc: tuple, data: Any) -> list:
-    """A pydantic error location as the user wrote the key path: walking ``data`` (the input), a segment
-    that is not a key but the ``kind`` of the mapping it sits in is the tag pydantic adds for a discriminated
-    union (``head.moe.residual_scal`` -> ``head.residual_scal``) and is dropped."""
+    """A pydantic error location as the user wrote the key path: a discriminated union's tag (the ``kind`` of
+    the mapping, not a key of ``data``) is dropped (``head.moe.residual_scal`` -> ``head.residual_scal``)."""
     out: list = []
     node = data
     for i, seg in enumerate(loc):
@@ -155,9 +150,8 @@ def _sections(schema: type[BaseModel] | None) -> dict[str, type[BaseModel]]:
 
 
 def _describe(err: dict, path: list, data: Any = None, schema: type[BaseModel] | None = None) -> str:
-    """One error as a line fragment: ``unknown key head.x (did you mean head.y?)`` or ``path: message``. An
-    unknown key with no close match in its own section is looked up among the other sections' fields
-    (``model.device`` -> ``training.device``), else the section's valid keys are listed."""
+    """One error as a line fragment: ``unknown key head.x (did you mean head.y?)`` (else another section's
+    field of that name, else the section's valid keys) or ``path: message``."""
     dotted = ".".join(str(p) for p in path)
     if err["type"] in (UNKNOWN_KEY, "extra_forbidden"):
         ctx = err.get("ctx") or {}
@@ -184,9 +178,8 @@ def _describe(err: dict, path: list, data: Any = None, schema: type[BaseModel] |
 
 
 def _override_for(path: list, msg: str, unknown: bool, overrides: list[tuple[list[str], str]]) -> str | None:
-    """The ``--set`` item (the last one) that an error at ``path`` is about: it set ``path`` or a section
-    holding it; or it set something inside ``path`` and ``path`` is an ``unknown`` key (the item made it up:
-    ``--set trainin.lr=1``) or the message names the field the item set (``training: lr must be ...``)."""
+    """The last ``--set`` item an error at ``path`` is about: it set ``path`` or a section holding it, or set
+    something inside ``path`` that is ``unknown`` (``--set trainin.lr=1``) or that the message names."""
     keys = [str(p) for p in path]
     if not keys:
         return None  # an error of the whole recipe (fields that do not go together): not one item's
@@ -200,10 +193,9 @@ def _override_for(path: list, msg: str, unknown: bool, overrides: list[tuple[lis
 
 def format_validation_error(source: str, exc: ValidationError, data: Any = None, *, root: Node | None = None,
                             overrides: list[str] = (), schema: type[BaseModel] | None = None) -> str:
-    """``exc`` as one line. Errors caused by a ``--set`` item come first, each as ``--set <item>: ...``; the
-    rest as ``<source>[:line]: invalid recipe: ...`` (``(line N)`` after an error on another line). Key paths
-    are the ones the user wrote (``data``: the validated input), unknown keys get a did-you-mean (from their
-    section, else from ``schema``'s other sections)."""
+    """``exc`` as one line: errors of ``--set`` items first (``--set <item>: ...``), then
+    ``<source>[:line]: invalid recipe: ...`` (``(line N)`` after an error on another line), with key paths as
+    the user wrote them (``data``: the validated input)."""
     parsed = []
     for item in overrides:
         key = item.split("=", 1)[0].strip()
@@ -244,20 +236,15 @@ def _read_recipe(path: str | Path) -> tuple[dict, Node | None]:
 
 
 def read_recipe_yaml(path: str | Path) -> dict:
-    """The YAML mapping of a recipe file; a missing or oversized file, bytes that are not UTF-8, invalid YAML
-    or YAML that breaks the input policy (:mod:`medadapt.yaml_input`), with its line, or a non-mapping raises
-    :class:`~medadapt.errors.ConfigError`. Shared by every recipe kind."""
+    """The YAML mapping of a recipe file; a bad file is one :class:`ConfigError` (with its line)."""
     return _read_recipe(path)[0]
 
 
 def load_recipe(path_or_data: str | Path | dict, overrides: list[str] | None = None, *,
                 expect: type[M] | None = None, paper: bool = False) -> M:
-    """Read a recipe (a YAML file or a dict), apply ``section.field=value`` overrides (``--set`` items) and
-    validate it against the schema its ``kind:`` registered (:mod:`medadapt.recipes.registry`); ``expect``
-    additionally requires that schema. ``paper=True`` first applies the kind's paper settings
-    (:attr:`~medadapt.recipes.registry.RecipeKind.paper`: the paper's equations and hyperparameters), then
-    ``overrides``. Every problem is one :class:`~medadapt.errors.ConfigError` naming the file and line, or the
-    ``--set`` item, and the field; an unknown key gets a did-you-mean from the schema."""
+    """Read a recipe (a YAML file or a dict), apply the kind's paper settings (``paper=True``) then the
+    ``--set`` ``overrides``, and validate it against the schema its ``kind:`` registered (``expect``: that
+    schema must be a subclass of it). Every problem is one :class:`ConfigError`."""
     source = "<dict>" if isinstance(path_or_data, dict) else str(path_or_data)
     if isinstance(path_or_data, dict):
         data, root = copy.deepcopy(path_or_data), None

@@ -1,8 +1,5 @@
-"""Recipe kinds: the registered systems (:mod:`medadapt.systems`) as ``medadapt train`` sees them.
-
-``medadapt train`` reads a recipe's ``kind:`` and asks :func:`get_kind`; systems register themselves
-(:func:`~medadapt.systems.register_system`) and are found through the ``medadapt.systems`` entry points.
-"""
+"""Recipe kinds: the registered systems (:mod:`medadapt.systems`, found through its entry points) as
+``medadapt train`` sees them: :func:`get_kind` of a recipe's ``kind:``."""
 
 from __future__ import annotations
 

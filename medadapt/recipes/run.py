@@ -1,25 +1,16 @@
-"""The one recipe runner: what every system's run shares (``medadapt train``).
+"""The one recipe runner behind ``medadapt train`` (docs/architecture.md, "How a recipe runs").
 
-:func:`run_recipe` validates, builds the Accelerate ``Accelerator`` from ``recipe.training``, seeds, checks
-the output folder, hands a :class:`RunContext` to the system's registered ``train``, saves the returned
-model **as a whole folder, atomically** (written beside, swapped in by rename) together with
-``recipe.yaml`` and ``train_log.json``, then runs the system's ``evaluate`` and writes ``metrics.json``
-(with ``eval.also``: the frozen base and the trained model on each extra set, :mod:`medadapt.recipes.also`).
-Under ``accelerate launch`` only the main process logs, saves and evaluates.
-
-Checkpoints live *beside* the model folder (``<output>.checkpoints/``), so replacing the model folder
-never touches them; each one carries the run's fingerprint (the recipe's training identity and the data
-files' sizes and dates), and a resume into the same output with another recipe is refused unless
-``overwrite`` is set.
+:func:`run_recipe` builds the ``Accelerator``, seeds, checks the output folder, calls the system's ``train``
+with a :class:`RunContext`, saves the model folder atomically with ``recipe.yaml`` and ``train_log.json``,
+then evaluates (``metrics.json``, the frozen baseline, ``eval.also`` sets, peers) and writes the model card;
+under ``accelerate launch`` only the main process logs, saves and evaluates. Checkpoints live beside the
+folder (``<output>.checkpoints/``) with the run's fingerprint: another recipe's are refused unless ``overwrite``.
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
-import os
 import shutil
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -31,6 +22,7 @@ from medadapt.cards import write_card
 from medadapt.encode import share_encoding
 from medadapt.errors import ConfigError, ModelLoadError
 from medadapt.eval.tasks import evaluate, task_kind
+from medadapt.identity import run_fingerprint as fingerprint  # the run's identity (also bmretriever's)
 from medadapt.io import (FolderKind, atomic_write_json, atomic_write_text, check_output, clean_leftovers,
                          replace_folder)
 from medadapt.models import check_device, load
@@ -48,38 +40,21 @@ __all__ = ["RunContext", "RunResult", "checkpoint_dir_for", "evaluate_dense", "r
 
 @dataclass
 class RunResult:
-    """What a run did.
-
-    Attributes:
-        output_dir: the saved model folder.
-        metrics: evaluation results (empty if evaluation was skipped).
-        expected: metric -> (target, met) for the recipe's ``eval.expected``.
-        encode_seconds / train_seconds: wall time spent encoding (caches, mining) / training.
-        loss_history: per-step rows (``stage``, ``step``, ``loss``, loss parts, ``lr``).
-        details: system-specific facts (stages, routing statistics, example counts) for ``train_log.json``.
-        model: the trained model, in memory (the folder holds the same).
-        adapter_base: set by a system whose trained model is an unchanged base model plus medadapt heads
-            (the base's name, e.g. ``minilm``): the folder then holds the heads alone (``save.adapter_only``).
-        baseline: the frozen base model's metrics, evaluated in the same run (``eval.baseline``).
-        also: ``{set name: {"base": {...}, "trained": {...}, "delta": {...}}}`` for the recipe's ``eval.also``
-            sets (empty without them); written to ``metrics.json`` under ``"also"``.
-        peers: ``{label: {"metrics": {...}, "also": {set: {...}}, "train_seconds": s}}`` for the peer
-            baselines of ``eval.peers`` (``moe`` kind, fast path: :mod:`medadapt.moe.peers`), trained in the
-            same run and scored on the same sets; not saved, only their scores (``metrics.json`` ``"peers"``).
-        warnings: the lines logged when the trained model is below the frozen base on an ``also`` set, or
-            below a peer baseline.
-    """
+    """What a run did. ``adapter_base``: set by a system whose model is an unchanged base plus medadapt heads
+    (the folder then holds the heads alone); ``also``: ``{set: {"base", "trained", "delta"}}`` of ``eval.also``;
+    ``peers``: ``{label: {"metrics", "also", "train_seconds"}}`` of ``eval.peers`` (:mod:`medadapt.moe.peers`);
+    ``warnings``: the lines logged when the trained model is below the base on an ``also`` set, or a peer."""
 
     output_dir: Path
     metrics: dict[str, float] = field(default_factory=dict)
-    expected: dict[str, tuple[float, bool]] = field(default_factory=dict)
+    expected: dict[str, tuple[float, bool]] = field(default_factory=dict)  # metric -> (target, met)
     encode_seconds: float = 0.0
     train_seconds: float = 0.0
-    loss_history: list[dict[str, Any]] = field(default_factory=list)
-    details: dict[str, Any] = field(default_factory=dict)
+    loss_history: list[dict[str, Any]] = field(default_factory=list)  # stage, step, loss, loss parts, lr
+    details: dict[str, Any] = field(default_factory=dict)  # the system's facts, for train_log.json
     model: Any = field(default=None, repr=False)
     adapter_base: str | None = None
-    baseline: dict[str, float] = field(default_factory=dict)
+    baseline: dict[str, float] = field(default_factory=dict)  # the frozen base model's metrics
     also: dict[str, dict[str, dict[str, float]]] = field(default_factory=dict)
     peers: dict[str, dict[str, Any]] = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)
@@ -95,24 +70,23 @@ class RunResult:
             self.write_metrics(output_dir)
 
     def write_metrics(self, output_dir: Path) -> None:
-        """``metrics.json``: the trained model's metrics (flat, ``{"ndcg@10": ...}``) and, when the recipe has
-        ``eval.also`` sets, ``"also": {set: {"base", "trained", "delta"}}``, and with ``eval.peers``,
-        ``"peers": {label: {<metric>: ..., "train_seconds": s, "also": {set: {<metric>: ...}}}}``; written
-        atomically."""
-        out: dict[str, Any] = {k: round(v, 6) for k, v in self.metrics.items()}
+        """``metrics.json`` (atomically): the metrics, flat, and ``"also"`` / ``"peers"`` when there are some."""
+        out: dict[str, Any] = _rounded(self.metrics)
         if self.also:
-            out["also"] = {name: {part: {k: round(v, 6) for k, v in values.items()}
-                                  for part, values in row.items()} for name, row in self.also.items()}
+            out["also"] = {name: {part: _rounded(values) for part, values in row.items()}
+                           for name, row in self.also.items()}
         peers = {}
         for label, row in self.peers.items():
-            peers[label] = {**{k: round(v, 6) for k, v in row["metrics"].items()},
-                            "train_seconds": round(row["train_seconds"], 2)}
+            peers[label] = {**_rounded(row["metrics"]), "train_seconds": round(row["train_seconds"], 2)}
             if row["also"]:
-                peers[label]["also"] = {name: {k: round(v, 6) for k, v in values.items()}
-                                        for name, values in row["also"].items()}
+                peers[label]["also"] = {name: _rounded(values) for name, values in row["also"].items()}
         if peers:
             out["peers"] = peers
         atomic_write_json(Path(output_dir) / "metrics.json", out)
+
+
+def _rounded(metrics: dict[str, float]) -> dict[str, float]:
+    return {k: round(v, 6) for k, v in metrics.items()}
 
 
 @dataclass
@@ -147,10 +121,8 @@ class RunContext:
         return CheckpointConfig(folder, every_steps=self.recipe.training.checkpoint_every_steps)
 
     def share_encoding(self, model, texts, role: str = "document", *, batch_size: int = 64) -> None:
-        """Under a multi-process launch, every process encodes its share of the cache misses of ``texts``
-        (:func:`medadapt.encode.share_encoding`) before the system's ``main_process_first`` block reads
-        them; a no-op with one process. Every process must call it with the same model and texts. What each
-        process encoded is recorded in ``train_log.json`` under ``shared_encoding``."""
+        """Under a multi-process launch, every process (each calls it with the same model and texts) encodes its
+        share of the cache misses of ``texts``, recorded in ``train_log.json``; a no-op with one process."""
         import time
 
         t0 = time.perf_counter()
@@ -169,9 +141,8 @@ class RunContext:
         return StepProgress()
 
     def train(self, model, stages, name: str | None = None, fingerprint: str | None = None):
-        """Run :func:`medadapt.training.loop.train` with this run's seed, accelerator, checkpoint folder,
-        fingerprint (or ``fingerprint``: the identity of what decides this phase's weights) and progress bar;
-        appends the loss rows to the result."""
+        """:func:`medadapt.training.loop.train` with this run's seed, accelerator, checkpoints, fingerprint (or
+        ``fingerprint``: what decides this phase's weights) and progress bar; the loss rows go to the result."""
         bar = self.progress()
         try:
             res = train(model, stages, seed=self.recipe.training.seed, accelerator=self.accelerator,
@@ -189,65 +160,13 @@ def checkpoint_dir_for(output_dir: Path) -> Path:
     return output_dir.parent / f"{output_dir.name}.checkpoints"
 
 
-def _data_signature(recipe: RecipeBase) -> list:
-    """Names, sizes and modification times of the local files and folders the recipe names: data (``path``
-    keys) and any other value that is an existing local path (a backbone or tower folder, a base retriever).
-    Cheap, and it changes when the data is rebuilt or a model folder is replaced by other weights, so such a
-    run never resumes another's checkpoint."""
-    out = []
-    seen: set[Path] = set()
-    for value in _paths(recipe.model_dump(mode="json", exclude={"eval", "name", "description"})):
-        try:
-            path = recipe.resolve(value)
-            if path in seen or not path.exists():
-                continue
-        except (OSError, ValueError):
-            continue
-        seen.add(path)
-        files = _first_files(path) if path.is_dir() else [path]
-        out += [(str(p.relative_to(path)) if path.is_dir() else p.name, p.stat().st_size, p.stat().st_mtime_ns)
-                for p in files]
-    return out
-
-
-def _first_files(folder: Path, limit: int = 256) -> list[Path]:
-    """The first ``limit`` files under ``folder`` in sorted walk order (bounded: a recipe value that names a
-    huge folder costs no full listing)."""
-    found: list[Path] = []
-    for root, dirs, files in os.walk(folder):
-        dirs.sort()
-        found += [Path(root) / f for f in sorted(files)]
-        if len(found) >= limit:
-            break
-    return found[:limit]
-
-
-def _paths(obj, key: str | None = None) -> Iterator[str]:
-    """Every string of a recipe dump that may name a local file or folder (``path`` keys, and any other
-    non-trivial string: a value that does not exist on disk is skipped by the caller)."""
-    if isinstance(obj, dict):
-        for k, v in obj.items():
-            yield from _paths(v, k)
-    elif isinstance(obj, list):
-        for v in obj:
-            yield from _paths(v, key)
-    elif isinstance(obj, str) and obj.strip() not in ("", ".", "..") and len(obj) < 4096 and "\n" not in obj:
-        yield obj
-
-
-def fingerprint(recipe: RecipeBase) -> str:
-    """Identity of a training run: the recipe's training identity and its data files' signatures."""
-    blob = json.dumps([recipe.training_identity(), _data_signature(recipe)], sort_keys=True, default=str)
-    return hashlib.sha256(blob.encode()).hexdigest()[:32]
-
-
 #: A run folder (``medadapt train --output``): an existing non-empty folder is replaced only when it is a run.
 RUN_FOLDER = FolderKind("a medadapt run", ("recipe.yaml",))
 
 
 def _check_output(output_dir: Path) -> None:
-    """The output policy (:func:`medadapt.io.check_output`) for the run folder, and its checkpoints folder
-    beside it, before any work; leftovers of an interrupted save are cleaned."""
+    """The output policy for the run folder and its checkpoints beside it, before any work; leftovers of an
+    interrupted save are cleaned."""
     check_output(output_dir, RUN_FOLDER, what="--output")
     checkpoints = output_dir.with_name(output_dir.name + ".checkpoints")
     if checkpoints.exists() and not checkpoints.is_dir():
@@ -292,8 +211,7 @@ def run_recipe(
     **_: Any,
 ) -> RunResult:
     """Train what ``recipe`` (a validated recipe or a file) describes into ``output_dir`` (default
-    ``runs/<name>``), save it, evaluate it; see the module docstring. ``overwrite`` discards checkpoints
-    of an earlier run into the same folder instead of refusing them."""
+    ``runs/<name>``), save and evaluate it; ``overwrite`` discards another run's checkpoints there."""
     import torch
 
     if not isinstance(recipe, RecipeBase):
@@ -347,8 +265,7 @@ def run_recipe(
         if recipe.eval.baseline:
             result.baseline = as_modes(result.metrics, _baseline_metrics(recipe, model, system, ctx, bases))
             if result.baseline:
-                atomic_write_json(output_dir / "baseline_metrics.json",
-                                  {k: round(v, 6) for k, v in result.baseline.items()})
+                atomic_write_json(output_dir / "baseline_metrics.json", _rounded(result.baseline))
         if recipe.eval.also:
             _evaluate_also(recipe, model, system, ctx, bases)
         _warn_peers(recipe, ctx)
@@ -359,10 +276,9 @@ def run_recipe(
 
 def _baseline_metrics(recipe: RecipeBase, model, system, ctx: RunContext,
                       bases: dict[str, Any] | None = None) -> dict[str, float]:
-    """The frozen base model's metrics on the recipe's evaluation split: the trained model with its medadapt
-    heads disabled (no re-encode: the heads run on cached backbone outputs), else the kind's ``base`` model
-    or the recipe's ``model.backbone`` through :func:`evaluate_dense`; empty when there is none. ``bases``
-    keeps a loaded base model between calls."""
+    """The frozen base model's metrics on the recipe's evaluation split: the trained model with its heads
+    disabled, else the kind's ``base`` model or ``model.backbone`` (:func:`evaluate_dense`); empty without
+    one. ``bases`` keeps a loaded base model between calls."""
     if adapter_names(model):
         model.disable_adapters()
         try:
@@ -376,8 +292,7 @@ def _baseline_metrics(recipe: RecipeBase, model, system, ctx: RunContext,
 
 
 def _base_model(recipe: RecipeBase, system, ctx: RunContext):
-    """The frozen base model of a run without medadapt heads: the kind's ``base`` hook, else the recipe's
-    ``model.backbone`` loaded; ``None`` when neither names one."""
+    """The kind's ``base`` hook, else the recipe's ``model.backbone`` loaded; ``None`` when neither names one."""
     if system.base is not None:
         return system.base(recipe, ctx)
     backbone = getattr(getattr(recipe, "model", None), "backbone", None)
@@ -387,9 +302,8 @@ def _base_model(recipe: RecipeBase, system, ctx: RunContext):
 
 
 def _evaluate_also(recipe: RecipeBase, model, system, ctx: RunContext, bases: dict[str, Any]) -> None:
-    """Score the trained model and the frozen base on every ``eval.also`` set with the kind's own evaluation
-    (:mod:`medadapt.recipes.also`), rewrite ``metrics.json`` with them and log one warning line per set where
-    the trained model's first metric is below the base's."""
+    """Score the trained model and the frozen base on every ``eval.also`` set with the kind's own evaluation,
+    rewrite ``metrics.json`` and log a warning per set where the trained model is below the base."""
     details = dict(ctx.result.details)  # a kind's evaluate notes its split's facts there (mode_metrics)
     try:
         ctx.result.also = evaluate_also_sets(
@@ -410,8 +324,7 @@ def _evaluate_also(recipe: RecipeBase, model, system, ctx: RunContext, bases: di
 
 
 def _warn_peers(recipe: RecipeBase, ctx: RunContext) -> None:
-    """One warning line per peer baseline (``eval.peers``) and set where it beats the trained model on the
-    recipe's first metric."""
+    """A warning per peer baseline and set where it beats the trained model on the recipe's first metric."""
     metric, result = recipe.eval.metrics[0], ctx.result
     for peer, row in result.peers.items():
         sets = [(eval_set_name(recipe), result.metrics, row["metrics"])]
@@ -426,9 +339,7 @@ def _warn_peers(recipe: RecipeBase, ctx: RunContext) -> None:
 
 def _write_card(recipe: RecipeBase, model, result: RunResult, output_dir: Path, adapter_only: bool) -> None:
     """The model card of the run folder (:mod:`medadapt.cards`), with the metrics beside the baseline."""
-    adapter = None
-    if adapter_only:
-        adapter = read_adapter_config(output_dir)
+    adapter = read_adapter_config(output_dir) if adapter_only else None
     ev = recipe.eval
     inner = getattr(model, "st", model)  # a composed model's dense side
     descriptions = describe_heads(inner) if hasattr(inner, "_modules") else {}
@@ -450,8 +361,7 @@ def _jsonable(obj):
 
 def evaluate_dense(recipe: RecipeBase, model, ctx: RunContext) -> dict[str, float]:
     """The evaluation most systems use: the retrieval task on ``eval.data`` (default: ``data.path``), split
-    ``eval.split``, scored dense by :func:`medadapt.eval.tasks.evaluate` (queries through ``encode_query``,
-    documents through ``encode_document``) through the run's embedding cache."""
+    ``eval.split``, scored dense by :func:`medadapt.eval.tasks.evaluate` through the run's embedding cache."""
     ev = recipe.eval
     folder = recipe.resolve(ev.data or recipe.data.path)
     task = task_kind("retrieval").create(Path(folder).name or str(folder)).load_data(folder, ev.split)

@@ -1,9 +1,6 @@
 """What the report computes with the models: per-query nDCG@10 of the frozen base and the trained model, the
-similarity of queries to their positives and hard negatives, and the expert load of routed heads.
-
-Both models encode through :class:`medadapt.cache.EmbeddingCache`, so after ``medadapt train`` the report costs
-no transformer pass. Expert load comes through the :class:`RoutingStatsSource` protocol, never by importing a
-system.
+similarity of queries to positives and hard negatives, and the expert load of routed heads (through the
+:class:`RoutingStatsSource` protocol). Encoding goes through the embedding cache: after training it is free.
 """
 
 from __future__ import annotations
@@ -17,6 +14,7 @@ import numpy as np
 from medadapt.adapters.api import adapter_names
 from medadapt.errors import MedAdaptError
 from medadapt.eval import dense_run
+from medadapt.eval.metrics import per_query_values
 from medadapt.eval.search import prepare_for_similarity
 from medadapt.models import load
 
@@ -49,18 +47,9 @@ class QueryRow:
 
 @dataclass
 class RetrievalAnalysis:
-    """Per-query scores and score samples of one evaluation split.
-
-    Attributes:
-        data / split: what was evaluated.
-        metric: the per-query metric (``ndcg@10``).
-        rows: per query (``base`` is NaN without a frozen base model).
-        means: model label -> mean of ``metric``.
-        scores: model label -> ``(positive similarities, hard-negative similarities)``.
-        negatives_from: which model's ranking chose the hard negatives.
-        expert_load: ``{"names", "queries", "documents"}`` when the trained model routes, else ``{}``.
-        notes: what could not be computed, for the page.
-    """
+    """Per-query scores (``base`` NaN without a frozen base) and, per model label, the mean ``metric`` and the
+    ``(positive, hard-negative)`` similarities of one split; ``negatives_from`` names the model whose ranking
+    chose the negatives; ``expert_load`` is ``{"names", "queries", "documents"}`` for a routed model."""
 
     data: str
     split: str
@@ -75,17 +64,9 @@ class RetrievalAnalysis:
 
 def per_query_ndcg(qrels: dict[str, dict[str, int]], run: dict[str, dict[str, float]],
                    k: int = 10) -> dict[str, float]:
-    """``nDCG@k`` of every query of ``qrels`` with pytrec_eval (a query missing from ``run`` scores 0;
-    negative grades count as 0, as in :func:`medadapt.eval.evaluate_run`)."""
-    import pytrec_eval
-
-    safe = {q: {d: max(int(g), 0) for d, g in docs.items()} for q, docs in qrels.items()}
-    # trec_eval drops a query with an empty ranking; one impossible document makes it count as 0
-    scored = {q: ({d: float(s) for d, s in run.get(q, {}).items()} or {"__medadapt_none__": 0.0})
-              for q in safe}
-    measure = f"ndcg_cut.{k}"
-    out = pytrec_eval.RelevanceEvaluator(safe, {measure}).evaluate(scored)
-    return {q: float(out.get(q, {}).get(f"ndcg_cut_{k}", 0.0)) for q in safe}
+    """``nDCG@k`` of every query of ``qrels`` (:func:`medadapt.eval.metrics.per_query_values`: pytrec_eval, a
+    query missing from ``run`` scores 0, negative grades count as 0)."""
+    return per_query_values(qrels, run, f"ndcg@{k}")
 
 
 def _routers(model) -> list[Any]:
@@ -110,24 +91,23 @@ def _load_of(routers: list[Any]) -> tuple[list[str], list[float]] | None:
     return names, (counts / counts.sum()).tolist()
 
 
-def _encode(model, data, split, cache, batch_size, show_progress, routers=None):
-    """``(qids, query_emb, doc_emb)``; with ``routers``, also the load on queries and on documents."""
+def _encode(model, data, split, cache, batch_size, show_progress, depth, routers=()):
+    """``(qids, query_emb, doc_emb, run, load)``: embeddings prepared for inner product, the top-``depth``
+    dense run, and with ``routers`` the load on the queries and on the documents."""
     queries = data.split_queries(split)
     qids = list(queries)
-    load = {}
-    for r in routers or []:
-        r.reset_routing_stats()
-    q = cache.encode(model, [queries[i] for i in qids], role="query", batch_size=batch_size,
-                     show_progress=show_progress, desc="encoding queries")
-    if routers:
-        load["queries"] = _load_of(routers)
+    load, embs = {}, []
+    for role, texts, key in (("query", [queries[i] for i in qids], "queries"),
+                             ("document", data.doc_texts(), "documents")):
         for r in routers:
             r.reset_routing_stats()
-    d = cache.encode(model, data.doc_texts(), role="document", batch_size=batch_size,
-                     show_progress=show_progress, desc="encoding corpus")
-    if routers:
-        load["documents"] = _load_of(routers)
-    return qids, q, d, load
+        embs.append(cache.encode(model, texts, role=role, batch_size=batch_size, show_progress=show_progress,
+                                 desc="encoding queries" if role == "query" else "encoding corpus"))
+        if routers:
+            load[key] = _load_of(routers)
+    sim = getattr(model, "similarity_fn_name", "cosine")
+    q, d = (prepare_for_similarity(e, sim) for e in embs)
+    return qids, q, d, dense_run(qids, q, data.doc_ids, d, depth, "dot"), load
 
 
 def _frozen_base(model, run, log: Log, notes: list[str]):
@@ -164,16 +144,12 @@ def _scores(qids, q, d, doc_index, qrels, neg_ids) -> tuple[np.ndarray, np.ndarr
 def analyse_retrieval(model, run, data, split: str, data_name: str, cache, *, num_negatives: int = 5,
                       batch_size: int = 64, show_progress: bool = True,
                       log: Log = lambda _m: None) -> RetrievalAnalysis:
-    """Per-query nDCG@10 of the frozen base and the trained ``model`` on ``data`` / ``split``, the similarity
-    of each query to its relevant documents and to its ``num_negatives`` hard negatives (the highest-ranked
-    non-relevant documents of the frozen base, or of the trained model without one, so that both models are
-    scored on the same pairs), and the routed heads' expert load on the split's queries and the corpus.
-
-    ``run`` is the :class:`~medadapt.report.run_folder.RunFolder` (for the recipe's backbone)."""
+    """Per-query nDCG@10 of the frozen base (from ``run``'s recipe) and the trained ``model`` on ``data`` /
+    ``split``; each query's similarity to its relevant documents and to its ``num_negatives`` hard negatives
+    (chosen by the frozen base, else the trained model: the same pairs for both); the routed expert load."""
     inner = getattr(model, "st", model)  # a composed model's dense side
     out = RetrievalAnalysis(data=data_name, split=split)
     qrels = data.qrels[split]
-    sim = getattr(inner, "similarity_fn_name", "cosine")
     doc_ids = data.doc_ids
     doc_index = {x: i for i, x in enumerate(doc_ids)}
     depth = max(100, num_negatives + max((len(v) for v in qrels.values()), default=0))
@@ -181,12 +157,10 @@ def analyse_retrieval(model, run, data, split: str, data_name: str, cache, *, nu
     routers = _routers(inner)
     log(f"encoding {len(data.split_queries(split)):,} queries and {len(doc_ids):,} documents with the "
         "trained model")
-    qids, q_t, d_t, load = _encode(inner, data, split, cache, batch_size, show_progress, routers)
+    qids, q_t, d_t, run_t, load = _encode(inner, data, split, cache, batch_size, show_progress, depth, routers)
     if routers and load.get("queries") and load.get("documents"):
         out.expert_load = {"names": load["queries"][0], "queries": load["queries"][1],
                            "documents": load["documents"][1]}
-    q_t, d_t = prepare_for_similarity(q_t, sim), prepare_for_similarity(d_t, sim)
-    run_t = dense_run(qids, q_t, doc_ids, d_t, depth, "dot")  # already prepared
 
     how, base_model = _frozen_base(inner, run, log, out.notes)
     run_b = q_b = d_b = None
@@ -195,13 +169,10 @@ def analyse_retrieval(model, run, data, split: str, data_name: str, cache, *, nu
         if how == "disable":
             base_model.disable_adapters()
         try:
-            _, q_b, d_b, _ = _encode(base_model, data, split, cache, batch_size, show_progress)
+            _, q_b, d_b, run_b, _ = _encode(base_model, data, split, cache, batch_size, show_progress, depth)
         finally:
             if how == "disable":
                 base_model.enable_adapters()
-        base_sim = getattr(base_model, "similarity_fn_name", "cosine")
-        q_b, d_b = prepare_for_similarity(q_b, base_sim), prepare_for_similarity(d_b, base_sim)
-        run_b = dense_run(qids, q_b, doc_ids, d_b, depth, "dot")
 
     log("scoring per query (pytrec_eval)")
     ndcg_t = per_query_ndcg(qrels, run_t)

@@ -7,6 +7,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from medadapt import __version__, systems
 from medadapt.cache import EmbeddingCache
 from medadapt.data import available_splits, load_beir, resolve_data_dir
@@ -90,34 +92,31 @@ def _metric_rows(run: RunFolder) -> list[dict[str, Any]]:
 
 
 def _load_data(run: RunFolder, data: str | Path | None, split: str | None, notes: list[str], log: Log):
-    """``(dataset, name, split)``, or ``None`` with a note when the recipe's data cannot be found (an
+    """``(dataset, name, split)``, or ``None`` with a note when the recipe's data cannot be found or read (an
     explicit ``data`` that cannot be read is an error)."""
-    if data is not None:
-        split = split or run.eval_split() or "test"
-        root = resolve_data_dir(data)
-        if root.is_dir() and split not in available_splits(root):
-            raise MedAdaptError(f"--data {data} has no split {split!r} (splits: "
-                                f"{', '.join(available_splits(root)) or 'none'}); pass --split")
-        log(f"loading {data} / {split}")
-        return load_beir(data, [split]), str(data), split
-    name = run.data_path()
     split = split or run.eval_split() or "test"
+    name = str(data) if data is not None else run.data_path()
     if name is None:
         notes.append("The recipe names no evaluation data: pass --data DIR --split SPLIT for the score "
                      "distribution and the per-query comparison.")
         return None
     root = resolve_data_dir(name)
-    if not root.is_dir():
+    if data is None and not root.is_dir():
         notes.append(f"The recipe's evaluation data {name!r} is not found from the current folder: pass "
                      "--data DIR for the score distribution and the per-query comparison.")
         return None
-    if split not in available_splits(root):
+    if root.is_dir() and split not in available_splits(root):
+        if data is not None:
+            raise MedAdaptError(f"--data {data} has no split {split!r} (splits: "
+                                f"{', '.join(available_splits(root)) or 'none'}); pass --split")
         notes.append(f"The recipe's evaluation data {name!r} has no split {split!r}: pass --split.")
         return None
     log(f"loading {name} / {split}")
     try:
-        return load_beir(root, [split]), name, split
+        return load_beir(data if data is not None else root, [split]), name, split
     except MedAdaptError as exc:
+        if data is not None:
+            raise
         notes.append(f"The recipe's evaluation data {name!r} cannot be read ({exc}).")
         return None
 
@@ -154,22 +153,19 @@ def build_report(run_dir: str | Path, output: str | Path | None = None, *, data:
                  split: str | None = None, cache=None, top: int = 10, top_negatives: int = 5,
                  images_dir: str | Path | None = None, show_progress: bool = True,
                  log: Log = lambda _m: None) -> Path:
-    """Write the HTML report of the run folder ``run_dir``; returns the page's path.
+    """Write the HTML report of the run folder ``run_dir`` (default ``<run_dir>/report.html``, atomically) and
+    return its path.
 
     Args:
-        run_dir: a folder written by ``medadapt train`` (``recipe.yaml``, ``train_log.json``, ...).
-        output: the page (default ``<run_dir>/report.html``); written atomically.
         data / split: BEIR data and split for the score distribution, the per-query comparison and the
             expert load at inference (default: the recipe's evaluation data and split).
-        cache: a :class:`~medadapt.cache.EmbeddingCache` (default: ``$MEDADAPT_CACHE``).
         top: rows in each of the "gained most" / "lost most" tables.
         top_negatives: hard negatives per query in the score distribution.
         images_dir: also write every figure there as a PNG (the page embeds them either way).
 
     Raises:
-        MedAdaptError: ``run_dir`` is not a run folder; ``data`` cannot be read or lacks ``split``; the
-            output cannot be written. Missing optional pieces (no baseline, no MoE head, data not found,
-            the base model not loadable) become notes on the page instead.
+        MedAdaptError: not a run folder; ``data`` cannot be read or lacks ``split``; the output cannot be
+            written. Missing optional pieces become notes on the page.
     """
     if top < 1 or top_negatives < 1:
         raise MedAdaptError("top and top_negatives must be at least 1")
@@ -218,8 +214,6 @@ def build_report(run_dir: str | Path, output: str | Path | None = None, *, data:
     queries_note = ("Needs the trained model, the frozen base model and the evaluation data (see the notes "
                     "above).")
     if analysis is not None and analysis.rows and not all(math.isnan(r.base) for r in analysis.rows):
-        import numpy as np
-
         query_tables = _query_tables(analysis, top)
         base = np.array([r.base for r in analysis.rows])
         trained = np.array([r.trained for r in analysis.rows])

@@ -1,5 +1,5 @@
-"""The report's figures, each returned as PNG bytes (matplotlib's object API with the Agg canvas: no pyplot
-state, no global backend switch, safe in a process that has its own plotting)."""
+"""The report's figures as PNG bytes (matplotlib's object API with the Agg canvas: no pyplot state, no global
+backend switch)."""
 
 from __future__ import annotations
 
@@ -36,28 +36,44 @@ def _png(fig) -> bytes:
 
 
 def _smooth(values: np.ndarray) -> np.ndarray | None:
-    """A centred-ish running mean over ~5% of the points (``None`` under 40 points: the raw line suffices)."""
+    """A running mean over ~5% of the points (``None`` under 40 points: the raw line suffices)."""
     n = len(values)
     if n < 40:
         return None
     w = max(2, n // 20)
-    kernel = np.ones(w) / w
     padded = np.concatenate([np.full(w - 1, values[0]), values])
-    return np.convolve(padded, kernel, mode="valid")
+    return np.convolve(padded, np.ones(w) / w, mode="valid")
 
 
-def _integer_steps(ax) -> None:
+def _curve(ax, xs: np.ndarray, ys: np.ndarray, lw: float, smooth_lw: float, **kwargs) -> None:
+    """The raw line, faint when a running mean is drawn over it in the same colour."""
+    smooth = _smooth(ys)
+    line = ax.plot(xs, ys, lw=lw, alpha=0.35 if smooth is not None else 1.0, **kwargs)[0]
+    if smooth is not None:
+        ax.plot(xs, smooth, lw=smooth_lw, color=line.get_color())
+
+
+def _steps_axis(ax) -> None:
     from matplotlib.ticker import MaxNLocator
 
+    ax.set_xlabel("step")
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
 
 
-def loss_curves(stages: dict[str, dict[str, list[tuple[int, float]]]]) -> bytes:
-    """One panel per stage; in each, the total ``loss`` (bold) and every named part, against the global step.
+def _grouped_bars(ax, groups: Sequence[str], series: dict[str, Sequence[float]], **bar_kwargs) -> None:
+    """One group of bars per entry of ``groups``, one bar per series."""
+    width = 0.8 / max(len(series), 1)
+    for i, (label, values) in enumerate(series.items()):
+        bars = ax.bar(np.arange(len(groups)) + i * width, values, width=width, label=label)
+        if bar_kwargs:
+            ax.bar_label(bars, **bar_kwargs)
+    ax.set_xticks(np.arange(len(groups)) + width * (len(series) - 1) / 2, list(groups), fontsize=8)
+    ax.grid(axis="y", alpha=0.3)
 
-    Args:
-        stages: stage -> part name -> ``[(step, value), ...]`` in step order (stages in run order).
-    """
+
+def loss_curves(stages: dict[str, dict[str, list[tuple[int, float]]]]) -> bytes:
+    """One panel per stage (stage -> part -> ``[(step, value), ...]``): the total ``loss`` (bold) and every
+    named part against the global step."""
     n = len(stages)
     cols = min(n, 3)
     rows = (n + cols - 1) // cols
@@ -65,37 +81,25 @@ def loss_curves(stages: dict[str, dict[str, list[tuple[int, float]]]]) -> bytes:
     for i, (stage, parts) in enumerate(stages.items()):
         ax = fig.add_subplot(rows, cols, i + 1)
         for name, points in parts.items():
-            xs = np.array([p[0] for p in points], dtype=float)
-            ys = np.array([p[1] for p in points], dtype=float)
             main = name == "loss"
-            smooth = _smooth(ys)
-            line = ax.plot(xs, ys, lw=1.8 if main else 1.0, alpha=0.35 if smooth is not None else 1.0,
-                           label=name, color="black" if main else None)[0]
-            if smooth is not None:
-                ax.plot(xs, smooth, lw=1.8 if main else 1.2, color=line.get_color())
+            _curve(ax, np.array([p[0] for p in points], dtype=float), np.array([p[1] for p in points], dtype=float),
+                   1.8 if main else 1.0, 1.8 if main else 1.2, label=name, color="black" if main else None)
         ax.set_title(f"stage: {stage}", fontsize=10)
-        ax.set_xlabel("step")
-        _integer_steps(ax)
+        _steps_axis(ax)
         ax.grid(alpha=0.3)
         ax.legend(fontsize="small")
     return _png(fig)
 
 
 def expert_load_bars(names: Sequence[str], series: dict[str, Sequence[float]]) -> bytes:
-    """Grouped bars: the share of routing decisions each routed expert got, one bar per series (training's
-    last stage, evaluation queries, evaluation documents), with the uniform share as a dashed line."""
+    """The share of routing decisions each routed expert got, one bar per series, with the uniform share."""
     k = len(names)
     fig = _figure(max(4.5, 1.1 * k + 2.5), 3.3)
     ax = fig.add_subplot(1, 1, 1)
-    width = 0.8 / max(len(series), 1)
-    for i, (label, load) in enumerate(series.items()):
-        ax.bar(np.arange(k) + i * width, load, width=width, label=label)
+    _grouped_bars(ax, [f"{j}: {name}" for j, name in enumerate(names)], series)
     ax.axhline(1.0 / k, ls="--", color="gray", lw=1, label="uniform")
-    ax.set_xticks(np.arange(k) + width * (len(series) - 1) / 2,
-                  [f"{j}: {name}" for j, name in enumerate(names)], fontsize=8)
     ax.set_ylabel("share of routing decisions")
     ax.legend(fontsize="small")
-    ax.grid(axis="y", alpha=0.3)
     return _png(fig)
 
 
@@ -106,11 +110,7 @@ def expert_load_curves(names: Sequence[str], rows: Sequence[dict[str, Any]]) -> 
     steps = np.array([r["step"] for r in rows], dtype=float)
     load = np.array([r["load"] for r in rows], dtype=float)
     for j, name in enumerate(names):
-        ys = load[:, j]
-        smooth = _smooth(ys)
-        line = ax.plot(steps, ys, lw=1, alpha=0.35 if smooth is not None else 1.0, label=f"{j}: {name}")[0]
-        if smooth is not None:
-            ax.plot(steps, smooth, lw=1.5, color=line.get_color())
+        _curve(ax, steps, load[:, j], 1, 1.5, label=f"{j}: {name}")
     ax.axhline(1.0 / len(names), ls="--", color="gray", lw=1)
     previous = None
     for r in rows:
@@ -119,8 +119,7 @@ def expert_load_curves(names: Sequence[str], rows: Sequence[dict[str, Any]]) -> 
             ax.annotate(r["stage"], (r["step"], 1.0), xycoords=("data", "axes fraction"), fontsize=8,
                         va="top", ha="left")
             previous = r["stage"]
-    ax.set_xlabel("step")
-    _integer_steps(ax)
+    _steps_axis(ax)
     ax.set_ylabel("share of routing decisions")
     ax.legend(fontsize="small", ncol=2)
     ax.grid(alpha=0.3)
@@ -128,13 +127,11 @@ def expert_load_curves(names: Sequence[str], rows: Sequence[dict[str, Any]]) -> 
 
 
 def score_histograms(panels: dict[str, tuple[np.ndarray, np.ndarray]]) -> bytes:
-    """One panel per model: the similarity of each query to its relevant documents (positives) and to its
-    hard negatives, as overlaid histograms with shared bins."""
+    """One panel per model: overlaid histograms (shared bins) of the similarity of each query to its relevant
+    documents and to its hard negatives."""
     every = np.concatenate([np.concatenate(v) for v in panels.values()])
     lo, hi = float(every.min()), float(every.max())
-    if hi <= lo:
-        hi = lo + 1e-3
-    bins = np.linspace(lo, hi, 41)
+    bins = np.linspace(lo, hi if hi > lo else lo + 1e-3, 41)
     fig = _figure(4.6 * len(panels), 3.2)
     for i, (title, (pos, neg)) in enumerate(panels.items()):
         ax = fig.add_subplot(1, len(panels), i + 1)
@@ -149,19 +146,13 @@ def score_histograms(panels: dict[str, tuple[np.ndarray, np.ndarray]]) -> bytes:
 
 
 def metrics_bars(metrics: Sequence[str], series: dict[str, dict[str, float]]) -> bytes:
-    """Grouped bars: one group per metric, one bar per model (frozen base, trained)."""
+    """One group of bars per metric, one bar per model (frozen base, trained)."""
     fig = _figure(max(4.5, 1.4 * len(metrics) + 2), 3.3)
     ax = fig.add_subplot(1, 1, 1)
-    width = 0.8 / max(len(series), 1)
-    for i, (label, values) in enumerate(series.items()):
-        xs = np.arange(len(metrics)) + i * width
-        ys = [values.get(m, np.nan) for m in metrics]
-        bars = ax.bar(xs, ys, width=width, label=label)
-        ax.bar_label(bars, fmt="%.3f", fontsize=7)
-    ax.set_xticks(np.arange(len(metrics)) + width * (len(series) - 1) / 2, list(metrics), fontsize=8)
+    _grouped_bars(ax, metrics, {label: [values.get(m, np.nan) for m in metrics] for label, values in series.items()},
+                  fmt="%.3f", fontsize=7)
     ax.set_ylim(0, 1.08)
     ax.legend(fontsize="small", loc="lower right")
-    ax.grid(axis="y", alpha=0.3)
     return _png(fig)
 
 
@@ -172,8 +163,7 @@ def per_query_scatter(base: np.ndarray, trained: np.ndarray, metric: str) -> byt
     ax = fig.add_subplot(1, 1, 1)
     delta = trained - base
     colors = np.where(delta > 1e-9, "tab:green", np.where(delta < -1e-9, "tab:red", "tab:gray"))
-    rng = np.random.default_rng(0)  # a little jitter so identical points stay visible
-    jitter = rng.uniform(-0.006, 0.006, size=(2, len(base)))
+    jitter = np.random.default_rng(0).uniform(-0.006, 0.006, size=(2, len(base)))  # identical points stay visible
     ax.scatter(base + jitter[0], trained + jitter[1], s=9, c=colors, alpha=0.6, linewidths=0)
     ax.plot([0, 1], [0, 1], color="black", lw=0.8)
     ax.set_xlim(-0.03, 1.03)

@@ -1,7 +1,6 @@
-"""Reading a run folder written by ``medadapt train`` (``recipe.yaml``, ``train_log.json``, ``metrics.json``,
-``baseline_metrics.json``) for the report, tolerantly: a missing or unreadable optional file becomes a note,
-never an error. Only a folder that is not a run at all (no ``recipe.yaml`` / ``train_log.json``) is refused.
-"""
+"""Reading a run folder of ``medadapt train`` for the report, tolerantly: a missing or unreadable optional file
+(``metrics.json``, ``baseline_metrics.json``) becomes a note; only a folder without ``recipe.yaml`` /
+``train_log.json`` is refused."""
 
 from __future__ import annotations
 
@@ -32,17 +31,9 @@ class LossRow:
 
 @dataclass
 class RunFolder:
-    """What the report reads from a run folder.
-
-    Attributes:
-        path: the folder.
-        name / description / kind: from ``recipe.yaml``.
-        recipe: the whole saved recipe (a plain dict).
-        log: ``train_log.json`` (a dict).
-        loss_rows: the ``loss_history`` rows with finite numeric values only.
-        metrics / baseline: ``metrics.json`` / ``baseline_metrics.json`` (empty when absent).
-        notes: what was missing or unreadable, for the page.
-    """
+    """What the report reads from a run folder: the recipe (``name``, ``description``, ``kind``), the training
+    log and its finite ``loss_history`` rows, the metrics and baseline metrics (empty when absent), and
+    ``notes`` on what was missing or unreadable."""
 
     path: Path
     name: str
@@ -55,21 +46,21 @@ class RunFolder:
     baseline: dict[str, float] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
 
-    def data_path(self) -> str | None:
-        """The evaluation data the recipe names (``eval.data``, else ``data.path``), as written."""
-        ev = self.recipe.get("eval") if isinstance(self.recipe.get("eval"), dict) else {}
-        data = self.recipe.get("data") if isinstance(self.recipe.get("data"), dict) else {}
-        value = ev.get("data") or data.get("path")
+    def _text(self, section: str, key: str) -> str | None:
+        value = self.recipe.get(section)
+        value = value.get(key) if isinstance(value, dict) else None
         return value if isinstance(value, str) and value else None
 
+    def data_path(self) -> str | None:
+        """The evaluation data the recipe names (``eval.data``, else ``data.path``), as written."""
+        return self._text("eval", "data") or self._text("data", "path")
+
     def eval_split(self) -> str | None:
-        ev = self.recipe.get("eval") if isinstance(self.recipe.get("eval"), dict) else {}
-        split = ev.get("split")
-        return split if isinstance(split, str) and split else None
+        return self._text("eval", "split")
 
     def expert_load(self) -> dict[str, Any]:
-        """The MoE expert load the training logged: ``routing_stats`` (the last stage's load per routed
-        expert) and ``expert_load`` (per step), each ``{}`` when absent or malformed."""
+        """The logged MoE expert load: ``final`` (the last stage's, per routed expert) and ``per_step``, each
+        ``{}`` when absent or malformed."""
         return {"final": _routing_stats(self.log.get("routing_stats")),
                 "per_step": _load_rows(self.log.get("expert_load"))}
 
@@ -119,44 +110,36 @@ def _loss_rows(history: Any) -> list[LossRow]:
     return rows
 
 
+def _numbers(values: Any, n: int) -> list[float] | None:
+    """``values`` when it is a list of ``n`` finite numbers, else ``None``."""
+    finite = [_finite(v) for v in values] if isinstance(values, list) and len(values) == n else [None]
+    return None if any(v is None for v in finite) else finite
+
+
 def _routing_stats(obj: Any) -> dict[str, Any]:
-    if not isinstance(obj, dict):
-        return {}
-    names, load = obj.get("names"), obj.get("running_load")
-    if not isinstance(names, list) or not isinstance(load, list) or not load or len(names) != len(load):
-        return {}
-    values = [_finite(v) for v in load]
-    if any(v is None for v in values):
+    names = obj.get("names") if isinstance(obj, dict) else None
+    load = _numbers(obj.get("running_load"), len(names)) if isinstance(names, list) and names else None
+    if load is None:
         return {}
     seen = _finite(obj.get("inputs_seen"))
-    return {"names": [str(n) for n in names], "load": values, "inputs_seen": int(seen) if seen else 0}
+    return {"names": [str(n) for n in names], "load": load, "inputs_seen": int(seen) if seen else 0}
 
 
 def _load_rows(obj: Any) -> dict[str, Any]:
-    if not isinstance(obj, dict) or not isinstance(obj.get("names"), list) \
-            or not isinstance(obj.get("rows"), list):
+    if not isinstance(obj, dict) or not isinstance(obj.get("names"), list) or not isinstance(obj.get("rows"), list):
         return {}
     names = [str(n) for n in obj["names"]]
     rows = []
     for row in obj["rows"]:
-        if not isinstance(row, dict) or not isinstance(row.get("load"), list) \
-                or len(row["load"]) != len(names):
-            continue
-        load = [_finite(v) for v in row["load"]]
-        step = _finite(row.get("step"))
-        if step is None or any(v is None for v in load):
-            continue
-        rows.append({"stage": str(row.get("stage", "")), "step": int(step), "load": load})
+        load = _numbers(row.get("load"), len(names)) if isinstance(row, dict) else None
+        step = _finite(row.get("step")) if load is not None else None
+        if step is not None:
+            rows.append({"stage": str(row.get("stage", "")), "step": int(step), "load": load})
     return {"names": names, "rows": rows} if names and rows else {}
 
 
 def read_run(path: str | Path) -> RunFolder:
-    """Read a run folder (see the module docstring).
-
-    Raises:
-        MedAdaptError: ``path`` is not a folder, or holds no ``recipe.yaml`` / ``train_log.json`` (not a
-            run of ``medadapt train``), or those two cannot be read.
-    """
+    """Read a run folder; one without a readable ``recipe.yaml`` / ``train_log.json`` is a MedAdaptError."""
     path = Path(path)
     if not path.is_dir():
         raise MedAdaptError(f"{path} is not a folder; give a run folder written by `medadapt train`")

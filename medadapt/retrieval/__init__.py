@@ -1,9 +1,6 @@
 """Retrieval and RAG: FAISS dense index, inverted (lexical) index, score fusion, a thread-safe
-:class:`Retriever` saved as a checked folder, and LangChain adapters.
-
-Models are used through the protocols of :mod:`medadapt.retrieval.encoders` (dense, learned sparse or
-both); nothing here imports a system package. Imports are lazy so ``import medadapt.retrieval`` loads
-neither FAISS nor langchain-core::
+:class:`Retriever` saved as a checked folder, and LangChain adapters. Models are used through the protocols
+of :mod:`medadapt.retrieval.encoders`. Imports are lazy (neither FAISS nor langchain-core is loaded)::
 
     from medadapt.retrieval import Retriever, load_documents
     r = Retriever.build(load_documents("medmini"), model="minilm", kind="hybrid")
@@ -17,49 +14,28 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-_LAZY = {
-    "Retriever": "medadapt.retrieval.retriever",
-    "SearchResult": "medadapt.retrieval.retriever",
-    "Hit": "medadapt.retrieval.retriever",
-    "RetrieverConfig": "medadapt.retrieval.config",
-    "DenseConfig": "medadapt.retrieval.config",
-    "LexicalConfig": "medadapt.retrieval.config",
-    "FusionConfig": "medadapt.retrieval.config",
-    "DenseIndex": "medadapt.retrieval.dense",
-    "LexicalIndex": "medadapt.retrieval.lexical",
-    "InvertedIndex": "medadapt.retrieval.inverted",
-    "BM25Weighting": "medadapt.retrieval.bm25",
-    "Tokenizer": "medadapt.retrieval.tokenize",
-    "Documents": "medadapt.retrieval.docstore",
-    "load_documents": "medadapt.retrieval.corpus",
-    "minmax_fusion": "medadapt.retrieval.fusion",
-    "zscore_fusion": "medadapt.retrieval.fusion",
-    "rrf_fusion": "medadapt.retrieval.fusion",
-    "sum_fusion": "medadapt.retrieval.fusion",
-    "fuse": "medadapt.retrieval.fusion",
-    "fuse_runs": "medadapt.retrieval.fusion",
-    "hybrid_score": "medadapt.retrieval.fusion",
-    "hybrid_topk": "medadapt.retrieval.fusion",
-    "exact_search": "medadapt.retrieval.exact",
-    "Encoder": "medadapt.retrieval.encoders",
-    "DenseEncoder": "medadapt.retrieval.encoders",
-    "SparseEncoder": "medadapt.retrieval.encoders",
-    "HybridEncoder": "medadapt.retrieval.encoders",
-    "SentenceTransformerEncoder": "medadapt.retrieval.encoders",
-    "open_encoder": "medadapt.retrieval.encoders",
-    "build_shard": "medadapt.retrieval.sharding",
-    "merge_shards": "medadapt.retrieval.sharding",
-    "train_shard_template": "medadapt.retrieval.sharding",
-    "IndexMismatchError": "medadapt.retrieval.errors",
-    "IndexCorruptError": "medadapt.retrieval.errors",
-    "MedAdaptRetriever": "medadapt.retrieval.langchain",
-    "MedAdaptEmbeddings": "medadapt.retrieval.langchain",
-    "MedAdaptQdrantVectorStore": "medadapt.retrieval.langchain_qdrant",
-    "qdrant_vector_store": "medadapt.retrieval.langchain_qdrant",
-    "upgrade_queries": "medadapt.retrieval.upgrade",
-    "upgrade_qdrant_queries": "medadapt.retrieval.upgrade",
-    "UpgradeResult": "medadapt.retrieval.upgrade",
+_MODULES = {
+    "retriever": ("Retriever", "SearchResult", "Hit"),
+    "config": ("RetrieverConfig", "DenseConfig", "LexicalConfig", "FusionConfig"),
+    "dense": ("DenseIndex",),
+    "lexical": ("LexicalIndex",),
+    "inverted": ("InvertedIndex",),
+    "bm25": ("BM25Weighting",),
+    "tokenize": ("Tokenizer",),
+    "docstore": ("Documents",),
+    "corpus": ("load_documents",),
+    "fusion": ("minmax_fusion", "zscore_fusion", "rrf_fusion", "sum_fusion", "fuse", "fuse_runs", "hybrid_score",
+               "hybrid_topk"),
+    "exact": ("exact_search",),
+    "encoders": ("Encoder", "DenseEncoder", "SparseEncoder", "HybridEncoder", "SentenceTransformerEncoder",
+                 "open_encoder"),
+    "sharding": ("build_shard", "merge_shards", "train_shard_template"),
+    "errors": ("IndexMismatchError", "IndexCorruptError"),
+    "langchain": ("MedAdaptRetriever", "MedAdaptEmbeddings"),
+    "langchain_qdrant": ("MedAdaptQdrantVectorStore", "qdrant_vector_store"),
+    "upgrade": ("upgrade_queries", "upgrade_qdrant_queries", "UpgradeResult"),
 }
+_LAZY = {name: f"medadapt.retrieval.{module}" for module, names in _MODULES.items() for name in names}
 
 __all__ = sorted(_LAZY)
 

@@ -1,9 +1,6 @@
-"""BM25 as sparse vectors: documents become ``{term_id: bm25 weight}``, queries ``{term_id: count}``, and their
-dot product is the BM25 score (bm25s' Lucene variant, equal to bm25s to float32 precision on the same tokens).
-
-``idf(t) = ln(1 + (N - df + 0.5) / (df + 0.5))``, ``w(t, d) = idf(t) * tf / (tf + k1 * (1 - b + b * |d| / avgdl))``.
-Hand-written because bm25s keeps its weights in its own object; here they are plain sparse vectors for the
-shared :class:`~medadapt.retrieval.inverted.InvertedIndex`.
+"""BM25 as sparse vectors: documents ``{term_id: bm25 weight}``, queries ``{term_id: count}``; their dot product
+is bm25s' Lucene BM25 (equal to float32 precision). Hand-written because bm25s keeps its weights in its own
+object; here they are plain sparse vectors for the shared :class:`~medadapt.retrieval.inverted.InvertedIndex`.
 """
 
 from __future__ import annotations
@@ -16,14 +13,8 @@ import scipy.sparse as sp
 
 
 class BM25Weighting:
-    """Vocabulary and corpus statistics of a BM25 index.
-
-    Args:
-        vocab: term -> term id.
-        df: document frequency per term id.
-        n_docs / avgdl: corpus size and mean document length (tokens).
-        k1 / b: BM25 parameters.
-    """
+    """Vocabulary (term -> id), document frequencies per term id, corpus size, mean document length (tokens)
+    and the BM25 parameters of an index."""
 
     def __init__(self, vocab: dict[str, int], df: np.ndarray, n_docs: int, avgdl: float, k1: float = 1.5,
                  b: float = 0.75):
@@ -38,8 +29,7 @@ class BM25Weighting:
     @classmethod
     def fit(cls, docs_tokens: Iterable[Sequence[str]], k1: float = 1.5, b: float = 0.75
             ) -> tuple[BM25Weighting, sp.csr_matrix]:
-        """Build the vocabulary and return ``(weighting, doc_term_bm25)`` where the matrix holds each
-        document's BM25 term weights (``n_docs × n_terms``)."""
+        """``(weighting, doc_term)``: the vocabulary and each document's BM25 term weights (``n_docs × n_terms``)."""
         vocab: dict[str, int] = {}
         rows, cols, tfs, lengths = [], [], [], []
         for i, tokens in enumerate(docs_tokens):
@@ -67,7 +57,7 @@ class BM25Weighting:
         return {int(t): float(c) for t, c in Counter(ids).items()}
 
     def query_matrix(self, queries_tokens: Sequence[Sequence[str]]) -> sp.csr_matrix:
-        """Query vectors stacked as CSR (``n_queries × n_terms``), built without Python dicts."""
+        """Query vectors stacked as CSR (``n_queries × n_terms``)."""
         vocab = self.vocab
         indptr = [0]
         indices: list[int] = []
@@ -82,7 +72,6 @@ class BM25Weighting:
         m.sum_duplicates()  # repeated terms add up, as in bm25s
         return m
 
-    # ------------------------------------------------------------------ persistence
     def to_json(self) -> dict:
         terms = [""] * len(self.vocab)
         for t, i in self.vocab.items():

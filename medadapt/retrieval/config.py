@@ -1,8 +1,5 @@
-"""Typed, validated configuration of retrieval indexes (pydantic, unknown keys refused).
-
-``RetrieverConfig`` is saved inside every index manifest, so an index folder fully describes how it was
-built and how it searches.
-"""
+"""Typed, validated configuration of retrieval indexes (:class:`medadapt.config.Section`: unknown keys and
+non-finite numbers refused), saved inside every index manifest so a folder describes how it was built."""
 
 from __future__ import annotations
 
@@ -17,27 +14,18 @@ FusionMethod = Literal["minmax", "zscore", "rrf", "sum"]
 Language = Literal["auto", "en", "zh", "none"]
 
 
-class _Strict(Section):
-    """Unknown keys and non-finite numbers are refused (:class:`medadapt.config.Section`)."""
-
-
-class DenseConfig(_Strict):
+class DenseConfig(Section):
     """FAISS index settings.
 
     Attributes:
-        factory: any ``faiss.index_factory`` string (``"Flat"``, ``"HNSW32"``, ``"IVF4096,PQ64"``, ...);
-            the metric is always inner product (vectors are normalised when the model's similarity is cosine).
-        ef_construction / ef_search: HNSW graph build / search breadth (ignored by other indexes).
-        nprobe: IVF lists visited per query (ignored by other indexes).
+        factory: any ``faiss.index_factory`` string (``"Flat"``, ``"HNSW32"``, ``"IVF4096,PQ64"``, ...), always
+            inner product (vectors normalised for cosine models).
+        ef_construction / ef_search: HNSW build / search breadth; nprobe: IVF lists visited per query.
         train_size: vectors sampled to train IVF / PQ indexes (``None``: 64 per IVF list, at least 10k).
-        use_gpu: ``"auto"`` moves the index to every visible GPU when faiss-gpu is installed (extra
-            ``[gpu]``), ``True`` requires it, ``False`` stays on CPU.
-        chunk_size: documents encoded (through the embedding cache) and added per step of a build.
-        k_factor: refine indexes (``...,RFlat`` / ``...,Refine(SQfp16)``): the compressed index returns
-            ``k_factor * k`` candidates that are re-scored with the refine codes (FAISS ``IndexRefine``).
-        gpu_shard: with several GPUs, split the index across them (FAISS ``IndexShards`` through
-            ``GpuMultipleClonerOptions.shard``: each GPU holds ``1/n`` of the vectors) instead of
-            replicating it on each (more queries per second, each GPU holds all vectors).
+        use_gpu: ``"auto"`` uses every visible GPU when faiss-gpu is installed, ``True`` requires one.
+        chunk_size: documents encoded and added per step of a build.
+        k_factor: refine indexes (``...,RFlat``) re-score ``k_factor * k`` candidates (FAISS ``IndexRefine``).
+        gpu_shard: with several GPUs, split the index across them (``IndexShards``) instead of replicating it.
     """
 
     factory: str = "Flat"
@@ -58,16 +46,10 @@ class DenseConfig(_Strict):
         return v.strip()
 
 
-class LexicalConfig(_Strict):
-    """BM25 settings (bm25s-compatible: same token pattern, stopwords, stemmer and Lucene scoring).
-
-    Attributes:
-        language: ``"en"`` (regex words, English stopwords, Snowball stemmer), ``"zh"`` (jieba search
-            mode), ``"none"`` (regex words only) or ``"auto"`` (``"zh"`` when most characters are CJK).
-        k1, b: BM25 parameters (bm25s defaults).
-        stopwords: drop English stopwords (``"en"`` only).
-        stem: apply the Snowball English stemmer (PyStemmer; ``"en"`` only).
-    """
+class LexicalConfig(Section):
+    """BM25 settings, bm25s-compatible: ``language`` ``"en"`` (words, English stopwords, Snowball stems),
+    ``"zh"`` (jieba), ``"none"`` (words only) or ``"auto"`` (``"zh"`` when most characters are CJK); ``k1`` /
+    ``b`` (bm25s defaults); ``stopwords`` / ``stem`` apply to English only."""
 
     language: Language = "auto"
     k1: float = Field(1.5, gt=0)
@@ -76,28 +58,12 @@ class LexicalConfig(_Strict):
     stem: bool = True
 
 
-class FusionConfig(_Strict):
-    """How hybrid retrieval combines its dense and lexical sides.
-
-    ``dense_weight`` has one meaning in medadapt (HyReC eq. 9, :func:`~medadapt.retrieval.fusion.hybrid_score`)::
-
-        score = lexical + dense_weight * dense
-
-    taken over each method's scores: the raw scores (``sum``), min-max or z-score normalised scores
-    (``minmax`` / ``zscore``), or reciprocal ranks (``rrf``). ``1`` weighs both sides equally, ``0``
-    ignores the dense side (use ``kind="dense"`` for the dense side alone).
-
-    Attributes:
-        method: ``"minmax"`` / ``"zscore"`` sum of normalised scores, ``"rrf"``, or ``"sum"``: the raw scores,
-            every candidate of either top-``depth`` list scored exactly (for a model whose dense and lexical
-            scores are both dot products of L2-normalised vectors, such as HyReC: its NM sum, eq. 9).
-        dense_weight: the dense side's weight (the lexical side's is 1); for a HyReC model use the weight
-            it was trained with (``model.config.dense_weight``, 1 in the paper).
-        depth: documents taken from each list before fusing.
-        rrf_k: the RRF constant (60, as in Cormack et al. 2009).
-
-    Format-1 index manifests (``dense_weight`` a convex share ``w``) convert on load to ``w / (1 - w)``.
-    """
+class FusionConfig(Section):
+    """How hybrid retrieval combines its sides: ``score = lexical + dense_weight * dense`` (HyReC eq. 9), over
+    the raw scores (``sum``: every candidate of either top-``depth`` list scored exactly, e.g. HyReC's NM sum),
+    min-max or z-score normalised scores, or reciprocal ranks (``rrf``, constant ``rrf_k``). ``dense_weight``
+    1 weighs both sides equally (HyReC: the weight it was trained with); ``depth``: documents taken from each
+    list. Format-1 manifests (a convex share ``w``) convert on load to ``w / (1 - w)``."""
 
     method: FusionMethod = "minmax"
     dense_weight: float = Field(1.0, ge=0)
@@ -105,7 +71,7 @@ class FusionConfig(_Strict):
     rrf_k: int = Field(60, ge=1)
 
 
-class RetrieverConfig(_Strict):
+class RetrieverConfig(Section):
     """What a :class:`~medadapt.retrieval.Retriever` indexes and how it searches."""
 
     kind: RetrieverKind = "dense"

@@ -1,5 +1,5 @@
-"""Resolve what users pass as a corpus: a BEIR folder, a ``corpus.jsonl`` file, or a builtin dataset
-name (``medmini``), into :class:`~medadapt.retrieval.docstore.Documents`."""
+"""A corpus (a BEIR folder, a ``corpus.jsonl`` file or a builtin name) as
+:class:`~medadapt.retrieval.docstore.Documents`."""
 
 from __future__ import annotations
 
@@ -11,11 +11,7 @@ from medadapt.retrieval.docstore import Documents
 
 
 def load_documents(source: str | Path) -> Documents:
-    """Load a corpus (``{"_id", "title"?, "text"}`` per line) from a folder, a JSONL file or a builtin name.
-
-    Raises:
-        DataError: the path does not exist, holds no ``corpus.jsonl``, or the file is malformed.
-    """
+    """Load a corpus (``{"_id", "title"?, "text"}`` per line); a missing or malformed one is a DataError."""
     path = resolve_data_dir(source)
     if path.is_dir():
         path = path / "corpus.jsonl"

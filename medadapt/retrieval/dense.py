@@ -1,17 +1,14 @@
 """Dense index on FAISS: any ``index_factory`` string, inner product on (normalised) vectors.
 
-* Built in chunks: :meth:`DenseIndex.build_from_model` encodes ``chunk_size`` documents at a time (through
-  the :class:`~medadapt.cache.EmbeddingCache`) and adds them; IVF / PQ indexes are trained first on a sample
-  of ``train_size`` documents.
-* GPU: with faiss-gpu installed (extra ``[gpu]``) and ``use_gpu`` ``"auto"``/``True``, the index is
-  cloned to every visible GPU for adding and searching; otherwise it stays on CPU. Saved files are
-  always CPU indexes.
-* Search is thread-safe: FAISS CPU indexes allow concurrent searches; GPU searches are serialised by
-  a lock (FAISS GPU resources are not thread-safe).
+Built ``chunk_size`` documents at a time (IVF / PQ trained first on a sample of ``train_size``). With faiss-gpu
+(extra ``[gpu]``) the index is cloned to every visible GPU; saved files are CPU indexes. Searches are
+thread-safe (GPU searches serialised by a lock: FAISS GPU resources are not thread-safe).
 """
 
 from __future__ import annotations
 
+import contextlib
+import re
 import threading
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -54,10 +51,7 @@ def new_index(dim: int, factory: str):
 
 
 def _faiss_message(exc: BaseException) -> str:
-    """The useful part of the first line of a FAISS error (``Error in ... at file:line: Error: 'x' failed:
-    <message>`` -> ``<message>``)."""
-    import re
-
+    """The useful part of the first line of a FAISS error (``Error in ... at f:1: Error: 'x' failed: <msg>``)."""
     text = str(exc).strip()
     first = text.splitlines()[0] if text else type(exc).__name__
     match = re.match(r"Error in .*? at \S+:\d+: (.*)$", first)
@@ -77,6 +71,10 @@ def ivf_lists(index) -> int:
     return int(ivf.nlist) if ivf is not None else 0
 
 
+def default_train_size(index) -> int:
+    return max(10_000, 64 * ivf_lists(index))
+
+
 def check_trainable(index, factory: str, n_train: int, n_docs: int) -> None:
     """Refuse, before any encoding, an IVF index with more lists than training vectors (FAISS's k-means
     needs at least ``nlist`` points and warns below ``39 * nlist``)."""
@@ -90,22 +88,9 @@ def check_trainable(index, factory: str, n_train: int, n_docs: int) -> None:
         )
 
 
-def default_train_size(index) -> int:
-    import faiss
-
-    ivf = faiss.try_extract_index_ivf(index)
-    nlist = ivf.nlist if ivf is not None else 0
-    return max(10_000, 64 * nlist)
-
-
 class DenseIndex:
-    """A FAISS index over document positions ``0..n-1``.
-
-    Args:
-        index: a CPU FAISS index (inner-product metric).
-        config: :class:`DenseConfig`; ``ef_search`` / ``nprobe`` are applied now.
-        normalized: whether vectors are L2-normalised before adding and searching (cosine models).
-    """
+    """A CPU FAISS index (inner product) over document positions ``0..n-1``; ``normalized``: vectors are
+    L2-normalised before adding and searching (cosine models). ``config``'s search settings apply now."""
 
     def __init__(self, index, config: DenseConfig | None = None, normalized: bool = True):
         self.config = config or DenseConfig()
@@ -148,11 +133,8 @@ class DenseIndex:
         return normalize(x) if self.normalized else x
 
     def train(self, sample: np.ndarray) -> None:
-        """Train IVF / PQ components (no-op for indexes that need no training).
-
-        Raises:
-            MedAdaptError: too few vectors for the IVF lists, or FAISS refused to train (its message).
-        """
+        """Train IVF / PQ components (no-op for indexes that need none); too few vectors for the IVF lists,
+        or FAISS refusing to train, is a :class:`MedAdaptError`."""
         if not self._cpu.is_trained:
             check_trainable(self._cpu, self.config.factory, len(sample), len(sample))
             try:
@@ -173,17 +155,8 @@ class DenseIndex:
     def build(cls, vectors: np.ndarray, config: DenseConfig | None = None, normalized: bool = True,
               seed: int = 0) -> DenseIndex:
         """Build from vectors already in memory (trained on a random sample when needed)."""
-        config = config or DenseConfig()
-        index = cls.empty(vectors.shape[1], config, normalized)
-        if not index.is_trained:
-            n = config.train_size or default_train_size(index._cpu)
-            check_trainable(index._cpu, config.factory, min(n, len(vectors)), len(vectors))
-            rng = np.random.default_rng(seed)
-            sample = vectors if len(vectors) <= n else vectors[np.sort(rng.choice(len(vectors), n, replace=False))]
-            index.train(sample)
-        for start in range(0, len(vectors), config.chunk_size):
-            index.add(vectors[start : start + config.chunk_size])
-        return index
+        return cls.build_chunked(len(vectors), lambda positions: vectors[positions], vectors.shape[1], config,
+                                 normalized, seed, show_progress=False)
 
     @classmethod
     def build_chunked(
@@ -196,12 +169,8 @@ class DenseIndex:
         seed: int = 0,
         show_progress: bool = True,
     ) -> DenseIndex:
-        """Build by calling ``embed(positions)`` for one chunk of document positions at a time.
-
-        ``embed`` returns the embeddings of those documents (e.g. through the embedding cache); only one
-        chunk is ever in memory. Trainable indexes first embed a random sample of ``train_size``
-        documents (those embeddings are cached, so they are not encoded twice).
-        """
+        """Build by calling ``embed(positions)`` (e.g. through the embedding cache) for one chunk of document
+        positions at a time; trainable indexes first embed a random sample of ``train_size`` documents."""
         config = config or DenseConfig()
         index = cls.empty(dim, config, normalized)
         if not index.is_trained:
@@ -223,8 +192,7 @@ class DenseIndex:
     def build_from_model(cls, encoder, texts: Sequence[str], config: DenseConfig | None = None,
                          batch_size: int = 64, show_progress: bool = True) -> DenseIndex:
         """Encode ``texts`` with ``encoder.encode_document`` chunk by chunk (a
-        :class:`~medadapt.retrieval.encoders.DenseEncoder`; the sentence-transformers adapter goes through
-        the embedding cache); vectors are normalised when the encoder's similarity is cosine."""
+        :class:`~medadapt.retrieval.encoders.DenseEncoder`), normalised when its similarity is cosine."""
         normalized = uses_cosine(encoder)
 
         def embed(positions: np.ndarray) -> np.ndarray:
@@ -258,17 +226,14 @@ class DenseIndex:
         """Top-``k`` ``(scores, positions)`` per query, padded with ``-inf`` / ``-1``."""
         q = self._prep(queries)
         k = max(1, min(k, max(self.ntotal, 1)))
-        if self._on_gpu:
-            with self._lock:
-                s, i = self._search_index.search(q, k)
-        else:
+        with self._lock if self._on_gpu else contextlib.nullcontext():
             s, i = self._search_index.search(q, k)
         s = np.where(i < 0, -np.inf, s).astype(np.float32)
         return s, i.astype(np.int64)
 
     def reconstruct(self, positions: np.ndarray) -> np.ndarray | None:
-        """The stored vectors at ``positions`` (decoded, for compressed indexes), or ``None`` when the index
-        type cannot give them back (e.g. IVF without a direct map)."""
+        """The stored vectors at ``positions`` (decoded), or ``None`` when the index type cannot give them back
+        (e.g. IVF without a direct map)."""
         try:
             return self.cpu_index().reconstruct_batch(np.asarray(positions, dtype=np.int64))
         except RuntimeError:
@@ -344,20 +309,17 @@ def _hnsw(index):
 
 
 def uses_cosine(model) -> bool:
-    """True when the model's (or encoder's) ``similarity_fn_name`` is cosine (vectors are normalised); dot
-    product keeps them raw. Other similarities raise :class:`MedAdaptError`."""
+    """True when the model's ``similarity_fn_name`` is cosine (vectors normalised), False for dot; other
+    similarities raise :class:`MedAdaptError`."""
     try:
         return similarity_is_cosine(getattr(model, "similarity_fn_name", None))
     except ValueError as exc:
         raise MedAdaptError(f"{exc} (inner-product retrieval)") from None
 
 
-model_uses_cosine = uses_cosine  # the older name
-
-
 def embedding_dim(model) -> int | None:
-    """The output dimension of a SentenceTransformer (the getter was renamed in sentence-transformers v6) or
-    of an encoder with an ``embedding_dim`` attribute; ``None`` when it is not known before encoding."""
+    """The output dimension of a SentenceTransformer (either getter name) or of an encoder with an
+    ``embedding_dim`` attribute; ``None`` when it is not known before encoding."""
     dim = getattr(model, "embedding_dim", None)
     if dim is not None:
         return int(dim() if callable(dim) else dim)

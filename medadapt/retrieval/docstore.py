@@ -1,15 +1,12 @@
-"""Document store of an index: ids in memory, titles and texts on disk, read by byte offset.
-
-``docs.jsonl`` holds one ``{"_id", "title", "text"}`` object per line; ``docs.offsets.npy`` the byte offset
-of each line (``n + 1`` entries). Texts are read on demand with ``os.pread`` (thread-safe, no shared file
-position), so a million-document index does not keep every text in memory.
-"""
+"""Document store of an index: ``docs.jsonl`` (one ``{"_id", "title", "text"}`` per line) and
+``docs.offsets.npy`` (``n + 1`` byte offsets), read on demand with ``os.pread`` (thread-safe)."""
 
 from __future__ import annotations
 
 import hashlib
 import json
 import os
+import weakref
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
@@ -75,17 +72,10 @@ class DocStore:
         self.ids = ids
         self.offsets = offsets
         self._fd = os.open(self.path, os.O_RDONLY)
+        weakref.finalize(self, os.close, self._fd)
 
     def __len__(self) -> int:
         return len(self.ids)
-
-    def __del__(self, _close=os.close):  # pragma: no cover - best effort; `os` may be gone at interpreter exit
-        fd = getattr(self, "_fd", None)
-        if fd is not None:
-            try:
-                _close(fd)
-            except OSError:
-                pass
 
     def get(self, position: int) -> dict[str, str]:
         start, end = int(self.offsets[position]), int(self.offsets[position + 1])

@@ -1,27 +1,11 @@
-"""What the :class:`~medadapt.retrieval.Retriever` needs from a model, as small protocols: retrieval never
-checks a class name and imports no system package.
+"""What retrieval needs from a model, as small protocols (never a class name, never a system package):
+:class:`DenseEncoder` (query / document vectors), :class:`SparseEncoder` (learned ``{term_id: weight}``
+vectors), :class:`HybridEncoder` (both in one pass); every :class:`Encoder` has an ``encoder_tag`` and an
+``encoder_identity()`` recorded in index manifests.
 
-* :class:`DenseEncoder`: ``encode_query`` / ``encode_document`` -> dense vectors (``n × d`` numpy), and
-  ``similarity_fn_name`` (``"cosine"``: vectors are L2-normalised before the inner product; ``"dot"``).
-* :class:`SparseEncoder`: ``encode_lexical(texts, role)`` -> one learned sparse ``{term_id: weight}`` per
-  text, over ``n_terms`` term ids (they go into the inverted index).
-* :class:`HybridEncoder`: both, plus ``encode(texts, role, dense=..., lexical=...)`` computing both sides in
-  one pass (used when indexing).
-* Every encoder (:class:`Encoder`) has an ``encoder_tag`` (recorded as the manifest's ``encoder``) and
-  ``encoder_identity()``: ``{"fingerprint": ..., "similarity", "max_seq_length", "query_prompt",
-  "document_prompt"}`` (all but the fingerprint optional), checked when an index is reopened.
-
-A ``SentenceTransformer`` is used through :class:`SentenceTransformerEncoder` (dense; documents through
-the :class:`~medadapt.cache.EmbeddingCache`), unless one of its modules offers the model's encoder itself:
-a module with ``as_encoder(model)`` (HyReC's learned-lexical branch gives dense + learned sparse). That is
-a capability of the loaded model, never a guess from a folder's files. Any other object becomes an encoder
-by offering the methods above.
-
-Example::
-
-    from medadapt.retrieval.encoders import open_encoder, SparseEncoder
-    enc = open_encoder("runs/hyrec")          # medadapt.load, then the model's own encoder if it offers one
-    isinstance(enc, SparseEncoder)            # True for a model with a learned-lexical branch
+A ``SentenceTransformer`` is adapted by :class:`SentenceTransformerEncoder` (documents through the
+:class:`~medadapt.cache.EmbeddingCache`), unless one of its modules offers the model's encoder itself
+(``module.as_encoder(model)``: HyReC's learned-lexical branch), a capability of the loaded model.
 """
 
 from __future__ import annotations
@@ -51,13 +35,9 @@ ST_TAG = "sentence-transformers"
 # ------------------------------------------------------------------------------------------ protocols
 @runtime_checkable
 class Encoder(Protocol):
-    """Identity of an encoder: its tag (the manifest's ``encoder``) and what identifies its weights.
-
-    Optional: ``fusion_defaults`` (``{"method": ..., "dense_weight": ...}``), the hybrid fusion the model was
-    trained for; ``Retriever.build`` without a config and ``medadapt index`` use it (a HyReC model: its NM
-    sum at its ``dense_weight``). ``document_fingerprint()``: identifies everything the encoder computes for
-    a document (recorded in the manifest; an index's queries may move to another encoder with the same one,
-    :mod:`medadapt.retrieval.upgrade`)."""
+    """Identity of an encoder: its tag (the manifest's ``encoder``) and what identifies its weights. Optional:
+    ``fusion_defaults`` (``{"method", "dense_weight"}``: the hybrid fusion it was trained for) and
+    ``document_fingerprint()`` (its document side, :mod:`medadapt.retrieval.upgrade`)."""
 
     encoder_tag: str
 
@@ -101,16 +81,8 @@ class HybridEncoder(DenseEncoder, SparseEncoder, Protocol):
 
 # ------------------------------------------------------------------------------------------ adapter
 class SentenceTransformerEncoder:
-    """A ``SentenceTransformer`` as a :class:`DenseEncoder`.
-
-    Queries go through ``model.encode_query`` and documents through ``model.encode_document`` (so prompts
-    and query / document routes apply), documents via the embedding cache.
-
-    Args:
-        model: a ``SentenceTransformer``.
-        cache: an :class:`~medadapt.cache.EmbeddingCache` for documents (default: one at the default cache
-            folder, created when documents are first encoded).
-    """
+    """A ``SentenceTransformer`` as a :class:`DenseEncoder`: ``encode_query`` / ``encode_document`` (prompts
+    and routes apply), documents through ``cache`` (default: the default cache folder, opened on first use)."""
 
     encoder_tag: ClassVar[str] = ST_TAG
 
@@ -141,12 +113,8 @@ class SentenceTransformerEncoder:
         }
 
     def document_fingerprint(self) -> str:
-        """Fingerprint of what ``encode_document`` runs: a ``Router`` model's document route and the modules
-        after it (:meth:`EmbeddingCache.encoder_for <medadapt.cache.EmbeddingCache.encoder_for>`), heads and
-        ``Normalize`` included; a one-tower model's :func:`~medadapt.identity.model_fingerprint`. A query-route
-        head or a CARE query tower keeps the base's; a head on both sides changes it. (The cache's
-        :meth:`~medadapt.cache.EmbeddingCache.role_fingerprint` keys the backbone only, heads applied on read,
-        so it cannot tell these apart.)"""
+        """Fingerprint of what ``encode_document`` runs (a ``Router`` model's document route and the modules
+        after it, heads included): a query-route head or a CARE query tower keeps the base's."""
         return model_fingerprint(EmbeddingCache.encoder_for(self.model, "document"))
 
     def encode_query(self, texts: Sequence[str], *, batch_size: int = 64, show_progress: bool = False
@@ -165,10 +133,6 @@ class SentenceTransformerEncoder:
                                  show_progress=show_progress)
 
 
-def _is_sentence_transformer_like(model) -> bool:
-    return callable(getattr(model, "encode_query", None)) and callable(getattr(model, "encode_document", None))
-
-
 # ------------------------------------------------------------------------------------------ resolving
 def _module_encoder(model):
     """The encoder one of ``model``'s modules offers for it (``module.as_encoder(model)``), or ``None``."""
@@ -180,17 +144,11 @@ def _module_encoder(model):
 
 
 def as_encoder(model, *, cache=None):
-    """``model`` as an encoder: an object satisfying :class:`DenseEncoder` / :class:`SparseEncoder` is
-    returned as is; a ``SentenceTransformer`` gives the encoder one of its modules offers (a learned-lexical
-    branch: dense + learned sparse), else it is wrapped in :class:`SentenceTransformerEncoder` (with
-    ``cache``).
-
-    Raises:
-        MedAdaptError: ``model`` offers neither protocol.
-    """
+    """``model`` as an encoder: an encoder as is; a ``SentenceTransformer`` as the encoder one of its modules
+    offers, else wrapped in :class:`SentenceTransformerEncoder`; anything else is a :class:`MedAdaptError`."""
     if isinstance(model, Encoder) and isinstance(model, (DenseEncoder, SparseEncoder)):
         return model
-    if _is_sentence_transformer_like(model):
+    if callable(getattr(model, "encode_query", None)) and callable(getattr(model, "encode_document", None)):
         return _module_encoder(model) or SentenceTransformerEncoder(model, cache)
     raise MedAdaptError(
         f"{type(model).__name__} cannot be used for retrieval: an encoder offers encode_query / encode_document "
@@ -208,9 +166,8 @@ def open_encoder(model, device: str | None = None, *, cache=None):
 
 
 def offers_sparse(model) -> bool:
-    """Whether ``model`` gives learned sparse vectors: a loaded model through its encoder's protocol; a
-    folder, before loading it, by the capability of the module classes it names (``modules.json``, side
-    modules)."""
+    """Whether ``model`` gives learned sparse vectors: a loaded model by its encoder's protocol; a folder,
+    before loading it, by the capability of the module classes it names."""
     if not isinstance(model, (str, Path)):
         return isinstance(as_encoder(model), SparseEncoder)
     folder = Path(model).expanduser()

@@ -1,15 +1,6 @@
-"""Exact top-k inner-product search over dense embeddings, and the two small helpers every dense path shares.
-
-* :func:`exact_search`: FAISS ``IndexFlatIP`` searched in query chunks (FAISS scores in blocks internally:
-  no queries × documents matrix is ever materialised). The one exact search of medadapt: evaluation
-  (:func:`medadapt.eval.exact_search` re-exports it), mining, HyReC evaluation and the curation searchers
-  call it.
-* :func:`normalize_rows`: L2-normalise rows (the FAISS dense index and cosine similarity use it).
-* :func:`similarity_is_cosine` / :func:`prepare_for_similarity`: a model's ``similarity_fn_name`` turned
-  into "normalise or not" (``cosine`` / ``dot``; anything else is refused for inner-product search).
-
-This module imports only numpy (FAISS inside :func:`exact_search`), so the light retrieval modules and
-:mod:`medadapt.eval.search` can both build on it.
+"""The one exact top-k inner-product search of medadapt (FAISS ``IndexFlatIP`` in query chunks: no queries ×
+documents matrix) and the helpers every dense path shares (row normalisation, cosine / dot). Imports only
+numpy at module level, so light modules and :mod:`medadapt.eval.search` can build on it.
 """
 
 from __future__ import annotations
@@ -26,11 +17,7 @@ def normalize_rows(x: np.ndarray) -> np.ndarray:
 
 
 def similarity_is_cosine(similarity_fn_name: str | None) -> bool:
-    """``True`` for ``cosine`` (the default when ``None``), ``False`` for ``dot``.
-
-    Raises:
-        ValueError: any other similarity (inner-product search cannot serve it).
-    """
+    """``True`` for ``cosine`` (the default), ``False`` for ``dot``; any other similarity is a ValueError."""
     name = (similarity_fn_name or "cosine").lower()
     if name not in ("cosine", "dot"):
         raise ValueError(f"similarity {similarity_fn_name!r} is not supported for retrieval (use 'cosine' or 'dot')")
@@ -45,10 +32,7 @@ def prepare_for_similarity(emb: np.ndarray, similarity_fn_name: str | None) -> n
 def exact_search(
     queries: np.ndarray, docs: np.ndarray, k: int, query_chunk: int = 4096
 ) -> tuple[np.ndarray, np.ndarray]:
-    """Return ``(scores, indices)``, each ``n_queries × min(k, n_docs)``, best first.
-
-    Queries are searched ``query_chunk`` at a time so memory stays ``O(query_chunk × k)``.
-    """
+    """``(scores, indices)``, each ``n_queries × min(k, n_docs)``, best first (``query_chunk`` queries at a time)."""
     import faiss
 
     queries = np.ascontiguousarray(queries, dtype=np.float32)

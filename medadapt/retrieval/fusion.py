@@ -1,10 +1,6 @@
-"""Score fusion as small pure functions over ``{doc_id: score}`` lists, and the one hybrid score.
-
-The hybrid score (HyReC eq. 9) is the one meaning of ``dense_weight`` in medadapt:
-``score = lexical + dense_weight * dense`` (:func:`hybrid_score`), used by HyReC's evaluation and training and
-by the Retriever. A document missing from a list gets that list's lowest normalised score (nothing in RRF);
-ties break by document id. See docs/retrieval.md, "Fusion".
-"""
+"""Score fusion as small pure functions over ``{doc_id: score}`` lists, and the one hybrid score
+``lexical + dense_weight * dense`` (HyReC eq. 9, :func:`hybrid_score`). A document missing from a list gets
+that list's lowest normalised score (nothing in RRF); ties break by document id. See docs/retrieval.md."""
 
 from __future__ import annotations
 
@@ -25,8 +21,7 @@ def hybrid_score(lexical: T, dense: T, dense_weight: float = 1.0) -> T:
 
 
 def hybrid_weights(dense_weight: float) -> list[float]:
-    """List weights ``[dense, lexical]`` of a hybrid fusion: :func:`hybrid_score`'s meaning (lexical weight
-    1) for :func:`fuse` over ``[dense_list, lexical_list]``."""
+    """List weights ``[dense, lexical]`` for :func:`fuse` with :func:`hybrid_score`'s meaning (lexical 1)."""
     if not dense_weight >= 0 or not math.isfinite(dense_weight):
         raise ValueError(f"dense_weight must be a finite number >= 0, got {dense_weight}")
     return [float(dense_weight), 1.0]
@@ -34,24 +29,13 @@ def hybrid_weights(dense_weight: float) -> list[float]:
 
 def hybrid_topk(positions: np.ndarray, lexical: np.ndarray, dense: np.ndarray, dense_weight: float = 1.0,
                 k: int | None = None) -> tuple[np.ndarray, np.ndarray]:
-    """Rank candidates by their exact :func:`hybrid_score`.
-
-    Args:
-        positions: candidate document positions (integers, distinct).
-        lexical / dense: each candidate's true lexical and dense score (0 lexical for a document sharing no
-            term with the query).
-        k: how many to keep (all when ``None``).
-
-    Returns:
-        ``(positions, scores)`` of the best ``k``, best first; ties go to the lower position.
-    """
+    """``(positions, scores)`` of the best ``k`` (all when ``None``) distinct candidate positions by their exact
+    :func:`hybrid_score` of true ``lexical`` and ``dense`` scores, best first; ties go to the lower position."""
     positions = np.asarray(positions)
     score = hybrid_score(np.asarray(lexical), np.asarray(dense), dense_weight)
     order = np.lexsort((positions, -score))[:k]
     return positions[order], score[order]
 
-
-# ---------------------------------------------------------------------------------------- list fusion
 
 
 def minmax_normalize(scores: Scores) -> dict[str, float]:
@@ -93,8 +77,8 @@ def _ranked(fused: dict[str, float], k: int | None) -> dict[str, float]:
 
 def weighted_sum(normalized: Sequence[Mapping[str, float]], weights: Sequence[float] | None = None,
                  k: int | None = None, floors: Sequence[float] | None = None) -> dict[str, float]:
-    """Weighted sum of already-normalised lists, applying the missing-document rule: a missing document gets
-    ``floors[i]`` from list ``i`` (default: that list's lowest normalised score)."""
+    """Weighted sum of normalised lists; a document missing from list ``i`` gets ``floors[i]`` (default: that
+    list's lowest score)."""
     ws = _weights(len(normalized), weights)
     if floors is None:
         floors = [min(n.values()) if n else 0.0 for n in normalized]
@@ -130,10 +114,8 @@ def zscore_fusion(lists: Sequence[Scores], weights: Sequence[float] | None = Non
 
 def rrf_fusion(lists: Sequence[Scores], k_rrf: int = 60, weights: Sequence[float] | None = None,
                k: int | None = None) -> dict[str, float]:
-    """Reciprocal rank fusion (Cormack et al. 2009): ``sum_i w_i / (k_rrf + rank_i(d))``, ranks from 1.
-
-    Each list is ranked by descending score (ties by document id); unweighted RRF uses weight 1 per list.
-    """
+    """Reciprocal rank fusion (Cormack et al. 2009): ``sum_i w_i / (k_rrf + rank_i(d))``, ranks from 1 (ties by
+    document id), weight 1 per list by default."""
     ws = [1.0] * len(lists) if weights is None else _weights(len(lists), weights)
     fused: dict[str, float] = {}
     for w, scores in zip(ws, lists):
@@ -144,10 +126,8 @@ def rrf_fusion(lists: Sequence[Scores], k_rrf: int = 60, weights: Sequence[float
 
 def sum_fusion(lists: Sequence[Scores], weights: Sequence[float] | None = None, k: int | None = None
                ) -> dict[str, float]:
-    """Weighted sum of the raw scores, for scores already on one scale such as HyReC's normalised lexical and
-    dense dot products (eq. 9; with :func:`hybrid_weights` this is :func:`hybrid_score` over the lists). A
-    document missing from a list gets that list's lowest score, the tightest bound its true score is known to
-    stay under (0 would sink every document outside the dense top list when all cosines are high)."""
+    """Weighted sum of raw scores on one scale (HyReC's eq. 9 with :func:`hybrid_weights`). A missing document
+    gets that list's lowest score, the tightest known bound (0 would sink it when all cosines are high)."""
     return weighted_sum([dict(s) for s in lists], weights, k)
 
 
@@ -164,11 +144,20 @@ def fuse(lists: Sequence[Scores], method: str = "minmax", weights: Sequence[floa
     return FUSERS[method](lists, weights, k)
 
 
+def fuse_positions(dense: Mapping[int, float], lexical: Mapping[int, float], fusion, k: int
+                   ) -> list[tuple[int, float]]:
+    """:func:`fuse` of a dense and a lexical list keyed by document position, with ``fusion``'s method, weights
+    (:func:`hybrid_weights`) and RRF constant (a :class:`~medadapt.retrieval.config.FusionConfig`); ties go
+    to the lower position (zero-padded keys make the id tie-break the position order)."""
+    keyed = [{f"{p:012d}": s for p, s in side.items()} for side in (dense, lexical)]
+    fused = fuse(keyed, fusion.method, hybrid_weights(fusion.dense_weight), k, fusion.rrf_k)
+    return [(int(key), score) for key, score in fused.items()]
+
+
 def fuse_runs(runs: Sequence[Mapping[str, Scores]], method: str = "minmax",
               weights: Sequence[float] | None = None, k: int | None = None, rrf_k: int = 60
               ) -> dict[str, dict[str, float]]:
-    """Fuse whole runs ``{qid: {doc_id: score}}`` query by query (queries missing from a run count as
-    empty lists)."""
+    """Fuse whole runs ``{qid: {doc_id: score}}`` query by query (a missing query is an empty list)."""
     qids: dict[str, None] = {}
     for run in runs:
         qids.update(dict.fromkeys(run))

@@ -1,10 +1,6 @@
-"""A generic exact top-k engine over sparse ``{term_id: weight}`` vectors, scored by dot product; BM25 and
-learned lexical weights share it.
-
-Documents are stored as term-major CSR postings, so a query reads only its terms' lists; scoring is a scipy
-sparse product, top-k an ``argpartition``, ties towards the lower document index (equal to brute force).
-Hand-written because neither FAISS nor scipy offers exact top-k sparse retrieval with persistence, and bm25s'
-is hard-wired to BM25.
+"""Exact top-k search over sparse ``{term_id: weight}`` vectors by dot product (BM25 and learned weights):
+term-major CSR postings, a scipy sparse product, top-k by ``argpartition`` with ties to the lower document.
+Hand-written: neither FAISS nor scipy offers exact sparse top-k with persistence; bm25s' is BM25-only.
 """
 
 from __future__ import annotations
@@ -21,8 +17,7 @@ SparseVector = Mapping[int, float]
 
 
 def to_csr(vectors: Sequence[SparseVector], n_terms: int) -> sp.csr_matrix:
-    """Stack ``{term_id: weight}`` dicts into a CSR matrix (``len(vectors) × n_terms``); duplicate-free
-    by construction. Term ids outside ``[0, n_terms)`` raise ``ValueError``."""
+    """Stack ``{term_id: weight}`` dicts into a CSR matrix; term ids outside ``[0, n_terms)`` are a ValueError."""
     indptr = np.zeros(len(vectors) + 1, dtype=np.int64)
     for i, v in enumerate(vectors):
         indptr[i + 1] = indptr[i] + len(v)
@@ -40,8 +35,7 @@ def to_csr(vectors: Sequence[SparseVector], n_terms: int) -> sp.csr_matrix:
 
 
 def topk_rows(scores: sp.csr_matrix, k: int) -> tuple[np.ndarray, np.ndarray]:
-    """Top-``k`` of each row of a sparse score matrix: ``(scores, doc_indices)``, both ``rows × k``,
-    padded with ``-inf`` / ``-1`` where a row has fewer than ``k`` non-zero scores."""
+    """Top-``k`` ``(scores, doc_indices)`` of each row of a sparse score matrix, padded with ``-inf`` / ``-1``."""
     n = scores.shape[0]
     out_s = np.full((n, k), -np.inf, dtype=np.float32)
     out_i = np.full((n, k), -1, dtype=np.int64)
@@ -63,13 +57,7 @@ def topk_rows(scores: sp.csr_matrix, k: int) -> tuple[np.ndarray, np.ndarray]:
 
 
 class InvertedIndex:
-    """Postings over ``n_docs`` documents and ``n_terms`` terms.
-
-    Example::
-
-        index = InvertedIndex.from_vectors([{0: 1.2, 5: 0.3}, {5: 2.0}], n_terms=6)
-        scores, docs = index.search([{5: 1.0}], k=2)      # docs[0] == [1, 0]
-    """
+    """Postings (``n_terms × n_docs``)."""
 
     def __init__(self, postings: sp.csr_matrix):
         self.postings = postings.tocsr()
@@ -101,10 +89,8 @@ class InvertedIndex:
     def search(
         self, queries: Sequence[SparseVector] | sp.spmatrix, k: int, batch: int = 256
     ) -> tuple[np.ndarray, np.ndarray]:
-        """Top-``k`` documents per query: ``(scores, doc_indices)``, padded with ``-inf`` / ``-1``.
-
-        Documents sharing no term with a query (score 0) are never returned.
-        """
+        """Top-``k`` ``(scores, doc_indices)`` per query, padded with ``-inf`` / ``-1``; documents sharing no
+        term with a query are never returned."""
         if not sp.issparse(queries):
             queries = to_csr(list(queries), self.n_terms)
         queries = sp.csr_matrix(queries, dtype=np.float32)
@@ -116,7 +102,6 @@ class InvertedIndex:
             out_s[start : start + len(s)], out_i[start : start + len(s)] = s, i
         return out_s, out_i
 
-    # ------------------------------------------------------------------ persistence (safetensors)
     def state(self) -> dict[str, np.ndarray]:
         p = self.postings
         return {

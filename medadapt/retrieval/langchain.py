@@ -1,20 +1,13 @@
-"""LangChain adapters (extra ``[langchain]``: langchain-core only), imported lazily by :mod:`medadapt.retrieval`.
-
-:class:`MedAdaptRetriever` wraps a :class:`~medadapt.retrieval.Retriever` or
-:class:`~medadapt.retrieval.vectordb.QdrantRetriever` as a ``BaseRetriever`` (documents carry ``id``, ``score``,
-``rank``, ``title``, ``kind``; empty queries are a :class:`~medadapt.errors.DataError`);
-:class:`MedAdaptEmbeddings` exposes a model as ``Embeddings`` through ``encode_query`` / ``encode_document``.
-See docs/retrieval.md, "LangChain".
-"""
+"""LangChain adapters (extra ``[langchain]``: langchain-core only): :class:`MedAdaptRetriever` (a
+``BaseRetriever`` over a Retriever or QdrantRetriever) and :class:`MedAdaptEmbeddings`. See docs/retrieval.md."""
 
 from __future__ import annotations
 
-import asyncio
 import threading
 from typing import Any
 
 try:
-    from langchain_core.callbacks import AsyncCallbackManagerForRetrieverRun, CallbackManagerForRetrieverRun
+    from langchain_core.callbacks import CallbackManagerForRetrieverRun
     from langchain_core.documents import Document
     from langchain_core.embeddings import Embeddings
     from langchain_core.retrievers import BaseRetriever
@@ -27,13 +20,12 @@ from pydantic import ConfigDict, Field
 
 from medadapt.errors import DataError
 from medadapt.models import load
-from medadapt.retrieval.dense import model_uses_cosine
-from medadapt.retrieval.retriever import Retriever
+from medadapt.retrieval.dense import uses_cosine
 
 
 def _checked(query: Any) -> str:
-    """``query`` if it is a non-blank string; else :class:`DataError` (an empty query would retrieve the
-    documents closest to nothing: arbitrary ones, or an encoder's error)."""
+    """``query`` if it is a non-blank string; else :class:`DataError` (an empty query retrieves arbitrary
+    documents)."""
     if not isinstance(query, str):
         raise DataError(f"the query must be a string, not {type(query).__name__}")
     if not query.strip():
@@ -42,24 +34,14 @@ def _checked(query: Any) -> str:
 
 
 class MedAdaptRetriever(BaseRetriever):
-    """A LangChain retriever over a medadapt index.
-
-    Example::
-
-        from medadapt.retrieval import MedAdaptRetriever, Retriever
-        lc = MedAdaptRetriever(retriever=Retriever.load("medquad.index"), k=5)
-        docs = lc.invoke("What are the symptoms of gout?")      # or: await lc.ainvoke(...)
-    """
+    """A LangChain retriever over a medadapt index; documents carry ``id``, ``score``, ``rank``, ``title`` and
+    ``kind`` in their metadata."""
 
     model_config = ConfigDict(arbitrary_types_allowed=True)
 
     retriever: Any = Field(description="a medadapt.retrieval.Retriever, or any object with search(query, k) -> "
                                        "SearchResult and kind, such as medadapt.retrieval.vectordb.QdrantRetriever")
     k: int = Field(10, ge=1, description="documents returned per query")
-
-    @classmethod
-    def from_index(cls, folder: str, model: Any = None, k: int = 10, **kwargs) -> MedAdaptRetriever:
-        return cls(retriever=Retriever.load(folder, model=model, **kwargs), k=k)
 
     def _to_documents(self, result) -> list[Document]:
         kind = self.retriever.kind
@@ -73,31 +55,20 @@ class MedAdaptRetriever(BaseRetriever):
         ]
 
     def _get_relevant_documents(self, query: str, *, run_manager: CallbackManagerForRetrieverRun) -> list[Document]:
+        # BaseRetriever's async path runs this in a worker thread (searches are thread-safe)
         return self._to_documents(self.retriever.search(_checked(query), self.k))
-
-    async def _aget_relevant_documents(
-        self, query: str, *, run_manager: AsyncCallbackManagerForRetrieverRun
-    ) -> list[Document]:
-        # Retriever.search is thread-safe, so a worker thread keeps the event loop free.
-        result = await asyncio.to_thread(self.retriever.search, _checked(query), self.k)
-        return self._to_documents(result)
 
 
 class MedAdaptEmbeddings(Embeddings):
-    """LangChain ``Embeddings`` over a SentenceTransformer (queries: ``encode_query``; documents:
-    ``encode_document``), normalised when the model's similarity is cosine.
-
-    Args:
-        model: a ``SentenceTransformer`` or a name for :func:`medadapt.load` (``"minilm"``, a folder...).
-        batch_size: encoding batch size.
-    """
+    """LangChain ``Embeddings`` over a SentenceTransformer or a name for :func:`medadapt.load`
+    (``encode_query`` / ``encode_document``), normalised when the model's similarity is cosine."""
 
     def __init__(self, model: Any = "minilm", batch_size: int = 64):
         if isinstance(model, str):
             model = load(model)
         self.model = model
         self.batch_size = batch_size
-        self.normalize = model_uses_cosine(model)
+        self.normalize = uses_cosine(model)
         self._lock = threading.Lock()
 
     def _encode(self, fn, texts: list[str]) -> list[list[float]]:

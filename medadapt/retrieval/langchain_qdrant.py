@@ -1,16 +1,9 @@
 """LangChain's ``QdrantVectorStore`` over a medadapt collection (needs ``pip install langchain-qdrant``).
 
-:func:`qdrant_vector_store` opens a collection written by :func:`~medadapt.retrieval.vectordb.export_to_qdrant`
-as a ``langchain_qdrant.QdrantVectorStore`` in dense, sparse or hybrid mode, so LangChain chains query a
-medadapt index through LangChain's own store: its hybrid mode is Qdrant's server-side fusion (two prefetches
-of ``k`` and RRF), with the RRF constant set to the collection's ``rrf_k + 1`` (Qdrant counts positions from 0,
-medadapt ranks from 1: the same scores). Queries are encoded as :class:`~medadapt.retrieval.vectordb.QdrantRetriever`
-encodes them (the recorded model, checked against the collection; BM25 or learned term weights), and
-documents come back with medadapt's metadata (``id``, ``title``) instead of LangChain's nested payload.
-
-Why a subclass: LangChain's store reads a ``metadata`` dict from each point's payload, while a medadapt
-collection keeps ``doc_id`` / ``title`` / ``text`` flat; overriding the one method that builds a
-``Document`` lets existing collections serve LangChain unchanged.
+Dense, sparse or hybrid mode (Qdrant's server-side RRF with the collection's ``rrf_k + 1``: Qdrant counts
+positions from 0); queries are encoded as :class:`~medadapt.retrieval.vectordb.QdrantRetriever` encodes them. A
+subclass, because a medadapt collection keeps ``doc_id`` / ``title`` / ``text`` flat in the payload where
+LangChain reads a nested ``metadata`` dict: one overridden method lets existing collections serve LangChain.
 """
 
 from __future__ import annotations
@@ -89,20 +82,10 @@ class MedAdaptQdrantVectorStore(QdrantVectorStore):
 
 def qdrant_vector_store(client, collection: str, model: Any = None, *, mode: str | None = None,
                         device: str | None = None) -> MedAdaptQdrantVectorStore:
-    """A LangChain ``QdrantVectorStore`` reading the medadapt collection ``collection``.
-
-    Args:
-        client: a ``qdrant_client.QdrantClient`` (embedded or a server).
-        collection: a collection written by :func:`~medadapt.retrieval.vectordb.export_to_qdrant`.
-        model: ``None`` reloads the recorded model; a name or model is checked against the collection.
-        mode: ``"dense"``, ``"sparse"`` or ``"hybrid"``; ``None``: the collection's kind (``lexical`` ->
-            ``"sparse"``).
-        device: where the reloaded model runs.
-
-    Raises:
-        ConfigError: ``mode`` is unknown, or needs vectors the collection does not have.
-        MedAdaptError / IndexMismatchError: as :class:`~medadapt.retrieval.vectordb.QdrantRetriever`.
-    """
+    """A LangChain ``QdrantVectorStore`` reading the medadapt collection ``collection`` (``model`` as in
+    :class:`~medadapt.retrieval.vectordb.QdrantRetriever`); ``mode`` ``"dense"``, ``"sparse"`` or ``"hybrid"``,
+    by default the collection's kind. An unknown mode, or one the collection has no vectors for, is a
+    :class:`ConfigError`."""
     retriever = QdrantRetriever(client, collection, model=model, device=device)
     kind = retriever.kind
     mode = mode or {"lexical": "sparse"}.get(kind, kind)

@@ -1,7 +1,5 @@
-"""The lexical index: a tokenizer and BM25 weights (:meth:`LexicalIndex.build_bm25`) or a learned head's
-``{term_id: weight}`` vectors (:meth:`LexicalIndex.from_sparse`) in front of the shared inverted-index engine.
-Saved as ``lexical.safetensors`` and ``lexical.json``; no pickle. See docs/retrieval.md, "Lexical index".
-"""
+"""The lexical index: BM25 (:meth:`LexicalIndex.build_bm25`) or learned ``{term_id: weight}`` vectors
+(:meth:`LexicalIndex.from_sparse`) on the inverted-index engine, saved as ``lexical.safetensors`` + ``.json``."""
 
 from __future__ import annotations
 
@@ -79,7 +77,6 @@ class LexicalIndex:
             queries = self.encode_queries(queries)  # type: ignore[arg-type]
         return self.engine.search(queries, k)
 
-    # ------------------------------------------------------------------ persistence
     def save(self, folder: str | Path) -> None:
         from safetensors.numpy import save
 

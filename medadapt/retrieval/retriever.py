@@ -1,28 +1,16 @@
-"""The :class:`Retriever`: dense, lexical or hybrid search over a document store, saved as one folder.
+"""The :class:`Retriever`: dense, lexical or hybrid search over a document store, saved as one checked folder.
 
-Example::
-
-    from medadapt.retrieval import Retriever, load_documents
-    docs = load_documents("medmini")
-    r = Retriever.build(docs, model="minilm", kind="hybrid")
-    hit = r.search("what causes gout?", k=5)       # SearchResult(ids, scores, texts, titles)
-    r.save("medmini.index")
-    r = Retriever.load("medmini.index")            # refuses an index built with another model
-
-The model is used through the protocols of :mod:`medadapt.retrieval.encoders`, never by class name.
-Queries go through ``encode_query`` and documents through ``encode_document`` (a ``SentenceTransformer`` is
-adapted: asymmetric models with query/document prompts or routes work; documents go through the embedding
-cache). A model that also gives learned sparse vectors (a :class:`~medadapt.retrieval.encoders.SparseEncoder`
-such as a HyReC model, or its folder) fills the inverted index with them instead of BM25, so
-``kind="lexical"`` searches with learned term weights and ``kind="hybrid"`` with ``FusionConfig(method="sum")``
-is the exact ``lexical + dense_weight * dense`` (HyReC's NM sum, eq. 9,
-:func:`~medadapt.retrieval.fusion.hybrid_score`). ``search`` is thread-safe: FAISS and scipy searches run
-concurrently; only the model's tokenizer (HF fast tokenizers raise "Already borrowed" when shared
-across threads) is behind a lock.
+Models are used through the protocols of :mod:`medadapt.retrieval.encoders`, never by class name. A model that
+also gives learned sparse vectors (e.g. HyReC) fills the inverted index with them instead of BM25, so
+``kind="hybrid"`` with ``FusionConfig(method="sum")`` is the exact ``lexical + dense_weight * dense``
+(:func:`~medadapt.retrieval.fusion.hybrid_score`). ``search`` is thread-safe: only the model's tokenizer (HF
+fast tokenizers are not thread-safe) is behind a lock. See docs/retrieval.md.
 """
 
 from __future__ import annotations
 
+import json
+import shutil
 import threading
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
@@ -50,7 +38,7 @@ from medadapt.retrieval.encoders import (
     open_encoder,
 )
 from medadapt.retrieval.errors import IndexCorruptError, IndexMismatchError
-from medadapt.retrieval.fusion import fuse, hybrid_topk, hybrid_weights
+from medadapt.retrieval.fusion import fuse_positions, hybrid_topk
 from medadapt.retrieval.inverted import to_csr, topk_rows
 from medadapt.retrieval.lexical import LexicalIndex
 from medadapt.retrieval.storage import (
@@ -93,11 +81,16 @@ class SearchResult:
         for r, (i, s, t, ti) in enumerate(zip(self.ids, self.scores, self.texts, self.titles), start=1):
             yield Hit(i, s, t, ti, r)
 
+    def append(self, doc_id: str, score: float, text: str, title: str) -> None:
+        self.ids.append(doc_id)
+        self.scores.append(float(score))
+        self.texts.append(text)
+        self.titles.append(title)
+
 
 def model_reference(name: str | Path) -> tuple[str, str]:
-    """``(name, source)`` as an index manifest records a model name: an existing local folder as its
-    absolute path (``"local"``: reloaded from that folder from any working directory, never looked up on
-    the hub), a packaged alias as given (``"alias"``), anything else as a hub id (``"hub"``)."""
+    """``(name, source)`` as a manifest records a model: a local folder as its absolute path (``"local"``:
+    never looked up on the hub), a packaged alias as given (``"alias"``), anything else as a hub id."""
     key = str(name).strip()
     if key.lower() in ALIASES:
         return key, "alias"
@@ -108,9 +101,8 @@ def model_reference(name: str | Path) -> tuple[str, str]:
 
 
 def describe_model(model, name: str, source: str | None = None, *, document: bool = True) -> ModelInfo:
-    """What the manifest records about ``model`` (any encoder, or a SentenceTransformer): its
-    :meth:`~medadapt.retrieval.encoders.Encoder.encoder_identity` under ``name``, and with ``document`` its
-    ``document_fingerprint()`` when it offers one (checking a loaded model against a manifest skips it)."""
+    """What the manifest records about ``model`` (an encoder or a SentenceTransformer): its
+    ``encoder_identity()`` under ``name`` and, with ``document``, its ``document_fingerprint()`` if it has one."""
     encoder = as_encoder(model)
     ident = dict(encoder.encoder_identity())
     if not ident.get("fingerprint"):
@@ -128,6 +120,26 @@ def describe_model(model, name: str, source: str | None = None, *, document: boo
     )
 
 
+def new_manifest(docs: Documents, config: RetrieverConfig, encoder, model_name: str | None, **fields) -> Manifest:
+    """The manifest of a new index (or Qdrant collection) of ``docs``; ``encoder`` ``None``: BM25 only."""
+    name, source = model_reference(model_name) if model_name else ("", None)
+    return Manifest(medadapt_version=__version__, kind=config.kind,
+                    encoder=encoder.encoder_tag if encoder is not None else ST_TAG,
+                    model=describe_model(encoder, name, source) if encoder is not None else None,
+                    corpus_hash=docs.content_hash(), n_docs=len(docs), config=config.model_dump(mode="json"),
+                    **fields)
+
+
+def build_config(docs: Documents, config: RetrieverConfig | None, kind: str | None, what: str = "index"
+                 ) -> RetrieverConfig:
+    """``config`` (default settings without one) with ``kind`` when given; an empty corpus is refused."""
+    config = (config or RetrieverConfig()).model_copy()
+    if kind is not None:
+        config = RetrieverConfig(**{**config.model_dump(), "kind": kind})
+    if len(docs) == 0:
+        raise MedAdaptError(f"cannot {what} an empty corpus")
+    return config
+
 
 def search_queries(queries: Sequence[str], k: int) -> list[str]:
     """The argument check of every ``batch_search``: a list of queries (not one string) and ``k >= 1``; an
@@ -144,6 +156,7 @@ def search_queries(queries: Sequence[str], k: int) -> list[str]:
             check_text(query, f"query {n}" if len(queries) > 1 else "the query")
     return queries
 
+
 def with_fusion_defaults(config: RetrieverConfig, defaults: dict[str, Any], *, method: str | None = None,
                          dense_weight: float | None = None) -> RetrieverConfig:
     """``config`` with its fusion taken from an encoder's ``fusion_defaults``, except what the caller set
@@ -156,7 +169,25 @@ def with_fusion_defaults(config: RetrieverConfig, defaults: dict[str, Any], *, m
     return RetrieverConfig(**{**config.model_dump(), "fusion": fusion})
 
 
-class Retriever:
+def _listed(scores: np.ndarray, positions: np.ndarray) -> dict[int, float]:
+    return {int(p): float(s) for s, p in zip(scores, positions) if p >= 0}
+
+
+class Searcher:
+    """What :class:`Retriever` and the Qdrant retriever share: ``kind`` and :meth:`search`."""
+
+    config: RetrieverConfig
+
+    @property
+    def kind(self) -> str:
+        return self.config.kind
+
+    def search(self, query: str, k: int = 10) -> SearchResult:
+        """Top-``k`` documents for one query."""
+        return self.batch_search([query], k)[0]
+
+
+class Retriever(Searcher):
     """Dense, lexical or hybrid retrieval. Build with :meth:`build`, reopen with :meth:`load`."""
 
     def __init__(self, config: RetrieverConfig, ids: list[str], docstore: DocStore | Documents,
@@ -190,10 +221,6 @@ class Retriever:
         """The lexical index holds an encoder's learned sparse vectors (queries are encoded by it), not BM25."""
         return self.lexical is not None and self.lexical.weighting is None
 
-    @property
-    def kind(self) -> str:
-        return self.config.kind
-
     def __len__(self) -> int:
         return len(self.ids)
 
@@ -202,37 +229,16 @@ class Retriever:
     def build(cls, docs: Documents, model: Any = None, kind: str | None = None,
               config: RetrieverConfig | None = None, cache=None, model_name: str | None = None,
               show_progress: bool = True) -> Retriever:
-        """Index ``docs``.
-
-        Args:
-            docs: a :class:`Documents` (see :func:`~medadapt.retrieval.load_documents`).
-            model: an encoder (:mod:`medadapt.retrieval.encoders`), a ``SentenceTransformer``, or a name for
-                :func:`medadapt.load` (a HyReC folder gives its own encoder). A dense model is needed for ``dense`` / ``hybrid``; an encoder that
-                also gives learned sparse vectors (e.g. HyReC) fills the lexical index with them instead of
-                BM25 (any kind; both sides are encoded in one pass when the encoder offers it).
-            kind: ``"dense"``, ``"lexical"`` or ``"hybrid"`` (overrides ``config.kind``).
-            config: :class:`RetrieverConfig` (FAISS factory, BM25 and fusion settings). Without one, an
-                encoder that offers ``fusion_defaults`` (a HyReC model: its NM sum at its trained or tuned
-                ``dense_weight``) sets the fusion; otherwise the defaults apply.
-            cache: an :class:`~medadapt.cache.EmbeddingCache` for a SentenceTransformer's document embeddings
-                (default cache dir).
-            model_name: recorded in the manifest so :meth:`load` can reload the model (default: ``model``
-                when it is a string). A local folder is recorded as its absolute path (see
-                :func:`model_reference`), so the index finds it from any working directory.
-        """
+        """Index ``docs`` with ``model`` (an encoder, a ``SentenceTransformer`` or a name for :func:`medadapt.load`;
+        one of learned sparse vectors fills the lexical index instead of BM25). ``kind`` overrides
+        ``config.kind``; without a ``config`` an encoder's ``fusion_defaults`` set the fusion; ``cache`` holds a
+        SentenceTransformer's documents; ``model_name`` (default: ``model`` when it is a name) is recorded so
+        :meth:`load` can reload the model."""
         given = config is not None
-        config = (config or RetrieverConfig()).model_copy()
-        if kind is not None:
-            config = RetrieverConfig(**{**config.model_dump(), "kind": kind})
-        if len(docs) == 0:
-            raise MedAdaptError("cannot index an empty corpus")
+        config = build_config(docs, config, kind)
         encoder, name = _build_encoder(model, config, cache)
         if not given and getattr(encoder, "fusion_defaults", None):  # e.g. a HyReC model's tuned NM sum
             config = with_fusion_defaults(config, encoder.fusion_defaults)
-        model_name = model_name or name
-        model_source = None
-        if model_name:
-            model_name, model_source = model_reference(model_name)
         sparse = config.uses_lexical and isinstance(encoder, SparseEncoder)
         if config.uses_dense and not isinstance(encoder, DenseEncoder):
             raise MedAdaptError(f"a {config.kind} index needs a dense model (e.g. model='minilm')")
@@ -256,16 +262,13 @@ class Retriever:
         elif config.uses_lexical:
             lexical = LexicalIndex.build_bm25(texts, config.lexical, show_progress)
         used = encoder if dense is not None or sparse else None
-        manifest = Manifest(
-            medadapt_version=__version__, kind=config.kind, encoder=used.encoder_tag if used else ST_TAG,
-            model=describe_model(used, model_name or "", model_source) if used else None,
-            embedding_dim=dense.dim if dense else None, normalized=dense.normalized if dense else None,
-            corpus_hash=docs.content_hash(), n_docs=len(docs), config=config.model_dump(mode="json"),
-            build=(dense.build_info or None) if dense else None,
-        )
+        manifest = new_manifest(docs, config, used, model_name or name,
+                                embedding_dim=dense.dim if dense else None,
+                                normalized=dense.normalized if dense else None,
+                                build=(dense.build_info or None) if dense else None)
         return cls(config, list(docs.ids), docs, used, dense, lexical, manifest)
 
-    # ------------------------------------------------------------------ documents
+    # ------------------------------------------------------------------ search
     def document(self, position: int) -> dict[str, str]:
         if isinstance(self.docstore, Documents):
             d = self.docstore
@@ -275,19 +278,13 @@ class Retriever:
     def _result(self, scores: Sequence[float], positions: Sequence[int]) -> SearchResult:
         res = SearchResult()
         for s, p in zip(scores, positions):
-            if p < 0 or not np.isfinite(s):
-                continue
-            doc = self.document(int(p))
-            res.ids.append(self.ids[int(p)])
-            res.scores.append(float(s))
-            res.texts.append(doc["text"])
-            res.titles.append(doc.get("title", ""))
+            if p >= 0 and np.isfinite(s):
+                doc = self.document(int(p))
+                res.append(self.ids[int(p)], s, doc["text"], doc.get("title", ""))
         return res
 
-    # ------------------------------------------------------------------ search
     def encode_queries(self, queries: Sequence[str]) -> np.ndarray:
-        """Query embeddings through the encoder's ``encode_query`` (serialised: tokenizers are not
-        thread-safe)."""
+        """Query embeddings through the encoder's ``encode_query`` (serialised: tokenizers are not thread-safe)."""
         with self._encode_lock:
             emb = self.encoder.encode_query(list(queries), batch_size=self.config.batch_size)
         return np.ascontiguousarray(emb, dtype=np.float32)
@@ -300,33 +297,20 @@ class Retriever:
             vectors = self.encoder.encode_lexical(queries, "query", batch_size=self.config.batch_size)
         return to_csr(vectors, self.lexical.engine.n_terms)
 
-    def _lexical_search(self, queries: list[str], k: int) -> tuple[np.ndarray, np.ndarray]:
-        return self.lexical.search(self._lexical_queries(queries), k)
-
-    def search(self, query: str, k: int = 10) -> SearchResult:
-        """Top-``k`` documents for one query."""
-        return self.batch_search([query], k)[0]
-
     def batch_search(self, queries: Sequence[str], k: int = 10, *, query_embeddings: np.ndarray | None = None
                      ) -> list[SearchResult]:
-        """Top-``k`` documents for each query (ids, scores, texts, titles), best first.
-
-        ``query_embeddings`` skips query encoding (e.g. embeddings from the cache).
-        """
+        """Top-``k`` documents for each query (ids, scores, texts, titles), best first; ``query_embeddings``
+        skips query encoding (e.g. embeddings from the cache)."""
         queries = search_queries(queries, k)
         if not queries:
             return []
-        kind = self.config.kind
-        if kind == "lexical":
-            s, p = self._lexical_search(queries, k)
+        if self.kind == "lexical":
+            s, p = self.lexical.search(self._lexical_queries(queries), k)
             return [self._result(s[r], p[r]) for r in range(len(queries))]
         q = query_embeddings if query_embeddings is not None else self.encode_queries(queries)
-        if kind == "dense":
+        if self.kind == "dense":
             s, p = self.dense.search(q, k)
             return [self._result(s[r], p[r]) for r in range(len(queries))]
-        return self._hybrid(queries, q, k)
-
-    def _hybrid(self, queries: list[str], q: np.ndarray, k: int) -> list[SearchResult]:
         fc = self.config.fusion
         depth = max(k, fc.depth)
         if fc.method == "sum":
@@ -334,22 +318,16 @@ class Retriever:
             if out is not None:
                 return out
         ds, dp = self.dense.search(q, depth)
-        ls, lp = self._lexical_search(queries, depth)
-        out = []
-        for r in range(len(queries)):
-            dense = {int(p): float(s) for s, p in zip(ds[r], dp[r]) if p >= 0}
-            lex = {int(p): float(s) for s, p in zip(ls[r], lp[r]) if p >= 0}
-            fused = fuse([_keyed(dense), _keyed(lex)], fc.method, hybrid_weights(fc.dense_weight), k, fc.rrf_k)
-            out.append(self._result(list(fused.values()), [int(p) for p in fused]))
-        return out
+        ls, lp = self.lexical.search(self._lexical_queries(queries), depth)
+        fused = [fuse_positions(_listed(ds[r], dp[r]), _listed(ls[r], lp[r]), fc, k) for r in range(len(queries))]
+        return [self._result([s for _, s in f], [p for p, _ in f]) for f in fused]
 
     def _hybrid_rescored(self, queries: list[str], q: np.ndarray, k: int, depth: int
                          ) -> list[SearchResult] | None:
-        """``sum`` fusion scored exactly: every document of either top-``depth`` list gets its true lexical
-        score (0 when it shares no term with the query) and its dense score from the index's stored vectors,
-        ranked by :func:`~medadapt.retrieval.fusion.hybrid_topk` (so a HyReC hybrid equals its evaluation's
-        NM sum over the candidates). ``None`` when the dense index cannot give its vectors back (the caller
-        then fuses the two lists)."""
+        """``sum`` fusion scored exactly: every candidate of either top-``depth`` list gets its true lexical
+        score (0 without a shared term) and its dense score from the stored vectors
+        (:func:`~medadapt.retrieval.fusion.hybrid_topk`, HyReC's NM sum). ``None`` when the dense index cannot
+        give its vectors back (the caller then fuses the two lists)."""
         fc = self.config.fusion
         ds, dp = self.dense.search(q, depth)
         lex_all = self.lexical.engine.score(self._lexical_queries(queries))
@@ -361,39 +339,29 @@ class Retriever:
             vecs = self.dense.reconstruct(cand)
             if vecs is None:
                 return None
-            dense = vecs @ qp[r]
             lex = np.asarray(lex_all[r, cand].todense()).ravel() if len(cand) else np.zeros(0)
-            positions, scores = hybrid_topk(cand, lex, dense, fc.dense_weight, k)  # ties by position, as fuse()
+            positions, scores = hybrid_topk(cand, lex, vecs @ qp[r], fc.dense_weight, k)  # ties by position
             out.append(self._result(scores.tolist(), positions.tolist()))
         return out
 
     # ------------------------------------------------------------------ persistence
     def save(self, folder: str | Path) -> Path:
-        """Write the index folder atomically: manifest, documents, ``dense.faiss`` and/or lexical files. A
-        symlink ``folder`` is written through (the link stays).
-
-        Raises:
-            ConfigError: ``folder`` is a file, a non-empty folder that is not an index, the current folder or
-                one above it, or cannot be written (:func:`medadapt.io.check_output`); nothing is changed."""
+        """Write the index folder atomically; a folder :func:`medadapt.io.check_output` refuses (a file, a
+        non-empty folder that is not an index, ...) is a ConfigError and nothing is changed."""
         if self.manifest is None:
             raise MedAdaptError("this retriever has no manifest")
         folder = Path(folder)
         with atomic_dir(folder) as tmp:
-            names = ["doc_ids.json", "docs.jsonl", "docs.offsets.npy"]
             atomic_write_json(tmp / "doc_ids.json", self.ids, indent=None)
             if isinstance(self.docstore, Documents):
                 DocStore.write(tmp, self.docstore)
             else:
-                import shutil
-
                 shutil.copyfile(self.docstore.path, tmp / "docs.jsonl")
                 atomic_save_npy(tmp / "docs.offsets.npy", self.docstore.offsets)
-            if self.dense is not None:
-                self.dense.save(tmp)
-                names.append("dense.faiss")
-            if self.lexical is not None:
-                self.lexical.save(tmp)
-                names += ["lexical.safetensors", "lexical.json"]
+            for index in (self.dense, self.lexical):
+                if index is not None:
+                    index.save(tmp)
+            names = sorted(p.name for p in tmp.iterdir())  # every file written, the manifest comes last
             manifest = self.manifest.model_copy(update={"files": file_infos(tmp, names)})
             write_manifest(tmp, manifest)
         self.manifest = manifest
@@ -402,23 +370,14 @@ class Retriever:
     @classmethod
     def load(cls, folder: str | Path, model: Any = None, device: str | None = None, verify: bool = True,
              mmap: bool = False) -> Retriever:
-        """Open a saved index.
-
-        Args:
-            model: ``None`` reloads the model recorded in the manifest; a name or ``SentenceTransformer``
-                is checked against the recorded fingerprint.
-            verify: check every file's SHA-256 against the manifest (sizes are always checked).
-            mmap: memory-map the FAISS file instead of reading it (large indexes).
+        """Open a saved index; ``model`` ``None`` reloads the recorded model, a given one is checked against it;
+        ``verify`` checks every file's SHA-256 (sizes always); ``mmap`` memory-maps the FAISS file.
 
         Raises:
-            IndexMismatchError: ``model`` is not the model the index was built with, or the local model
-                folder the index records is gone.
-            IndexCorruptError: a file (the manifest included: ``manifest.sha256``) is missing, truncated,
-                modified or unreadable, or the index kept changing while being read.
-
-        The files are read by path after the manifest; if the folder is replaced meanwhile (a concurrent
-        ``save``), the manifest's bytes differ afterwards and the whole index is read again (up to
-        :data:`LOAD_ATTEMPTS` times), so the result never pairs one version's manifest with another's files.
+            IndexMismatchError: another model than the index's, or its recorded local model folder is gone.
+            IndexCorruptError: a file (the manifest included) is missing, truncated, modified or unreadable, or
+                the index kept changing while being read: a folder replaced meanwhile is read again (up to
+                :data:`LOAD_ATTEMPTS` times), so one version's manifest never meets another's files.
         """
         folder = Path(folder)
         encoders: dict = {}  # a model loaded once serves every attempt
@@ -439,8 +398,6 @@ class Retriever:
     def _load_version(cls, folder: Path, manifest: Manifest, model, device, mmap: bool,
                       encoders: dict) -> Retriever:
         """The index files read by path, checked against ``manifest`` (see :meth:`load`)."""
-        import json
-
         try:
             config = RetrieverConfig.model_validate(_current_config(manifest, folder))
         except ValueError as exc:
@@ -472,10 +429,9 @@ class Retriever:
 
 
 def _build_encoder(model, config: RetrieverConfig, cache) -> tuple[Any, str | None]:
-    """``(encoder or None, name)`` for :meth:`Retriever.build`: a name is loaded (:func:`open_encoder`) when
-    the index is dense / hybrid or the model gives learned sparse vectors (else a lexical index uses BM25); an
-    object is used through :func:`~medadapt.retrieval.encoders.as_encoder` (kept for a lexical index only when
-    it gives learned sparse vectors)."""
+    """``(encoder or None, name)`` for a build: a name is loaded when the index is dense / hybrid or the model
+    gives learned sparse vectors; for a lexical index only an encoder of learned sparse vectors is kept (else
+    BM25)."""
     if model is None:
         return None, None
     name = None
@@ -483,9 +439,7 @@ def _build_encoder(model, config: RetrieverConfig, cache) -> tuple[Any, str | No
         name = str(model)
         if not config.uses_dense and not offers_sparse(name):
             return None, None
-        encoder = open_encoder(name, cache=cache)
-    else:
-        encoder = as_encoder(model, cache=cache)
+    encoder = open_encoder(model, cache=cache)
     if not config.uses_dense and not isinstance(encoder, SparseEncoder):
         return None, None
     return encoder, name
@@ -494,7 +448,7 @@ def _build_encoder(model, config: RetrieverConfig, cache) -> tuple[Any, str | No
 def _current_config(manifest: Manifest, folder: Path) -> dict[str, Any]:
     """The manifest's retriever config in this version's meaning. Format 1 stored ``fusion.dense_weight`` as
     the convex share ``w`` of ``w * dense + (1 - w) * lexical``; the same ranking is ``lexical +
-    w / (1 - w) * dense`` (scores scale by ``1 / (1 - w)``)."""
+    w / (1 - w) * dense``."""
     config = dict(manifest.config)
     if manifest.format >= 2 or not isinstance(config.get("fusion"), dict):
         return config
@@ -510,16 +464,10 @@ def _current_config(manifest: Manifest, folder: Path) -> dict[str, Any]:
     return config
 
 
-def _keyed(scores: dict[int, float]) -> dict[str, float]:
-    """Fusion keys: zero-padded positions, so its id tie-break equals the position order."""
-    return {f"{p:012d}": s for p, s in scores.items()}
-
-
 def _check_model(folder: Path, manifest: Manifest, model, device, dense: bool, encoders: dict | None = None):
-    """The index's encoder: reloaded from the name its manifest records (:func:`open_encoder`), or
-    the given model, checked against the manifest (tag and fingerprint; for a dense index also dimension,
-    similarity and prompts). A name recorded as a local folder is loaded from that folder only, never
-    looked up as a hub id. ``encoders`` keeps models loaded by name across :meth:`Retriever.load`'s attempts."""
+    """The index's encoder: reloaded from the name its manifest records (a local folder only from that folder,
+    never from the hub), or the given model; checked against the manifest (tag and fingerprint; for a dense
+    index also dimension, similarity and prompts). ``encoders`` keeps models loaded by name across attempts."""
     tag = manifest.encoder
     info = manifest.model
     if info is None:
@@ -532,15 +480,11 @@ def _check_model(folder: Path, manifest: Manifest, model, device, dense: bool, e
         if info.source == "local" and not Path(info.name).is_dir():
             raise IndexMismatchError(f"{folder} was built with the model folder {info.name}, which is gone; "
                                      "pass the same model with --model / model=..., or rebuild the index")
-    if isinstance(model, (str, Path)):
-        key = (tag, str(model), device)
-        encoder = encoders.get(key) if encoders is not None else None
-        if encoder is None:
-            encoder = open_encoder(str(model), device=device)
-            if encoders is not None:
-                encoders[key] = encoder
-    else:
-        encoder = as_encoder(model)
+    encoders = {} if encoders is None else encoders
+    key = (tag, str(model), device)
+    if isinstance(model, (str, Path)) and key not in encoders:
+        encoders[key] = open_encoder(str(model), device=device)
+    encoder = encoders[key] if isinstance(model, (str, Path)) else as_encoder(model)
     if encoder.encoder_tag != tag:
         raise IndexMismatchError(f"{folder} was built with a {tag!r} encoder; the given model is a "
                                  f"{encoder.encoder_tag!r} encoder")

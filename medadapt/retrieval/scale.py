@@ -1,10 +1,8 @@
 """Dense indexes at scale: IVF / HNSW / PQ indexes built from a stream of embedding batches.
 
-A 10M x 384 corpus is never loaded whole: :func:`build_dense_index` reads a *vector source* (re-iterable
-``(ids, vectors)`` batches, or an array / memmap), trains the FAISS index on a seeded uniform sample drawn in
-one pass, adds the batches one at a time and returns the index, the ids and a build record for the manifest.
-FAISS does the indexing (faiss-gpu and ``IndexShards`` when present); only the sampling and batch plumbing are
-hand-written. See docs/scaling.md.
+:func:`build_dense_index` reads a *vector source* (re-iterable ``(ids, vectors)`` batches, or an array /
+memmap) without loading it whole, trains on a seeded uniform sample drawn in one pass and adds the batches
+one at a time. FAISS does the indexing; only the sampling and batch plumbing are ours. See docs/scaling.md.
 """
 
 from __future__ import annotations
@@ -15,7 +13,6 @@ from typing import Any, Union
 
 import numpy as np
 
-from medadapt import __version__
 from medadapt.errors import MedAdaptError
 from medadapt.models import load
 from medadapt.progress import progress
@@ -23,29 +20,23 @@ from medadapt.retrieval.config import DenseConfig, RetrieverConfig
 from medadapt.retrieval.dense import (DenseIndex, check_trainable, default_train_size, embedding_dim,
                                       gpu_count, new_index, uses_cosine)
 from medadapt.retrieval.encoders import DenseEncoder, as_encoder
-from medadapt.retrieval.retriever import Retriever, describe_model, model_reference
-from medadapt.retrieval.storage import Manifest
+from medadapt.retrieval.retriever import Retriever, new_manifest
 
-__all__ = ["VectorSource", "array_batches", "iter_batches", "sample_vectors", "build_dense_index",
+__all__ = ["VectorSource", "iter_batches", "sample_vectors", "build_dense_index",
            "retriever_from_vectors"]
 
 #: ``(ids, vectors)`` batches (re-iterable or a callable giving a fresh iterator), or an array / memmap.
 VectorSource = Union[np.ndarray, Iterable[tuple[Any, np.ndarray]], Callable[[], Iterator[tuple[Any, np.ndarray]]]]
 
 
-def array_batches(x: np.ndarray, chunk_size: int = 16384) -> Iterator[tuple[np.ndarray, np.ndarray]]:
-    """``(positions, x[start:stop])`` slices of an array or memmap (only one slice is read at a time)."""
-    if x.ndim != 2:
-        raise MedAdaptError(f"expected a 2-D array of vectors, got shape {x.shape}")
-    for start in range(0, x.shape[0], chunk_size):
-        stop = min(x.shape[0], start + chunk_size)
-        yield np.arange(start, stop, dtype=np.int64), x[start:stop]
-
-
 def iter_batches(source: VectorSource, chunk_size: int = 16384) -> Iterator[tuple[Any, np.ndarray]]:
-    """A fresh pass over ``source`` (see the module docstring), each batch checked to be 2-D."""
+    """A fresh pass over ``source`` (an array or memmap: ``(positions, slice)``, one slice read at a time), each
+    batch checked to be 2-D."""
     if isinstance(source, np.ndarray):
-        it: Iterable = array_batches(source, chunk_size)
+        if source.ndim != 2:
+            raise MedAdaptError(f"expected a 2-D array of vectors, got shape {source.shape}")
+        it: Iterable = ((np.arange(s, min(len(source), s + chunk_size)), source[s:s + chunk_size])
+                        for s in range(0, len(source), chunk_size))
     elif callable(source):
         it = source()
     else:
@@ -71,10 +62,9 @@ def _one_shot(source) -> bool:
 
 def sample_vectors(source: VectorSource, n: int, seed: int = 0, chunk_size: int = 16384
                    ) -> tuple[np.ndarray, int]:
-    """A uniform random sample of ``min(n, total)`` rows of ``source`` (float32, in source order) and the
-    total number of rows, in one pass holding at most ``n + batch`` rows: every row gets a random key
-    from a generator seeded with ``seed`` (drawn in row order, so the sample does not depend on how the
-    source is batched) and the rows with the ``n`` smallest keys are kept."""
+    """A uniform random sample of ``min(n, total)`` rows of ``source`` (float32, in source order) and the total,
+    in one pass holding at most ``n + batch`` rows: the rows with the ``n`` smallest random keys (drawn in row
+    order from ``seed``, so the sample does not depend on the batching)."""
     rng = np.random.default_rng(seed)
     keys = np.empty(0, dtype=np.float64)
     rows = np.empty(0, dtype=np.int64)
@@ -117,25 +107,20 @@ def build_dense_index(
     """Build a FAISS index from a vector source without holding all vectors in memory.
 
     Args:
-        source: batches of ``(ids, vectors)`` or an array / memmap (module docstring). A one-shot iterator
-            is accepted only for indexes that need no training, or with ``train_sample``.
-        config: the :class:`DenseConfig` (factory string, ``nprobe``, ``ef_search``, ``k_factor``,
-            ``train_size``, ``chunk_size``, ``use_gpu``, ``gpu_shard``).
+        source: batches of ``(ids, vectors)`` or an array / memmap; a one-shot iterator only for indexes that
+            need no training, or with ``train_sample`` (vectors to train on instead of sampling the source).
         normalized: L2-normalise vectors (cosine models); ``False`` keeps them raw (dot product).
-        train_sample: vectors to train on instead of sampling the source.
-        seed: seeds the training sample.
 
     Returns:
-        ``(index, ids, build)``: the index (positions ``0..n-1`` in source order), the batches' ids in that
-        order (positions where a batch gave ``None``), and the build record for the manifest.
+        ``(index, ids, build)``: the index (positions ``0..n-1`` in source order), the batches' ids (positions
+        where a batch gave ``None``), and the build record for the manifest.
 
     Raises:
-        MedAdaptError: an empty source, batches of different dimensions, an index with more IVF lists than
-            training vectors, or a one-shot iterator for an index that needs a training pass.
+        MedAdaptError: an empty source, batches of different dimensions, more IVF lists than training
+            vectors, or a one-shot iterator for an index that needs a training pass.
     """
     config = config or DenseConfig()
     t0 = time.perf_counter()
-    n_train = None
     sample = train_sample
     dim = None if sample is None else int(np.asarray(sample).shape[1])
     if sample is None:
@@ -143,33 +128,32 @@ def build_dense_index(
         first = next(iter_batches(source, config.chunk_size), None) if not _one_shot(source) else None
         if first is not None:
             dim = int(first[1].shape[1])
-        needs_training = dim is not None and not new_index(dim, config.factory).is_trained
-        if needs_training:
-            target = config.train_size or default_train_size(new_index(dim, config.factory))
-            sample, n_docs = sample_vectors(source, target, seed, config.chunk_size)
-            check_trainable(new_index(dim, config.factory), config.factory, len(sample), n_docs)
-            n_train = len(sample)
+        probe = new_index(dim, config.factory) if dim is not None else None
+        if probe is not None and not probe.is_trained:
+            sample, n_docs = sample_vectors(source, config.train_size or default_train_size(probe), seed,
+                                            config.chunk_size)
+            check_trainable(probe, config.factory, len(sample), n_docs)
     t_sample = time.perf_counter() - t0
-    index: DenseIndex | None = None
-    if dim is not None:
-        index = DenseIndex.empty(dim, config, normalized)
+
+    def empty(d: int) -> DenseIndex:
+        index = DenseIndex.empty(d, config, normalized)
         if not index.is_trained:
             if sample is None:
                 raise MedAdaptError(f"FAISS factory {config.factory!r} needs training: pass a vector source that "
                                     "can be read twice (a list, an array, a callable) or train_sample=...")
             index.train(np.asarray(sample, dtype=np.float32))
-            n_train = len(sample)
-    del sample
+        return index
+
+    index = empty(dim) if dim is not None else None
+    n_train = index.build_info.get("n_train") if index is not None else None
+    sample = None
     t_train = time.perf_counter() - t0 - t_sample
     ids: list = []
     bar = progress(desc=f"indexing ({config.factory})", unit="vec", disable=not show_progress)
     try:
         for batch_ids, vectors in iter_batches(source, config.chunk_size):
             if index is None:  # one-shot source: the first batch gives the dimension
-                index = DenseIndex.empty(int(vectors.shape[1]), config, normalized)
-                if not index.is_trained:
-                    raise MedAdaptError(f"FAISS factory {config.factory!r} needs training: pass a vector source "
-                                        "that can be read twice (a list, an array, a callable) or train_sample=...")
+                index = empty(int(vectors.shape[1]))
             if vectors.shape[1] != index.dim:
                 raise MedAdaptError(f"vector batches differ in dimension ({index.dim} then {vectors.shape[1]})")
             start = index.ntotal
@@ -204,30 +188,20 @@ def build_dense_index(
 
 def retriever_from_vectors(docs, model, source: VectorSource, config: RetrieverConfig | None = None, *,
                            model_name: str | None = None, seed: int = 0, show_progress: bool = False):
-    """A dense :class:`~medadapt.retrieval.Retriever` over ``docs`` whose index is built from precomputed
-    document embeddings of ``model`` (e.g. streamed from the embedding cache) instead of encoding.
-
-    The source must give one vector per document, in ``docs`` order; its ids, when given, must equal
-    ``docs.ids`` (or the positions ``0..n-1``). The model encodes queries and is recorded in the manifest
-    (fingerprint, similarity, dimension), with the build record under ``build``.
-
-    Raises:
-        MedAdaptError: a kind other than ``dense``, a dimension other than the model's, or ids / a count
-            that do not match ``docs``.
-    """
+    """A dense :class:`~medadapt.retrieval.Retriever` over ``docs`` built from precomputed document embeddings
+    of ``model`` (one per document, in ``docs`` order; ids, when given, ``docs.ids`` or ``0..n-1``); the model
+    encodes queries and is recorded in the manifest. A kind other than ``dense``, another dimension than the
+    model's, or ids / a count that do not match ``docs`` is a :class:`MedAdaptError`."""
     config = config or RetrieverConfig()
     if config.kind != "dense":
         raise MedAdaptError(f"retriever_from_vectors builds dense indexes (got kind={config.kind!r}); build the "
                             "lexical side with Retriever.build")
-    model_source = None
     if isinstance(model, str):
         model_name = model_name or model
         model = load(model)
     encoder = as_encoder(model)
     if not isinstance(encoder, DenseEncoder):
         raise MedAdaptError("retriever_from_vectors needs a dense model to encode queries")
-    if model_name:
-        model_name, model_source = model_reference(model_name)
     index, ids, build = build_dense_index(source, config.dense, normalized=uses_cosine(encoder), seed=seed,
                                           show_progress=show_progress)
     dim = embedding_dim(encoder)
@@ -241,10 +215,6 @@ def retriever_from_vectors(docs, model, source: VectorSource, config: RetrieverC
         bad = next(i for i, (a, b) in enumerate(zip(ids, doc_ids)) if a != b and a != i)
         raise MedAdaptError(f"vector {bad} has id {ids[bad]!r} but document {bad} is {doc_ids[bad]!r}: the "
                             "vectors must follow the documents' order")
-    manifest = Manifest(
-        medadapt_version=__version__, kind="dense", encoder=encoder.encoder_tag,
-        model=describe_model(encoder, model_name or "", model_source), embedding_dim=index.dim,
-        normalized=index.normalized, corpus_hash=docs.content_hash(), n_docs=len(docs),
-        config=config.model_dump(mode="json"), build=build,
-    )
+    manifest = new_manifest(docs, config, encoder, model_name, embedding_dim=index.dim,
+                            normalized=index.normalized, build=build)
     return Retriever(config, doc_ids, docs, encoder, index, None, manifest)

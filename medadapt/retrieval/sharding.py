@@ -1,9 +1,6 @@
-"""Sharded dense builds for corpora larger than one machine's memory.
-
-:func:`train_shard_template` trains the index once, :func:`build_shard` adds one slice per machine,
-:func:`merge_shards` merges IVF lists (optionally on disk), appends flat codes, or serves HNSW shards through
-``faiss.IndexShards``. FAISS does the work; the bookkeeping and a ``<file>.sha256`` beside every file (checked
-before FAISS parses it) are ours. See docs/retrieval.md.
+"""Sharded dense builds: :func:`train_shard_template` trains once, :func:`build_shard` adds one slice per
+machine, :func:`merge_shards` merges IVF lists (optionally on disk) or flat codes, or serves HNSW shards side by
+side. FAISS does the work; a ``<file>.sha256`` beside every file is checked before FAISS parses it.
 """
 
 from __future__ import annotations
@@ -13,7 +10,7 @@ from pathlib import Path
 
 import numpy as np
 
-from medadapt.checksums import sha256_file
+from medadapt.identity import sha256_file
 from medadapt.errors import MedAdaptError
 from medadapt.io import atomic_write_text
 from medadapt.retrieval.config import DenseConfig
@@ -55,8 +52,6 @@ def _verify(path: str | Path) -> Path:
 
 def train_shard_template(sample: np.ndarray, config: DenseConfig, out: str | Path, normalized: bool = True) -> Path:
     """Train an empty index of ``config.factory`` on ``sample`` and write it to ``out``."""
-    import faiss
-
     index = new_index(sample.shape[1], config.factory)
     if not index.is_trained:
         n = config.train_size or default_train_size(index)
@@ -85,39 +80,26 @@ def build_shard(template: str | Path, vectors: np.ndarray, start: int, out: str 
 
 def merge_shards(shards: Sequence[str | Path], config: DenseConfig, normalized: bool = True,
                  ondisk: str | Path | None = None) -> DenseIndex:
-    """Merge shard files (in corpus order) into one :class:`DenseIndex`.
-
-    Args:
-        shards: shard files from :func:`build_shard`, ordered by their ``start``.
-        ondisk: for IVF indexes, a path for the merged ``.ivfdata`` inverted lists (memory-mapped).
-    """
+    """Merge shard files of :func:`build_shard` (ordered by ``start``) into one :class:`DenseIndex`; ``ondisk``:
+    for IVF indexes, a path for the merged, memory-mapped ``.ivfdata`` inverted lists."""
     import faiss
 
     if not shards:
         raise MedAdaptError("no shards to merge")
-    first = _read(shards[0])
-    if faiss.try_extract_index_ivf(first) is not None:
-        if ondisk is not None:
-            from faiss.contrib.ondisk import merge_ondisk
+    merged = _read(shards[0])
+    ivf = faiss.try_extract_index_ivf(merged) is not None
+    if ivf and ondisk is not None:
+        from faiss.contrib.ondisk import merge_ondisk
 
-            for s in shards[1:]:  # merge_ondisk reads the files itself: check them first
-                _verify(s)
-            merged = first  # emptied: merge_ondisk fills its lists from the shard files
-            merged.reset()
-            merge_ondisk(merged, [str(s) for s in shards], str(ondisk))
-        else:
-            merged = first
-            for s in shards[1:]:
-                merged.merge_from(_read(s), 0)  # ids are already global positions
-        return DenseIndex(merged, config, normalized)
-    if _hnsw(first) is None:
-        merged = first
+        for s in shards[1:]:  # merge_ondisk reads the files itself: check them first
+            _verify(s)
+        merged.reset()  # emptied: merge_ondisk fills its lists from the shard files
+        merge_ondisk(merged, [str(s) for s in shards], str(ondisk))
+    elif ivf or _hnsw(merged) is None:
         for s in shards[1:]:
-            merged.merge_from(_read(s), 0)
-        return DenseIndex(merged, config, normalized)
-    # HNSW graphs cannot be merged: search the shards side by side (threaded, successive ids). The
-    # result is searchable but is not one file; keep the shard files as the saved form.
-    combined = faiss.IndexShards(first.d, True, True)
-    for part in [first] + [_read(s) for s in shards[1:]]:
-        combined.add_shard(part)  # the faiss wrapper keeps a reference to each shard
-    return DenseIndex(combined, config, normalized)
+            merged.merge_from(_read(s), 0)  # IVF ids are already global positions; flat codes append
+    else:  # HNSW graphs cannot be merged: the shards are searched side by side (threaded, successive ids),
+        first, merged = merged, faiss.IndexShards(merged.d, True, True)  # kept as the shard files
+        for part in [first] + [_read(s) for s in shards[1:]]:
+            merged.add_shard(part)  # the faiss wrapper keeps a reference to each shard
+    return DenseIndex(merged, config, normalized)

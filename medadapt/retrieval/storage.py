@@ -1,9 +1,8 @@
 """Index folders: atomic directory writes, file checksums and the manifest.
 
-A folder is written beside its target and swapped in whole (:func:`medadapt.io.replace_folder`). The manifest
-lists every file with its size and SHA-256 and is itself covered by ``manifest.sha256`` (required from format
-3; formats 1 and 2 are still read), so a truncated or edited file is one clear error on load. The checksum
-catches corruption, not tampering. See docs/retrieval.md, "Persistence and safety".
+A folder is swapped in whole (:func:`medadapt.io.replace_folder`). The manifest lists every file's size and
+SHA-256 and is covered by ``manifest.sha256`` (from format 3), so a truncated or edited file is one clear error
+on load (corruption, not tampering). See docs/retrieval.md, "Persistence and safety".
 """
 
 from __future__ import annotations
@@ -25,10 +24,8 @@ from medadapt.retrieval.errors import IndexCorruptError
 MANIFEST = "manifest.json"
 #: SHA-256 of ``manifest.json``'s bytes (format 3 on).
 MANIFEST_SUM = "manifest.sha256"
-#: Written by this version. 3: ``manifest.sha256`` covers the manifest, and ``model.source`` says whether
-#: ``model.name`` is a local folder (stored as an absolute path), an alias or a hub id. 2 (still read):
-#: ``config.fusion.dense_weight`` means ``lexical + dense_weight * dense``; no manifest checksum. 1 (still
-#: read): ``dense_weight`` was the convex share ``w * dense + (1 - w) * lexical`` (converted on load).
+#: Written by this version. 3: ``manifest.sha256`` and ``model.source``. 2: ``dense_weight`` means ``lexical +
+#: dense_weight * dense``. 1: ``dense_weight`` was a convex share (converted on load).
 FORMAT = 3
 READABLE_FORMATS = (1, 2, 3)
 #: The first format whose folders must have ``manifest.sha256``.
@@ -38,31 +35,29 @@ CHECKSUM_FORMAT = 3
 INDEX_FOLDER = FolderKind("a medadapt index", (MANIFEST,))
 
 
-class ModelInfo(BaseModel):
+class _Record(BaseModel):
+    model_config = ConfigDict(extra="forbid", protected_namespaces=())
+
+
+class ModelInfo(_Record):
     """Identity of the embedding model an index was built with."""
 
-    model_config = ConfigDict(extra="forbid", protected_namespaces=())
     name: str
     fingerprint: str
     similarity: str
     max_seq_length: Optional[int] = None
     query_prompt: str = ""
     document_prompt: str = ""
-    #: ``"local"``: ``name`` is an absolute model folder path, never looked up on the hub; ``"alias"``: a
-    #: packaged alias (``minilm``); ``"hub"``: a hub id; ``None``: not recorded (format 1-2, in-memory models).
+    #: ``"local"`` (an absolute folder path, never looked up on the hub), ``"alias"``, ``"hub"``, or ``None``
     source: Optional[str] = None
-    #: fingerprint of the model's document side (what ``encode_document`` runs: a ``Router`` model's document
-    #: route and the modules after it; a one-tower model's whole self): a model with the same one encodes the
-    #: documents alike, so it may take over the index's queries (:mod:`medadapt.retrieval.upgrade`). ``None``:
-    #: not recorded (indexes written before it, encoders that do not give it); written only when known.
+    #: fingerprint of the model's document side: a model with the same one may take over the index's queries
+    #: (:mod:`medadapt.retrieval.upgrade`); written only when known
     document_fingerprint: Optional[str] = None
 
 
-class QueryUpgrade(BaseModel):
-    """One query-encoder swap of an index (:func:`medadapt.retrieval.upgrade.upgrade_queries`): the model before
-    and after, the document encoder both share (the documents were not re-encoded), when and by which version."""
+class QueryUpgrade(_Record):
+    """One query-encoder swap of an index (:mod:`medadapt.retrieval.upgrade`)."""
 
-    model_config = ConfigDict(extra="forbid", protected_namespaces=())
     old: ModelInfo
     new: ModelInfo
     document_fingerprint: str
@@ -71,16 +66,14 @@ class QueryUpgrade(BaseModel):
     upgraded_at: str
 
 
-class FileInfo(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+class FileInfo(_Record):
     bytes: int
     sha256: str
 
 
-class Manifest(BaseModel):
+class Manifest(_Record):
     """``manifest.json`` of an index folder."""
 
-    model_config = ConfigDict(extra="forbid", protected_namespaces=())
     format: int = FORMAT
     medadapt_version: str
     kind: str
@@ -91,8 +84,7 @@ class Manifest(BaseModel):
     corpus_hash: str
     n_docs: int
     config: dict[str, Any]
-    #: how the dense index was built beyond ``config`` (vectors trained on, sampling seed, source, seconds);
-    #: optional, written by :mod:`medadapt.retrieval.scale` and by builds that train an index
+    #: how the dense index was built beyond ``config`` (vectors trained on, seed, source, seconds)
     build: Optional[dict[str, Any]] = None
     files: dict[str, FileInfo] = {}
     #: every query-encoder swap since the documents were encoded, oldest first; written only when there is one
@@ -104,8 +96,7 @@ def file_infos(folder: Path, names: list[str]) -> dict[str, FileInfo]:
 
 
 def write_manifest(folder: Path, manifest: Manifest) -> None:
-    """Write ``manifest.json`` and its checksum ``manifest.sha256`` (both atomically; an index folder is
-    written as a whole by :func:`atomic_dir`, so readers see both files of one version)."""
+    """Write ``manifest.json`` and its checksum ``manifest.sha256`` (each atomically)."""
     text = json.dumps(manifest_data(manifest), indent=2, ensure_ascii=False, allow_nan=False) + "\n"
     raw = text.encode("utf-8")
     atomic_write_text(folder / MANIFEST_SUM, f"{hashlib.sha256(raw).hexdigest()}  {MANIFEST}\n")
@@ -114,9 +105,8 @@ def write_manifest(folder: Path, manifest: Manifest) -> None:
 
 
 def manifest_data(manifest: Manifest) -> dict[str, Any]:
-    """The manifest as JSON data, without the optional records it does not hold (``build``, ``query_upgrades``,
-    an unknown ``document_fingerprint``): readers from before those keys existed refuse unknown keys, so an index
-    without them stays readable by them."""
+    """The manifest as JSON data without the optional records it does not hold, so that older readers (which
+    refuse unknown keys) can read an index that does not use them."""
     data = manifest.model_dump(mode="json")
     if data.get("build") is None:
         data.pop("build", None)
@@ -150,13 +140,12 @@ def _recorded_digest(path: Path) -> str:
 
 
 def read_manifest(folder: str | Path, verify: bool = True) -> Manifest:
-    """Read and check ``manifest.json``; with ``verify`` also each file's size and SHA-256."""
     return load_manifest(folder, verify)[0]
 
 
 def load_manifest(folder: str | Path, verify: bool = True) -> tuple[Manifest, str]:
-    """:func:`read_manifest` and the SHA-256 of the manifest bytes it read. The bytes are checked against
-    ``manifest.sha256`` before they are parsed or used."""
+    """The checked manifest (its bytes against ``manifest.sha256`` before parsing; with ``verify`` each file's
+    SHA-256, sizes always) and the SHA-256 of the bytes read."""
     folder = Path(folder)
     if not folder.is_dir():
         raise MedAdaptError(f"index folder not found: {folder}")
@@ -189,12 +178,8 @@ def load_manifest(folder: str | Path, verify: bool = True) -> tuple[Manifest, st
 
 
 def check_files(root: Path, manifest: Manifest, verify: bool, shown: Path | None = None) -> None:
-    """The data files under ``root`` are the ones ``manifest`` records: inside the folder, present, of the
-    recorded size and, with ``verify``, of the recorded SHA-256. Errors name ``shown`` (default ``root``): the
-    index folder, also when ``root`` is a temporary copy of it.
-
-    Raises:
-        IndexCorruptError: a file name outside the folder, a missing file, or one that differs."""
+    """The files under ``root`` are the ones ``manifest`` records (inside the folder, present, of the recorded
+    size and, with ``verify``, SHA-256), else :class:`IndexCorruptError` naming ``shown`` (default ``root``)."""
     shown = Path(shown or root)
     for name, info in manifest.files.items():
         if Path(name).is_absolute() or ".." in Path(name).parts:
@@ -213,11 +198,7 @@ def check_files(root: Path, manifest: Manifest, verify: bool, shown: Path | None
 
 @contextlib.contextmanager
 def atomic_dir(target: str | Path, what: str = "") -> Iterator[Path]:
-    """Yield a fresh temporary folder; on success it replaces ``target`` (an existing index only: the output
-    policy of :func:`medadapt.io.check_output` with :data:`INDEX_FOLDER`; a symlink is written through).
-
-    Raises:
-        ConfigError: ``target`` is a file, a non-empty folder that is not an index, the current folder or
-            one above it, or cannot be written."""
+    """Yield a fresh temporary folder that replaces ``target`` on success (:func:`medadapt.io.replace_folder`
+    with :data:`INDEX_FOLDER`: only an existing index is replaced)."""
     with replace_folder(target, INDEX_FOLDER, what=what) as tmp:
         yield tmp

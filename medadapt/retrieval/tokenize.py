@@ -1,8 +1,5 @@
-"""Text to terms for BM25, the same token lists as ``bm25s.tokenize(..., stopwords="en",
-stemmer=Stemmer.Stemmer("english"))``: lowercase words of two or more characters, Lucene English stopwords
-dropped, Snowball stems; Chinese by jieba's search mode. Hand-written so the lexical index needs neither bm25s
-nor its vocabulary objects, with per-word stem memoisation for cheap queries.
-"""
+"""Text to terms for BM25, the token lists of ``bm25s.tokenize(..., stopwords="en", stemmer=english)``
+(Chinese: jieba's search mode), without bm25s' vocabulary objects and with per-word stem memoisation."""
 
 from __future__ import annotations
 
@@ -13,8 +10,7 @@ from collections.abc import Sequence
 from medadapt.errors import MedAdaptError
 
 TOKEN_PATTERN = re.compile(r"(?u)\b\w\w+\b")
-#: CJK ideographs: Extension A, the Unified block and the Compatibility block (the one CJK pattern of
-#: medadapt: language detection here, HyReC's vocabulary extension).
+#: CJK ideographs: Extension A, the Unified and the Compatibility block (the one CJK pattern of medadapt).
 CJK = re.compile(r"[\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff]")
 
 #: The English stopwords of Lucene's ``EnglishAnalyzer`` (also bm25s' ``"en"`` list).
@@ -24,18 +20,10 @@ ENGLISH_STOPWORDS = frozenset(
 )
 
 
-def cjk_share(texts: Sequence[str], sample: int = 200) -> float:
-    """Fraction of the characters of the first ``sample`` texts that are CJK ideographs (0 for no text)."""
-    joined = "".join(list(texts[:sample]))
-    return len(CJK.findall(joined)) / max(len(joined), 1)
-
-
 def detect_language(texts: Sequence[str], sample: int = 200) -> str:
-    """``"zh"`` when more than 20 % of the characters of the first ``sample`` texts are CJK, else ``"en"``.
-
-    The one language detector of medadapt (BM25 ``language="auto"``, the CLI, the benchmarks).
-    """
-    return "zh" if cjk_share(texts, sample) > 0.2 else "en"
+    """``"zh"`` when more than 20 % of the characters of the first ``sample`` texts are CJK, else ``"en"``."""
+    joined = "".join(list(texts[:sample]))
+    return "zh" if len(CJK.findall(joined)) / max(len(joined), 1) > 0.2 else "en"
 
 
 def cjk_characters(texts: Sequence[str]) -> list[str]:
@@ -44,13 +32,8 @@ def cjk_characters(texts: Sequence[str]) -> list[str]:
 
 
 class Tokenizer:
-    """Turn texts into lists of terms.
-
-    Args:
-        language: ``"en"``, ``"zh"`` or ``"none"`` (resolve ``"auto"`` with :func:`detect_language` first).
-        stopwords: drop English stopwords (English only).
-        stem: Snowball English stemming (English only; needs PyStemmer).
-    """
+    """Texts to lists of terms; ``language`` ``"en"``, ``"zh"`` or ``"none"`` (resolve ``"auto"`` with
+    :func:`detect_language`); English ``stopwords`` and Snowball ``stem`` (PyStemmer) apply to ``"en"`` only."""
 
     def __init__(self, language: str = "en", stopwords: bool = True, stem: bool = True):
         if language not in ("en", "zh", "none"):
@@ -94,6 +77,3 @@ class Tokenizer:
         if self._stemmer is not None and words:
             words = self._stem_all(words)
         return words
-
-    def batch(self, texts: Sequence[str]) -> list[list[str]]:
-        return [self(t) for t in texts]

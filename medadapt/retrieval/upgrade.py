@@ -1,16 +1,9 @@
 """Swap the query encoder of a built index for a model with the same document encoder, without re-encoding.
 
-A query-route head or a CARE query tower trained against an index's document encoder changes only what
-``encode_query`` computes, so the document vectors stay valid. :func:`upgrade_queries` (``medadapt index
-upgrade-queries``) refuses a model whose document side differs (fingerprint, prompt, similarity, dimension),
-carries the index files over unchanged and checked, and swaps in a folder whose manifest records the upgrade
-under ``query_upgrades``; :func:`upgrade_qdrant_queries` updates a Qdrant collection's manifest. See
-docs/retrieval.md, "Upgrading the query encoder of a built index".
-
-Example::
-
-    from medadapt.retrieval.upgrade import upgrade_queries
-    result = upgrade_queries("medquad.index", "runs/query-head")   # a run trained with route: query
+A query-route head or a CARE query tower changes only what ``encode_query`` computes, so the document vectors
+stay valid. A model whose document side differs (fingerprint, prompt, similarity, dimension) is refused; the
+index files are carried over unchanged and checked, and the new manifest records the swap under
+``query_upgrades``. See docs/retrieval.md, "Upgrading the query encoder of a built index".
 """
 
 from __future__ import annotations
@@ -48,16 +41,9 @@ PROBE_QUERY = "query encoder check"
 
 @dataclass(frozen=True)
 class UpgradeResult:
-    """What :func:`upgrade_queries` / :func:`upgrade_qdrant_queries` did.
-
-    Attributes:
-        target: the index folder, or ``Qdrant collection 'name'``.
-        old / new: the model the index named before and names now.
-        document_fingerprint: the document encoder both share (the documents' vectors are its output).
-        n_docs: documents in the index (none was encoded).
-        changed: ``False`` when the index already named this very model (nothing was written).
-        seconds: wall time of the whole upgrade, model loading included.
-    """
+    """What an upgrade did: ``target`` (the folder, or ``Qdrant collection 'name'``), the ``old`` and ``new``
+    model, the ``document_fingerprint`` both share, ``n_docs`` (none encoded), ``changed`` (``False``: the index
+    already named this very model, nothing written) and ``seconds`` (model loading included)."""
 
     target: str
     old: ModelInfo
@@ -73,23 +59,18 @@ def upgrade_queries(index: str | Path, model: Any, *, model_name: str | None = N
     """Make ``model`` the query encoder of the index folder ``index``, keeping its document vectors.
 
     Args:
-        index: an index folder (``medadapt index`` / :meth:`Retriever.save
-            <medadapt.retrieval.Retriever.save>`) with a dense side.
-        model: the new model: a name for :func:`medadapt.load` (a run or model folder, an adapter folder, an
-            alias, a hub id), a ``SentenceTransformer`` or an encoder; its document side must be the index's.
-        model_name: recorded in the manifest so :meth:`Retriever.load <medadapt.retrieval.Retriever.load>`
-            reloads the model (default: ``model`` when it is a name; a local folder is recorded as its
-            absolute path).
-        verify: check every carried file's SHA-256 against the manifest (sizes are always checked).
+        model: a name for :func:`medadapt.load`, a ``SentenceTransformer`` or an encoder whose document side
+            is the index's.
+        model_name: recorded so :meth:`Retriever.load <medadapt.retrieval.Retriever.load>` reloads the model
+            (default: ``model`` when it is a name; a local folder as its absolute path).
+        verify: check every carried file's SHA-256 (sizes are always checked).
         what: how errors name ``index`` (e.g. ``"--index"``).
 
     Raises:
-        IndexMismatchError: the new model's document encoder, document prompt, similarity or dimension differ
-            from the index's, or it is another kind of encoder.
-        IndexCorruptError: the index is damaged (a file missing, truncated or modified).
-        MedAdaptError: not an index, an index without a dense side, an index that does not record its
-            document encoder and whose recorded model cannot be reloaded to tell, or a model that does not
-            say what its document side is.
+        IndexMismatchError: another document encoder, document prompt, similarity, dimension or encoder kind.
+        IndexCorruptError: the index is damaged.
+        MedAdaptError: not an index, no dense side, no recorded document encoder and a recorded model that
+            cannot be reloaded to tell, or a model that does not say what its document side is.
         ConfigError: the folder cannot be written (:func:`medadapt.io.check_output`).
 
     Nothing is changed when an error is raised.
@@ -102,13 +83,9 @@ def upgrade_queries(index: str | Path, model: Any, *, model_name: str | None = N
     encoder, info = _open_new(model, model_name, device)
     for _ in range(LOAD_ATTEMPTS):
         manifest, digest = load_manifest(folder, verify=False)
-        _check_dense(str(folder), manifest)
-        old = _document_side(str(folder), manifest,
-                             lambda: _check_model(folder, manifest, None, device, True))  # noqa: B023
-        new = _checked(str(folder), manifest, old, encoder, info)
+        old, new = _plan(str(folder), manifest, encoder, info, device)
         if new is None:
-            return UpgradeResult(str(folder), old, old, old.document_fingerprint, manifest.n_docs, False,
-                                 time.perf_counter() - t0)
+            return _result(str(folder), manifest, old, new, t0)
         try:
             with atomic_dir(folder, what=what) as tmp:
                 _carry(folder, tmp)
@@ -120,8 +97,7 @@ def upgrade_queries(index: str | Path, model: Any, *, model_name: str | None = N
                     raise _Replaced
         except _Replaced:
             continue
-        return UpgradeResult(str(folder), old, new.model, old.document_fingerprint, manifest.n_docs, True,
-                             time.perf_counter() - t0)
+        return _result(str(folder), manifest, old, new, t0)
     raise IndexCorruptError(f"{folder}: the index changed while being upgraded ({LOAD_ATTEMPTS} attempts); try "
                             "again when it is no longer being rewritten")
 
@@ -129,24 +105,28 @@ def upgrade_queries(index: str | Path, model: Any, *, model_name: str | None = N
 def upgrade_qdrant_queries(client, collection: str, model: Any, *, model_name: str | None = None,
                            device: str | None = None) -> UpgradeResult:
     """:func:`upgrade_queries` for a Qdrant collection written by
-    :func:`~medadapt.retrieval.vectordb.export_to_qdrant`: the same checks, then one update of the
-    collection's metadata (the manifest naming the new model, with the upgrade recorded); no point is
-    read or written. A :class:`~medadapt.retrieval.vectordb.QdrantRetriever` opened afterwards encodes
-    queries with the new model.
-
-    Raises:
-        as :func:`upgrade_queries`; also :class:`~medadapt.errors.MedAdaptError` for a collection that does not
-        exist, was not written by medadapt, or whose export did not finish.
-    """
+    :func:`~medadapt.retrieval.vectordb.export_to_qdrant`: the same checks, then one update of the collection's
+    metadata; no point is read or written. Raises as :func:`upgrade_queries`, and for a collection that does not
+    exist, was not written by medadapt or whose export did not finish."""
     t0 = time.perf_counter()
     manifest, _ = collection_manifest(client, collection)
     label = _label(collection)
     _check_dense(label, manifest)
     encoder, info = _open_new(model, model_name, device)
-    old = _document_side(label, manifest, lambda: _check_model(Path(label), manifest, None, device, True))
-    new = _checked(label, manifest, old, encoder, info)
+    old, new = _plan(label, manifest, encoder, info, device)
     if new is not None:
         client.update_collection(collection, metadata={META: manifest_data(new), COMPLETE: True})
+    return _result(label, manifest, old, new, t0)
+
+
+def _plan(label: str, manifest: Manifest, encoder, info: ModelInfo, device) -> tuple[ModelInfo, Manifest | None]:
+    """The index's model record (document side included) and the upgraded manifest (``None``: no change)."""
+    _check_dense(label, manifest)
+    old = _document_side(label, manifest, lambda: _check_model(Path(label), manifest, None, device, True))
+    return old, _checked(label, manifest, old, encoder, info)
+
+
+def _result(label: str, manifest: Manifest, old: ModelInfo, new: Manifest | None, t0: float) -> UpgradeResult:
     return UpgradeResult(label, old, old if new is None else new.model, old.document_fingerprint,
                          manifest.n_docs, new is not None, time.perf_counter() - t0)
 
@@ -200,9 +180,8 @@ def _document_side(label: str, manifest: Manifest, load_recorded: Callable[[], A
 
 
 def _checked(label: str, manifest: Manifest, old: ModelInfo, encoder, new: ModelInfo) -> Manifest | None:
-    """The manifest naming the new model with the upgrade recorded, or ``None`` when the index already names
-    this very model. Raises :class:`IndexMismatchError` when the new model's document side is not the one the
-    documents were encoded with, or its queries do not fit the index's vectors."""
+    """The manifest naming the new model with the upgrade recorded (``None``: the index already names this very
+    model); :class:`IndexMismatchError` when its document side or query shape does not fit the index."""
     refuse = "; nothing was changed"
     if encoder.encoder_tag != manifest.encoder:
         raise IndexMismatchError(f"{label} was built with a {manifest.encoder!r} encoder; the new model is a "
@@ -245,14 +224,6 @@ def _link_or_copy(src: str, dst: str) -> str:
 
 
 def _carry(folder: Path, tmp: Path) -> None:
-    """Every entry of ``folder`` but the manifest and its checksum, into ``tmp`` as it is."""
-    for entry in os.scandir(folder):
-        if entry.name in (MANIFEST, MANIFEST_SUM):
-            continue
-        target = tmp / entry.name
-        if entry.is_symlink():
-            os.symlink(os.readlink(entry.path), target)
-        elif entry.is_dir():
-            shutil.copytree(entry.path, target, symlinks=True, copy_function=_link_or_copy)
-        else:
-            _link_or_copy(entry.path, str(target))
+    """Every entry of ``folder`` but the manifest and its checksum, into ``tmp`` as it is (links kept)."""
+    shutil.copytree(folder, tmp, symlinks=True, copy_function=_link_or_copy, dirs_exist_ok=True,
+                    ignore=lambda src, names: {MANIFEST, MANIFEST_SUM} if Path(src) == folder else set())

@@ -1,9 +1,5 @@
 """Training core shared by every system: the one loop (:func:`train` over :class:`Stage` objects, each with
-a :class:`Step`), its optimisation section (:class:`OptimSection`) and resumable checkpoints.
-
-Systems build their stages on it (Med-MoE-Embed: :mod:`medadapt.moe.schedule`); recipes run through
-:func:`medadapt.recipes.run_recipe`.
-"""
+a :class:`Step`), its optimisation section (:class:`OptimSection`) and resumable checkpoints."""
 
 from medadapt.training.checkpoint import CheckpointConfig, latest_checkpoint
 from medadapt.training.config import OptimSection

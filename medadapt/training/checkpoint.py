@@ -1,12 +1,7 @@
-"""Atomic, resumable training checkpoints.
-
-Each ``step-XXXXXXXX`` folder (weights, optimizer / scheduler state read back with ``weights_only=True``,
-``state.json``, and a ``SHA256SUMS`` that must list every file) is written under a temporary name and renamed
-into place. Unreadable checkpoints raise :class:`CheckpointCorruptError` so the loop can fall back
-(:func:`readable_checkpoints`); write failures are one :class:`CheckpointWriteError` and keep earlier ones.
-Hand-written because Accelerate's ``save_state`` writes in place and expects one optimizer per run. See
-docs/training.md.
-"""
+"""Atomic, resumable training checkpoints: each ``step-XXXXXXXX`` folder (tensors, optimiser state read
+back with ``weights_only=True``, ``state.json`` and a ``SHA256SUMS`` listing every file) is written under a
+temporary name and renamed into place. Hand-written because Accelerate's ``save_state`` writes in place and
+expects one optimiser per run. See docs/training.md."""
 
 from __future__ import annotations
 
@@ -20,16 +15,12 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from safetensors import SafetensorError  # its writer's own error type (not an OSError)
+from safetensors.torch import load_file
 
 from medadapt.checksums import verify_sums, write_sums
 from medadapt.errors import MedAdaptError
 from medadapt.io import atomic_save_tensors
-
-try:  # safetensors' writer raises its own type for a failed write (not an OSError)
-    from safetensors import SafetensorError
-except ImportError:  # pragma: no cover - safetensors comes with transformers
-    class SafetensorError(Exception):  # type: ignore[no-redef]
-        pass
 
 PREFIX = "step-"
 #: The files of a checkpoint folder, all listed in its ``SHA256SUMS``.
@@ -51,9 +42,8 @@ WRITE_ERRORS = (OSError, RuntimeError, SafetensorError, MedAdaptError)
 
 
 def checkpoint_write_error(path: str | Path, exc: BaseException) -> CheckpointWriteError:
-    """``cannot write checkpoint PATH: REASON`` for an error raised while writing a checkpoint: the reason
-    of an ``OSError`` (``No space left on device``), the message safetensors wraps in
-    ``IoError(Os { ..., message: "..." })``, else the first line of the error."""
+    """``cannot write checkpoint PATH: REASON``: an ``OSError``'s reason, the message
+    safetensors wraps in ``IoError(...)``, else the error's first line."""
     if isinstance(exc, OSError) and exc.strerror:
         reason = exc.strerror
     else:
@@ -65,14 +55,8 @@ def checkpoint_write_error(path: str | Path, exc: BaseException) -> CheckpointWr
 
 @dataclass
 class CheckpointConfig:
-    """Where and how often :func:`~medadapt.training.loop.train` checkpoints.
-
-    Attributes:
-        directory: folder holding ``step-*`` checkpoints.
-        every_steps: save every N optimiser steps (``None``: only at the end of each stage).
-        keep: how many recent checkpoints to keep.
-        resume: continue from the newest checkpoint in ``directory`` when there is one.
-    """
+    """Where (``directory``) and how often (``every_steps``; ``None``: at the end of each stage) the
+    loop checkpoints, how many to ``keep``, and whether to ``resume`` from the newest."""
 
     directory: Path
     every_steps: int | None = None
@@ -103,12 +87,8 @@ def latest_checkpoint(directory: str | Path) -> Path | None:
 
 def save_checkpoint(config: CheckpointConfig, step: int, head_state: dict[str, torch.Tensor],
                     optimizer_state: dict[str, Any], state: dict[str, Any]) -> Path:
-    """Write one checkpoint atomically and prune old ones; returns its path.
-
-    Raises:
-        CheckpointWriteError: the file system refused a write (nothing of this checkpoint is left; the
-            previous ones are untouched).
-    """
+    """Write one checkpoint atomically and prune old ones; a refused write is one
+    :class:`CheckpointWriteError` and leaves the earlier checkpoints untouched."""
     final = config.directory / f"{PREFIX}{step:08d}"
     tmp = config.directory / f".tmp-{uuid.uuid4().hex}"
     try:
@@ -137,14 +117,8 @@ def save_checkpoint(config: CheckpointConfig, step: int, head_state: dict[str, t
 
 
 def load_checkpoint(path: str | Path) -> tuple[dict[str, torch.Tensor], dict[str, Any], dict[str, Any]]:
-    """Return ``(head_state, optimizer_state, state)`` of a checkpoint directory.
-
-    Raises:
-        CheckpointCorruptError: a file is missing, unlisted or unreadable, or differs from ``SHA256SUMS``
-            (which every checkpoint folder must have, so ``state.json`` is checked before it is parsed).
-    """
-    from safetensors.torch import load_file
-
+    """``(head_state, optimizer_state, state)`` of a checkpoint folder; :class:`CheckpointCorruptError`
+    when a file is missing, unlisted, unreadable or differs from ``SHA256SUMS``."""
     path = Path(path)
     try:
         verify_sums(path, cover=FILES, complete=True)

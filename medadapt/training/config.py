@@ -1,8 +1,5 @@
-"""The optimisation section every hand-written stage trains with (:func:`medadapt.training.loop.train`).
-
-One pydantic class for the Python API and the YAML recipes alike (no dataclass twin). Systems that need
-other defaults (a paper's learning rate) subclass it and change the default, nothing else.
-"""
+"""The optimisation section every stage of the one loop trains with: one pydantic class for the Python
+API and the recipes; systems with other defaults subclass it."""
 
 from __future__ import annotations
 
@@ -21,20 +18,13 @@ class OptimSection(Section):
     """AdamW + warm-up/decay schedule of one training stage.
 
     Attributes:
-        epochs: passes over the stage's items, at least 1 (a stage of 0 epochs would train nothing; to skip a
-            stage, leave it out: ``enabled: false`` / ``null`` in a recipe).
-        max_steps: stop after this many optimiser steps (``None``: all epochs).
+        epochs: at least 1 (to skip a stage, leave it out: ``enabled: false`` / ``null``).
         batch_size: items per forward pass, global (split over processes).
-        gradient_accumulation_steps: forward passes per optimiser step. The loss is computed on all
-            ``batch_size * gradient_accumulation_steps`` items at once (cached embeddings, GradCache), so
-            in-batch negatives span the whole effective batch: ``k`` steps at batch ``b`` train exactly as
-            one step at batch ``k * b``, with the memory of batch ``b``.
+        gradient_accumulation_steps: forward passes per optimiser step; the loss sees the whole effective batch
+            (GradCache), so ``k`` steps of ``b`` train exactly as one of ``k * b``, with the memory of ``b``.
         lr: peak learning rate (at most 10: larger values overflow float32 optimiser steps).
-        weight_decay: AdamW weight decay on matrices (biases, norms and scalars get none).
-        warmup_ratio: fraction of the stage's steps in linear warm-up.
-        scheduler: decay after warm-up (``transformers.get_scheduler``): cosine / linear to 0, or constant.
-        max_grad_norm: gradient-norm clipping (``None``: off).
-    """
+        weight_decay: on matrices only.
+        scheduler: decay after warm-up (``transformers.get_scheduler``)."""
 
     epochs: int = Field(1, ge=1)
     max_steps: int | None = Field(None, ge=1)

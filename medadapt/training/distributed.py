@@ -1,17 +1,15 @@
-"""Data-parallel helpers of medadapt's one training loop (:mod:`medadapt.training.loop`).
-
-A loss on one process's shard alone would see ``B / N`` in-batch negatives instead of ``B``. The loop splits
-each global batch with :func:`shard_bounds` (contiguous, balanced, rank order), all-gathers the outputs with
-:func:`gather_with_grad` (the local slice keeps its gradient), computes the global loss on every process,
-scales the local slice's gradient by ``N`` and averages gradients (:func:`average_gradients`), so ``N``
-processes train as one. With one process every helper is the identity / a no-op. See docs/training.md.
-"""
+"""Data-parallel helpers of the one training loop: each global batch is split with :func:`shard_bounds`,
+outputs are all-gathered with :func:`gather_with_grad` (the local slice keeps its gradient), every process
+computes the global loss and gradients are averaged (:func:`average_gradients`), so ``N`` processes train as one
+(a loss on one shard alone would see ``B / N`` in-batch negatives). With one process every helper is a no-op."""
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterable
 
 import torch
+import torch.distributed as dist
 from torch import Tensor
 
 __all__ = ["average_gradients", "broadcast_parameters", "close_process_group", "fsdp_outside_modules",
@@ -21,17 +19,12 @@ __all__ = ["average_gradients", "broadcast_parameters", "close_process_group", "
 
 def is_distributed() -> bool:
     """``True`` when a ``torch.distributed`` process group with more than one process is running."""
-    import torch.distributed as dist
-
     return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
 
 
 def fsdp_requested() -> bool:
-    """``True`` when this process trains under FSDP: started by ``accelerate launch`` with an FSDP config
-    (``ACCELERATE_USE_FSDP``), or an ``Accelerator`` with an FSDP plugin already exists. Models are built
-    after the run's ``Accelerator``, so loaders can adapt to FSDP before it wraps them."""
-    import os
-
+    """``True`` when this process trains under FSDP (``accelerate launch`` with an FSDP config, or an
+    ``Accelerator`` with an FSDP plugin), so loaders can adapt before FSDP wraps the model."""
     if os.environ.get("ACCELERATE_USE_FSDP", "").lower() in ("1", "true", "yes"):
         return True
     try:
@@ -43,19 +36,11 @@ def fsdp_requested() -> bool:
 
 
 def fsdp_wrap_policy(model: torch.nn.Module):
-    """The FSDP1 auto-wrap policy for ``model`` (a ``torch.distributed.fsdp.wrap.CustomPolicy``), or ``None``
-    when nothing inside it should be a unit of its own.
-
-    - Every transformer layer is a unit: the ``_no_split_modules`` classes of each Hugging Face model
-      *inside* ``model`` (Accelerate's ``TRANSFORMER_BASED_WRAP`` reads the root's only, which a
-      ``SentenceTransformer`` lacks).
-    - With some parameters frozen (LoRA), every leaf module of a Hugging Face model that has a trainable
-      parameter is a unit too, so frozen weights sharing its flat parameter get no gradients.
-
-    This is PEFT's ``fsdp_auto_wrap_policy`` applied to the models inside a ``SentenceTransformer``. Only
-    leaves their Hugging Face model's forward calls are split off; parameters of modules with children,
-    heads outside the Hugging Face model, modules a step calls directly (a learnable temperature) and tied
-    weights stay in the enclosing unit. The trainable set is read now: call this right before wrapping."""
+    """The FSDP1 auto-wrap policy for ``model``, or ``None`` when nothing should be a unit of its own:
+    every transformer layer (the ``_no_split_modules`` of each Hugging Face model *inside* ``model``, which
+    Accelerate's ``TRANSFORMER_BASED_WRAP`` misses in a ``SentenceTransformer``) and, with some parameters frozen
+    (LoRA), every leaf with a trainable parameter, so frozen weights sharing its flat parameter get no gradients
+    (PEFT's ``fsdp_auto_wrap_policy``). Reads the trainable set now: call it right before wrapping."""
 
     names: set[str] = set()
     inside: set[int] = set()  # modules of Hugging Face models, which their model's forward calls
@@ -100,23 +85,17 @@ def _marked_policy(wrap) -> object:
 
 
 def fsdp_outside_modules(model: torch.nn.Module) -> list[torch.nn.Module]:
-    """The modules of ``model`` that declare ``called_outside_forward = True``: a training step calls them
-    directly rather than through ``model``'s forward, e.g. a loss with a learnable temperature, called on
-    outputs gathered from every process. FSDP1 gathers a unit's parameters only around the wrapped forward; a
-    parameter read outside it is a view of FSDP's flat parameter, and on CPU CARE's unsupervised phase failed
-    there with an autograd view error. FSDP leaves these modules out (``ignored_modules``): their parameters
-    stay whole on every process, and the loop averages their gradients itself."""
+    """The modules of ``model`` with ``called_outside_forward = True`` (a loss with a learnable
+    temperature, called on gathered outputs). FSDP1 must leave them out (``ignored_modules``): a parameter read
+    outside the wrapped forward is a view of the flat parameter; the loop averages their gradients itself."""
     return [m for m in model.modules() if getattr(m, "called_outside_forward", False)]
 
 
 def use_fsdp_wrap_policy(accelerator, model: torch.nn.Module) -> bool:
-    """Before ``accelerator`` wraps ``model`` with FSDP1, give its FSDP plugin :func:`fsdp_wrap_policy`
-    (``model``) in place of ``TRANSFORMER_BASED_WRAP`` without explicit layer classes (what
-    ``recipes/accelerate/fsdp.yaml`` declares); a policy the user chose (size-based, ``NO_WRAP``, named layer
-    classes) is kept. ``True`` when the policy splits units off (a model with nothing to split off gets the
-    root unit alone). Works with an ``Accelerator`` or anything with
-    ``.state.fsdp_plugin`` (Hugging Face's Trainer: ``trainer.accelerator``). The plugin's
-    ``ignored_modules`` become :func:`fsdp_outside_modules` (``model``) unless the user named some."""
+    """Before ``accelerator`` wraps ``model`` with FSDP1, replace a default
+    ``TRANSFORMER_BASED_WRAP`` (what ``recipes/accelerate/fsdp.yaml`` declares) by :func:`fsdp_wrap_policy`; a
+    policy the user chose is kept, and ``ignored_modules`` become :func:`fsdp_outside_modules` unless named.
+    ``True`` when the policy splits units off."""
     from torch.distributed.fsdp.wrap import transformer_auto_wrap_policy
 
     plugin = getattr(getattr(accelerator, "state", None), "fsdp_plugin", None)
@@ -139,22 +118,16 @@ def use_fsdp_wrap_policy(accelerator, model: torch.nn.Module) -> bool:
 
 
 def close_process_group() -> None:
-    """Destroy the default ``torch.distributed`` process group, if one is running (a no-op otherwise).
-
-    Commands started by ``accelerate launch`` call this on every process before returning: a process that
-    leaves the group to interpreter shutdown can abort there (``terminate called without an active
-    exception``, seen in CI when a worker with nothing left to do exited while the main process was still
-    writing its report), which fails the whole launch although the work was done."""
-    import torch.distributed as dist
-
+    """Destroy the default process group, if any. Commands started by ``accelerate launch`` call
+    this before returning: a process that leaves the group to interpreter shutdown can abort there and fail the
+    whole launch."""
     if dist.is_available() and dist.is_initialized():
         dist.destroy_process_group()
 
 
 def shard_bounds(n: int, rank: int, world: int) -> tuple[int, int]:
-    """``(start, stop)`` of process ``rank``'s contiguous shard of ``n`` items: balanced, earlier shards one
-    larger (``numpy.array_split`` rule: 10 items on 4 processes -> 3, 3, 2, 2). Shards concatenated in rank
-    order are the items in their original order."""
+    """``(start, stop)`` of process ``rank``'s contiguous, balanced shard of ``n`` items (earlier shards
+    one larger, ``numpy.array_split``'s rule); shards in rank order are the items in order."""
     if n < 0 or not 0 <= rank < world:
         raise ValueError(f"need n >= 0 and rank in [0, world), got n={n}, rank={rank}, world={world}")
     base, extra = divmod(n, world)
@@ -163,14 +136,10 @@ def shard_bounds(n: int, rank: int, world: int) -> tuple[int, int]:
 
 
 def gather_with_grad(tensor: Tensor) -> Tensor:
-    """All-gather ``tensor`` along dim 0 from every process, in rank order; the local slice *is* ``tensor``
-    (gradients flow into it), the other processes' slices are detached copies. Shards may differ in size
-    along dim 0 (padded for the collective, cut back); boolean tensors are sent as ``uint8``. Identity with
-    one process."""
+    """All-gather ``tensor`` along dim 0 in rank order; the local slice *is* ``tensor`` (gradients
+    flow into it), the others are detached copies. Shards may differ in size; identity with one process."""
     if not is_distributed():
         return tensor
-    import torch.distributed as dist
-
     rank, world = dist.get_rank(), dist.get_world_size()
     local = torch.tensor([tensor.shape[0]], dtype=torch.long, device=tensor.device)
     every = [torch.zeros_like(local) for _ in range(world)]
@@ -191,15 +160,11 @@ def gather_with_grad(tensor: Tensor) -> Tensor:
 
 
 def average_gradients(params: Iterable[torch.nn.Parameter]) -> None:
-    """Average the ``.grad`` of ``params`` over processes (what DDP does during backward), for loops that
-    do not wrap their model in DDP. A gradient missing on some processes counts as zeros there (e.g. an
-    expert no local input was routed to); a parameter without a gradient on *every* process keeps
-    ``grad=None``, so the optimiser skips it exactly as a single process would (AdamW would otherwise
-    apply weight decay and momentum to it). One flat all-reduce. No-op with one process."""
+    """Average the ``.grad`` of ``params`` over processes (what DDP does), in one flat all-reduce.
+    A gradient missing on some processes counts as zeros there; one missing on *every* process stays ``None``, so
+    AdamW skips that parameter as a single process would."""
     if not is_distributed():
         return
-    import torch.distributed as dist
-
     params = [p for p in params if p.requires_grad]
     if not params:
         return
@@ -219,13 +184,10 @@ def average_gradients(params: Iterable[torch.nn.Parameter]) -> None:
 
 
 def broadcast_parameters(params: Iterable[torch.nn.Parameter], src: int = 0) -> None:
-    """Copy ``params`` from process ``src`` to every process (what DDP does when it wraps a model), so
-    replicas start identical even if their initialisation drew different random numbers. No-op with one
-    process."""
+    """Copy ``params`` from process ``src`` to every process (what DDP does when it wraps a
+    model), so replicas start identical."""
     if not is_distributed():
         return
-    import torch.distributed as dist
-
     with torch.no_grad():
         for p in params:
             dist.broadcast(p.data, src=src)

@@ -1,14 +1,10 @@
 """The one training loop of medadapt, on Hugging Face Accelerate.
 
-Every system trains as a list of :class:`Stage` objects handed to :func:`train`: a system supplies a
-:class:`Step` per stage (``forward``: per-item outputs; ``loss``: named parts on the whole step) and the
-parameters to train; the loop does the rest identically for all: sharded global batches with gathered outputs,
-GradCache accumulation (``k`` chunks of ``b`` equal one batch of ``k * b``), mixed precision, AdamW with decay
-on matrices only, clipping, a stop at a non-finite loss, and atomic checkpoints with exact resume. Stages
-naming the same ``schedule`` share one optimiser and learning-rate schedule. Hand-written because Accelerate
-has no contrastive-aware accumulation or multi-stage schedule. Details (multi-process, FSDP, DeepSpeed):
-docs/training.md.
-"""
+Every system trains as a list of :class:`Stage` objects, each with a :class:`Step` (``forward``: per-item
+outputs; ``loss``: named parts on the whole step). The loop does the rest alike for all: sharded global batches
+with gathered outputs, GradCache accumulation, mixed precision, AdamW (decay on matrices only), clipping, a
+stop at a non-finite loss, atomic checkpoints with exact resume. Hand-written because Accelerate has no
+contrastive-aware accumulation or multi-stage schedule. See docs/training.md."""
 
 from __future__ import annotations
 
@@ -16,19 +12,21 @@ import contextlib
 import math
 import time
 from collections.abc import Callable, Sequence
-from pathlib import Path
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Protocol
 
 import torch
+import torch.distributed as dist
 from torch import Tensor, nn
 
 from medadapt.errors import ConfigError, MedAdaptError, warn
-from medadapt.training.checkpoint import (CheckpointConfig, CheckpointCorruptError, all_checkpoints, latest_checkpoint,
-                                         load_checkpoint, save_checkpoint)
+from medadapt.training.checkpoint import (CheckpointConfig, CheckpointCorruptError, all_checkpoints,
+                                          latest_checkpoint, load_checkpoint, save_checkpoint)
 from medadapt.training.config import OptimSection
 from medadapt.training.distributed import (average_gradients, broadcast_parameters, fsdp_outside_modules,
-                                          gather_with_grad, is_distributed, shard_bounds, use_fsdp_wrap_policy)
+                                           gather_with_grad, is_distributed, shard_bounds,
+                                           use_fsdp_wrap_policy)
 
 __all__ = ["Batch", "LoopResult", "Stage", "Step", "TrainingError", "check_finite_parameters", "train"]
 
@@ -39,15 +37,9 @@ class TrainingError(MedAdaptError):
 
 @dataclass(frozen=True)
 class Batch:
-    """What one forward pass works on.
-
-    Attributes:
-        indices: this process's items of this chunk (indices into the stage's items).
-        all_indices: every item of the optimiser step (all chunks, all processes), in loss order.
-        step: the optimiser step, 0-based, counted over all stages.
-        epoch: epoch within the stage.
-        seed: the run's seed (for anything a step draws at random: derive it from ``seed`` and ``step``).
-    """
+    """What one forward pass works on: this process's items of this chunk (``indices``), every item of the
+    optimiser step in loss order (``all_indices``), the 0-based step over all stages, the epoch within the stage
+    and the run's seed (derive any random draw from ``seed`` and ``step``)."""
 
     indices: list[int]
     all_indices: list[int]
@@ -57,9 +49,8 @@ class Batch:
 
 
 class Step(Protocol):
-    """A system's training step: ``forward`` maps a batch to per-item output tensors (dim 0 = the batch's
-    items, with gradients), ``loss`` maps the outputs of the whole optimiser step (gathered over processes
-    and chunks, in ``batch.all_indices`` order) to named loss parts, summed into the loss."""
+    """A system's training step: ``forward`` maps a batch to per-item output tensors (dim 0 = items, with
+    gradients); ``loss`` maps the outputs of the whole step (gathered, in ``all_indices`` order) to named parts."""
 
     def forward(self, model: nn.Module, batch: Batch) -> dict[str, Tensor]: ...
 
@@ -71,19 +62,12 @@ class Stage:
     """One training stage.
 
     Attributes:
-        name: shown in progress and logs, stored in the loss history.
-        n_items: number of training items; a step draws item indices in ``range(n_items)``.
-        step: the :class:`Step`.
         params: parameters trained in this stage, or parameter groups (``{"params": [...], "lr": x}``).
-        optim: :class:`~medadapt.training.config.OptimSection`.
-        schedule: stages with the same (non-``None``) name share one optimiser and schedule; the first
-            stage of the group gives its ``optim``.
+        schedule: stages with the same (non-``None``) name share one optimiser and schedule (the first one's
+            ``optim``).
         on_start / on_end: called when the stage starts (also when a resume lands inside it) / ends.
-        batches: the global batches of epoch ``e`` (lists of item indices, each at most the effective batch
-            size; a deterministic function of ``e``: every process and a resume draw the same), for a
-            sampler of the system's own (BMRetriever: one data set per batch, no duplicate texts); ``None``:
-            a permutation seeded by ``(seed, stage, epoch)`` cut into effective batches.
-    """
+        batches: the global batches of epoch ``e`` (item indices, a deterministic function of ``e``) for a
+            sampler of the system's own; ``None``: a seeded permutation cut into effective batches."""
 
     name: str
     n_items: int
@@ -98,16 +82,15 @@ class Stage:
     def steps(self) -> int:
         if self.batches is not None:
             total = sum(len(self.batches(e)) for e in range(self.optim.epochs))
-            return min(total, self.optim.max_steps) if self.optim.max_steps else total
-        per_epoch = math.ceil(self.n_items / self.optim.effective_batch_size) if self.n_items else 0
-        total = per_epoch * self.optim.epochs
+        else:
+            total = math.ceil(self.n_items / self.optim.effective_batch_size) * self.optim.epochs
         return min(total, self.optim.max_steps) if self.optim.max_steps else total
 
 
 @dataclass
 class LoopResult:
-    """Per-step rows (``stage``, ``step``, ``epoch``, ``loss``, every loss part, ``lr``), the steps run
-    per stage and the wall-clock seconds (of this call; a resumed run keeps the earlier rows)."""
+    """Per-step rows (``stage``, ``step``, ``epoch``, ``loss``, its parts, ``lr``), steps per stage and
+    the seconds of this call (a resumed run keeps the earlier rows)."""
 
     loss_history: list[dict[str, Any]] = field(default_factory=list)
     stage_steps: dict[str, int] = field(default_factory=dict)
@@ -174,12 +157,12 @@ class _Schedule:
                 mine = [p for p in params if id(p) in outside]
                 if world > 1 and mine:
                     broadcast_parameters(mine)
-                    self.sync = lambda: average_gradients(mine)  # noqa: E731
+                    self.sync = lambda: average_gradients(mine)
             else:
                 self.optimizer = accelerator.prepare_optimizer(self.optimizer)
                 if world > 1:
                     broadcast_parameters(params)  # replicas start identical (what DDP would do)
-                    self.sync = lambda: average_gradients(params)  # noqa: E731
+                    self.sync = lambda: average_gradients(params)
 
     def state_dict(self) -> dict[str, Any]:
         return {"optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict()}
@@ -199,9 +182,8 @@ def _engine(accelerator) -> str | None:
 
 
 def _check_deepspeed(model: nn.Module, groups: dict[str, list[Stage]], ids: set[int]) -> None:
-    """Refuse, before any step, what DeepSpeed cannot run: several optimisers, trainable parameters outside
-    the optimiser (ZeRO reduces gradients by the optimiser's groups), and GradCache accumulation (its chunk
-    backwards bypass ``engine.backward``). FSDP and plain processes accumulate."""
+    """Refuse, before any step, what DeepSpeed cannot run: several optimisers, trainable
+    parameters outside the optimiser, and GradCache accumulation (its chunk backwards bypass the engine)."""
     accumulating = [s.name for members in groups.values() for s in members
                     if s.optim.gradient_accumulation_steps > 1]
     if accumulating:
@@ -221,9 +203,8 @@ def _check_deepspeed(model: nn.Module, groups: dict[str, list[Stage]], ids: set[
 
 
 def _release(sch: _Schedule) -> None:
-    """Free what a schedule whose last stage has ended still holds (optimiser state, last gradients), so
-    later phases do not carry earlier phases' AdamW state on the device. A checkpoint saved afterwards holds
-    the emptied state, which a resumed run never steps. DeepSpeed keeps its state inside the engine."""
+    """Free the optimiser state and gradients of a schedule whose last stage has ended, so later phases
+    do not carry them on the device (DeepSpeed keeps its state inside the engine)."""
     if sch.engine and not sch.fsdp:
         return
     sch.optimizer.state.clear()
@@ -235,20 +216,19 @@ class _ScaleGrad(torch.autograd.Function):
     """Identity forward; backward multiplies the gradient by ``factor``."""
 
     @staticmethod
-    def forward(ctx, tensor: Tensor, factor: float) -> Tensor:  # noqa: D102
+    def forward(ctx, tensor: Tensor, factor: float) -> Tensor:
         ctx.factor = factor
         return tensor.view_as(tensor)
 
     @staticmethod
-    def backward(ctx, grad: Tensor):  # noqa: D102
+    def backward(ctx, grad: Tensor):
         return grad * ctx.factor, None
 
 
 def _gather(outputs: dict[str, Tensor], world: int = 1) -> dict[str, Tensor]:
-    """Every process's outputs, in rank order. The local slice's gradient is scaled by ``world``: the loss
-    on the global batch is computed on every process, each back-propagates only into its own slice, and
-    the average over processes then gives the global batch's gradient. Scaling here rather than the loss
-    leaves parameters the loss reads directly (a learnable temperature) with their plain gradient."""
+    """Every process's outputs, in rank order; the local slice's gradient is scaled by ``world``, so the
+    average of the processes' gradients is the global batch's (parameters the loss reads directly, such as a
+    learnable temperature, keep their plain gradient)."""
     def one(v: Tensor) -> Tensor:
         if world > 1 and v.requires_grad:
             v = _ScaleGrad.apply(v, float(world))
@@ -296,10 +276,9 @@ def _readable_checkpoint(directory: Path):
 
 
 def check_finite_parameters(module: nn.Module, where: str) -> None:
-    """Raise :class:`TrainingError` naming up to three parameters of ``module`` that hold NaN / inf
-    (``where`` says what would have been written): the check ``medadapt train`` runs before it writes a model
-    folder, whatever trained it. Collective: call it on every process; each checks its own shards (a
-    DTensor's local part) and all raise together, so none is left waiting."""
+    """Raise :class:`TrainingError` naming up to three non-finite parameters of ``module``
+    (``where``: what would have been written). Collective: every process checks its own shards and all raise
+    together."""
     def local(p: Tensor) -> Tensor:
         return p.to_local() if hasattr(p, "to_local") else p
 
@@ -307,8 +286,6 @@ def check_finite_parameters(module: nn.Module, where: str) -> None:
            if p.is_floating_point() and local(p).numel() and not bool(torch.isfinite(local(p).detach()).all())]
     ok = not bad
     if is_distributed():
-        import torch.distributed as dist
-
         cuda = dist.get_backend() == "nccl" and torch.cuda.is_available()
         flag = torch.tensor([int(ok)], dtype=torch.int32,
                             device=torch.device("cuda", torch.cuda.current_device()) if cuda else "cpu")
@@ -336,19 +313,13 @@ def train(
     fingerprint: str | None = None,
     progress: Callable[[str, int, int, dict[str, Any]], None] | None = None,
 ) -> LoopResult:
-    """Train ``model`` in place through ``stages`` (see module docstring); returns the loss history.
+    """Train ``model`` in place through ``stages``; returns the loss history.
 
     Args:
-        model: the module whose parameters the stages train (checkpoint names are its parameter names).
-        stages: the :class:`Stage` list, run in order.
-        seed: data order and per-step RNG seed.
-        accelerator: an ``accelerate.Accelerator`` (``None``: the plain single-process loop on the model's
-            device).
+        accelerator: an ``accelerate.Accelerator`` (``None``: one process on the model's device).
         checkpoint: where and how often to checkpoint; a later call with the same arguments resumes.
-        fingerprint: identity of the run (hash of recipe, data, base model); stored in every checkpoint and
-            compared on resume.
-        progress: called on the main process after every step with ``(stage, step, total, row)``.
-    """
+        fingerprint: identity of the run, stored in every checkpoint and compared on resume.
+        progress: called on the main process after every step with ``(stage, step, total, row)``."""
     stages = [s for s in stages if s.steps() > 0]
     rank = accelerator.process_index if accelerator is not None else 0
     world = accelerator.num_processes if accelerator is not None else 1
@@ -362,9 +333,8 @@ def train(
         groups.setdefault(s.schedule or f"#{i}", []).append(s)
     if _engine(accelerator) == "deepspeed":
         covered: set[int] = set()
-        for members in groups.values():
-            for s in members:
-                _param_groups(s.params, s.optim, covered)
+        for s in stages:
+            _param_groups(s.params, s.optim, covered)
         _check_deepspeed(model, groups, covered)
     wrapped: dict[str, Any] = {}
     names = {id(p): n for n, p in model.named_parameters()}  # before FSDP renames the modules it wraps
@@ -491,12 +461,8 @@ def _torch_optimizer(optimizer):
 
 def _fsdp_gather(shapes: dict[int, tuple[int, ...]], names: dict[int, str], trained: dict[str, nn.Parameter],
                  schedules: dict[str, _Schedule]):
-    """A checkpoint's tensors and optimiser states under FSDP1, whole: each process holds a piece of every
-    parameter and of its AdamW moments, so a checkpoint of the local views would be one process's shard in
-    flat 1-D pieces. Only the trained parameters and their states are gathered (:func:`_whole`; collectives:
-    every process calls this), not the frozen weights ``summon_full_params`` would materialise on every
-    process at every checkpoint. The checkpoint is the one a run without FSDP writes, so either kind of run
-    resumes from it."""
+    """A checkpoint's tensors and optimiser states under FSDP1, whole (collective): only the trained
+    parameters are gathered, so the checkpoint is the one a run without FSDP writes and either kind resumes."""
     params = list(trained.values())
     sizes = _piece_sizes(params)
     tensors = {names[id(p)]: _whole(p, n, shapes[id(p)]) for p, n in zip(params, sizes)}
@@ -509,15 +475,11 @@ def _world() -> tuple[int, int]:
     """``(rank, world size)`` of the running process group, ``(0, 1)`` without one."""
     if not is_distributed():
         return 0, 1
-    import torch.distributed as dist
-
     return dist.get_rank(), dist.get_world_size()
 
 
 def _piece_sizes(params: list[Tensor]) -> list[list[int]]:
     """For each of ``params`` (this process's views), every process's number of elements, in rank order."""
-    import torch.distributed as dist
-
     local = torch.tensor([p.numel() for p in params], dtype=torch.long)
     _, world = _world()
     if world == 1:
@@ -528,13 +490,8 @@ def _piece_sizes(params: list[Tensor]) -> list[list[int]]:
 
 
 def _whole(local: Tensor, sizes: list[int], shape: tuple[int, ...]) -> Tensor:
-    """The whole tensor of shape ``shape`` from each process's piece (``sizes`` in rank order). FSDP1 lays a
-    parameter's elements out contiguously in its flat parameter and gives each process one contiguous chunk
-    of that, so the pieces in rank order are the flattened whole (every piece whole: not sharded)."""
-    import math
-
-    import torch.distributed as dist
-
+    """The whole tensor of ``shape`` from each process's piece (``sizes`` in rank order): FSDP1 gives each
+    process one contiguous chunk of a flat parameter."""
     numel = math.prod(shape)
     if len(sizes) == 1 or all(n == numel for n in sizes):
         return local.detach().reshape(shape).clone()
@@ -557,12 +514,8 @@ def _piece(whole: Tensor, sizes: list[int], like: Tensor) -> Tensor:
 
 
 def _gather_optimizer(optimizer, shapes: dict[int, tuple[int, ...]]) -> dict[str, Any]:
-    """``optimizer.state_dict()`` with every state tensor whole (see :func:`_whole`). Hand-written because
-    torch's FSDP1 optimiser-state gathering refuses a flat parameter whose members several optimisers own
-    and steps an optimiser that has not stepped yet. A process holding no state for a parameter contributes
-    an empty piece; scalars (``step``) are taken from the processes that have them."""
-    import torch.distributed as dist
-
+    """``optimizer.state_dict()`` with every state tensor whole. Hand-written: torch's FSDP1
+    optimiser-state gathering refuses a flat parameter that several optimisers own."""
     _, world = _world()
     params = [p for g in optimizer.param_groups for p in g["params"]]
     keys = sorted({k for p in params for k in optimizer.state.get(p, {})})
@@ -618,15 +571,9 @@ def _parameter_registry(model: nn.Module) -> list[tuple[nn.Module, str, nn.Param
 
 
 def _unwrap_fsdp(root: nn.Module, registry: list[tuple[nn.Module, str, nn.Parameter]], accelerator) -> None:
-    """Give the model back as it came in, after training under FSDP1: every module without its FSDP wrapper
-    and every parameter whole, on every process, as the same ``nn.Parameter`` object (optimisers and callers
-    hold them).
-
-    Saving, evaluating or training in a later phase needs the model whole, and torch has no unwrap for
-    FSDP1. This gathers the parameters with ``summon_full_params`` (a collective: every process calls it),
-    lifts the wrappers off and points each parameter at a full copy. It also clears FSDP's "already
-    flattened" mark (a later wrap would skip those parameters) and deletes the plain-tensor views FSDP leaves
-    as module attributes (they shadow the parameters, e.g. for PEFT's merge)."""
+    """Give the model back as it came in after FSDP1 (torch has no unwrap): wrappers lifted, every
+    parameter whole on every process as the same ``nn.Parameter`` object, FSDP's "flattened" marks and
+    shadowing tensor views removed (collective)."""
     from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
 
     full: list[Tensor] = []

@@ -1,20 +1,13 @@
 """LoRA adapters on sentence-transformers models: the one attach / merge / gradient-checkpointing helper.
-
-CARE, BMRetriever and the Med-MoE-Embed backbone path attach through :func:`attach_lora` with any section that
-has ``r``, ``alpha``, ``dropout`` and ``target_modules``. The chosen module's Hugging Face model is wrapped with
-PEFT's ``get_peft_model`` explicitly, because ``SentenceTransformer.add_adapter`` only reaches the first
-``Transformer`` (inside a ``Router`` not necessarily the one to adapt); :func:`merge_lora` folds it back so a
-saved folder loads without PEFT.
-
-Example:
-    >>> attach_lora(model, LoraSection(r=8, alpha=16), gradient_checkpointing=True)
-    >>> ...  # train
-    >>> merge_lora(model)
-"""
+The chosen ``Transformer`` module's Hugging Face model is wrapped with PEFT's ``get_peft_model`` explicitly,
+because ``SentenceTransformer.add_adapter`` only reaches the first ``Transformer`` (inside a ``Router`` not
+necessarily the one to adapt); :func:`merge_lora` folds it back so a saved folder loads without PEFT."""
 
 from __future__ import annotations
 
 from typing import Any
+
+import torch
 
 from medadapt.errors import ConfigError, warn
 from medadapt.training.distributed import fsdp_requested
@@ -23,8 +16,8 @@ __all__ = ["attach_lora", "enable_gradient_checkpointing", "first_transformer", 
 
 
 def first_transformer(model) -> Any:
-    """``model`` itself when it is a sentence-transformers ``Transformer`` module, else the first
-    ``Transformer`` module of the SentenceTransformer ``model`` (the one LoRA adapts)."""
+    """``model`` itself when it is a ``Transformer`` module, else the first ``Transformer`` module
+    of the SentenceTransformer ``model``."""
     from sentence_transformers.base.modules import Transformer
 
     if isinstance(model, Transformer):
@@ -42,9 +35,8 @@ def has_lora(module) -> bool:
 
 
 def enable_gradient_checkpointing(model) -> None:
-    """Activation checkpointing in the Hugging Face model of ``model``'s first ``Transformer`` (or of the
-    ``Transformer`` module given), non-reentrant so that LoRA matrices and frozen embeddings still get
-    gradients."""
+    """Non-reentrant activation checkpointing in the Hugging Face model of
+    :func:`first_transformer` (so LoRA matrices and frozen embeddings still get gradients)."""
     hf = first_transformer(model).model
     if not hasattr(hf, "gradient_checkpointing_enable"):
         raise ConfigError(f"{type(hf).__name__} does not support gradient checkpointing")
@@ -54,18 +46,10 @@ def enable_gradient_checkpointing(model) -> None:
 
 
 def attach_lora(model, lora, *, gradient_checkpointing: bool = False):
-    """Wrap the Hugging Face model of ``model``'s first ``Transformer`` (or of the ``Transformer`` module
-    given) with a PEFT LoRA adapter of ``lora`` (a ``LoraSection``), in place; returns the PEFT model.
-
-    Afterwards only the LoRA matrices of that module have ``requires_grad`` (other modules' flags are not
-    changed). ``target_modules=None`` lets PEFT pick its default for the architecture (``q_proj`` /
-    ``v_proj`` for Llama / Qwen, ``query`` / ``value`` for BERT). A module that already has an adapter is
-    refused (merge it first).
-
-    Under FSDP (:func:`~medadapt.training.distributed.fsdp_requested`) a half-precision model is upcast to
-    float32 after attaching, since FSDP flattens one dtype per module and PEFT keeps LoRA in float32; FSDP's
-    mixed precision still computes in bf16.
-    """
+    """Wrap the Hugging Face model of :func:`first_transformer` with a LoRA adapter of ``lora`` in place;
+    returns the PEFT model. Only its LoRA matrices then require gradients; ``target_modules=None`` is PEFT's
+    default for the architecture; a module that has an adapter already is refused. Under FSDP a half-precision
+    model is upcast to float32 (FSDP flattens one dtype per module; PEFT keeps LoRA in float32)."""
     from peft import LoraConfig, get_peft_model
 
     transformer = first_transformer(model)
@@ -79,8 +63,6 @@ def attach_lora(model, lora, *, gradient_checkpointing: bool = False):
     transformer.model = get_peft_model(transformer.model, config)
     dtypes = {p.dtype for p in transformer.model.parameters()}
     if len(dtypes) > 1 and fsdp_requested():
-        import torch
-
         half = sorted(str(d).replace("torch.", "") for d in dtypes if d != torch.float32)
         warn(f"FSDP flattens parameters of one dtype: the {'/'.join(half)} weights under the float32 LoRA matrices "
              "are upcast to float32 (FSDP's mixed precision still computes in bf16); load the model in float32 "
@@ -90,8 +72,7 @@ def attach_lora(model, lora, *, gradient_checkpointing: bool = False):
 
 
 def merge_lora(model) -> bool:
-    """Fold the LoRA adapter of ``model``'s first ``Transformer`` (or of the module given) into its
-    weights (``merge_and_unload``); ``False`` when there is none."""
+    """Fold the LoRA adapter of :func:`first_transformer` into its weights; ``False`` when there is none."""
     from peft import PeftModel
 
     transformer = first_transformer(model)

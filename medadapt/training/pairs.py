@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 
 import numpy as np
+import torch
 
 from medadapt.curation.fast_mining import mine_from_embeddings
 from medadapt.data.beir import BeirDataset
@@ -76,8 +78,6 @@ class HeadTrainingData:
 
     def tensors(self):
         """``(query, positive, negatives | None)`` float tensors, one row per pair (see ``train_head``)."""
-        import torch
-
         pq = self.pairs.pair_query
         n = None if self.negatives is None else torch.from_numpy(self.doc_raw[self.negatives[pq]])
         return torch.from_numpy(self.query_raw[pq]), torch.from_numpy(self.doc_raw[self.pairs.pair_doc]), n
@@ -90,8 +90,6 @@ def prepare_head_training(model, data: BeirDataset, split: str, cache, *, mining
     negatives on those embeddings with :func:`medadapt.curation.fast_mining.mine_from_embeddings` when a
     :class:`~medadapt.curation.mining_config.MiningConfig` is given (queries left with fewer eligible
     candidates are padded with random non-positive documents)."""
-    import time
-
     pairs = pairs_from_qrels(data, split, max_queries)
     q_raw = cache.encode(model, [data.queries[q] for q in pairs.query_ids], role="query", normalize=False,
                          batch_size=batch_size, show_progress=show_progress, desc="encoding training queries")

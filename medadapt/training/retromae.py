@@ -1,15 +1,8 @@
-"""RetroMAE pre-training of a sentence-transformers encoder (Xiao et al. 2022; CARE Appendix C.1.1, HyReC §4.1.3).
-
-Each text is masked moderately for the encoder and aggressively for a one-layer decoder that sees only the
-encoder's [CLS] embedding, so the embedding has to carry the text; loss = MLM of both, with one MLM head tied
-to the word embeddings. Basic decoding only (the released code's default), built on transformers' masking,
-``BertLayer`` and ``BertOnlyMLMHead``; the glue is hand-written so the stage runs through the one loop
-(gathering, GradCache, checkpoints). The encoder trains in place; decoder and head are dropped after the
-stage. See docs/care.md.
-
-Example:
-    >>> res = pretrain_retromae(model, texts, RetroMAESection(epochs=3, batch_size=384, lr=2e-4), seed=0)
-"""
+"""RetroMAE pre-training of a sentence-transformers encoder (Xiao et al. 2022; CARE Appendix C.1.1, HyReC
+§4.1.3): moderate masking for the encoder, aggressive masking for a one-layer decoder that sees only the
+encoder's [CLS] embedding; loss = MLM of both, one head tied to the word embeddings. Built on transformers'
+masking, ``BertLayer`` and ``BertOnlyMLMHead``, the glue hand-written so the stage runs through the one loop.
+The encoder trains in place; decoder and head are dropped afterwards."""
 
 from __future__ import annotations
 
@@ -25,6 +18,7 @@ from medadapt.errors import ConfigError
 from medadapt.training.config import OptimSection
 from medadapt.training.loop import Batch, LoopResult, Stage, train
 from medadapt.training.lora import first_transformer
+from medadapt.training.steps import trainable_only
 
 __all__ = ["RetroMAEPretrainer", "RetroMAESection", "RetroMAEStep", "pretrain_retromae", "retromae_stage"]
 
@@ -114,9 +108,8 @@ def _mlm_sums(head: nn.Module, hidden: Tensor, labels: Tensor) -> tuple[Tensor, 
 
 
 class RetroMAEStep:
-    """The loop's :class:`~medadapt.training.loop.Step`: tokenise and mask a chunk of ``texts`` (two masks
-    per text), run :class:`RetroMAEPretrainer`; ``loss`` = mean token loss of the encoder + of the decoder
-    over the whole optimiser step (sums / counts, so accumulation and sharding are exact)."""
+    """Tokenise and mask a chunk of ``texts`` twice and run :class:`RetroMAEPretrainer`; ``loss`` is the
+    mean token loss of encoder + decoder over the whole step (sums / counts: accumulation and sharding exact)."""
 
     def __init__(self, tokenizer, texts: Sequence[str], section: RetroMAESection, max_length: int) -> None:
         from transformers import DataCollatorForLanguageModeling
@@ -145,8 +138,8 @@ class RetroMAEStep:
 
 def retromae_stage(model, texts: Sequence[str], section: RetroMAESection, *,
                    name: str = "retromae") -> tuple[RetroMAEPretrainer, Stage]:
-    """``(pretrainer, stage)``: train ``pretrainer`` (not ``model``) with the loop; its ``encoder`` is the
-    Hugging Face model of ``model``'s first ``Transformer`` module, so ``model`` changes in place."""
+    """``(pretrainer, stage)``: train ``pretrainer``, whose ``encoder`` is the Hugging Face model of
+    ``model``'s first ``Transformer`` (``model`` changes in place)."""
     if not texts:
         raise ConfigError(f"RetroMAE stage {name!r}: no texts")
     transformer = first_transformer(model)
@@ -157,15 +150,8 @@ def retromae_stage(model, texts: Sequence[str], section: RetroMAESection, *,
 
 
 def pretrain_retromae(model, texts: Sequence[str], section: RetroMAESection, **train_kwargs: Any) -> LoopResult:
-    """RetroMAE pre-training of ``model``'s encoder in place (see module docstring); ``train_kwargs`` go to
-    :func:`medadapt.training.loop.train` (``seed``, ``accelerator``, ``checkpoint``, ...). The decoder and
-    the MLM head are dropped afterwards; every ``requires_grad`` flag is restored."""
+    """RetroMAE pre-training of ``model``'s encoder in place; ``train_kwargs`` go to
+    :func:`medadapt.training.loop.train`."""
     pretrainer, stage = retromae_stage(model, texts, section)
-    saved = [(p, p.requires_grad) for p in pretrainer.parameters()]
-    try:
-        for p in pretrainer.parameters():
-            p.requires_grad_(True)
+    with trainable_only(pretrainer, stage.params):  # every flag restored afterwards
         return train(pretrainer, [stage], **train_kwargs)
-    finally:
-        for p, flag in saved:
-            p.requires_grad_(flag)

@@ -1,13 +1,6 @@
-"""Neutral :class:`~medadapt.training.loop.Step` building blocks that any system's stages use: :func:`embed`
-(texts to embeddings with gradients), :class:`TextPairStep` (pairs and hard negatives through one model, with
-per-side or per-item prompts), :class:`TextRows` / :class:`DatasetBatches` (lazy text tables and a sampler
-with one table per batch), :class:`TowerWithLoss` (a model and a loss with parameters as one module) and
-:func:`trainable_only`.
-
-Example:
-    >>> step = TextPairStep(model, [("title", "abstract")], InfoNCELoss())
-    >>> train(model, [Stage("pairs", 1, step, params, OptimSection())])
-"""
+"""Neutral :class:`~medadapt.training.loop.Step` building blocks for any system's stages: :func:`embed`,
+:class:`TextPairStep`, :class:`TextRows` / :class:`DatasetBatches` (lazy text tables, a one-table-per-batch
+sampler), :class:`TowerWithLoss` and :func:`trainable_only`."""
 
 from __future__ import annotations
 
@@ -29,9 +22,8 @@ __all__ = ["DatasetBatches", "TextPairStep", "TextRows", "TowerWithLoss", "embed
 
 def embed(model, texts: Sequence[str], task: str | None, *, run_model: nn.Module | None = None,
           max_length: int | None = None, prompt: str | None = None) -> Tensor:
-    """Embed ``texts`` *with gradients*: ``model.preprocess`` with the task's prompt, then a forward pass
-    of ``run_model`` (``model``, or the engine the loop prepared). ``task`` picks the Router route and the
-    prompt; an explicit ``prompt`` replaces the task's (``""``: none)."""
+    """Embed ``texts`` *with gradients* through ``run_model`` (``model``, or the engine the loop prepared);
+    ``task`` picks the Router route and the prompt, an explicit ``prompt`` replaces the task's (``""``: none)."""
     if prompt is None:
         prompt = (model.prompts or {}).get(task) if task else None
     kwargs: dict[str, Any] = {"task": task} if task else {}
@@ -45,8 +37,8 @@ def embed(model, texts: Sequence[str], task: str | None, *, run_model: nn.Module
 
 @contextlib.contextmanager
 def trainable_only(model: nn.Module, params: Sequence[nn.Parameter]) -> Iterator[None]:
-    """Within the block exactly ``params`` of ``model`` have ``requires_grad`` (the rest is frozen, so the
-    loop neither computes nor applies their gradients); every flag is restored afterwards, also on error."""
+    """Within the block exactly ``params`` of ``model`` have ``requires_grad``; every flag is
+    restored afterwards, also on error."""
     saved = [(p, p.requires_grad) for p in model.parameters()]
     wanted = {id(p) for p in params}
     try:
@@ -59,8 +51,8 @@ def trainable_only(model: nn.Module, params: Sequence[nn.Parameter]) -> Iterator
 
 
 class TowerWithLoss(nn.Module):
-    """A tower and a loss with parameters (a learnable temperature) as one module, so that the loop trains
-    and checkpoints both; ``forward`` is the tower's (the loss is called by the step)."""
+    """A tower and a loss with parameters (a learnable temperature) as one module, so the loop trains
+    and checkpoints both; ``forward`` is the tower's."""
 
     def __init__(self, tower: nn.Module, loss: nn.Module) -> None:
         super().__init__()
@@ -71,15 +63,12 @@ class TowerWithLoss(nn.Module):
 
 
 class TextPairStep:
-    """Unsupervised pairs ``(a, b)`` of texts (title / content, or a text and itself: two dropout views,
-    SimCSE) -> ``loss(E(a), E(b))`` with in-batch negatives; both sides through the same tower.
+    """Pairs ``(a, b)`` of texts -> ``loss(E(a), E(b))`` with in-batch negatives, both through one tower.
 
-    ``tasks`` are the :func:`embed` tasks of side ``a`` and side ``b`` (e.g. ``("query", "document")``: each
-    side's prompt and Router route, as ``encode_query`` / ``encode_document``). Items may carry hard negatives,
-    ``(a, b, n_1, ..., n_k)`` with the same ``k`` for every item of a batch (of every item when ``pairs`` is a
-    list or tuple, checked here): they are embedded like ``b`` and the loss gets them as ``(B, k, d)``,
-    ``loss(E(a), E(b), E(n))``. ``prompts`` maps an item index to its ``(prompt of a, prompt of b and the
-    negatives)``, replacing the tasks' prompts (BMRetriever: the instructions of the item's data set)."""
+    ``tasks``: the :func:`embed` task of side ``a`` and of side ``b`` (prompt and Router route). Items may carry
+    hard negatives ``(a, b, n_1, ..., n_k)``, embedded like ``b`` and passed as ``(B, k, d)``; ``k`` must be the
+    same within a batch. ``prompts`` maps an item index to its prompts of ``a`` and of ``b`` (BMRetriever: the
+    instructions of the item's data set)."""
 
     def __init__(self, tower, pairs: Sequence[tuple[str, ...]], loss: nn.Module, *,
                  max_length: int | None = None, tasks: tuple[str | None, str | None] = (None, None),
@@ -144,10 +133,8 @@ def _length(table) -> int:
 
 
 class TextRows(Sequence):
-    """The items ``(c_1, ..., c_k)`` of one or more tables laid end to end: table ``t`` gives its ``columns[t]``
-    (its own number of hard-negative columns allowed), item ``i`` is row ``i - offsets[t]`` of the table that
-    holds it. Tables are ``datasets.Dataset`` (read a row at a time: an Arrow file of millions of pairs is
-    never loaded whole) or dicts of lists."""
+    """The items ``(c_1, ..., c_k)`` of tables laid end to end, table ``t`` giving its ``columns[t]``. Tables
+    are ``datasets.Dataset`` (read a row at a time, never loaded whole) or dicts of lists."""
 
     def __init__(self, tables: Sequence[Any], columns: Sequence[Sequence[str]]) -> None:
         if len(tables) != len(columns):
@@ -176,8 +163,8 @@ class TextRows(Sequence):
         return tuple(row[c] for c in self.columns[t])
 
     def keys(self, part: int, chunk: int = 10_000) -> np.ndarray:
-        """``(rows, k)`` 64-bit keys of table ``part``'s texts (BLAKE2b of the text: equal texts, equal keys,
-        the same in every process), for :class:`DatasetBatches`' duplicate check."""
+        """``(rows, k)`` 64-bit BLAKE2b keys of table ``part``'s texts (equal texts, equal keys, in every
+        process), for :class:`DatasetBatches`' duplicate check."""
         table, cols = self.tables[part], self.columns[part]
         out = np.empty((self.sizes[part], len(cols)), dtype=np.int64)
         for lo in range(0, self.sizes[part], chunk):
@@ -190,16 +177,11 @@ class TextRows(Sequence):
 
 
 class DatasetBatches:
-    """The global batches of an epoch for :attr:`Stage.batches <medadapt.training.loop.Stage>` over tables
-    of ``sizes`` rows laid end to end (as :class:`TextRows`), as sentence-transformers' trainer forms them
-    for a dict of data sets with its proportional sampler: every batch holds rows of one table (so its
-    columns, prompts and hard negatives are alike), each table is cut into full batches of ``batch_size``
-    (a last, smaller one is dropped), and the tables' batches are interleaved in a random order, so each
-    table is drawn in proportion to its size. With ``keys`` (per table, ``(rows, k)`` text keys such as
-    :meth:`TextRows.keys`), a batch never holds the same text twice (a duplicate would be a false in-batch
-    negative): rows are taken greedily in random order, a row that repeats a text of the batch waits for a
-    later batch (sentence-transformers' ``NoDuplicatesBatchSampler``). Orders are seeded by ``(seed,
-    epoch, table)``: the same in every process and on resume. Callable: ``epoch -> batches``."""
+    """The global batches of an epoch (``Stage.batches``) over tables laid end to end, as
+    sentence-transformers' proportional sampler forms them: each batch from one table, each table cut into full
+    batches (a smaller last one dropped), the tables' batches interleaved at random. With ``keys``
+    (:meth:`TextRows.keys`) a batch never holds the same text twice (``NoDuplicatesBatchSampler``). Seeded by
+    ``(seed, epoch, table)``: the same in every process and on resume."""
 
     def __init__(self, sizes: Sequence[int], batch_size: int, seed: int, *,
                  keys: Sequence[np.ndarray] | None = None) -> None:

@@ -1,10 +1,6 @@
-"""Benchmark suites as their papers run them: ``cmedteb`` (CARE), ``cure`` (CURE v1, cross-lingual),
-``bmretriever`` (five task families) and ``medmoe`` (Med-MoE-Embed's top-10 metrics).
-
-Each suite module declares a :class:`~medadapt.eval.suites.base.SuiteSpec` (a list of task objects with the
-paper's instructions and languages, the paper's averages) and registers it here; every task is scored through
-:func:`medadapt.eval.tasks.evaluate`. Layouts and sources of the real data: each module's docstring and
-docs/evaluation.md ("Suites").
+"""Benchmark suites as their papers run them, one module each (``cmedteb``, ``cure``, ...): each declares a
+:class:`~medadapt.eval.suites.base.SuiteSpec` (task objects with the paper's instructions and languages, the
+paper's averages); layouts of the real data: docs/evaluation.md ("Suites").
 
     from medadapt.eval.suites import evaluate_suite
     result = evaluate_suite("cure", model, "data/cure")     # SuiteResult: rows, averages, warnings
@@ -44,7 +40,7 @@ __all__ = [
 
 #: name -> spec; filled by :func:`register_suite` (the builtin suites register on first use)
 SUITES: dict[str, SuiteSpec] = {}
-_BUILTIN = ("cmedteb", "cure", "bmretriever", "medmoe")
+_BUILTIN = ("cmedteb", "cure", "bmretriever", "medmoe", "cmteb")
 
 
 def register_suite(spec: SuiteSpec, *, replace: bool = False) -> SuiteSpec:
@@ -80,17 +76,9 @@ def evaluate_suite(name: str | SuiteSpec, model, data_dir: str | Path, split: st
                    tasks: Sequence[str] | None = None, cache=None, batch_size: int = 64,
                    show_progress: bool = False, instructions: bool | str = "auto",
                    model_name: str = "") -> SuiteResult:
-    """Load every task of a suite from ``data_dir`` (all files checked first), evaluate ``model`` on each,
-    and compute the paper's averages.
-
-    Args:
-        name: ``cmedteb``, ``cure``, ``bmretriever``, ``medmoe`` or a registered / given :class:`SuiteSpec`.
-        tasks: evaluate only these tasks (averages that need a left-out task are ``None``).
-        cache: an :class:`~medadapt.cache.EmbeddingCache` for the retrieval tasks (default: ``$MEDADAPT_CACHE``).
-        instructions: ``"auto"`` (default): the papers' instructions as prompts for a model declared
-            instruction-aware only (:func:`instruction_aware`: its saved query prompt is an instruction
-            prompt), its own prompts otherwise; ``"on"`` / ``"off"`` (``True`` / ``False``): always / never.
-    """
+    """Load every task of suite ``name`` (a registered name or a :class:`SuiteSpec`) from ``data_dir`` (all
+    files checked first), evaluate ``model`` on each (``tasks``: only these; averages missing one are ``None``)
+    and compute the paper's averages. ``instructions``: see :func:`run_suite`."""
     spec = name if isinstance(name, SuiteSpec) else get_suite(name)
     loaded = load_suite(spec, data_dir, split, tasks)
     return run_suite(spec, model, loaded, split, cache=cache, batch_size=batch_size, show_progress=show_progress,

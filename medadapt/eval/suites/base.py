@@ -1,18 +1,8 @@
-"""What a suite is: a list of task objects (:mod:`medadapt.eval.tasks`, with the paper's instructions and
-languages) and the paper's averages; loading every task's files before a model is loaded, and scoring each
-task through :func:`medadapt.eval.tasks.evaluate`.
-
-A suite is data (:class:`SuiteSpec`): its tasks name their kind (``retrieval``, ``rerank``, ``sts``, ``qa``,
-``entity-linking``, ``recommendation``: files under ``DIR/<task>/``, see each kind's module), so a suite adds no
-metric code of its own.
-
-Instructions become sentence-transformers prompts for the duration of one task (``query`` and, where the
-paper gives one, ``document``), through the suite's ``query_template``; the model's own prompts come back
-afterwards. By default (``instructions="auto"``) only a model declared instruction-aware gets them
-(:func:`instruction_aware`, MTEB's convention); ``"on"`` / ``"off"`` override.
-
-Languages: each task names its query language(s) and its corpus language; a query language the model was not
-declared for (``model.model_card_data.language``) gives a :func:`medadapt.errors.warn`.
+"""What a suite is: task objects (:mod:`medadapt.eval.tasks`) with the paper's instructions and languages, and
+the paper's averages. Every task's files are read before a model is loaded; each task is scored through
+:func:`medadapt.eval.tasks.evaluate`, the instructions set as the model's prompts for that task only (by default
+only on a model declared instruction-aware, MTEB's convention). A query language the model was not declared for
+(``model_card_data.language``) is a warning.
 """
 
 from __future__ import annotations
@@ -57,9 +47,7 @@ LoadedTask = EvalTask
 
 @dataclass(frozen=True)
 class AverageSpec:
-    """An average the paper reports: the unweighted mean of ``(task, query language, metric)`` cells.
-
-    ``language=None`` in a cell means the task's only (first) query language."""
+    """An average the paper reports: the unweighted mean of ``(task, query language or None, metric)`` cells."""
 
     name: str
     cells: tuple[tuple[str, str | None, str], ...]
@@ -101,20 +89,14 @@ class SuiteSpec:
 
 
 def load_task(folder: Path, task: EvalTask, split: str) -> EvalTask:
-    """Read and check one task's files (see its kind); a missing folder or file, a split without qrels, or a
-    file in the wrong layout is a :class:`~medadapt.errors.DataError` naming the file."""
+    """Read and check one task's files (a :class:`~medadapt.errors.DataError` naming the file otherwise)."""
     return task.load(folder, split)
 
 
 def load_suite(spec: SuiteSpec, data_dir: str | Path, split: str = "test",
                tasks: Sequence[str] | None = None) -> list[LoadedTask]:
-    """Read every task of ``spec`` (or the named ``tasks``) from ``data_dir`` before any model is loaded.
-
-    A task marked ``optional`` (CURE's pooled ``all`` split) is read when its folder exists.
-
-    Raises:
-        DataError: the folder is missing, a task is missing, a split has no qrels, a file is malformed.
-    """
+    """Read every task of ``spec`` (or the named ``tasks``; an ``optional`` one only when its folder exists)
+    from ``data_dir``; a missing folder, task or split, or a malformed file, is a :class:`DataError`."""
     check_split(split)
     folder = Path(data_dir).expanduser()
     if not folder.is_dir():
@@ -141,12 +123,8 @@ def normalize_language(code: str) -> str:
 
 
 def declared_languages(model) -> set[str] | None:
-    """The languages a model is declared for: ``model.model_card_data.language`` (a code or a list of codes,
-    as in a model card's ``language:`` field), normalised to ISO 639-1; ``None`` when it declares none.
-
-    This is where sentence-transformers keeps a model's languages (saved into and read back from the model
-    card), so a model declares its languages with ``model.model_card_data.language = ["en", "fr"]``
-    before ``model.save``; ``multilingual`` accepts every language."""
+    """The languages a model is declared for (``model.model_card_data.language``, kept in its model card),
+    normalised to ISO 639-1 (``multilingual``: ``*``); ``None`` when it declares none."""
     card = getattr(model, "model_card_data", None)
     value = getattr(card, "language", None)
     if not value:
@@ -157,8 +135,7 @@ def declared_languages(model) -> set[str] | None:
 
 
 def check_languages(model, query_languages: Sequence[str], where: str) -> list[str]:
-    """Warn (:func:`medadapt.errors.warn`) about query languages the model was not declared for; returns
-    the warning texts (also kept in the suite's JSON)."""
+    """Warn about query languages the model was not declared for; returns the warnings (kept in the JSON)."""
     declared = declared_languages(model)
     wanted = list(dict.fromkeys(normalize_language(lang) for lang in query_languages))
     messages = []
@@ -187,15 +164,10 @@ _INSTRUCTION_PROMPT = re.compile(r"instruct|\n\s*query\s*:\s*$", re.IGNORECASE)
 
 
 def instruction_aware(model) -> tuple[bool, str]:
-    """Whether ``model`` is declared instruction-aware, and why.
-
-    MTEB's convention: mteb gives task instructions only to models registered with
-    ``ModelMeta(use_instructions=True)`` and an instruction template; any other sentence-transformers model
-    (every local folder: ``use_instructions`` is ``None``) is encoded with its own prompts only. A saved model
-    declares itself by its ``query`` prompt (``prompts`` in ``config_sentence_transformers.json``): an
-    instruction prompt (``Instruct: ...``, or one ending in ``\\nQuery: `` as BMRetriever models save)
-    makes it instruction-aware; no query prompt, or a fixed prefix (E5's ``query: ``), does not, and that
-    prefix is kept."""
+    """Whether ``model`` is declared instruction-aware, and why: as mteb gives task instructions only to models
+    registered with ``use_instructions``, a saved model declares itself by its ``query`` prompt: an instruction
+    prompt (``Instruct: ...``, or one ending in ``\\nQuery: ``) does; none, or a fixed prefix (E5's
+    ``query: ``, kept), does not."""
     prompt = (getattr(model, "prompts", None) or {}).get("query") or ""
     if not prompt.strip():
         return False, "the model has no query prompt, so it is not declared instruction-aware"
@@ -205,8 +177,7 @@ def instruction_aware(model) -> tuple[bool, str]:
 
 
 def resolve_instructions(model, instructions: bool | str = "auto") -> tuple[bool, str, str]:
-    """``(apply, mode, reason)`` for ``instructions`` ``"auto"`` / ``"on"`` / ``"off"`` (``True`` / ``False``
-    mean ``"on"`` / ``"off"``); any other value is a :class:`~medadapt.errors.MedAdaptError`."""
+    """``(apply, mode, reason)`` for ``instructions`` ``"auto"`` / ``"on"`` / ``"off"`` (or ``True`` / ``False``)."""
     if isinstance(instructions, bool):
         mode = "on" if instructions else "off"
     else:
@@ -271,9 +242,7 @@ class SuiteResult:
         raise KeyError(f"no result for task {task!r}" + (f" in {language!r}" if language else ""))
 
     def to_dict(self) -> dict:
-        """The JSON form (``--output``): ``suite``, ``split``, ``model``, ``instructions`` (mode, applied,
-        reason), ``tasks`` (one object per task and query language), ``averages`` and how each is computed,
-        ``warnings``."""
+        """The JSON form (``--output``)."""
         return {
             "suite": self.suite,
             "title": self.title,
@@ -294,8 +263,7 @@ class SuiteResult:
 
 
 def compute_averages(spec: SuiteSpec, rows: Sequence[TaskRow]) -> dict[str, float | None]:
-    """Each :class:`AverageSpec` of ``spec`` as the unweighted mean of its cells (``None`` when a cell has
-    no result, e.g. a task left out with ``tasks=``)."""
+    """Each :class:`AverageSpec` of ``spec`` as the mean of its cells (``None`` when a cell has no result)."""
     out: dict[str, float | None] = {}
     for avg in spec.averages:
         values = []
@@ -315,7 +283,7 @@ def compute_averages(spec: SuiteSpec, rows: Sequence[TaskRow]) -> dict[str, floa
 def task_rows(model, spec: SuiteSpec, task: EvalTask, *, cache=None, batch_size: int = 64,
               show_progress: bool = False, instructions: bool = True) -> list[TaskRow]:
     """Score one loaded task through :func:`~medadapt.eval.tasks.evaluate`; one :class:`TaskRow` per query
-    language (the task's metrics only)."""
+    language."""
     q_prompt = spec.query_prompt(task) if instructions else None
     d_prompt = task.document_prompt if instructions and task.kind != "sts" else None
     # STS is symmetric: both sentences get the query instruction through the query route
@@ -331,15 +299,13 @@ def run_suite(spec: SuiteSpec, model, loaded: Sequence[LoadedTask], split: str =
               batch_size: int = 64, show_progress: bool = False, instructions: bool | str = "auto",
               model_name: str = "") -> SuiteResult:
     """Evaluate ``model`` on loaded tasks (:func:`load_suite`) and compute the paper's averages.
-
-    ``instructions``: ``"auto"`` applies the papers' instructions to a model declared instruction-aware only
-    (:func:`instruction_aware`), ``"on"`` / ``"off"`` (``True`` / ``False``) always / never; the decision is
-    kept in the result's ``instructions``."""
+    ``instructions``: ``"auto"`` (the papers' instructions for a model declared instruction-aware only),
+    ``"on"`` or ``"off"``; the decision is kept in the result."""
     apply, mode, reason = resolve_instructions(model, instructions)
-    if not any(t.spec.query_instruction or t.spec.document_prompt for t in loaded):
+    if not any(t.query_instruction or t.document_prompt for t in loaded):
         reason += f" (suite {spec.name} gives no instructions for these tasks)"
     warnings: list[str] = []
-    langs = list(dict.fromkeys(lang for t in loaded for lang in t.spec.query_languages))
+    langs = list(dict.fromkeys(lang for t in loaded for lang in t.query_languages))
     warnings += check_languages(model, langs, f"suite {spec.name}")
     rows: list[TaskRow] = []
     for t in loaded:

@@ -1,30 +1,11 @@
-"""BMRetriever's evaluation (§4, Tables 2, 3, 10): eleven data sets in five task families.
+"""BMRetriever's evaluation (§4, Tables 2, 3, 10): eleven data sets in five task families (IR on BEIR folders,
+STS, QA and entity linking in the pool layout, paper recommendation; layouts in docs/evaluation.md).
 
-==============  ===============  ===============================  =============================================
-family          tasks (folders)  metrics (main first)             layout under ``DIR/<task>/``
-==============  ===============  ===============================  =============================================
-IR              ``nfcorpus``,    nDCG@10                          BEIR (``BeIR/<name>`` on the Hugging Face hub:
-                ``scifact``,                                      ``corpus.jsonl``, ``queries.jsonl``,
-                ``scidocs``,                                      ``qrels/test.tsv``)
-                ``trec-covid``
-STS             ``biosses``      Spearman (cosine), Pearson       ``test.jsonl``, MTEB STS rows (``mteb/biosses-sts``)
-QA              ``bioasq``,      Recall@5, Recall@20, nDCG@20     ``test.jsonl``, medadapt's pool layout
-                ``pubmedqa``,                                     (``{"query", "positives", "negatives"}``,
-                ``icliniq``                                       :mod:`medadapt.eval.pool`)
-entity linking  ``drugbank``,    Recall@1, Recall@5, MRR@5        ``test.jsonl``, pool layout
-                ``mesh``
-paper rec.      ``relish``       MAP, nDCG (full lists)           ``test.jsonl``, ``{"query", "candidates"}``
-                                                                  (:mod:`medadapt.eval.recommendation`)
-==============  ===============  ===============================  =============================================
-
-Instructions: Table 10's query instruction per data set through the template ``"{instruction}\\nQuery: "``,
-and the passage prompt ``"Represent this passage. Passage: "`` (Appendix B.1-B.2) on documents; BIOSSES
-puts its instruction on both sentences. These are the same strings as ``medadapt.bmretriever``'s tables (a
-neutral package may not import a system; ``tests/test_suites.py`` checks the copies agree).
-
-Averages (Table 2): ``avg_retr`` is the mean nDCG@10 of the four IR sets, ``avg_all`` the mean of those four
-and BIOSSES' Spearman. E.g. BMRetriever-410M: 0.321, 0.711, 0.167, 0.831 (and 0.840) -> 0.508 (0.574). Table 3
-(QA, entity linking, RELISH) reports no average.
+Instructions: Table 10's query instruction per data set as ``"{instruction}\\nQuery: "`` and the passage
+prompt of Appendix B on documents (BIOSSES: the instruction on both sentences); the same strings as
+``medadapt.bmretriever``'s tables (a neutral package imports no system; ``tests/test_suites.py`` checks the
+copies agree). Averages (Table 2): ``avg_retr`` (four IR nDCG@10) and ``avg_all`` (with BIOSSES' Spearman),
+e.g. BMRetriever-410M 0.508 (0.574); Table 3 reports none.
 """
 
 from __future__ import annotations
@@ -51,16 +32,14 @@ INSTRUCTIONS = {
 }
 
 IR = ("nfcorpus", "scifact", "scidocs", "trec-covid")
-QA_METRICS = ("recall@5", "recall@20", "ndcg@20")
-EL_METRICS = ("recall@1", "recall@5", "mrr@5")
 
 TASKS = (
     *(TaskSpec(name, "retrieval", ("ndcg@10", "recall@100"), "ndcg@10", INSTRUCTIONS[name], PASSAGE_PROMPT,
                family="IR") for name in IR),
     TaskSpec("biosses", "sts", ("spearman", "pearson"), "spearman", INSTRUCTIONS["biosses"], family="STS"),
-    *(TaskSpec(name, "qa", QA_METRICS, "ndcg@20", INSTRUCTIONS[name], PASSAGE_PROMPT, family="QA")
+    *(TaskSpec(name, "qa", (), "ndcg@20", INSTRUCTIONS[name], PASSAGE_PROMPT, family="QA")  # the kinds' metrics
       for name in ("bioasq", "pubmedqa", "icliniq")),
-    *(TaskSpec(name, "entity-linking", EL_METRICS, "mrr@5", INSTRUCTIONS[name], PASSAGE_PROMPT, family="entity linking")
+    *(TaskSpec(name, "entity-linking", (), "mrr@5", INSTRUCTIONS[name], PASSAGE_PROMPT, family="entity linking")
       for name in ("drugbank", "mesh")),
     TaskSpec("relish", "recommendation", ("map", "ndcg"), "map", INSTRUCTIONS["relish"], PASSAGE_PROMPT,
              family="paper recommendation"),

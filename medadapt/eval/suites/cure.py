@@ -1,32 +1,10 @@
-"""CURE (Clinia, CUREv1): ten clinical domains, each with its own English corpus, graded relevance 0/1/2,
-and the same 2,000 queries in English, French and Spanish: monolingual en->en and cross-lingual fr->en,
-es->en.
+"""CURE (Clinia, CUREv1, Table 7): ten clinical domains, each a BEIR folder with its English corpus, graded
+relevance 0/1/2 and the same queries in English, French and Spanish (``queries-<lang>.jsonl``: en->en,
+fr->en, es->en); an optional ``all`` folder is MTEB's pooled split, reported as its own rows. Layout and how
+to write it from ``clinia/CUREv1``: docs/evaluation.md.
 
-Layout: one BEIR folder per domain, named by MTEB's split names (``CUREv1Retrieval``)::
-
-    DIR/dentistry_and_oral_health/corpus.jsonl          # the domain's English passages
-    DIR/dentistry_and_oral_health/queries-en.jsonl      # the dataset's queries-en / -es / -fr configs
-    DIR/dentistry_and_oral_health/queries-es.jsonl
-    DIR/dentistry_and_oral_health/queries-fr.jsonl
-    DIR/dentistry_and_oral_health/qrels/test.tsv        # query-id, corpus-id, score (0, 1, 2)
-    ... nine more domains ...
-    DIR/all/...                                         # optional: MTEB's "All" split (pooled corpus)
-
-Hugging Face publishes CURE as ``clinia/CUREv1`` with configs ``corpus``, ``qrels``, ``queries-en``,
-``queries-es``, ``queries-fr`` whose splits are the domains; docs/evaluation.md shows the few lines of
-``datasets`` that write this layout. Queries of every language go through ``encode_query`` against the same
-``encode_document`` corpus (cross-lingual retrieval is the ordinary retrieval task with another queries
-file); results are reported per domain and per query language.
-
-Metrics: nDCG@10 (graded gains 0/1/2, main score) and Recall@100 (grade >= 1 relevant), as Table 7.
-Averages: for every query language, the unweighted mean over the ten domains (``ndcg@10/en``,
-``recall@100/fr``, ...), and over all domains and languages (``ndcg@10``, ``recall@100``). The paper's
-Table 7 gives one figure per query language computed with MTEB over the whole set; when ``DIR/all`` is
-present it is evaluated too and reported as the ``all`` rows (not part of the domain means).
-
-Instruction: the paper gives none; the suite uses MTEB's CUREv1 query prompt ("Given a question by a
-medical professional, retrieve relevant passages that best answer the question"), documents plain, for a
-model declared instruction-aware (``instructions="auto"``, the default; ``"on"`` / ``"off"`` override).
+Metrics: nDCG@10 (main) and Recall@100; averages per query language over the ten domains (``ndcg@10/en`` ...)
+and over all domains and languages. Instruction: MTEB's CUREv1 query prompt (the paper gives none).
 """
 
 from __future__ import annotations

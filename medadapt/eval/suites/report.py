@@ -4,8 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from medadapt.errors import MedAdaptError
-from medadapt.eval.report import save_figure
+from medadapt.eval.report import pyplot, save_figure
 from medadapt.eval.suites.base import SuiteResult
 from medadapt.io import atomic_write_json
 
@@ -45,13 +44,7 @@ def write_suite_json(path: str | Path, result: SuiteResult) -> None:
 def plot_suite(result: SuiteResult, path: str | Path) -> Path:
     """Main score per task (one bar per query language where a task has several, e.g. CURE's en / es / fr),
     with the suite's averages as dashed lines where there are few."""
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError as exc:  # pragma: no cover - depends on the environment
-        raise MedAdaptError("plotting needs matplotlib: pip install 'medadapt[plot]'") from exc
+    plt = pyplot()
     tasks = list(dict.fromkeys(r.task for r in result.rows))
     langs = list(dict.fromkeys(r.query_language for r in result.rows))
     width = 0.8 / max(len(langs), 1)

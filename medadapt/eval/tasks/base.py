@@ -1,11 +1,8 @@
 """What an evaluation task is, the registry of task kinds, and :func:`evaluate`, the one entry point.
 
-As in MTEB (``TaskMetadata`` + ``AbsTask*`` kinds, a benchmark as a list of tasks): a :class:`TaskMetadata`
-describes a task (name, kind, metrics, the paper's instruction, languages), and a *kind* is one
-:class:`EvalTask` subclass in one file of :mod:`medadapt.eval.tasks` that reads its data and scores a model.
-A kind registers itself with :func:`register_task_kind`; the kinds of this package are found on first lookup,
-so adding a kind is adding one file. Suites (:mod:`medadapt.eval.suites`), a recipe's evaluation, the mteb
-export and ``medadapt eval`` all score through :func:`evaluate`.
+As in MTEB (``TaskMetadata`` + ``AbsTask*`` kinds): a :class:`TaskMetadata` describes a task, a *kind* is one
+:class:`EvalTask` subclass in one file of this package (found on first lookup) that reads its data and scores
+a model. Suites, a recipe's evaluation, the mteb export and ``medadapt eval`` all score through :func:`evaluate`.
 """
 
 from __future__ import annotations
@@ -64,21 +61,10 @@ def task_kind(name: str) -> type[EvalTask]:
 
 @dataclass(frozen=True)
 class TaskMetadata:
-    """One task.
-
-    Attributes:
-        name: the task's name in the paper (and its folder name under a suite's data folder).
-        kind: a registered kind (:func:`task_kinds`).
-        metrics: what is computed (default: the kind's ``default_metrics``).
-        main_metric: the one the paper reports for the task (default: the first metric).
-        query_instruction: the paper's instruction text for queries (``None``: no instruction).
-        document_prompt: the full prompt prepended to documents, where the paper gives one.
-        query_languages: ISO 639-1 codes of the query side; more than one reads ``queries-<lang>.jsonl``.
-        corpus_language: ISO 639-1 code of the documents.
-        family: a grouping label (BMRetriever's task families, CURE's domain).
-        optional: a suite reads the task only when its folder exists (CURE's pooled ``all``).
-        layout: the file layout, for a kind that reads more than one (rerank: ``"mteb"`` rows or medadapt's own).
-    """
+    """One task: its name (the folder under a suite's data folder), kind, metrics (default: the kind's) and
+    main metric (default: the first), the paper's query instruction and document prompt, languages (ISO 639-1;
+    several query languages read ``queries-<lang>.jsonl``), a grouping ``family``, ``optional`` (read only when
+    its folder exists) and ``layout`` (a kind's file layout, e.g. rerank's ``"mteb"`` rows)."""
 
     name: str
     kind: str
@@ -134,8 +120,7 @@ class TaskResult:
 
 class EvalTask:
     """A task kind: reads its data (:meth:`load` from a suite folder, :meth:`load_data` from ``--data``) and
-    scores a model (:meth:`score`). An instance is a task (its :class:`TaskMetadata`); loading returns a
-    copy holding the data, so one suite's task objects serve every run."""
+    scores a model (:meth:`score`). Loading returns a copy holding the data, so a suite's tasks serve every run."""
 
     kind: ClassVar[str] = ""
     default_metrics: ClassVar[tuple[str, ...]] = ()
@@ -165,10 +150,6 @@ class EvalTask:
     def __repr__(self) -> str:
         state = f", {self.split!r} loaded" if self.data is not None else ""
         return f"{type(self).__name__}({self.metadata.name!r}{state})"
-
-    @property
-    def spec(self) -> TaskMetadata:
-        return self.metadata
 
     # ------------------------------------------------------------------------------------------- loading
     def read(self, path: Path) -> Any:
@@ -216,8 +197,7 @@ class EvalTask:
 
 @contextmanager
 def task_prompts(model, query_prompt: str | None, document_prompt: str | None) -> Iterator[None]:
-    """Set the ``query`` (and ``document``) prompt of ``model`` for one task and put the model's own prompts
-    back afterwards. A side the task gives no prompt for keeps the model's own prompt."""
+    """Set the ``query`` (and ``document``) prompt of ``model`` for one task, the model's own prompts back after."""
     if not query_prompt and not document_prompt:
         yield
         return
@@ -244,16 +224,10 @@ def evaluate(model, task: EvalTask, *, metrics: Sequence[str] | None = None, mod
              reuse_cache: bool = True) -> TaskResult:
     """Score ``model`` on a loaded ``task``: the one evaluation entry point.
 
-    Args:
-        model: a SentenceTransformer (queries through ``encode_query``, documents through ``encode_document``,
-            so an asymmetric model's two towers apply), an index (:class:`~medadapt.retrieval.Retriever`) or
-            an encoder with a learned-sparse side (retrieval tasks).
-        metrics: default: the task's.
-        mode: retrieval only: ``dense``, ``lexical`` or ``hybrid`` (default: what the model offers first:
-            an index its kind, a learned-sparse model hybrid, a dense model dense).
-        query_prompt, document_prompt: prompts set on the model while the task runs (a suite's instructions).
-        route, similarity: STS (:func:`medadapt.eval.evaluate_sts`).
-        cache: an :class:`~medadapt.cache.EmbeddingCache` (default: ``$MEDADAPT_CACHE``).
+    ``model``: a SentenceTransformer (queries through ``encode_query``, documents through ``encode_document``),
+    an index (:class:`~medadapt.retrieval.Retriever`) or an encoder with a learned-sparse side. ``mode``
+    (retrieval): ``dense``, ``lexical`` or ``hybrid`` (default: an index's kind, a learned-sparse model's hybrid,
+    else dense). The prompts are set on the model while the task runs; ``route`` and ``similarity`` are STS's.
     """
     if task.data is None:
         raise MedAdaptError(f"task {task.metadata.name} holds no data: load it first (task.load(folder, split) "

@@ -1,29 +1,59 @@
 """Rerank tasks: each query's own candidates ordered by similarity; MAP@10, nDCG@10, MRR@10 from their grades.
 
-Two file layouts: MTEB's reranking rows (``{"query", "positive", "negative"}``, ``layout="mteb"``, what the
-suites read: :func:`load_mteb_rerank`) and medadapt's own
-(``{"query", "candidates"}``, :func:`medadapt.data.load_rerank`, the default of ``medadapt eval --task rerank``).
+Two file layouts: MTEB's reranking rows (``layout="mteb"``, what the suites read: :func:`load_mteb_rerank`)
+and medadapt's own (``{"query", "candidates"}``, :func:`medadapt.data.load_rerank`, ``medadapt eval --task
+rerank``'s default).
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from pathlib import Path
+
+import numpy as np
 
 from medadapt.data.jsonl import iter_jsonl
 from medadapt.data.rerank import RerankItem, load_rerank
 from medadapt.errors import DataError
-from medadapt.eval.rerank import RERANK_METRICS, evaluate_rerank
+from medadapt.eval.metrics import evaluate_run
+from medadapt.eval.search import prepare_for_similarity
 from medadapt.eval.tasks.base import EvalSettings, EvalTask, register_task_kind
+from medadapt.progress import encode_with_progress
+
+RERANK_METRICS = ("map@10", "ndcg@10", "mrr@10")
+
+
+def candidate_scores(model, queries: list[str], candidates: list[list[str]], batch_size: int = 64,
+                     show_progress: bool = False) -> list[np.ndarray]:
+    """Each query's similarity (the model's) to each of its own candidates: queries through ``encode_query``,
+    candidates through ``encode_document``."""
+    sim = getattr(model, "similarity_fn_name", "cosine")
+    q = encode_with_progress(model.encode_query, queries, batch_size=batch_size, show_progress=show_progress,
+                             desc="encoding queries")
+    d = encode_with_progress(model.encode_document, [t for texts in candidates for t in texts],
+                             batch_size=batch_size, show_progress=show_progress, desc="encoding candidates")
+    q, d = (prepare_for_similarity(np.asarray(e, dtype=np.float32), sim) for e in (q, d))
+    out, start = [], 0
+    for i, texts in enumerate(candidates):
+        out.append(d[start : start + len(texts)] @ q[i])
+        start += len(texts)
+    return out
+
+
+def evaluate_rerank(model, items: list[RerankItem], metrics: Iterable[str] = RERANK_METRICS, batch_size: int = 64,
+                    show_progress: bool = False) -> dict[str, float]:
+    scores = candidate_scores(model, [it.query for it in items], [it.texts for it in items], batch_size,
+                              show_progress)
+    run = {f"q{i}": {f"c{j}": float(s) for j, s in enumerate(row)} for i, row in enumerate(scores)}
+    qrels = {f"q{i}": {f"c{j}": g for j, g in enumerate(it.grades)} for i, it in enumerate(items)}
+    return evaluate_run(qrels, run, metrics)
 
 
 def load_mteb_rerank(path: str | Path) -> list[RerankItem]:
-    """Read a JSONL file in MTEB's reranking layout (:mod:`medadapt.eval.suites.layouts` shows it).
-
-    Raises:
-        DataError: naming the file and line: a row in another layout (e.g. medadapt's ``candidates``), a
-            missing or non-list ``positive`` / ``negative``, a non-string text, a row without any
-            positive, or an empty file.
-    """
+    """Read a JSONL file in MTEB's reranking layout, one row per query, ``{"query": "...", "positive": [...],
+    "negative": [...]}`` (what ``datasets.load_dataset("C-MTEB/CMedQAv1-reranking")["test"].to_json(...)``
+    writes): positives grade 1, negatives 0. A row in another layout, a bad field, a row without a positive or
+    an empty file is a :class:`DataError` naming the file and line. (mteb reads these rows from the hub only.)"""
     path = Path(path)
     items = []
     for n, obj in iter_jsonl(path, "rerank file"):

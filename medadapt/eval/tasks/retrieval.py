@@ -1,14 +1,7 @@
-"""Retrieval tasks: a BEIR folder (``corpus.jsonl``, ``queries.jsonl`` or ``queries-<lang>.jsonl`` per query
-language, ``qrels/<split>.tsv``) scored with pytrec_eval.
-
-Any model or index is scored, on the side ``mode`` picks:
-
-* a SentenceTransformer (one tower or asymmetric: queries through ``encode_query``, documents through
-  ``encode_document``): ``dense`` (:func:`medadapt.eval.evaluate_retrieval`, exact search) or ``hybrid``
-  (dense + BM25 over the corpus, min-max fused with equal weights, what ``medadapt index --kind hybrid``
-  builds);
-* a model with a learned-sparse side: ``lexical``, ``dense`` or ``hybrid`` (:func:`sparse_scorer`);
-* an index (:class:`~medadapt.retrieval.Retriever`): its own kind, or one side of a hybrid index.
+"""Retrieval tasks: a BEIR folder (``queries-<lang>.jsonl`` per query language where there are several)
+scored with pytrec_eval, on the side ``mode`` picks: a SentenceTransformer ``dense`` (exact search) or
+``hybrid`` (dense + BM25, min-max fused with equal weights, as ``medadapt index --kind hybrid``); a model with
+a learned-sparse side any mode (:func:`sparse_scorer`); an index its kind, or one side of a hybrid index.
 """
 
 from __future__ import annotations
@@ -33,9 +26,8 @@ __all__ = ["MODES", "RetrievalTask", "corpus_documents", "default_mode", "regist
 
 MODES = ("dense", "lexical", "hybrid")
 
-#: scorers of a learned-sparse encoder, by ``encoder_tag``: ``fn(encoder, data, split, mode, metrics, settings)
-#: -> metrics``, for every mode. An encoder with no scorer here is scored through an in-memory
-#: :class:`~medadapt.retrieval.Retriever`.
+#: scorers of learned-sparse encoders by ``encoder_tag``: ``fn(encoder, data, split, mode, metrics, settings)``
+#: (default: an in-memory :class:`~medadapt.retrieval.Retriever`)
 _SPARSE_SCORERS: dict[str, Callable] = {}
 
 
@@ -45,8 +37,7 @@ def register_sparse_scorer(tag: str, scorer: Callable) -> None:
 
 
 def sparse_encoder(model):
-    """The one capability check for a learned-sparse side: the encoder that gives ``model``'s dense and
-    sparse vectors (a model one of whose modules is a learned-lexical branch, or such an encoder itself), or
+    """The one check for a learned-sparse side: the encoder giving ``model``'s dense and sparse vectors, or
     ``None`` for a dense-only model and an index."""
     if isinstance(model, Retriever):
         return None
@@ -59,8 +50,7 @@ def sparse_encoder(model):
 
 
 def sparse_scorer(encoder) -> Callable:
-    """How a learned-sparse ``encoder`` is scored: the scorer registered for its tag (here or in a system's
-    ``sparse_scorers``), else an in-memory index."""
+    """The scorer registered for a learned-sparse ``encoder``'s tag (here or by a system), else an index's."""
     tag = getattr(encoder, "encoder_tag", "")
     if tag not in _SPARSE_SCORERS:
         for system in registered():
@@ -70,8 +60,8 @@ def sparse_scorer(encoder) -> Callable:
 
 
 def supported_modes(model) -> tuple[str, ...]:
-    """The modes ``model`` offers: an index its kind (a hybrid index all three), a learned-sparse model all
-    three, a dense model dense and hybrid (dense + BM25)."""
+    """The modes ``model`` offers: an index its kind (a hybrid one all three), a learned-sparse model all three,
+    a dense model dense and hybrid (dense + BM25)."""
     if isinstance(model, Retriever):
         return MODES if model.kind == "hybrid" else (model.kind,)
     return MODES if sparse_encoder(model) is not None else ("dense", "hybrid")
@@ -91,8 +81,7 @@ def corpus_documents(data: BeirDataset) -> Documents:
 
 
 def retriever_metrics(retriever: Retriever, data: BeirDataset, split: str, metrics: list[str]) -> dict[str, float]:
-    """The metrics of ``retriever``'s top-``depth`` for the split's queries (depth: the largest cut-off of
-    ``metrics``, at least 100, as the dense evaluation)."""
+    """The metrics of ``retriever``'s results for the split's queries (depth: the largest cut-off, >= 100)."""
     depth = max([parse_metric(m)[1] for m in metrics] + [100])
     queries = data.split_queries(split)
     qids = list(queries)
@@ -111,20 +100,17 @@ def one_side(retriever: Retriever, mode: str) -> Retriever:
                      retriever.lexical if config.uses_lexical else None, retriever.manifest)
 
 
+def _in_memory(model, data: BeirDataset, split: str, metrics: list[str], s: EvalSettings, **build) -> dict[str, float]:
+    """``model`` through an index of the corpus built in memory (``build``: :meth:`Retriever.build`'s ``kind`` or
+    ``config``), scored as it searches."""
+    retriever = Retriever.build(corpus_documents(data), model, cache=s.cache, show_progress=s.show_progress, **build)
+    return retriever_metrics(retriever, data, split, metrics)
+
+
 def _sparse_by_retriever(encoder, data: BeirDataset, split: str, mode: str, metrics: list[str],
                          s: EvalSettings) -> dict[str, float]:
     """A learned-sparse encoder through an in-memory index of the corpus (the fusion it was trained for)."""
-    retriever = Retriever.build(corpus_documents(data), encoder, kind=mode, cache=s.cache,
-                                show_progress=s.show_progress)
-    return retriever_metrics(retriever, data, split, metrics)
-
-
-def _bm25_hybrid(model, data: BeirDataset, split: str, metrics: list[str], s: EvalSettings) -> dict[str, float]:
-    """Dense + BM25 over the corpus, fused as a hybrid Retriever built in memory (min-max, equal weights)."""
-    retriever = Retriever.build(corpus_documents(data), model,
-                                config=RetrieverConfig(kind="hybrid", batch_size=s.batch_size), cache=s.cache,
-                                show_progress=s.show_progress)
-    return retriever_metrics(retriever, data, split, metrics)
+    return _in_memory(encoder, data, split, metrics, s, kind=mode)
 
 
 def score_retrieval(model, data: BeirDataset, split: str, s: EvalSettings) -> dict[str, float]:
@@ -142,8 +128,9 @@ def score_retrieval(model, data: BeirDataset, split: str, s: EvalSettings) -> di
         return retriever_metrics(one_side(model, mode), data, split, metrics)
     if encoder is not None:
         return sparse_scorer(encoder)(encoder, data, split, mode, metrics, s)
-    if mode == "hybrid":
-        return _bm25_hybrid(model, data, split, metrics, s)
+    if mode == "hybrid":  # dense + BM25, min-max fused with equal weights
+        config = RetrieverConfig(kind="hybrid", batch_size=s.batch_size)
+        return _in_memory(model, data, split, metrics, s, config=config)
     return eval_retrieval.evaluate_retrieval(model, data, split, metrics, cache=s.cache, batch_size=s.batch_size,
                                              show_progress=s.show_progress)
 

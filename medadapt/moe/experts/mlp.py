@@ -20,18 +20,9 @@ def zero_linear_(layer: nn.Linear) -> nn.Linear:
 
 @register_expert("mlp_gelu")
 class MLPGeluExpert(nn.Module):
-    """``Linear(h, e*h) -> GELU -> Linear(e*h, h)``.
+    """``Linear(h, e*h) -> GELU -> Linear(e*h, h)``; ``zero_init_output``: the expert starts as zero."""
 
-    Args:
-        dim: embedding width ``h``.
-        expansion: hidden width multiplier ``e`` (paper: 4).
-        zero_init_output: zero the output projection so the expert starts as the zero function.
-        bias: use biases in both projections.
-    """
-
-    def __init__(
-        self, dim: int, expansion: int = 4, zero_init_output: bool = True, bias: bool = True
-    ) -> None:
+    def __init__(self, dim: int, expansion: int = 4, zero_init_output: bool = True, bias: bool = True) -> None:
         super().__init__()
         self.up = nn.Linear(dim, expansion * dim, bias=bias)
         self.down = nn.Linear(expansion * dim, dim, bias=bias)
@@ -44,20 +35,10 @@ class MLPGeluExpert(nn.Module):
 
 @register_expert("mlp_swiglu")
 class MLPSwiGLUExpert(nn.Module):
-    """``Linear(e*h, h)( Swish(x W) * (x V) )`` with ``W, V: h -> e*h`` (Shazeer 2020; paper §III-B).
+    """``Linear(e*h, h)( Swish(x W) * (x V) )`` with ``W, V: h -> e*h`` (Shazeer 2020; paper §III-B), fused into
+    one ``h -> 2*e*h`` projection; Swish with beta = 1 (SiLU)."""
 
-    ``W`` and ``V`` are fused into one ``h -> 2*e*h`` projection for speed. Swish uses beta = 1 (SiLU).
-
-    Args:
-        dim: embedding width ``h``.
-        expansion: hidden width multiplier ``e`` (paper: 4).
-        zero_init_output: zero the output projection so the expert starts as the zero function.
-        bias: use biases in the projections.
-    """
-
-    def __init__(
-        self, dim: int, expansion: int = 4, zero_init_output: bool = True, bias: bool = True
-    ) -> None:
+    def __init__(self, dim: int, expansion: int = 4, zero_init_output: bool = True, bias: bool = True) -> None:
         super().__init__()
         self.gate_up = nn.Linear(dim, 2 * expansion * dim, bias=bias)
         self.down = nn.Linear(expansion * dim, dim, bias=bias)

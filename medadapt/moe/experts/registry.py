@@ -1,10 +1,6 @@
-"""Name -> expert-class registry.
-
-Each expert family registers itself with :func:`register_expert` in its own module (registration lives next
-to the component), and :func:`build_expert` constructs one by name. Unknown names and unknown keyword
-arguments are rejected with the list of valid choices instead of being silently ignored.
-
-Every registered class must accept ``dim`` as its first argument and map ``(..., dim) -> (..., dim)``.
+"""Name -> expert-class registry: each expert family registers itself with :func:`register_expert` in its own
+module, :func:`build_expert` constructs one by name. Unknown names and options are rejected with the valid
+choices. A registered class takes ``dim`` first and maps ``(..., dim) -> (..., dim)``.
 """
 
 from __future__ import annotations
@@ -25,13 +21,8 @@ T = TypeVar("T", bound=type[nn.Module])
 
 
 def register_expert(name: str) -> Callable[[T], T]:
-    """Class decorator registering an expert family under ``name``.
-
-    Example:
-        >>> @register_expert("my_expert")
-        ... class MyExpert(nn.Module):
-        ...     def __init__(self, dim: int, expansion: int = 4, zero_init_output: bool = True): ...
-    """
+    """Class decorator registering an expert family under ``name``, e.g. ``@register_expert("my_expert")`` on a
+    module taking ``(dim, expansion=4, zero_init_output=True, ...)``."""
 
     def decorator(cls: T) -> T:
         existing = _EXPERTS.get(name)
@@ -69,9 +60,7 @@ def check_expert_options(name: str, options: dict[str, Any]) -> None:
 
 
 def build_expert(name: str, dim: int, **kwargs: Any) -> nn.Module:
-    """Instantiate the expert registered under ``name`` for embeddings of width ``dim``.
-
-    Unknown names or keyword arguments raise :class:`~medadapt.errors.ConfigError` naming the valid ones.
-    """
+    """The expert registered under ``name`` for embeddings of width ``dim`` (unknown names or options raise
+    :class:`~medadapt.errors.ConfigError` naming the valid ones)."""
     check_expert_options(name, kwargs)
     return expert_class(name)(dim, **kwargs)

@@ -1,10 +1,6 @@
-"""BMRetriever recipes: the typed YAML schema (``kind: bmretriever``).
-
-A recipe names the backbone, the instruction tables (Appendix B, defaults built in) and the two stages; each
-stage's optimisation is a :class:`BmStageSection` (an ``OptimSection`` with the paper's defaults) handed to
-:func:`~medadapt.bmretriever.train.contrastive_stage`, and hard-negative mining is a
-:class:`medadapt.curation.MiningConfig`. Shipped examples: ``recipes/bmretriever-*.yaml``; every setting:
-docs/bmretriever.md and docs/recipes.md.
+"""BMRetriever's recipe schema (``kind: bmretriever``): the backbone, the instruction tables (Appendix B) and
+the two stages, each a :class:`BmStageSection` for :func:`~medadapt.bmretriever.train.contrastive_stage`.
+Every setting: docs/bmretriever.md and docs/recipes.md.
 """
 
 from __future__ import annotations
@@ -14,9 +10,15 @@ from typing import Any, Literal
 
 from pydantic import Field, model_validator
 
-from medadapt.bmretriever.instructions import (EVAL_INSTRUCTIONS, FINETUNE_INSTRUCTIONS, PASSAGE_PROMPT,
-                                               PRETRAIN_QUERY_PROMPT, QUERY_TEMPLATE, SYNTHETIC_INSTRUCTIONS,
-                                               query_prompt)
+from medadapt.bmretriever.instructions import (
+    EVAL_INSTRUCTIONS,
+    FINETUNE_INSTRUCTIONS,
+    PASSAGE_PROMPT,
+    PRETRAIN_QUERY_PROMPT,
+    QUERY_TEMPLATE,
+    SYNTHETIC_INSTRUCTIONS,
+    query_prompt,
+)
 from medadapt.curation.mining_config import MiningConfig
 from medadapt.recipes.base import EvalSection, LoraSection, RecipeBase, RunSection, Section
 from medadapt.training.config import OptimSection
@@ -42,8 +44,7 @@ class RetrieverModelSection(Section):
 
 
 class InstructionsSection(Section):
-    """Appendix B as data: pre-training prompts, Table 9 (fine-tuning) and Table 10 (evaluation)
-    instructions."""
+    """Appendix B as data: pre-training prompts, Tables 9 (fine-tuning) and 10 (evaluation)."""
 
     pretrain_query: str = PRETRAIN_QUERY_PROMPT
     passage: str = PASSAGE_PROMPT
@@ -53,20 +54,15 @@ class InstructionsSection(Section):
     eval: dict[str, str] = Field(default_factory=lambda: dict(EVAL_INSTRUCTIONS))
 
     @model_validator(mode="after")
-    def _template(self) -> "InstructionsSection":
+    def _template(self) -> InstructionsSection:
         if "{instruction}" not in self.query_template:
             raise ValueError("query_template must contain '{instruction}'")
         return self
 
 
 class BmStageSection(OptimSection):
-    """Optimisation of one stage on the one loop (Appendix D: AdamW, lr 5e-5, global batch 256, linear
-    warm-up over the first 100 steps, then linear decay). Unlike
-    :class:`~medadapt.training.config.OptimSection`, ``epochs`` may be fractional and the warm-up is counted
-    in ``warmup_steps``; giving ``warmup_ratio`` instead (not both) warms up over that fraction of the steps
-    (:func:`~medadapt.bmretriever.train.loop_optim`). ``gradient_accumulation_steps = k`` trains as one batch
-    of ``k * batch_size`` (GradCache).
-    """
+    """One stage's optimisation (Appendix D: AdamW, lr 5e-5, global batch 256, 100 warm-up steps, linear
+    decay). ``epochs`` may be fractional; the warm-up is ``warmup_steps`` or ``warmup_ratio``, not both."""
 
     enabled: bool = True
     epochs: float = Field(1.0, gt=0)  # type: ignore[assignment]
@@ -92,7 +88,7 @@ class BmStageSection(OptimSection):
 
     @property
     def warmup(self) -> float:
-        """The warm-up: an int counts steps, a float in ``[0, 1)`` is a ratio of the stage's steps."""
+        """Warm-up steps (an int), or a ratio of the stage's steps (a float in ``[0, 1)``)."""
         return self.warmup_steps if self.warmup_steps is not None else float(self.warmup_ratio)
 
 
@@ -108,8 +104,7 @@ class CorpusSourceSection(Section):
 
 
 class Stage1Section(BmStageSection):
-    """Unsupervised contrastive pre-training (§3.2, eq. 2): in-batch negatives only. ``sources`` empty
-    means the recipe's own BEIR corpus (``data.path``) in ``auto`` mode."""
+    """Contrastive pre-training (§3.2, eq. 2), in-batch negatives; no ``sources``: ``data.path``, ``auto``."""
 
     sources: list[CorpusSourceSection] = Field(default_factory=list)
     min_words: int = Field(8, ge=1, description="shortest crop span (untitled documents)")
@@ -117,7 +112,7 @@ class Stage1Section(BmStageSection):
     max_pairs: int | None = Field(None, ge=1, description="uniform subsample of the pairs")
 
     @model_validator(mode="after")
-    def _spans(self) -> "Stage1Section":
+    def _spans(self) -> Stage1Section:
         if self.max_words < self.min_words:
             raise ValueError("max_words must be >= min_words")
         return self
@@ -134,17 +129,15 @@ class TaskSection(Section):
     max_queries: int | None = Field(None, ge=1)
 
     @model_validator(mode="after")
-    def _path(self) -> "TaskSection":
+    def _path(self) -> TaskSection:
         if self.kind == "groups" and not self.path:
             raise ValueError(f"task {self.name!r}: kind 'groups' needs a path")
         return self
 
 
 class GeneratorFields(Section):
-    """Which LLM writes synthetic data: ``fake`` (deterministic, offline: tests and tiny recipes),
-    ``transformers`` (a local model) or ``openai`` (any OpenAI-compatible ``/chat/completions`` endpoint).
-    The API key is read from the environment variable ``api_key_env`` at request time; recipes name the
-    variable, never the key."""
+    """Which LLM writes synthetic data: ``fake`` (offline), ``transformers`` (local) or ``openai`` (any
+    OpenAI-compatible endpoint; recipes name the key's environment variable, never the key)."""
 
     generator: Literal["fake", "transformers", "openai"] = "fake"
     model: str | None = Field(None, description="generator model (transformers: hub id or folder; openai: "
@@ -168,9 +161,8 @@ class GeneratorFields(Section):
 
 
 class SyntheticSourceSection(Section):
-    """One instance-level source (Appendix B.2: PubMed and Meadow, the COVID-19 corpus, each with its own
-    instruction): passages of ``corpus`` get one generated query each; its kept pairs form the stage II data
-    set ``name``."""
+    """One instance-level source (Appendix B.2: PubMed, Meadow): a query per passage of ``corpus``; its kept
+    pairs are the stage II data set ``name``."""
 
     name: str = Field(..., description="stage II data set of this source's pairs")
     corpus: str | None = Field(None, description="BEIR folder whose passages get queries (default data.path)")
@@ -180,7 +172,7 @@ class SyntheticSourceSection(Section):
                                       "the section's overgenerate, rounded up)")
 
     @model_validator(mode="after")
-    def _cap(self) -> "SyntheticSourceSection":
+    def _cap(self) -> SyntheticSourceSection:
         if self.max_generated is not None and self.max_generated < self.passages:
             raise ValueError(f"source {self.name!r}: max_generated ({self.max_generated}) must be >= "
                              f"passages ({self.passages}), the pairs to keep")
@@ -188,10 +180,8 @@ class SyntheticSourceSection(Section):
 
 
 class SyntheticSection(GeneratorFields):
-    """Instance-level synthetic queries (§3.3, Appendix B.2) for one or more ``sources``, each
-    consistency-filtered (the passage in the base retriever's top ``top_k`` for its query) and generated
-    until its ``passages`` pairs are kept or its cap is reached. The one-source shorthand ``{corpus,
-    instruction, passages, name}`` at this level still reads as ``sources: [{name: synthetic, ...}]``."""
+    """Instance-level synthetic queries (§3.3), consistency-filtered (passage in the base retriever's top
+    ``top_k``). The one-source shorthand ``{corpus, instruction, passages, name}`` reads as ``sources``."""
 
     sources: list[SyntheticSourceSection] = Field(
         default_factory=lambda: [SyntheticSourceSection(name="synthetic")], min_length=1)
@@ -212,26 +202,21 @@ class SyntheticSection(GeneratorFields):
         return {**rest, "sources": [{"name": "synthetic", **legacy}]}
 
     @model_validator(mode="after")
-    def _names(self) -> "SyntheticSection":
+    def _names(self) -> SyntheticSection:
         names = [s.name for s in self.sources]
         if len(set(names)) != len(names):
             raise ValueError(f"synthetic source names must be unique, got {names}")
         return self
 
     def cap(self, source: SyntheticSourceSection) -> int:
-        """The most queries generated for ``source``: its ``max_generated``, else ``passages x
-        overgenerate`` rounded up."""
+        """The most queries generated for ``source``."""
         return source.max_generated or math.ceil(source.passages * self.overgenerate)
 
 
 class TaskSyntheticSection(GeneratorFields):
-    """Task-level synthetic examples (§3.3, Appendix A.1): ``tasks`` distinct retrieval tasks brainstormed
-    ``per_call`` at a time, then ``examples_per_task`` (query, positive, hard negative) examples kept per
-    task, each written from Listing 2 with sampled diversity attributes and trained with its task's
-    instruction (the paper: ~200 tasks, 20,000 examples, from GPT-4). Generation stops when a task has its
-    examples or ``cap_per_task`` were generated for it. With ``filter``, an example is kept only when the base
-    retriever scores its positive above its negative (ours; the paper describes no task-level filter). The
-    fake generator's topics are the titles and texts of ``data.path``'s corpus."""
+    """Task-level synthetic examples (§3.3, Appendix A.1; paper: ~200 tasks, 20,000 examples from GPT-4):
+    brainstormed tasks, then (query, positive, hard negative) examples per task. The fake generator's
+    topics are ``data.path``'s corpus."""
 
     name: str = "synthetic-task"
     tasks: int = Field(100, ge=1, description="distinct task instructions to brainstorm (paper: ~200)")
@@ -244,7 +229,7 @@ class TaskSyntheticSection(GeneratorFields):
                          "above its negative (not in the paper)")
 
     @model_validator(mode="after")
-    def _cap(self) -> "TaskSyntheticSection":
+    def _cap(self) -> TaskSyntheticSection:
         if self.max_generated_per_task is not None and self.max_generated_per_task < self.examples_per_task:
             raise ValueError(f"max_generated_per_task ({self.max_generated_per_task}) must be >= "
                              f"examples_per_task ({self.examples_per_task})")
@@ -252,7 +237,6 @@ class TaskSyntheticSection(GeneratorFields):
 
     @property
     def cap_per_task(self) -> int:
-        """The most examples generated per task."""
         return self.max_generated_per_task or math.ceil(self.examples_per_task * self.overgenerate)
 
 
@@ -268,7 +252,7 @@ class Stage2Section(BmStageSection):
     task_synthetic: TaskSyntheticSection | None = None
 
     @model_validator(mode="after")
-    def _tasks(self) -> "Stage2Section":
+    def _tasks(self) -> Stage2Section:
         if self.enabled and not self.tasks and self.synthetic is None and self.task_synthetic is None:
             raise ValueError("stage2 needs at least one task (or synthetic data)")
         names = [t.name for t in self.tasks]
@@ -280,23 +264,18 @@ class Stage2Section(BmStageSection):
 
 
 class BmTrainingSection(RunSection):
-    """:class:`~medadapt.recipes.base.RunSection` plus the stage summaries' logging cadence."""
-
     logging_steps: int | None = Field(None, ge=1, description="the stage summary in train_log.json logs the "
                                       "loss every n steps, averaged (default: ~20 rows per stage); the run's "
                                       "loss_history has every step")
 
 
 class BmEvalSection(EvalSection):
-    """:class:`~medadapt.recipes.base.EvalSection` plus the query instruction used at test time
-    (a Table 10 / Table 9 name or the instruction itself; default: that of the first stage II task)."""
-
-    instruction: str | None = None
+    instruction: str | None = Field(None, description="test-time query instruction: a Table 10 / 9 name or "
+                                    "the instruction (default: the first stage II task's)")
 
 
 class BmRetrieverRecipe(RecipeBase):
-    """A BMRetriever recipe (see module docstring). ``data.path`` is the default stage I corpus, the default
-    folder of ``beir`` stage II tasks and the evaluation data."""
+    """``data.path``: the default stage I corpus and ``beir`` task folder, and the evaluation data."""
 
     kind: Literal["bmretriever"] = "bmretriever"
     model: RetrieverModelSection
@@ -316,9 +295,7 @@ class BmRetrieverRecipe(RecipeBase):
         return self.instructions.finetune[task.name]
 
     def eval_query_prompt(self) -> str:
-        """The query prompt of the saved model: ``eval.instruction`` (a Table 10 / Table 9 name or the
-        instruction itself; default: the first stage II task's) in ``instructions.query_template``, or the
-        pre-training query prompt when there is no instruction."""
+        """The saved model's query prompt (``eval.instruction``, else the pre-training query prompt)."""
         ins = self.instructions
         instruction = self.eval.instruction
         if instruction is None and self.stage2.tasks:
@@ -329,7 +306,7 @@ class BmRetrieverRecipe(RecipeBase):
         return query_prompt(instruction, ins.query_template)
 
     @model_validator(mode="after")
-    def _instructions(self) -> "BmRetrieverRecipe":
+    def _instructions(self) -> BmRetrieverRecipe:
         if self.stage2.enabled:
             for task in self.stage2.tasks:
                 self.task_instruction(task)
