@@ -74,12 +74,13 @@ def test_global_is_the_default_and_per_device_multiplies_by_processes(tiny_bert_
 
 
 def test_the_paper_recipe_states_its_batch_semantics():
-    from medadapt.hyrec.recipe import PAPER
     from medadapt.plan import plan_recipe
+    from medadapt.systems import find
 
     r = load_recipe(ROOT / "recipes" / "hyrec.yaml", expect=HyReCRecipe)
     assert r.training.batch_size_scope == "per_device" and r.pretrain.batch_size_scope == "global"
-    assert PAPER["training.batch_size_scope"][0] == "per_device" and "per GPU" in PAPER["training.batch_size_scope"][1]
+    paper = find("hyrec").paper
+    assert paper["training.batch_size_scope"][0] == "per_device" and "per GPU" in paper["training.batch_size_scope"][1]
     notes = plan_recipe(r).notes
     assert any("batch_size_scope: per_device (training)" in n for n in notes), notes
     with pytest.raises(Exception, match="batch_size_scope"):

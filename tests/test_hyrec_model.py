@@ -534,3 +534,37 @@ def test_union_context_head_ignores_padding_and_round_trips(tiny_bert_dir, tmp_p
     model.save(tmp_path / "m")
     again = HyReCModel.load(tmp_path / "m")
     assert again.config.union_context == 2 and again.encode_lexical(TEXTS, "document") == l1
+
+
+def test_one_encoding_pass_checks_the_state_cache_fingerprints_once_and_the_next_pass_sees_new_weights(
+        tiny_bert_dir, monkeypatch):
+    """Inside one ``encode`` call the weights are fixed, so the cache's memoised namespace / fingerprints are
+    checked against them once (not per batch); a weight change between two calls is still seen."""
+    import contextlib
+
+    import medadapt.hyrec.data as hyrec_data
+
+    model = make(tiny_bert_dir, variant="frozen")
+    cache = SharedStateCache(None)
+    texts = [f"{t} {i}" for i in range(6) for t in TEXTS]
+    calls = []
+    real = hyrec_data._versions
+    monkeypatch.setattr(hyrec_data, "_versions", lambda mods: calls.append(1) or real(mods))
+    kw = {"state_cache": cache, "cached_lexicon": True, "batch_size": 2}
+    dense, lex = model.encode(texts, "document", **kw)
+    batches = -(-len(texts) // 2)
+    assert 0 < len(calls) <= 4 < batches  # namespace + lexicon fingerprint (+ pooled): once each per pass
+    unpinned = SharedStateCache(None)  # the same pass with the per-batch checks, as before pinning
+    monkeypatch.setattr(unpinned, "pinned", lambda m: contextlib.nullcontext())
+    calls.clear()
+    ref_dense, ref_lex = model.encode(texts, "document", **{**kw, "state_cache": unpinned})
+    assert len(calls) >= batches
+    np.testing.assert_array_equal(dense, ref_dense)
+    assert lex == ref_lex
+    with torch.no_grad():
+        for p in model.lexicon.parameters():
+            p.mul_(1.5)
+    _, lex2 = model.encode(texts, "document", **kw)
+    _, ref2 = model.encode(texts, "document", **{**kw, "state_cache": unpinned})
+    assert lex2 != lex and lex2 == ref2
+    assert cache._pinned == {}

@@ -39,8 +39,15 @@ from medadapt.errors import ConfigError
 from medadapt.hyrec.data import CachedDenseInputs, SharedStateCache, build_examples, share_miner_encoding
 from medadapt.hyrec.evaluate import tune_dense_weight
 from medadapt.hyrec.model import HyReCConfig, HyReCModel
-from medadapt.hyrec.recipe import (_STATE_CACHES, HyReCEvalSection, HyReCLossSection, HyReCModelSection,
-                                   HyReCTrainingSection, NegativesSection, evaluate_modes)
+from medadapt.hyrec.recipe import (
+    _STATE_CACHES,
+    HyReCEvalSection,
+    HyReCLossSection,
+    HyReCModelSection,
+    HyReCTrainingSection,
+    NegativesSection,
+    evaluate_modes,
+)
 
 __all__ = ["BranchModelSection", "HyReCLexicalBranch", "branch_pooling", "branch_tower", "build_and_train",
            "check", "check_tower", "evaluate"]

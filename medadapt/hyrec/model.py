@@ -39,8 +39,14 @@ from medadapt.checksums import SUMS, ChecksumError, verify_sums, write_sums
 from medadapt.errors import ConfigError, ModelLoadError, warn
 from medadapt.hyrec.bagging import WordVocab, group_words, sparse_from_tokens
 from medadapt.hyrec.data import UnionLabelCache
-from medadapt.hyrec.glae import (embed, encoder_layers, extended_mask, run_layers, split_layers,
-                                 truncate_layers)
+from medadapt.hyrec.glae import (
+    embed,
+    encoder_layers,
+    extended_mask,
+    run_layers,
+    split_layers,
+    truncate_layers,
+)
 from medadapt.hyrec.labels import IGNORE, S
 from medadapt.hyrec.normalize import normalize_sparse
 from medadapt.hyrec.projectors import DenseProjector, UnionProjector, WeightProjector
@@ -596,6 +602,9 @@ class HyReCModel(nn.Module):
             from sentence_transformers.base.modules import Normalize
 
             route_normalized = isinstance(dense_modules(self.st)[-1], Normalize)
+        pin = contextlib.ExitStack()
+        if state_cache is not None:  # weights are fixed for the pass: check the cache's fingerprints once
+            pin.enter_context(state_cache.pinned(self))
         try:
             what = "queries" if role == "query" else "documents"
             for start in progress(range(0, len(texts), batch_size), desc=desc or f"encoding {what}", unit="batch",
@@ -637,6 +646,7 @@ class HyReCModel(nn.Module):
                         labels = self._label_cache().labels(batch, role, ids.shape[1])
                     lex_out.extend(self._sparse(ids, mask, weights, union, labels))
         finally:
+            pin.close()
             self.train(was)
         inv = np.argsort(np.asarray(order, dtype=np.int64)) if texts else np.zeros(0, dtype=np.int64)
         d_arr = np.concatenate(dense_out)[inv] if dense and dense_out else None

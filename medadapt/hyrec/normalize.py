@@ -12,9 +12,8 @@ learned parameter.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-
 import math
+from collections.abc import Mapping
 
 import torch.nn.functional as F
 from torch import Tensor

@@ -1,7 +1,7 @@
 """The sections of a HyReC recipe (``kind: hyrec``): ``data``, ``model``, ``negatives``, ``loss``, ``training``,
 ``pretrain``, ``prefinetune``, ``eval``. They are the Python API's configs too
 (:func:`medadapt.hyrec.train.train_hyrec` takes a :class:`HyReCTrainingSection` and a :class:`HyReCLossSection`);
-:mod:`medadapt.hyrec.recipe` registers the kind."""
+:mod:`medadapt.hyrec.system` registers the kind."""
 
 from __future__ import annotations
 

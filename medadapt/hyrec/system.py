@@ -3,11 +3,14 @@ with the bases it composes on, and its mining preset (entry point ``medadapt.sys
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import medadapt.hyrec.branch as lexical
 from medadapt.adapters.compose import HEAD, BranchKind
 from medadapt.hyrec.evaluate import evaluate_hyrec
-from medadapt.hyrec.recipe import PAPER, HyReCRecipe, evaluate, plan_spec, train
-from medadapt.systems import System, register_system
+from medadapt.hyrec.plan import plan_spec
+from medadapt.hyrec.recipe import HyReCRecipe, evaluate, train
+from medadapt.systems import System, load_paper, register_system
 
 __all__ = ["LEXICAL_BRANCH", "SYSTEM"]
 
@@ -40,6 +43,6 @@ def score_sparse(encoder, data, split: str, mode: str, metrics: list[str], setti
 SYSTEM = register_system(System(
     "hyrec", HyReCRecipe, train, evaluate,
     summary="HyReC: learned lexical + dense retrieval from one model (GLAE, semantic union)",
-    paper=PAPER, plan=plan_spec, branches=(LEXICAL_BRANCH,), sparse_scorers={"hyrec": score_sparse},
+    paper=load_paper(Path(__file__).with_name("paper.yaml")), plan=plan_spec, branches=(LEXICAL_BRANCH,), sparse_scorers={"hyrec": score_sparse},
     # Appendix B: ANN hard negatives ranked 20th-100th, 3 per query
     mining_presets={"hyrec": {"window": (20, 100), "num_negatives": 3}}))
