@@ -25,6 +25,7 @@ from medadapt.data import load_beir
 from medadapt.errors import MedAdaptError
 from medadapt.eval.metrics import evaluate_run
 from medadapt.retrieval import Documents, Retriever, RetrieverConfig
+from medadapt.retrieval.encoders import offers_sparse
 from medadapt.retrieval.vectordb import QdrantRetriever, export_to_qdrant
 
 METRICS = ["ndcg@10", "recall@100"]
@@ -55,7 +56,7 @@ def run(name: str, model, docs, qids, texts, qrels, only: list[str] | None = Non
     if only:
         paths = {label: r for label, r in paths.items() if any(o in label for o in only)}
     rows = []
-    sparse = "BM25" if not getattr(model, "n_terms", None) else "learned sparse"
+    sparse = "learned sparse" if offers_sparse(model) else "BM25"
     for label, r in paths.items():
         t = time.perf_counter()
         if r is None:
