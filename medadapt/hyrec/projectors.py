@@ -13,15 +13,11 @@ from __future__ import annotations
 
 from typing import Any
 
-try:
-    from typing import Self
-except ImportError:  # pragma: no cover - Python < 3.11
-    from typing_extensions import Self
-
 import torch
 import torch.nn.functional as F
-from sentence_transformers.base.modules import Module
 from torch import Tensor, nn
+
+from medadapt.adapters.stack import EmbeddingModule
 
 __all__ = ["WeightProjector", "UnionProjector", "DenseProjector"]
 
@@ -82,7 +78,7 @@ class UnionProjector(nn.Module):
         return self.mlp(window)
 
 
-class DenseProjector(Module):
+class DenseProjector(EmbeddingModule):
     """Linear dense projector on the pooled embedding (eq. 6), a sentence-transformers module.
 
     Args:
@@ -91,7 +87,6 @@ class DenseProjector(Module):
     """
 
     config_keys: list[str] = ["in_features", "out_features", "identity_init"]
-    operates_on_sentence_embedding: bool = True
 
     def __init__(self, in_features: int, out_features: int | None = None, identity_init: bool = True):
         super().__init__()
@@ -115,17 +110,3 @@ class DenseProjector(Module):
     def get_config_dict(self) -> dict[str, Any]:
         return {"in_features": self.in_features, "out_features": self.out_features,
                 "identity_init": self.identity_init}
-
-    def save(self, output_path: str, *args: Any, safe_serialization: bool = True, **kwargs: Any) -> None:
-        self.save_config(output_path)
-        self.save_torch_weights(output_path, safe_serialization=safe_serialization)
-
-    @classmethod
-    def load(cls, model_name_or_path: str, subfolder: str = "", token: bool | str | None = None,
-             cache_folder: str | None = None, revision: str | None = None, local_files_only: bool = False,
-             **kwargs: Any) -> Self:
-        hub = {"subfolder": subfolder, "token": token, "cache_folder": cache_folder, "revision": revision,
-               "local_files_only": local_files_only}
-        config = cls.load_config(model_name_or_path, **hub)
-        module = cls(**config)
-        return cls.load_torch_weights(model_name_or_path, model=module, **hub)
