@@ -6,17 +6,18 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+import torch
 
 pytest.importorskip("qdrant_client")
+from _helpers import tiny_docs  # noqa: E402
 from qdrant_client import QdrantClient, models  # noqa: E402
 
+import medadapt  # noqa: E402
 from medadapt.errors import MedAdaptError  # noqa: E402
+from medadapt.hyrec.model import HyReCConfig, HyReCModel  # noqa: E402
 from medadapt.retrieval import Documents, IndexMismatchError, Retriever, RetrieverConfig  # noqa: E402
 from medadapt.retrieval.fusion import rrf_fusion  # noqa: E402
 from medadapt.retrieval.vectordb import BM25_META, QdrantRetriever, export_to_qdrant  # noqa: E402
-
-from _helpers import tiny_docs  # noqa: E402
-
 
 pytestmark = pytest.mark.usefixtures("_isolated_cache")
 
@@ -131,6 +132,34 @@ def test_server_side_rrf_reproduces_the_in_process_rrf_top10(tiny_bert, case):
         # Rrf(k = rrf_k + 1) over positions from 0 gives medadapt's 1 / (rrf_k + rank) exactly
         np.testing.assert_allclose(a.scores, b.scores, rtol=1e-9)
     assert checked >= 3
+
+
+def test_a_hyrec_model_served_from_qdrant_fuses_server_side_as_in_process(tiny_bert_dir, tmp_path):
+    """A real (tiny, random) HyReC folder, loaded as users load it: its learned term weights are the Qdrant
+    sparse vectors, and Qdrant's own RRF gives the in-process RRF ranking and scores where no list ties."""
+    torch.manual_seed(0)
+    cfg = HyReCConfig(branch_layers=1, language="en", pooling="mean", n_word_buckets=1000, query_max_length=16,
+                      passage_max_length=32)
+    HyReCModel.from_backbone(str(tiny_bert_dir), cfg).save(tmp_path / "hyrec")
+    model = medadapt.load(tmp_path / "hyrec")
+    docs = tiny_docs()
+    _, server, inproc = _pair(model, docs, RetrieverConfig(kind="hybrid", fusion={"method": "rrf", "rrf_k": 60}),
+                              server_fusion="rrf")
+    assert inproc.learned_sparse and server.client.get_collection("c").config.metadata["medadapt"]["build"][
+        "sparse_weights"] != "bm25"
+    client_side = QdrantRetriever(server.client, "c", model=model)
+    checked = 0
+    for query in QUERIES:
+        dense, sparse = (client_side._query(using, vec, 100)[0] for using, vec in
+                         (("dense", [v.tolist() for v in client_side._dense_queries([query])]),
+                          ("sparse", client_side._sparse_queries([query]))))
+        if not sparse or not (_no_ties([p.score for p in dense]) and _no_ties([p.score for p in sparse])):
+            continue
+        checked += 1
+        a, b = server.search(query, 10), inproc.search(query, 10)
+        assert a.ids == b.ids
+        np.testing.assert_allclose(a.scores, b.scores, rtol=1e-9)
+    assert checked >= 2, checked
 
 
 def test_rrf_constant_qdrant_default_is_not_medadapts(tiny_bert):
