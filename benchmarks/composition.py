@@ -58,8 +58,9 @@ def main() -> None:
     from medadapt.cache import EmbeddingCache
     from medadapt.data import load_beir
     from medadapt.eval import evaluate_retrieval
+    from medadapt.hyrec.evaluate import evaluate_modes
     from medadapt.hyrec.model import HyReCModel
-    from medadapt.hyrec.recipe import HyReCEvalSection, evaluate_modes
+    from medadapt.hyrec.sections import HyReCEvalSection
 
     root = Path(__file__).resolve().parents[1]
     if args.train:

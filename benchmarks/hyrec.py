@@ -59,7 +59,8 @@ def baselines(data, language: str, cache) -> tuple[list[dict], dict]:
 
 def jieba_rows(name: str, out: Path, data, train_seconds: float, cache, states) -> list[dict]:
     from medadapt.hyrec import HyReCModel
-    from medadapt.hyrec.recipe import HyReCEvalSection, evaluate_modes
+    from medadapt.hyrec.evaluate import evaluate_modes
+    from medadapt.hyrec.sections import HyReCEvalSection
 
     import yaml
 
@@ -95,7 +96,7 @@ def main() -> None:
     from medadapt.cache import EmbeddingCache
     from medadapt.data import load_beir
     from medadapt.hyrec.data import SharedStateCache
-    from medadapt.hyrec.recipe import HyReCRecipe
+    from medadapt.hyrec.sections import HyReCRecipe
     from medadapt.recipes import load_recipe, run_recipe
 
     cache = EmbeddingCache()

@@ -98,6 +98,7 @@ def main() -> int:
     p.add_argument("--work", type=Path, default=Path("/tmp/medadapt-loso"),
                    help="folds and trained models go here (outside the repository)")
     p.add_argument("--moe-recipe", type=Path, default=REPO / "recipes" / "med-moe-embed.yaml")
+    p.add_argument("--moe-label", default=None, help="row label of the moe model (default: from --moe-recipe)")
     p.add_argument("--care-recipe", type=Path, default=REPO / "recipes" / "care-minilm-1layer.yaml")
     p.add_argument("--care-stage1", default="broad",
                    help="comma-separated: 'broad' (all documents and questions), 'recipe' (as shipped), "
@@ -195,7 +196,7 @@ def main() -> int:
             res = run_recipe(recipe, args.work / "runs" / f"moe-{source}", cache=cache, show_progress=False,
                              evaluate=False, overwrite=True, log=lambda _m: None)
             seconds = res.train_seconds or time.perf_counter() - t
-            row("MoE head (med-moe-embed.yaml)", source, dense(res.model), seconds, reference)
+            row(args.moe_label or f"MoE head ({args.moe_recipe.name})", source, dense(res.model), seconds, reference)
         if "care" in models and source in care_held:
             from medadapt.care.evaluate import evaluate_asymmetric
             from medadapt.recipes import load_recipe, run_recipe
@@ -273,7 +274,7 @@ def _hybrid_row(row, recipe_path: Path, overrides: list[str], out: Path, fold: P
     the lexical-only and dense-only figures, the dense weight chosen on the fold's dev split and the branch's
     negatives in the JSON."""
     from medadapt.hyrec.data import SharedStateCache
-    from medadapt.hyrec.recipe import evaluate_modes
+    from medadapt.hyrec.evaluate import evaluate_modes
     from medadapt.recipes import load_recipe, run_recipe
 
     recipe = load_recipe(recipe_path, [f"data.path={fold}", "eval.split=test-in", "eval.expected={}", *overrides])

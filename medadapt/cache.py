@@ -16,8 +16,7 @@ from typing import Literal
 
 import numpy as np
 
-from medadapt.cache_shards import (CachedEmbeddings, ShardIndex, _CorruptShard, _remember_verified,
-                                   _sha256, apply_embedding_modules, hash_keys, read_embeddings, read_hashes)
+from medadapt.cache_shards import CachedEmbeddings, ShardIndex, _remember_verified, _sha256, hash_keys
 from medadapt.errors import DataError, MedAdaptError, MedAdaptWarning
 from medadapt.identity import json_fingerprint, modules_fingerprint
 from medadapt.io import atomic_open, atomic_write_json
@@ -61,16 +60,11 @@ def effective_prompt(model, role: Role, prompt: str | None = None, prompt_name: 
     prompts = getattr(model, "prompts", None) or {}
     if prompt_name is not None:
         return prompts[prompt_name]
-    if role == "query" and "query" in prompts:
-        return prompts["query"]
-    if role == "document":
-        for name in ("document", "passage", "corpus"):
-            if name in prompts:
-                return prompts[name]
+    for name in {"query": ("query",), "document": ("document", "passage", "corpus")}.get(role, ()):
+        if name in prompts:
+            return prompts[name]
     default = getattr(model, "default_prompt_name", None)
-    if role == "plain" and default:
-        return prompts.get(default, "")
-    return ""
+    return prompts.get(default, "") if role == "plain" and default else ""
 
 
 def is_embedding_module(module) -> bool:
@@ -106,32 +100,21 @@ def backbone_view(model):
     return _view(model, split_backbone(model)[0])
 
 
-def router_route(model, role: Role) -> str | None:
-    """The route of ``model``'s leading ``Router`` that ``encode_query`` / ``encode_document`` runs for
-    text, or ``None`` (role ``plain``, no leading Router or no such route with a backbone module)."""
-    if role not in ("query", "document"):
-        return None
+def route_view(model, role: Role):
+    """The modules of the route of ``model``'s leading ``Router`` that ``encode_query`` / ``encode_document``
+    runs for text, plus those after the Router: encodes as ``model`` does for ``role``, with the standalone
+    tower's namespace; ``None`` for role ``plain``, without a leading Router or such a route."""
     from sentence_transformers.base.modules import Router
 
-    router = next(iter(model._modules.values()), None)
-    if not isinstance(router, Router):
+    modules = list(model._modules.values())
+    if role not in ("query", "document") or not modules or not isinstance(modules[0], Router):
         return None
     try:  # honours the Router's route_mappings, as its forward does
-        route = router._resolve_route(task=role, modality="text")
+        route = modules[0]._resolve_route(task=role, modality="text")
     except Exception:  # noqa: BLE001 - private API or unresolvable: fall back to the plain route name
         route = role
-    if route not in router.sub_modules or all(is_embedding_module(m) for m in router.sub_modules[route]):
+    if route not in modules[0].sub_modules or all(map(is_embedding_module, modules[0].sub_modules[route])):
         return None  # an empty or embedding-level-only route: the whole model stays the cache's unit
-    return route
-
-
-def route_view(model, role: Role):
-    """The ``role`` route's modules plus those after the ``Router``: encodes as ``model`` does for ``role``,
-    with the standalone tower's namespace; ``None`` without such a route."""
-    route = router_route(model, role)
-    if route is None:
-        return None
-    modules = list(model._modules.values())
     return _view(model, list(modules[0].sub_modules[route]) + modules[1:])
 
 
@@ -174,35 +157,24 @@ def namespace_lock(ns_dir: Path, shared: bool = False) -> Iterator[None]:
     """Writers of one namespace take turns: threads on :func:`medadapt.locks.path_lock`, processes on
     ``fcntl.flock`` of ``<ns_dir>/.lock`` (where available); ``shared``: one distributed encode's processes."""
     with path_lock(ns_dir / ".lock"):
-        with _flock(ns_dir, shared):
+        try:
+            import fcntl
+
+            fd = os.open(ns_dir / ".lock", os.O_RDWR | os.O_CREAT, 0o666)  # umask applies
+        except (ImportError, OSError):  # Windows, or a read-only folder: the shard write reports the problem
             yield
-
-
-@contextlib.contextmanager
-def _flock(ns_dir: Path, shared: bool) -> Iterator[None]:
-    try:
-        import fcntl
-    except ImportError:  # Windows
-        yield
-        return
-    try:
-        fd = os.open(ns_dir / ".lock", os.O_RDWR | os.O_CREAT, 0o666)  # umask applies
-    except OSError:  # read-only folder: the shard write will report the real problem
-        yield
-        return
-    try:
+            return
         try:
             fcntl.flock(fd, fcntl.LOCK_SH if shared else fcntl.LOCK_EX)
-            locked = True
         except OSError:  # e.g. ENOLCK on some network file systems: go on unlocked
-            locked = False
+            os.close(fd)
+            fd = None
         try:
             yield
         finally:
-            if locked:
+            if fd is not None:
                 fcntl.flock(fd, fcntl.LOCK_UN)
-    finally:
-        os.close(fd)
+                os.close(fd)
 
 
 def _check_role(role: str) -> None:
@@ -304,24 +276,10 @@ class EmbeddingCache:
         warnings.warn(f"embedding cache shard {shard} is corrupt ({reason}); moved it to {target.name} and "
                       f"re-encoding its texts", CacheCorruptionWarning, stacklevel=4)
 
-    def _index(self, ns_dir: Path) -> tuple[dict[bytes, tuple[int, int]], list[Path]]:
-        """``({text hash: (shard number, row)}, shards)``, numbered in this snapshot of the shard files (give it
-        to :meth:`_gather`: a writer may add shards meanwhile); corrupt shards are set aside."""
-        index: dict[bytes, tuple[int, int]] = {}
-        shards = []
-        for shard in self._shards(ns_dir):
-            try:
-                hashes = read_hashes(shard)
-            except FileNotFoundError:  # set aside by another process since the listing
-                continue
-            except _CorruptShard as e:
-                self._set_aside(shard, str(e))
-                continue
-            s = len(shards)
-            shards.append(shard)
-            for r, h in enumerate(hashes):
-                index.setdefault(h.tobytes(), (s, r))
-        return index, shards
+    def _index(self, ns_dir: Path, checked: set | None = None) -> ShardIndex:
+        """The :class:`ShardIndex` of ``ns_dir`` with every shard verified on this call (what :meth:`encode`
+        reads; ``checked``: the shards the call verified so far); corrupt shards are set aside."""
+        return ShardIndex.build(self, ns_dir, set() if checked is None else checked)
 
     def _write_shard(self, ns_dir: Path, hashes: list[bytes], emb: np.ndarray) -> None:
         """Write one shard atomically with the SHA-256 of both tensors; non-finite rows (float16 overflow
@@ -376,7 +334,8 @@ class EmbeddingCache:
         desc: str | None = None,
         fingerprint: str | None = None,
     ) -> np.ndarray:
-        """Return float32 embeddings (``len(texts) × dim``) for ``texts``, encoding only cache misses.
+        """Return float32 embeddings (``len(texts) × dim``) for ``texts``, encoding only cache misses; the
+        shards read are verified on every call.
 
         Args:
             role: ``"query"`` uses ``encode_query``, ``"document"`` ``encode_document``, ``"plain"`` ``encode``.
@@ -390,52 +349,55 @@ class EmbeddingCache:
             _check_role(role)
             return np.zeros((0, model.get_sentence_embedding_dimension() or 0), dtype=np.float32)
         with model_lock(model):  # fingerprinting and encoding tokenise: one thread per model (medadapt.locks)
-            return self._encode(model, texts, role, prompt, prompt_name, normalize, batch_size, show_progress,
-                                desc, fingerprint)
+            return self._rows(model, texts, role, prompt, prompt_name, normalize, fingerprint, True, batch_size,
+                              show_progress, desc, again=True).to_numpy()
 
-    def _encode(self, model, texts, role, prompt, prompt_name, normalize, batch_size, show_progress, desc,
-                fingerprint) -> np.ndarray:
+    def _rows(self, model, texts: list[str], role, prompt, prompt_name, normalize, fingerprint, encode_missing,
+              batch_size, show_progress, desc, again: bool) -> CachedEmbeddings:
+        """The rows of ``texts`` (:meth:`encode` / :meth:`view`): texts not cached are encoded with
+        ``encode_missing``, else a :class:`MedAdaptError`; shards verified on this call with ``again``."""
         model, eff_prompt, ns_dir, meta = self._resolve(model, role, prompt, prompt_name, fingerprint)
-        _ensure_namespace(ns_dir, meta)
-
         hashes = [text_hash(t) for t in texts]
+        keys = hash_keys(hashes)
+        checked: set = set()
         for _ in range(_MAX_ROUNDS):  # a round ends early when a shard is corrupt (set aside, re-encoded)
-            index, shards = self._index(ns_dir)
-            missing: dict[bytes, str] = {}
-            for h, t in zip(hashes, texts):
-                if h not in index and h not in missing:
-                    missing[h] = t
-            if missing:
-                self._encode_missing(model, ns_dir, missing, role, eff_prompt, batch_size, show_progress,
-                                     desc)
-                index, shards = self._index(ns_dir)
-            out = self._gather(shards, index, hashes)
-            if out is not None:
-                break
-        else:
-            raise _gave_up(ns_dir)
-        return apply_embedding_modules(_embedding_tail(model, normalize), out)
+            index = self._index(ns_dir, checked) if again else ShardIndex.build(self, ns_dir)
+            shard, row = index.lookup(keys)
+            missing = np.flatnonzero(shard < 0)
+            if not len(missing):
+                dim = index.dim or model.get_sentence_embedding_dimension() or 0
+                return CachedEmbeddings(index.shards, index.layouts, shard, row, _embedding_tail(model, normalize),
+                                        dim)
+            if not encode_missing:
+                raise MedAdaptError(
+                    f"{len(missing)} of {len(texts)} texts are not in the embedding cache {ns_dir} "
+                    f"({self.dtype}, role {role}); encode them first (`medadapt encode`, "
+                    "EmbeddingCache.encode) or pass encode_missing=True")
+            _ensure_namespace(ns_dir, meta)
+            todo = {hashes[i]: texts[i] for i in missing}
+            self._encode_missing(model, ns_dir, todo, role, eff_prompt, batch_size, show_progress, desc)
+        raise _gave_up(ns_dir)
 
     def _namespace_dir(self, model, role: Role, prompt, prompt_name, fingerprint=None) -> Path:
         with model_lock(model):  # the fingerprint tokenises probe texts
-            eff_prompt = effective_prompt(model, role, prompt, prompt_name)
-            return self.root / self.namespace(model, role, eff_prompt, fingerprint)[0]
+            return self._resolve(model, role, prompt, prompt_name, fingerprint)[2]
 
     def count_missing(self, model, texts: Sequence[str], role: Role = "plain", *, prompt: str | None = None,
                       prompt_name: str | None = None) -> int:
         """How many distinct ``texts`` are not cached yet for this model and role (nothing is encoded)."""
         ns_dir = self._namespace_dir(model, role, prompt, prompt_name)
-        index = self._index(ns_dir)[0] if ns_dir.is_dir() else {}
-        return len({h for h in map(text_hash, texts) if h not in index})
+        keys = hash_keys(list(dict.fromkeys(map(text_hash, texts))))
+        return int((self._index(ns_dir).lookup(keys)[0] < 0).sum())
 
-    def _encode_missing(self, model, ns_dir, missing, role, prompt, batch_size, show_progress, desc) -> None:
+    def _encode_missing(self, model, ns_dir, missing, role, prompt, batch_size, show_progress, desc) -> int:
         """Encode ``missing`` ({hash: text}) under the namespace lock, skipping texts another process wrote
-        meanwhile (the lock is never held across a caller's barrier)."""
+        meanwhile (the lock is never held across a caller's barrier); returns how many were encoded."""
         with namespace_lock(ns_dir):  # one writer per namespace; released before encode() reads
-            index, _ = self._index(ns_dir)  # another process may have written some meanwhile
-            missing = {h: t for h, t in missing.items() if h not in index}
+            found = ShardIndex.build(self, ns_dir).lookup(hash_keys(list(missing)))[0] >= 0  # written meanwhile?
+            missing = {h: t for (h, t), f in zip(missing.items(), found) if not f}
             if missing:
                 self._encode_locked(model, ns_dir, missing, role, prompt, batch_size, show_progress, desc)
+        return len(missing)
 
     def _encode_locked(self, model, ns_dir, missing, role, prompt, batch_size, show_progress, desc) -> None:
         _, tail = split_backbone(model)
@@ -457,35 +419,6 @@ class EmbeddingCache:
                 bar.update(len(chunk))
         finally:
             bar.close()
-
-    def _gather(self, shards: list[Path], index: dict[bytes, tuple[int, int]],
-                hashes: list[bytes]) -> np.ndarray | None:
-        """Rows of ``hashes`` from ``shards`` (the list ``index`` was built from); ``None`` when a hash is
-        missing or a shard is gone or corrupt (set aside)."""
-        if any(h not in index for h in hashes):
-            return None
-        locs = np.array([index[h] for h in hashes], dtype=np.int64)
-        out = None
-        ok = True
-        for s in np.unique(locs[:, 0]):
-            try:
-                emb = read_embeddings(shards[s])
-            except FileNotFoundError:  # set aside by another process since the index was built
-                ok = False
-                continue
-            except _CorruptShard as e:
-                self._set_aside(shards[s], str(e))
-                ok = False
-                continue  # check the other shards too: every corrupt one is set aside in this round
-            if out is None:
-                out = np.empty((len(hashes), emb.shape[1]), dtype=np.float32)
-            elif emb.shape[1] != out.shape[1]:
-                self._set_aside(shards[s], f"{emb.shape[1]}-d rows in a {out.shape[1]}-d namespace")
-                ok = False
-                continue
-            sel = np.nonzero(locs[:, 0] == s)[0]
-            out[sel] = emb[locs[sel, 1]]
-        return out if ok else None
 
     def shard_index(self, model, role: Role = "plain", *, prompt: str | None = None,
                     prompt_name: str | None = None, fingerprint: str | None = None) -> ShardIndex:
@@ -512,27 +445,8 @@ class EmbeddingCache:
         with ``encode_missing``, else a :class:`MedAdaptError`."""
         texts = texts if isinstance(texts, list) else list(texts)
         with model_lock(model):  # fingerprinting and encoding tokenise: one thread per model (medadapt.locks)
-            model, eff_prompt, ns_dir, meta = self._resolve(model, role, prompt, prompt_name, fingerprint)
-            hashes = [text_hash(t) for t in texts]
-            keys = hash_keys(hashes)
-            for _ in range(_MAX_ROUNDS):
-                index = ShardIndex.build(self, ns_dir)
-                shard, row = index.lookup(keys)
-                missing = np.flatnonzero(shard < 0)
-                if not len(missing):
-                    break
-                if not encode_missing:
-                    raise MedAdaptError(
-                        f"{len(missing)} of {len(texts)} texts are not in the embedding cache {ns_dir} "
-                        f"({self.dtype}, role {role}); encode them first (`medadapt encode`, "
-                        "EmbeddingCache.encode) or pass encode_missing=True")
-                _ensure_namespace(ns_dir, meta)
-                todo = {hashes[i]: texts[i] for i in missing}
-                self._encode_missing(model, ns_dir, todo, role, eff_prompt, batch_size, show_progress, desc)
-            else:
-                raise _gave_up(ns_dir)
-        dim = index.dim or model.get_sentence_embedding_dimension() or 0
-        return CachedEmbeddings(index.shards, index.layouts, shard, row, _embedding_tail(model, normalize), dim)
+            return self._rows(model, texts, role, prompt, prompt_name, normalize, fingerprint, encode_missing,
+                              batch_size, show_progress, desc, again=False)
 
     def iter_embeddings(self, model, texts: Sequence[str], role: Role = "plain", *, batch_size: int = 8192,
                         **view_kwargs) -> Iterator[np.ndarray]:

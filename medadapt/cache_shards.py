@@ -81,10 +81,6 @@ class ShardLayout:
     meta: dict
 
     @property
-    def rows(self) -> int:
-        return self.tensors["hashes"][1][0]
-
-    @property
     def dim(self) -> int:
         return self.tensors["embeddings"][1][1]
 
@@ -202,13 +198,14 @@ def _read_checked(path: Path, name: str, layout: ShardLayout | None = None, keep
         raise _CorruptShard(f"unreadable: {type(e).__name__}: {e}") from e
 
 
-def verified_layout(path: Path) -> ShardLayout:
+def verified_layout(path: Path, checked: set | None = None) -> ShardLayout:
     """The layout of a shard that passed its checks, verified once per process: remembered under the file's
-    (path, device, inode, size, mtime, ctime); shards this process wrote count as verified (docs/cache.md)."""
+    (path, device, inode, size, mtime, ctime), shards this process wrote counting as verified; with
+    ``checked`` (the keys verified so far by one call, which grows) once per call instead (docs/cache.md)."""
     key = _file_key(path)
     with _VERIFIED_LOCK:
         hit = _VERIFIED.get(key)
-    if hit is not None:
+    if hit is not None and (checked is None or key in checked):
         return hit
     layout = read_layout(path)
     for name in ("hashes", "embeddings"):
@@ -216,6 +213,8 @@ def verified_layout(path: Path) -> ShardLayout:
     if _file_key(path) == key:  # unchanged while it was read
         with _VERIFIED_LOCK:
             _VERIFIED[key] = layout
+        if checked is not None:
+            checked.add(key)
     return layout
 
 
@@ -251,14 +250,15 @@ class ShardIndex:
         return len(self._keys)
 
     @classmethod
-    def build(cls, cache: Any, ns_dir: Path) -> ShardIndex:
-        """Index the shards of ``ns_dir`` of ``cache`` (an ``EmbeddingCache``), verifying each; one that fails,
-        or whose width or dtype differs from the namespace's, is set aside like any corrupt shard."""
+    def build(cls, cache: Any, ns_dir: Path, checked: set | None = None) -> ShardIndex:
+        """Index the shards of ``ns_dir`` of ``cache`` (an ``EmbeddingCache``), each verified as
+        :func:`verified_layout` says; one that fails, or whose width or dtype differs from the namespace's, is
+        set aside like any corrupt shard."""
         shards, layouts, parts = [], [], []
         listed = cache._shards(ns_dir) if ns_dir.is_dir() else []
         for path in listed:
             try:
-                layout = verified_layout(path)
+                layout = verified_layout(path, checked)
                 if layout.dtype != np.dtype(cache.dtype):
                     raise _CorruptShard(f"{layout.dtype} rows in a {cache.dtype} namespace")
                 if layouts and layout.dim != layouts[0].dim:

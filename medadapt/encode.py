@@ -160,17 +160,13 @@ def encode_corpus(
         mine = {hashes[i]: texts[i] for i in order[rank::world]}
         if mine:
             desc = f"encoding ({role})" + (f" [process {rank}/{world}]" if world > 1 else "")
-            # ranks write disjoint texts: a shared lock keeps plain writers out, not each other; one process
-            # takes the usual exclusive lock and looks again under it (another writer may have just finished)
-            with namespace_lock(ns_dir, shared=world > 1):
-                if world == 1:
-                    mine_keys = hash_keys(list(mine))
-                    still = ShardIndex.build(cache, ns_dir).lookup(mine_keys)[0] < 0
-                    mine = {h: mine[h] for h, s in zip(mine, still) if s}
-                if mine:
-                    cache._encode_locked(encoder, ns_dir, mine, role, eff_prompt, batch_size,
-                                         show_progress and state.is_main_process, desc)
-            encoded_here += len(mine)
+            show = show_progress and state.is_main_process
+            if world == 1:  # the usual exclusive lock, looking again under it (another writer may have finished)
+                encoded_here += cache._encode_missing(encoder, ns_dir, mine, role, eff_prompt, batch_size, show, desc)
+            else:  # ranks write disjoint texts: a shared lock keeps plain writers out, not each other
+                with namespace_lock(ns_dir, shared=True):
+                    cache._encode_locked(encoder, ns_dir, mine, role, eff_prompt, batch_size, show, desc)
+                encoded_here += len(mine)
         state.wait_for_everyone()
     else:
         raise _gave_up(ns_dir)

@@ -154,8 +154,8 @@ def test_gather_reads_the_shards_its_index_was_built_from(tiny_bert, tmp_path, m
     real_index = EmbeddingCache._index
     written = []
 
-    def index_then_concurrent_writer(self, folder):
-        out = real_index(self, folder)
+    def index_then_concurrent_writer(self, folder, *args):
+        out = real_index(self, folder, *args)
         if not written:  # another process finishes a chunk now; its file name sorts before every other
             others = [text_hash(f"other text {i}") for i in range(5)]
             payload = save({"hashes": np.frombuffer(b"".join(others), dtype=np.uint8).reshape(5, 16),

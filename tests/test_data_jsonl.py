@@ -190,7 +190,7 @@ def test_synonym_dictionary_follows_the_policy(tmp_path, raw, message):
 
 
 def test_sentences_file_names_the_line_of_bad_bytes(tmp_path):
-    from medadapt.cli.data import _load_sentences
+    from medadapt.cli._data_run import _load_sentences
 
     path = tmp_path / "s.txt"
     path.write_bytes(b"gout is painful\n\nasthma \xff wheeze\n")

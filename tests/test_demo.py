@@ -239,7 +239,7 @@ def test_train_table_expected_column_only_when_set(tiny_bert_dir, tiny_beir_dir,
 def test_result_table_hand_made_values():
     from rich.console import Console
 
-    from medadapt.cli.train import result_table
+    from medadapt.cli._train_run import result_table
     from medadapt.recipes.run import RunResult
 
     res = RunResult(output_dir=Path("x"), metrics={"ndcg@10": 0.9, "mrr@10": 0.5, "recall@100": 1.0},

@@ -24,7 +24,8 @@ import pytest
 from conftest import TOPICS, write_beir
 from typer.testing import CliRunner
 
-from medadapt.cache import EmbeddingCache, read_embeddings, read_hashes
+from medadapt.cache import EmbeddingCache
+from medadapt.cache_shards import read_embeddings, read_hashes
 from medadapt.cli import app
 from medadapt.encode import corpus_texts, encode_corpus
 
@@ -248,11 +249,11 @@ def test_launched_commands_close_the_process_group(tmp_path, outcome):
     an active exception``) and failed a launch whose work was done."""
     import torch.distributed as dist
 
-    from medadapt.cli._common import closes_process_group
-    from medadapt.cli.encode import encode_cmd
-    from medadapt.cli.train import train_cmd
+    from medadapt.cli._encode_run import run_encode
+    from medadapt.cli._train_run import run_train
+    from medadapt.training.distributed import closes_process_group
 
-    assert {encode_cmd.__wrapped__.__name__, train_cmd.__wrapped__.__name__} == {"encode_cmd", "train_cmd"}
+    assert {run_encode.__wrapped__.__name__, run_train.__wrapped__.__name__} == {"run_encode", "run_train"}
 
     @closes_process_group
     def command():

@@ -11,7 +11,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from medadapt.hyrec.recipe import HyReCRecipe
+from medadapt.hyrec.sections import HyReCRecipe
 from medadapt.recipes import load_recipe
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -25,7 +25,6 @@ class Stop(Exception):
 def _stage_batches(monkeypatch, tmp_path, recipe, processes: int) -> dict[str, int]:
     """The batch_size each stage of ``recipe.train`` gets under ``processes`` processes (training stops
     before the loop: only the stages' settings are looked at)."""
-    import medadapt.hyrec.recipe as hr
     import medadapt.hyrec.train as ht
     from medadapt.recipes.run import RunContext, RunResult
 
@@ -51,7 +50,7 @@ def _stage_batches(monkeypatch, tmp_path, recipe, processes: int) -> dict[str, i
                      "fp", show_progress=False, log=lambda m: None)
     monkeypatch.setattr(ctx, "train", stop)
     with pytest.raises(Stop):
-        hr.train(recipe, ctx)
+        ht.train(recipe, ctx)
     return seen
 
 

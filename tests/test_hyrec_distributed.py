@@ -34,7 +34,7 @@ def _free_port() -> int:
 
 def test_two_processes_train_the_hyrec_recipe_like_one(tiny_bert_dir, tiny_beir_dir, tmp_path):
     from medadapt.hyrec.model import HyReCModel
-    from medadapt.hyrec.recipe import HyReCRecipe
+    from medadapt.hyrec.sections import HyReCRecipe
     from medadapt.recipes import load_recipe, run_recipe
 
     bert = tmp_path / "bert"

@@ -568,3 +568,38 @@ def test_one_encoding_pass_checks_the_state_cache_fingerprints_once_and_the_next
     _, ref2 = model.encode(texts, "document", **{**kw, "state_cache": unpinned})
     assert lex2 != lex and lex2 == ref2
     assert cache._pinned == {}
+
+
+def test_the_dense_projector_is_a_linear_head_and_folders_naming_it_load(tiny_bert, tmp_path):
+    """``DenseProjector`` (eq. 6) is the identity-initialised :class:`LinearHead` with a bias, kept under the class
+    path and configuration every HyReC folder names: such a folder loads to the same embeddings."""
+    import medadapt
+    from medadapt.adapters import attach, find_head
+    from medadapt.adapters.linear import LinearHead
+    from medadapt.hyrec.projectors import DenseProjector
+
+    dim = tiny_bert.get_embedding_dimension()
+    old_config = {"in_features": dim, "out_features": dim, "identity_init": True}
+    assert DenseProjector(dim).get_config_dict() == old_config
+    for bad in ({"out_features": dim + 1}, {"identity_init": False}):
+        with pytest.raises(ConfigError, match="square and identity-initialised"):
+            DenseProjector(dim, **bad)
+    frozen = tiny_bert.encode(TEXTS, convert_to_tensor=True)
+    head = LinearHead(dim, bias=True)
+    generator = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for p in head.parameters():
+            p.add_(0.1 * torch.randn(p.shape, generator=generator))
+    model = attach(tiny_bert, head).eval()
+    expected = model.encode(TEXTS, convert_to_tensor=True)
+    assert not torch.allclose(expected, frozen, atol=1e-3)
+    model.save(str(tmp_path / "m"))
+    modules = json.loads((tmp_path / "m" / "modules.json").read_text())
+    entry = next(m for m in modules if m["type"] == "medadapt.adapters.linear.LinearHead")
+    entry["type"] = "medadapt.hyrec.projectors.DenseProjector"  # what HyReC folders name, with its config
+    (tmp_path / "m" / "modules.json").write_text(json.dumps(modules))
+    (tmp_path / "m" / entry["path"] / "config.json").write_text(json.dumps(old_config))
+    reloaded = medadapt.load(str(tmp_path / "m"), device="cpu")
+    projector = find_head(reloaded, DenseProjector)
+    assert isinstance(projector, LinearHead) and projector.get_config_dict() == old_config
+    torch.testing.assert_close(reloaded.encode(TEXTS, convert_to_tensor=True), expected, atol=1e-6, rtol=0)

@@ -16,7 +16,7 @@ from typer.testing import CliRunner
 from medadapt.errors import ConfigError, DataError
 from medadapt.hyrec.data import Example, filter_pairs, load_pairs, score_pairs
 from medadapt.hyrec.model import HyReCConfig, HyReCModel
-from medadapt.hyrec.recipe import HyReCLossSection, HyReCRecipe, HyReCTrainingSection
+from medadapt.hyrec.sections import HyReCLossSection, HyReCRecipe, HyReCTrainingSection
 from medadapt.hyrec.train import train_hyrec
 from medadapt.recipes import load_recipe, run_recipe
 

@@ -16,7 +16,7 @@ import torch
 from typer.testing import CliRunner
 
 from medadapt.errors import ConfigError, DataError
-from medadapt.hyrec.recipe import HyReCRecipe, HyReCTrainingSection, PretrainSection
+from medadapt.hyrec.sections import HyReCRecipe, HyReCTrainingSection, PretrainSection
 from medadapt.recipes import load_recipe, run_recipe
 
 pytestmark = pytest.mark.usefixtures("_single_thread")

@@ -11,7 +11,7 @@ import torch
 from typer.testing import CliRunner
 
 from medadapt.errors import ConfigError
-from medadapt.hyrec.recipe import HyReCRecipe
+from medadapt.hyrec.sections import HyReCRecipe
 from medadapt.recipes import load_recipe, run_recipe
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -58,7 +58,7 @@ def test_words_in_training_are_ignored_without_the_union(tiny_bert_dir):
     whatever lexical_words says: the same losses as lexical_words: none."""
     from medadapt.hyrec.data import Example
     from medadapt.hyrec.model import HyReCConfig, HyReCModel
-    from medadapt.hyrec.recipe import HyReCLossSection, HyReCTrainingSection
+    from medadapt.hyrec.sections import HyReCLossSection, HyReCTrainingSection
     from medadapt.hyrec.train import train_hyrec
 
     examples = [Example("gout pain", "gout is a condition", []), Example("asthma", "asthma and wheezing", [])]

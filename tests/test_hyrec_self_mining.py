@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from medadapt.errors import ConfigError
-from medadapt.hyrec.recipe import HyReCRecipe
+from medadapt.hyrec.sections import HyReCRecipe
 from medadapt.recipes import load_recipe, run_recipe
 
 pytestmark = pytest.mark.usefixtures("_single_thread")

@@ -9,7 +9,7 @@ import torch
 
 from medadapt.hyrec.data import Example
 from medadapt.hyrec.model import HyReCConfig, HyReCModel
-from medadapt.hyrec.recipe import (
+from medadapt.hyrec.sections import (
     HyReCDataSection,
     HyReCLossSection,
     HyReCModelSection,

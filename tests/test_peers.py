@@ -201,7 +201,7 @@ def test_result_table_hand_made_peer_columns():
     """A column per peer between `change` and `expected`; a metric a peer lacks is a dash, never a blank."""
     from rich.console import Console
 
-    from medadapt.cli.train import result_table
+    from medadapt.cli._train_run import result_table
     from medadapt.recipes.run import RunResult
 
     res = RunResult(output_dir=Path("x"), metrics={"ndcg@10": 0.9, "recall@100": 1.0},

@@ -10,6 +10,7 @@ import platform
 import subprocess
 import sys
 import textwrap
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -207,6 +208,50 @@ def test_gradient_accumulation_keeps_the_global_batch(tmp_path):
     _, odd = _tiny_plan(tmp_path, hw, batch=61)
     r = plan_recipe(None, hw, spec=odd).phases[0]
     assert (r.micro_batch, r.accumulation) == (5, 7)  # 31 per device in 7 passes of at most 5
+
+
+def test_a_per_device_batch_is_planned_per_device(tmp_path):
+    """``PhaseSpec(per_device=True)`` (HyReC's ``batch_size_scope: per_device``): batch 8 x 2 accumulation on
+    each of 4 GPUs is a global batch of 64, each device holding its own 16 examples (the global spec of 64
+    on 4 GPUs, by hand)."""
+    folder = _write_config(tmp_path / "tiny-llama", TINY)
+    models = (ModelSpec("m", str(folder)),)
+    per_device = PlanSpec("tiny", models, (PhaseSpec("step", 8, 2, (Usage("m", 2, 128),), per_device=True),))
+    big = Hardware(num_gpus=4, gpu_memory_gb=64, headroom=0.0)
+    p = plan_recipe(None, big, spec=per_device).phases[0]
+    assert (p.global_batch, p.micro_batch, p.accumulation) == (64, 16, 1)
+    assert p.tokens_per_step == 64 * 2 * 128
+    assert p.embeddings_gb * GiB == 64 * 2 * 256 * 4 * 2  # GradCache: every device's embeddings and gradients
+    assert p.activations_gb == pytest.approx(16 * p.activations_per_example_no_ckpt_gb)
+    assert p.peak_gb == pytest.approx(p.state_gb + p.embeddings_gb + p.activations_gb)
+    _, global_spec = _tiny_plan(tmp_path, big, batch=64)
+    same = plan_recipe(None, big, spec=global_spec).phases[0]
+    assert replace(same, declared_batch_size=8, declared_accumulation=2) == p  # only what the recipe declared
+    one = plan_recipe(None, replace(big, num_gpus=1), spec=per_device).phases[0]
+    assert (one.global_batch, one.micro_batch, one.tokens_per_step) == (16, 16, 16 * 2 * 128)
+    # room for 5 examples per device: 16 per device in 4 passes of 4; the recipe keeps batch_size per device
+    tight = replace(big, gpu_memory_gb=p.state_gb + p.embeddings_gb + 5.5 * p.activations_per_example_no_ckpt_gb)
+    q = plan_recipe(None, tight, spec=per_device).phases[0]
+    assert (q.global_batch, q.micro_batch, q.accumulation) == (64, 4, 4)
+    assert q.recipe_fix() == "batch_size=4 gradient_accumulation_steps=4"  # 4 x 4 per device x 4 GPUs = 64
+
+
+def test_hyrec_plans_its_per_device_fine_tuning_batch():
+    """recipes/hyrec.yaml: fine-tuning batch 64 per device (``training.batch_size_scope: per_device``), the
+    RetroMAE batch global: on 8 GPUs the fine-tuning global batch is 8 times its one-GPU batch, each device
+    planned with its own 64 examples."""
+    from medadapt.hyrec.sections import HyReCRecipe
+    from medadapt.recipes import load_recipe
+
+    r = load_recipe(ROOT / "recipes" / "hyrec.yaml", expect=HyReCRecipe)
+    declared = r.training.batch_size * r.training.gradient_accumulation_steps
+    one, eight = (plan_recipe(r, Hardware(num_gpus=n, gpu_memory_gb=80)) for n in (1, 8))
+    tune = [{p.name: p for p in plan.phases}["fine-tuning"] for plan in (one, eight)]
+    assert (tune[0].global_batch, tune[1].global_batch) == (declared, 8 * declared)
+    assert tune[1].micro_batch * tune[1].accumulation == declared == tune[0].micro_batch * tune[0].accumulation
+    assert tune[1].activations_per_example_gb == tune[0].activations_per_example_gb
+    pre = [{p.name: p for p in plan.phases}["RetroMAE pre-training"] for plan in (one, eight)]
+    assert pre[0].global_batch == pre[1].global_batch == r.pretrain.batch_size * r.pretrain.gradient_accumulation_steps
 
 
 def test_accumulation_fits_under_fsdp_and_is_refused_under_deepspeed_for_the_loop(tmp_path):

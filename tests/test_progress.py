@@ -74,7 +74,7 @@ def test_cli_flags_set_the_level_and_each_command_starts_from_normal(flags, expe
     """``medadapt encode`` stands in for every command with long steps: the level is read inside the command."""
     from typer.testing import CliRunner
 
-    import medadapt.cli.encode as encode_cli
+    import medadapt.cli._encode_run as encode_cli
     from medadapt.cli import app
 
     seen = {}

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from medadapt.cli.index import read_queries
+from medadapt.cli._index_run import read_queries
 from medadapt.data import (StsPair, load_beir, load_corpus, load_qrels, load_queries, load_rerank, load_sts,
                            load_training_groups)
 from medadapt.errors import ConfigError, DataError, MedAdaptError

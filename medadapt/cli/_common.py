@@ -1,9 +1,10 @@
-"""Shared CLI helpers: one-line errors, the shared options, choices, quiet third-party logging."""
+"""Shared CLI helpers: one-line errors, the shared options, choices, quiet third-party logging, command bodies
+imported when they run. Imports no torch: every command's ``--help`` reads its options from here."""
 
 from __future__ import annotations
 
 import enum
-import functools
+import importlib
 import os
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -16,17 +17,27 @@ from medadapt.backends import check_backend, require_backend
 from medadapt.cli._console import console, err_console, tagged
 from medadapt.errors import MedAdaptError, MedAdaptWarning
 from medadapt.progress import level, set_level
-from medadapt.training.distributed import close_process_group
 
-__all__ = ["console", "err_console", "tagged", "fail", "user_errors", "quiet_libraries", "closes_process_group",
-           "choices", "DeviceOpt", "QuietOpt", "VerboseOpt", "CACHE_DEFAULT", "CacheDirOpt", "BackendOption",
-           "check_backend_option"]
+__all__ = ["console", "err_console", "tagged", "fail", "user_errors", "quiet_libraries", "body", "choices",
+           "DeviceOpt", "QuietOpt", "VerboseOpt", "CACHE_DEFAULT", "CacheDirOpt", "BackendOption",
+           "check_backend_option", "PaperOpt", "SetOpt"]
 
 
 def choices(name: str, *values: str) -> type[enum.Enum]:
     """An option's choices as a ``str`` enum (Typer shows and checks its values); ``-`` in a member name is ``_``."""
     return enum.Enum(name, {value.replace("-", "_"): value for value in values}, type=str)
 
+
+def body(module: str, name: str):
+    """A command's body, ``name`` of ``module``, imported only now that the command runs: its signature (all its
+    ``--help`` reads) stays in a module that imports no torch."""
+    return getattr(importlib.import_module(module), name)
+
+
+#: ``medadapt eval``'s choices that its body compares too (its options: :mod:`medadapt.cli.eval`).
+Mode = choices("Mode", "dense", "lexical", "hybrid")  # which side of a model or index retrieval uses
+Instructions = choices("Instructions", "auto", "on", "off")  # suites: the papers' instructions (auto: if aware)
+Task = choices("Task", "retrieval", "rerank", "sts", "qa", "entity-linking", "recommendation")
 
 #: ``--device`` of every command that loads a model.
 DeviceOpt = Annotated[Optional[str], typer.Option(help="cpu, cuda, mps ... (default: auto).")]
@@ -43,20 +54,6 @@ def _verbose_flag(value: bool) -> bool:
         if level() != "quiet":  # --quiet wins over --verbose
             set_level("verbose")
     return value
-
-
-def closes_process_group(command):
-    """Decorate a command that may run under ``accelerate launch``: every process closes the process group when
-    it returns or fails (:func:`medadapt.training.distributed.close_process_group`)."""
-
-    @functools.wraps(command)
-    def run(*args, **kwargs):
-        try:
-            return command(*args, **kwargs)
-        finally:
-            close_process_group()
-
-    return run
 
 
 #: ``--quiet`` / ``--verbose`` of every command with long steps (they set :mod:`medadapt.progress`'s level).
@@ -108,6 +105,13 @@ def user_errors(interrupted: str = "interrupted") -> Iterator[None]:
     except KeyboardInterrupt:
         fail(interrupted)
 
+
+#: ``--paper`` and ``--set`` of ``medadapt train`` and ``medadapt plan``.
+PaperOpt = Annotated[bool, typer.Option("--paper", help="Apply the paper's equations and hyperparameters (the "
+                                        "system's paper settings, docs/recipes.md) on top of the recipe; --set "
+                                        "still wins.")]
+SetOpt = Annotated[Optional[list[str]], typer.Option("--set", help="Override a recipe field: section.field=value "
+                                                     "(repeatable).")]
 
 #: Where the embedding cache lives unless ``--cache-dir`` says otherwise
 #: (:func:`medadapt.cache.default_cache_dir`; every command's help shows it the same way).

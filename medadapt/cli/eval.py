@@ -1,6 +1,7 @@
 """``medadapt eval``: retrieval, rerank, STS, and BMRetriever's QA / entity-linking / paper-recommendation
-tasks from the command line (file formats: docs/evaluation.md); what runs is :mod:`medadapt.cli._eval_dispatch`,
-every task through :func:`medadapt.eval.tasks.evaluate`."""
+tasks from the command line (file formats: docs/evaluation.md): its options; what runs is
+:mod:`medadapt.cli._eval_run` (imported when it runs, so ``--help`` imports no torch), every task through
+:func:`medadapt.eval.tasks.evaluate`."""
 
 from __future__ import annotations
 
@@ -13,13 +14,17 @@ from medadapt.cli._common import (
     BackendOption,
     CacheDirOpt,
     DeviceOpt,
+    Instructions,
+    Mode,
     QuietOpt,
+    Task,
     VerboseOpt,
-    closes_process_group,
-    quiet_libraries,
-    user_errors,
+    body,
+    choices,
 )
-from medadapt.cli._eval_dispatch import EvalOptions, Instructions, Mode, Route, StsSimilarity, Task, run_eval
+
+StsSimilarity = choices("StsSimilarity", "cosine", "dot", "model")
+Route = choices("Route", "query", "document")
 
 
 def _opt(type_, help: str, **kwargs):
@@ -60,7 +65,6 @@ IndexOpt = _opt(Optional[Path], "Evaluate this index folder (written by `medadap
                                 "searched with the model it records (or --model, checked against it).")
 
 
-@closes_process_group
 def eval_cmd(
     model: ModelOpt = None,
     data: DataOpt = "medmini",
@@ -93,7 +97,4 @@ def eval_cmd(
     """Evaluate a model or an index on retrieval (nDCG/Recall/MRR/MAP@k), rerank (MAP@10), STS
     (Pearson/Spearman), QA (Recall@5/20, nDCG@20), entity linking (Recall@1/5, MRR@5) or paper recommendation
     (MAP, nDCG)."""
-    options = EvalOptions(**{k: v for k, v in locals().items() if k != "verbose"})  # every option, as given
-    quiet_libraries()
-    with user_errors():
-        run_eval(options)
+    body("medadapt.cli._eval_run", "run_eval")(**locals())

@@ -1,4 +1,5 @@
-"""``medadapt report RUN_DIR``: one HTML page for a run folder (see :mod:`medadapt.report`)."""
+"""``medadapt report RUN_DIR``: its options; what it runs is :mod:`medadapt.cli._report_run` (imported when it
+runs, so ``--help`` imports no torch)."""
 
 from __future__ import annotations
 
@@ -7,19 +8,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from medadapt.cache import EmbeddingCache
-from medadapt.cli._common import (
-    CacheDirOpt,
-    QuietOpt,
-    VerboseOpt,
-    console,
-    quiet_libraries,
-    tagged,
-    user_errors,
-)
-from medadapt.errors import MedAdaptError
-from medadapt.io import check_output
-from medadapt.report import build_report
+from medadapt.cli._common import CacheDirOpt, QuietOpt, VerboseOpt, body
 
 
 def report_cmd(
@@ -42,16 +31,4 @@ def report_cmd(
 ) -> None:
     """Write an HTML report of a training run: loss curves, expert load, positive vs hard-negative scores,
     metrics vs the frozen baseline, and the queries that gained or lost most."""
-    quiet_libraries()
-    with user_errors():
-        check_output(output, what="--output")
-        if images is not None and images.exists() and not images.is_dir():
-            raise MedAdaptError(f"--images {images} is a file; give a folder")
-
-        def log(message: str) -> None:
-            if not quiet:
-                console.print(tagged("report:", "dim", message), highlight=False, soft_wrap=True)
-        # the encoding bars are the embedding cache's own (shown only when the cache misses texts)
-        path = build_report(run_dir, output, data=data, split=split, cache=EmbeddingCache(cache_dir), top=top,
-                            top_negatives=negatives, images_dir=images, show_progress=not quiet, log=log)
-    console.print(f"report written to {path}", highlight=False, soft_wrap=True)
+    body("medadapt.cli._report_run", "run_report")(**locals())

@@ -1,4 +1,5 @@
-"""``medadapt train RECIPE.yaml``: run a recipe (see :mod:`medadapt.recipes.run`)."""
+"""``medadapt train RECIPE.yaml``: its options; what it runs is :mod:`medadapt.cli._train_run` (imported when it
+runs, so ``--help`` imports no torch)."""
 
 from __future__ import annotations
 
@@ -6,30 +7,14 @@ from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
-from accelerate import PartialState
-from rich.table import Table
-from rich.text import Text
 
-from medadapt.cache import EmbeddingCache
-from medadapt.cli._common import (
-    CacheDirOpt,
-    QuietOpt,
-    VerboseOpt,
-    closes_process_group,
-    console,
-    quiet_libraries,
-    user_errors,
-)
-from medadapt.recipes import load_recipe, run_recipe
+from medadapt.cli._common import CacheDirOpt, PaperOpt, QuietOpt, SetOpt, VerboseOpt, body
 
 
-@closes_process_group
 def train_cmd(
     recipe: Annotated[Path, typer.Argument(help="Recipe YAML (see recipes/).")],
     output: Annotated[Optional[Path], typer.Option(help="Model folder to write (default runs/<recipe name>).")] = None,
-    set_: Annotated[
-        Optional[list[str]], typer.Option("--set", help="Override a recipe field: section.field=value (repeatable).")
-    ] = None,
+    set_: SetOpt = None,
     no_eval: Annotated[bool, typer.Option("--no-eval", help="Skip the evaluation after training.")] = False,
     check: Annotated[
         bool, typer.Option("--check", help="Exit with code 2 when a metric misses the recipe's eval.expected.")
@@ -41,70 +26,9 @@ def train_cmd(
                                             "into the same output instead of refusing to resume them.")] = False,
     full_model: Annotated[bool, typer.Option("--full-model", help="Save a standalone folder with the backbone "
                                              "copied in, instead of the heads alone (save.adapter_only).")] = False,
-    paper: Annotated[bool, typer.Option("--paper", help="Apply the paper's equations and hyperparameters (the "
-                                        "system's paper settings, docs/recipes.md) on top of the recipe; --set "
-                                        "still wins.")] = False,
+    paper: PaperOpt = False,
 ) -> None:
     """Train a head (or backbone / LoRA) as a recipe describes; resumes from OUTPUT.checkpoints after a kill.
 
     Runs on Accelerate: `accelerate launch -m medadapt train RECIPE` spreads it over GPUs / processes."""
-    quiet_libraries()
-    with user_errors(f"interrupted; run the same command again to resume from {output or 'runs/<name>'}.checkpoints"):
-        overrides = [*(set_ or []), *(["save.adapter_only=false"] if full_model else [])]
-        spec = load_recipe(recipe, overrides, paper=paper)  # `kind:` picks the system (medadapt.recipes.registry)
-        result = run_recipe(spec, output or Path("runs") / spec.name, cache=EmbeddingCache(cache_dir),
-                            show_progress=not quiet, evaluate=not no_eval, overwrite=overwrite,
-                            log=lambda m: console.print(m, highlight=False, soft_wrap=True))
-    if not PartialState().is_main_process:  # under `accelerate launch`, one summary from the main process
-        return
-    if result.loss_history:
-        console.print(f"loss {result.loss_history[0]['loss']:.4f} -> {result.loss_history[-1]['loss']:.4f} "
-                      f"in {result.train_seconds:.1f} s (encoding {result.encode_seconds:.1f} s)")
-    if result.metrics:
-        console.print(result_table(result, f"{spec.name}: {spec.eval.data or spec.data.path} / {spec.eval.split}"))
-    what = "adapter (heads only)" if (result.output_dir / "medadapt_adapter.json").is_file() else "model"
-    console.print(f"saved {what} to {result.output_dir}  (load with medadapt.load('{result.output_dir}'))")
-    if check and any(not ok for _, ok in result.expected.values()):
-        raise typer.Exit(code=2)
-
-
-def result_table(result, title: str):
-    """The run's metrics as a rich table: ``metric | frozen base | trained | change`` (the first two alone
-    without a baseline), one column per peer, ``expected`` when the recipe sets it; then the ``eval.also`` sets
-    in a section of their own (``<set> <metric>``). No column is ever left empty."""
-    base = {m: result.baseline[m] for m in result.metrics if m in result.baseline}
-    also = getattr(result, "also", None) or {}
-    peers = getattr(result, "peers", None) or {}
-    with_base = bool(base) or any(row.get("base") for row in also.values())
-    table = Table(title=title)
-    for column in ("metric", *(["frozen base"] if with_base else []), "trained", *(["change"] if with_base else []),
-                   *peers, *(["expected"] if result.expected else [])):
-        table.add_column(column, **({} if column == "metric" else {"justify": "right"}))
-
-    def add(label: str, value: float, b: float | None, change: float | None, peer_values, expected: str) -> None:
-        cells = [_cell(b), f"{value:.4f}", _change(change)] if with_base else [f"{value:.4f}"]
-        table.add_row(label, *cells, *map(_cell, peer_values), *([expected] if result.expected else []))
-
-    for metric, value in result.metrics.items():
-        target = result.expected.get(metric)
-        add(metric, value, base.get(metric), value - base[metric] if metric in base else None,
-            [peer["metrics"].get(metric) for peer in peers.values()],
-            "-" if target is None else "ok" if target[1] else f"off by {target[0] - value:.4f}")
-    for n, (name, scores) in enumerate(also.items()):
-        if n == 0:
-            table.add_section()
-        for metric, value in scores.get("trained", {}).items():
-            add(f"{name} {metric}", value, scores.get("base", {}).get(metric), scores.get("delta", {}).get(metric),
-                [peer["also"].get(name, {}).get(metric) for peer in peers.values()], "-")
-    return table
-
-
-def _cell(value: float | None) -> str:
-    return "-" if value is None else f"{value:.4f}"
-
-
-def _change(change: float | None) -> str | Text:
-    """A change column cell: green when up, red when down (beyond rounding), a dash when not measured."""
-    if change is None:
-        return "-"
-    return Text(f"{change:+.4f}", style="green" if change > 5e-5 else "red" if change < -5e-5 else "")
+    body("medadapt.cli._train_run", "run_train")(**locals())

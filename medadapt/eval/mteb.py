@@ -1,13 +1,9 @@
 """The ``mteb`` package as a client: MTEB itself evaluates medadapt models on local data (no internet).
 
-:func:`local_retrieval_task` builds an mteb retrieval task from a local BEIR split (optionally with a
-registered task's metadata, ``like=``); :func:`named_task` loads a registered MTEB task from local files;
-:func:`mteb_model` wraps any medadapt model in mteb's ``SentenceTransformerEncoderWrapper`` with a
-``ModelMeta`` that names it (weights fingerprint as revision) and says where it comes from
-(:func:`model_provenance`: base model, training data as MTEB task names); :func:`run_mteb` runs
-``mteb.evaluate``, warns when the task is in the model's training data (:func:`leak_message`, mteb's own
-``is_zero_shot_on``) and writes mteb's result files. Retrieval, scoring, prompts and result files are mteb's.
-"""
+Tasks come from local BEIR folders or registered MTEB tasks read from local files; models are wrapped with a
+``ModelMeta`` that names them (weights fingerprint as revision) and says where they come from (base model,
+training data as MTEB task names), so mteb's own ``is_zero_shot_on`` flags a leak. Retrieval, scoring, prompts
+and result files are mteb's (docs/evaluation.md)."""
 
 from __future__ import annotations
 
@@ -250,14 +246,6 @@ def mteb_tasks_for(name: str) -> tuple[str, ...]:
     return (found,) if found else ()
 
 
-def _read_recipe(path: Path) -> dict:
-    """A run folder's ``recipe.yaml`` as a mapping (the YAML input policy)."""
-    recipe, _ = read_yaml(path)
-    if not isinstance(recipe, dict):
-        raise ConfigError(f"{path}: not a recipe (a YAML mapping of sections)")
-    return recipe
-
-
 def _dict(value: Any) -> dict:
     return value if isinstance(value, dict) else {}
 
@@ -271,25 +259,16 @@ def recipe_training_data(recipe: dict) -> list[str]:
     """The data sets a ``recipe.yaml`` mapping trains on, as it names them: ``data.path``, ``data.mix``,
     ``pretrain.data`` / ``prefinetune.data``, ``stage1.sources``, ``stage2.tasks``, ``stage2.synthetic.corpus``
     (not ``eval``). A set a disabled stage would read counts: a false leak warning is cheaper than a missed one."""
-    found: list[str] = []
+    data, stage2 = _mapping(recipe, "data"), _mapping(recipe, "stage2")
 
-    def add(value: Any) -> None:
-        if isinstance(value, str) and value.strip() and value not in found:
-            found.append(value)
+    def paths(section: dict, key: str) -> list:
+        return [_dict(entry).get("path") for entry in section.get(key) or []]
 
-    data = _mapping(recipe, "data")
-    add(data.get("path"))
-    for entry in data.get("mix") or []:
-        add(_dict(entry).get("path"))
-    for section in ("pretrain", "prefinetune"):
-        add(_mapping(recipe, section).get("data"))
-    for entry in _mapping(recipe, "stage1").get("sources") or []:
-        add(_dict(entry).get("path"))
-    stage2 = _mapping(recipe, "stage2")
-    for entry in stage2.get("tasks") or []:  # a task without a path reads data.path
-        add(_dict(entry).get("path"))
-    add(_mapping(stage2, "synthetic").get("corpus"))
-    return found
+    values = [data.get("path"), *paths(data, "mix"), _mapping(recipe, "pretrain").get("data"),
+              _mapping(recipe, "prefinetune").get("data"), *paths(_mapping(recipe, "stage1"), "sources"),
+              *paths(stage2, "tasks"),  # a task without a path reads data.path
+              _mapping(stage2, "synthetic").get("corpus")]
+    return list(dict.fromkeys(v for v in values if isinstance(v, str) and v.strip()))
 
 
 def recipe_base_model(recipe: dict) -> str | None:
@@ -340,7 +319,7 @@ def _card_base(folder: Path) -> str | None:
         text = path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError):
         return None
-    match = re.match(r"---\r?\n(.*?)\r?\n---\r?\n", text, re.S)
+    match = re.match(r"---\r?\n(.*?)\r?\n---\r?\n", text, re.DOTALL)
     if not match:
         return None
     try:
@@ -405,7 +384,9 @@ def model_provenance(source: str | Path | None, model=None) -> Provenance:
         recipe_path = folder / "recipe.yaml"
         if recipe_path.is_file():
             try:
-                recipe = _read_recipe(recipe_path)
+                recipe, _ = read_yaml(recipe_path)
+                if not isinstance(recipe, dict):
+                    raise ConfigError(f"{recipe_path}: not a recipe (a YAML mapping of sections)")
             except ConfigError as exc:
                 warn(f"{exc}; the MTEB metadata of {folder.name} records no training data")
             else:
@@ -481,9 +462,8 @@ def mteb_model(model, *, name: str | None = None, revision: str | None = None, u
     return wrapper
 
 
+@functools.cache
 def _cached_encoder_class():
-    if "CachedEncoder" in globals():
-        return globals()["CachedEncoder"]
     require_mteb()
     from mteb.models import SentenceTransformerEncoderWrapper
     from mteb.models.abs_encoder import get_prompt_name
@@ -507,7 +487,6 @@ def _cached_encoder_class():
                 show_progress=bool(kwargs.get("show_progress_bar", False)),
                 desc=f"encoding {role}s")
 
-    globals()["CachedEncoder"] = CachedEncoder
     return CachedEncoder
 
 

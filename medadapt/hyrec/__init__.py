@@ -39,9 +39,9 @@ _LAZY = {
     "hyrec_stage": "medadapt.hyrec.train",
     "HyReCStep": "medadapt.hyrec.train",
     "evaluate_hyrec": "medadapt.hyrec.evaluate",
-    "HyReCRecipe": "medadapt.hyrec.recipe",
-    "HyReCTrainingSection": "medadapt.hyrec.recipe",
-    "HyReCLossSection": "medadapt.hyrec.recipe",
+    "HyReCRecipe": "medadapt.hyrec.sections",
+    "HyReCTrainingSection": "medadapt.hyrec.sections",
+    "HyReCLossSection": "medadapt.hyrec.sections",
 }
 
 __all__ = sorted(_LAZY)

@@ -28,25 +28,25 @@ from __future__ import annotations
 import time
 from typing import Literal
 
+import numpy as np
 from pydantic import Field, field_validator, model_validator
 
 import medadapt.hyrec.train as hyrec_train
 from medadapt.adapters.compose import base_kind
 from medadapt.cache import backbone_view
 from medadapt.config import Section
-from medadapt.data import load_beir
+from medadapt.data import load_beir, merge_beir
+from medadapt.domains import fit_domain_classifier
 from medadapt.errors import ConfigError
 from medadapt.hyrec.data import CachedDenseInputs, SharedStateCache, build_examples, share_miner_encoding
-from medadapt.hyrec.evaluate import tune_dense_weight
-from medadapt.hyrec.model import HyReCConfig, HyReCModel
-from medadapt.hyrec.recipe import (
-    _STATE_CACHES,
+from medadapt.hyrec.evaluate import _STATE_CACHES, evaluate_modes, tune_dense_weight
+from medadapt.hyrec.model import HyReCModel
+from medadapt.hyrec.sections import (
     HyReCEvalSection,
     HyReCLossSection,
     HyReCModelSection,
     HyReCTrainingSection,
     NegativesSection,
-    evaluate_modes,
 )
 
 __all__ = ["BranchModelSection", "HyReCLexicalBranch", "branch_pooling", "branch_tower", "build_and_train",
@@ -91,6 +91,9 @@ class BranchEvalSection(HyReCEvalSection):
         None, description="dense_weight values to try after training; the best hybrid nDCG@10 on tune_split "
         "is kept in the saved model (None: keep model.dense_weight)")
     tune_split: str = Field("dev", description="held-out split the weight is chosen on (never the test split)")
+    domain_weights: bool = Field(
+        False, description="with the recipe's data.mix: choose the weight on each domain's tune_split and fit a "
+        "domain classifier that gives every query its domain's weight (HyReCModel.lexical_query_scale)")
 
     @field_validator("tune_dense_weight")
     @classmethod
@@ -98,6 +101,13 @@ class BranchEvalSection(HyReCEvalSection):
         if v is not None and (not v or any(w < 0 for w in v)):
             raise ValueError("tune_dense_weight must list weights >= 0")
         return v
+
+    @model_validator(mode="after")
+    def _domain_weights(self) -> BranchEvalSection:
+        if self.domain_weights and not (self.tune_dense_weight and all(w > 0 for w in self.tune_dense_weight)):
+            raise ValueError("eval.domain_weights chooses a weight per domain from tune_dense_weight: list weights "
+                             "> 0 there")
+        return self
 
 
 class HyReCLexicalBranch(Section):
@@ -179,18 +189,18 @@ def branch_pooling(model, requested: str) -> str:
 def build_and_train(model, section: HyReCLexicalBranch, recipe, ctx):
     """Wrap the trained SentenceTransformer ``model`` (one tower, or asymmetric: module docstring) into a
     :class:`~medadapt.hyrec.model.HyReCModel` and train the lexical branch. Returns the composed model."""
-    import dataclasses
-
     m, tr, neg = section.model, section.training, section.negatives
     check_tower(model)
-    fields = {f.name for f in dataclasses.fields(HyReCConfig)}
-    settings = m.model_dump(include=fields)
-    settings["pooling"] = branch_pooling(model, m.pooling)
-    config = HyReCConfig(**settings, union=section.loss.union_weight > 0)
+    config = hyrec_train.model_config(section, pooling=branch_pooling(model, m.pooling))
     t0 = time.perf_counter()
     hy = HyReCModel(model, config).to(ctx.device)
     split = recipe.data.train_split
-    data = load_beir(ctx.resolve(recipe.data.path), [split])
+    domains = mix_domains(recipe, ctx)
+    if section.eval.domain_weights and len(domains) < 2:
+        raise ConfigError("branches.hyrec_lexical.eval.domain_weights needs the recipe's data.mix (two or more "
+                          "domains)")
+    data = (merge_beir({name: load_beir(path, [split]) for name, path in domains.items()}) if domains
+            else load_beir(ctx.resolve(recipe.data.path), [split]))
     state_cache = SharedStateCache(ctx.cache if tr.state_cache == "disk" else None)
     view = backbone_view(hy.st)
     cache = ctx.cache
@@ -226,7 +236,9 @@ def build_and_train(model, section: HyReCLexicalBranch, recipe, ctx):
     ctx.result.details["branch_examples"] = len(examples)
     hy.eval()
     ev = section.eval
-    if ev.tune_dense_weight:
+    if ev.domain_weights:
+        _fit_domain_weights(hy, section, domains, split, state_cache, ctx)
+    elif ev.tune_dense_weight:
         t0 = time.perf_counter()
         tune_data = load_beir(ctx.resolve(recipe.eval.data or recipe.data.path), [ev.tune_split])
         best, scores = tune_dense_weight(hy, tune_data, ev.tune_split, ev.tune_dense_weight, cache=cache,
@@ -241,6 +253,46 @@ def build_and_train(model, section: HyReCLexicalBranch, recipe, ctx):
                 f"(nDCG@10 {scores[best]:.4f}; weight 1: {scores.get(1.0, float('nan')):.4f})")
     _STATE_CACHES[hy] = state_cache
     return hy
+
+
+def mix_domains(recipe, ctx) -> dict[str, str]:
+    """Domain name -> resolved BEIR folder of the recipe's ``data.mix`` (a data section with ``mix`` and
+    ``domain_paths()``, as ``kind: moe`` has); empty without a mix."""
+    paths = getattr(recipe.data, "domain_paths", None)
+    if not getattr(recipe.data, "mix", None) or not callable(paths):
+        return {}
+    return {name: ctx.resolve(path) for name, path in paths().items()}
+
+
+def _fit_domain_weights(hy: HyReCModel, section: HyReCLexicalBranch, domains: dict[str, str], split: str,
+                        state_cache, ctx) -> None:
+    """``eval.domain_weights``: each domain's dense weight on its own ``tune_split``, then a domain classifier
+    (:func:`medadapt.domains.fit_domain_classifier`) on the frozen pooled embeddings of every domain's training
+    queries and corpus, read from the run's cache, installed on the branch."""
+    ev, t0 = section.eval, time.perf_counter()
+    chosen, curves, feats, names = [], {}, [], list(domains)
+    view = backbone_view(hy.st)
+    for name in names:
+        tune_data = load_beir(domains[name], [split, ev.tune_split])
+        best, scores = tune_dense_weight(hy, tune_data, ev.tune_split, ev.tune_dense_weight, cache=ctx.cache,
+                                         state_cache=state_cache, dense_source=ev.dense_source,
+                                         batch_size=ev.batch_size, show_progress=ctx.show_progress,
+                                         cached_lexicon=True)
+        chosen.append(best)
+        curves[name] = {f"{w:g}": v for w, v in scores.items()}
+        ctx.log(f"HyReC lexical branch: domain {name}: dense_weight {best:g} on {ev.tune_split} "
+                f"(nDCG@10 {scores[best]:.4f})")
+        feats.append(np.concatenate([
+            ctx.cache.encode(view, texts, role=role, normalize=False, batch_size=ev.batch_size, show_progress=False)
+            for texts, role in ((list(tune_data.split_queries(split).values()), "query"),
+                                (tune_data.doc_texts(), "document"))]))
+    weight, bias, accuracy = fit_domain_classifier(feats)
+    hy.branch.set_domains(names, chosen, weight, bias)
+    ctx.result.details["dense_weight_tuning"] = {
+        "split": ev.tune_split, "chosen": dict(zip(names, chosen)), "ndcg@10": curves,
+        "classifier_train_accuracy": round(accuracy, 4), "seconds": round(time.perf_counter() - t0, 1)}
+    ctx.log("HyReC lexical branch: per-domain fusion weights " + ", ".join(
+        f"{n} {w:g}" for n, w in zip(names, chosen)) + f" (domain classifier training accuracy {accuracy:.1%})")
 
 
 def evaluate(recipe, model, section: HyReCLexicalBranch, ctx) -> dict[str, float]:

@@ -1,5 +1,6 @@
 """Evaluate a HyReC model lexical-only, dense-only or hybrid on a BEIR split, every mode from one encoding
-pass (the system's scorer behind ``evaluate(model, task)``, and the recipe's evaluation).
+pass (the system's scorer behind ``evaluate(model, task)``), and a ``kind: hyrec`` recipe's evaluation
+(:func:`evaluate`: metrics named ``<mode>/<metric>``, e.g. ``hybrid/ndcg@10``, as ``eval.expected`` names them).
 
 * **lexical**: exact top-k over a :class:`~medadapt.retrieval.LexicalIndex` of the documents' sparse vectors.
 * **dense**: exact search; ``dense_source``: ``model`` (same pass as the lexical side), ``cache`` (the saved
@@ -13,6 +14,7 @@ Also reports sparsity (mean active terms per query / document) as ``q_terms`` / 
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Iterable
 from typing import Literal
 
@@ -25,14 +27,18 @@ from medadapt.errors import ConfigError
 from medadapt.eval.metrics import evaluate_run, parse_metric
 from medadapt.eval.search import exact_search
 from medadapt.hyrec.model import HyReCModel, find_branch
+from medadapt.hyrec.sections import HyReCEvalSection, HyReCRecipe
 from medadapt.models import check_device
 from medadapt.retrieval.fusion import fuse_runs, hybrid_topk
 from medadapt.retrieval.inverted import to_csr
 from medadapt.retrieval.lexical import LexicalIndex
 
-__all__ = ["evaluate_hyrec", "tune_dense_weight", "MODES"]
+__all__ = ["MODES", "evaluate", "evaluate_hyrec", "evaluate_modes", "tune_dense_weight"]
 
 MODES = ("lexical", "dense", "hybrid")
+
+# the SharedStateCache a model was trained with, for its evaluation (weak keys: it goes with the model)
+_STATE_CACHES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 def _load(model_or_dir, device: str | None = None):
@@ -75,8 +81,8 @@ def evaluate_hyrec(model_or_dir, dataset, split: str = "test",
         cached_lexicon: take the lexicon encoder's states from ``state_cache`` (frozen lexicon encoder only).
         dense_weights: hybrid (``nm``) only: also fuse with each of these ``dense_weight`` values, from the
             same encoding pass, as runs ``hybrid@<w>`` (see :func:`tune_dense_weight`).
-        device: where a saved folder is loaded (default: a GPU when there is one, else the CPU; it was
-            always the CPU before). A model passed in stays where it is.
+        device: where a saved folder is loaded (default: a GPU when there is one, else the CPU); a model
+            passed in stays where it is.
     """
     if mode not in MODES:
         raise ConfigError(f"unknown HyReC evaluation mode {mode!r}; valid: {', '.join(MODES)}")
@@ -174,3 +180,33 @@ def tune_dense_weight(model_or_dir, dataset, split: str, weights: Iterable[float
     best = max(weights, key=lambda w: (scores[w], -weights.index(w)))
     return best, scores
 
+
+
+def evaluate(recipe: HyReCRecipe, model, ctx) -> dict[str, float]:
+    """``<mode>/<metric>`` for every mode of ``eval.modes`` on ``eval.data`` (default ``data.path``), split
+    ``eval.split``; the per-mode dicts also go to ``ctx.result.details["mode_metrics"]``."""
+    ev = recipe.eval
+    data = load_beir(ctx.resolve(ev.data or recipe.data.path), [ev.split])
+    state_cache = _STATE_CACHES.get(model)
+    cached_lexicon = state_cache is not None and not recipe.training.train_lexicon_encoder
+    modes = evaluate_modes(model, data, ev, cache=ctx.cache, state_cache=state_cache,
+                           show_progress=ctx.show_progress, cached_lexicon=cached_lexicon)
+    ctx.result.details["mode_metrics"] = modes
+    return {f"{m}/{k}": v for m, vals in modes.items() for k, v in vals.items()}
+
+
+def evaluate_modes(model, data, ev: HyReCEvalSection, *, cache=None, state_cache=None, show_progress=True,
+                   cached_lexicon: bool = False) -> dict[str, dict[str, float]]:
+    """Every mode of ``ev.modes`` from one encoding pass (hybrid computes the lexical and dense runs too)."""
+    modes = ev.modes
+    mode = "hybrid" if "hybrid" in modes or {"lexical", "dense"} <= set(modes) else modes[0]
+    res, runs = evaluate_hyrec(model, data, ev.split, mode, ev.metrics, cache=cache, state_cache=state_cache,
+                               dense_source=ev.dense_source, fusion=ev.fusion, batch_size=ev.batch_size,
+                               show_progress=show_progress, return_runs=True, cached_lexicon=cached_lexicon)
+    out = {}
+    for m in modes:
+        vals = evaluate_run(data.qrels[ev.split], runs[m], ev.metrics)
+        if m != "dense" and "q_terms" in res:
+            vals.update({"q_terms": res["q_terms"], "d_terms": res["d_terms"]})
+        out[m] = vals
+    return out

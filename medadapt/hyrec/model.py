@@ -36,6 +36,7 @@ from torch import Tensor, nn
 from medadapt.adapters.compose import base_kind
 from medadapt.adapters.files import ADAPTER_FOLDER, write_adapter
 from medadapt.checksums import SUMS, ChecksumError, verify_sums, write_sums
+from medadapt.domains import domain_probabilities
 from medadapt.errors import ConfigError, ModelLoadError, warn
 from medadapt.hyrec.bagging import WordVocab, group_words, sparse_from_tokens
 from medadapt.hyrec.data import UnionLabelCache
@@ -80,7 +81,10 @@ class HyReCConfig:
     dense side encoding alone); ``dense_weight``: eq. 9's weight; ``language``: of the union labels;
     ``term_bias``: a learned per-term prior in the weight projector; ``union_source``: ``learned`` (eq. 7-8) or
     ``labels`` (jieba + regex); ``union_context``: 0 = the linear union projector (eq. 4), k = an MLP over a
-    window of 2k + 1 states. The last three are not in the paper.
+    window of 2k + 1 states. The last three are not in the paper. ``domains`` / ``domain_dense_weights``: a
+    fusion weight per domain of a ``data.mix`` (chosen on each domain's dev split) that a domain classifier on
+    the frozen pooled embedding mixes per query (:meth:`HyReCModel.lexical_query_scale`); empty: one
+    ``dense_weight``.
     """
 
     branch_layers: int = 1
@@ -99,9 +103,14 @@ class HyReCConfig:
     term_bias: bool = False
     union_source: Literal["learned", "labels"] = "learned"
     union_context: int = 0
+    domains: list[str] = dataclasses.field(default_factory=list)
+    domain_dense_weights: list[float] = dataclasses.field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
-        return {**dataclasses.asdict(self), "format_version": HYREC_FORMAT}
+        out = {**dataclasses.asdict(self), "format_version": HYREC_FORMAT}
+        if not self.domains:  # without them the dict (and every fingerprint over it) is what it was before
+            del out["domains"], out["domain_dense_weights"]
+        return out
 
     @classmethod
     def from_dict(cls, obj: dict[str, Any]) -> HyReCConfig:
@@ -152,6 +161,28 @@ class LexicalBranch(Module):
         self.union_proj = UnionProjector(hidden, context=config.union_context)
         self.words = words or WordVocab(vocab_size, config.n_word_buckets)
         self.lexicon_layer = lexicon_layer
+        #: the domain classifier of ``config.domains`` (fitted after training, :meth:`set_domains`)
+        self.domain_classifier: nn.Linear | None = None
+        if config.domains:
+            self._build_domain_classifier(hidden)
+
+    def _build_domain_classifier(self, hidden: int) -> None:
+        self.domain_classifier = nn.Linear(hidden, len(self.config.domains)).requires_grad_(False)
+
+    def set_domains(self, domains: Sequence[str], dense_weights: Sequence[float], weight: Tensor, bias: Tensor
+                    ) -> None:
+        """Install a fusion weight per domain (each > 0) and the fitted classifier (``weight``: (domains,
+        hidden) over the normalised frozen pooled embedding, ``bias``: (domains,)); saved with the branch. The
+        one ``dense_weight`` becomes 1: the domains' weights take its place."""
+        if len(domains) != len(dense_weights) or len(domains) < 2 or not all(w > 0 for w in dense_weights):
+            raise ValueError("set_domains needs two or more domains, each with a dense weight > 0")
+        self.config = dataclasses.replace(self.config, domains=list(domains), dense_weight=1.0,
+                                          domain_dense_weights=[float(w) for w in dense_weights])
+        self._build_domain_classifier(int(weight.shape[1]))
+        with torch.no_grad():
+            self.domain_classifier.weight.copy_(weight)
+            self.domain_classifier.bias.copy_(bias)
+        self.domain_classifier.to(self.weight_proj.linear.weight.device)
 
     @classmethod
     def from_tower(cls, transformer, config: HyReCConfig) -> LexicalBranch:
@@ -178,6 +209,8 @@ class LexicalBranch(Module):
         state = {f"lexicon.{k}": v for k, v in self.lexicon.state_dict().items()}
         state.update({f"weight_proj.{k}": v for k, v in self.weight_proj.state_dict().items()})
         state.update({f"union_proj.{k}": v for k, v in self.union_proj.state_dict().items()})
+        if self.domain_classifier is not None:
+            state.update({f"domain.{k}": v for k, v in self.domain_classifier.state_dict().items()})
         atomic_save_tensors(folder / "lexical.safetensors", state)
         atomic_write_json(folder / "words.json", self.words.to_json())
         atomic_write_json(folder / "config.json", {**self.config.to_dict(), "lexicon_layer": self.lexicon_layer})
@@ -229,8 +262,10 @@ class LexicalBranch(Module):
         bias = state.get("weight_proj.term_bias.weight")
         branch = cls(config, lexicon, hidden, int(bias.shape[0]) if bias is not None else words.vocab_size, words,
                      spec)
-        for prefix, module in (("lexicon.", branch.lexicon), ("weight_proj.", branch.weight_proj),
-                               ("union_proj.", branch.union_proj)):
+        parts = [("lexicon.", branch.lexicon), ("weight_proj.", branch.weight_proj), ("union_proj.", branch.union_proj)]
+        if branch.domain_classifier is not None:
+            parts.append(("domain.", branch.domain_classifier))
+        for prefix, module in parts:
             part = {k[len(prefix):]: v for k, v in state.items() if k.startswith(prefix)}
             module.load_state_dict(part, strict=True)
         return branch
@@ -644,7 +679,14 @@ class HyReCModel(nn.Module):
                     labels = None
                     if self.config.union_source == "labels":
                         labels = self._label_cache().labels(batch, role, ids.shape[1])
-                    lex_out.extend(self._sparse(ids, mask, weights, union, labels))
+                    vectors = self._sparse(ids, mask, weights, union, labels)
+                    if role == "query" and self.branch.domain_classifier is not None:
+                        if not (dense and not route_dense):
+                            pooled = (state_cache.pooled(self, batch, role).to(self.device) if state_cache
+                                      is not None else self.pooled_from_states(states, mask))
+                        scales = self.lexical_query_scale(pooled).tolist()
+                        vectors = [{t: w * c for t, w in v.items()} for v, c in zip(vectors, scales)]
+                    lex_out.extend(vectors)
         finally:
             pin.close()
             self.train(was)
@@ -654,6 +696,19 @@ class HyReCModel(nn.Module):
             d_arr = np.zeros((0, self.embedding_dim), dtype=np.float32)
         lex = [lex_out[i] for i in inv] if lexical else None
         return d_arr, lex
+
+    def lexical_query_scale(self, pooled: Tensor) -> Tensor:
+        """Per query (rows of the frozen ``pooled`` embedding) the factor on its lexical vector that turns the
+        one ``dense_weight`` W of the sum fusion into its domain's: ``W * sum_k p_k / w_k`` (``p``: the domain
+        classifier's probabilities, ``w_k``: ``config.domain_dense_weights``), so ``c * lexical + W * dense``
+        ranks as ``lexical + w_k * dense`` for a query of domain k. Ones without domains."""
+        cfg, clf = self.config, self.branch.domain_classifier
+        if clf is None:
+            return torch.ones(pooled.shape[0])
+        with torch.no_grad():
+            probs = domain_probabilities(clf, pooled.float()).cpu()
+        inverse = 1.0 / torch.tensor(cfg.domain_dense_weights, dtype=probs.dtype)
+        return cfg.dense_weight * (probs @ inverse)
 
     def _label_cache(self):
         if getattr(self, "_labels", None) is None:
@@ -718,7 +773,10 @@ class HyReCModel(nn.Module):
         dense = copy.copy(self.st)  # the dense side alone, sharing the modules
         dense.__dict__["_modules"] = OrderedDict((k, m) for k, m in self.st._modules.items()
                                                  if not isinstance(m, LexicalBranch))
-        ident = modules_fingerprint([dense, self.lexicon, self.weight_proj, self.union_proj]) + \
+        parts = [dense, self.lexicon, self.weight_proj, self.union_proj]
+        if self.branch.domain_classifier is not None:
+            parts.append(self.branch.domain_classifier)
+        ident = modules_fingerprint(parts) + \
             json.dumps(self.config.to_dict(), sort_keys=True)
         return {"fingerprint": hashlib.sha256(ident.encode()).hexdigest()[:32], "similarity": "cosine",
                 "max_seq_length": self.config.passage_max_length}

@@ -29,7 +29,8 @@ def plan_spec(recipe: HyReCRecipe) -> PlanSpec:
     uses = (Usage("encoder", 1, m.query_max_length, trains=full),
             Usage("encoder", passages, m.passage_max_length, trains=full)) + \
         (() if full else (Usage("projectors", 1 + passages, 1),))
-    phases = (PhaseSpec("fine-tuning", tr.batch_size, tr.gradient_accumulation_steps, uses),)
+    per_device = tr.batch_size_scope == "per_device"  # the preliminary stage follows training's scope
+    phases = (PhaseSpec("fine-tuning", tr.batch_size, tr.gradient_accumulation_steps, uses, per_device=per_device),)
     notes = (f"hard negatives are mined with {recipe.negatives.miner} before training (inference only, not planned)",) \
         if recipe.negatives.source == "dense" else ()
     pre = recipe.prefinetune
@@ -39,7 +40,7 @@ def plan_spec(recipe: HyReCRecipe) -> PlanSpec:
                     Usage("encoder", 1, m.passage_max_length, trains=full)) + \
             (() if full else (Usage("projectors", 2, 1),))
         phases = (PhaseSpec("preliminary fine-tuning", ptr.batch_size, ptr.gradient_accumulation_steps,
-                            pre_uses), *phases)
+                            pre_uses, per_device=per_device), *phases)
         if pre.scorer is not None:
             notes += (f"preliminary pairs are scored with {pre.scorer} before training (inference only, not planned)",)
     pt = recipe.pretrain
@@ -49,7 +50,8 @@ def plan_spec(recipe: HyReCRecipe) -> PlanSpec:
         logits = mlm_logit_bytes(masked, int(cfg.get("vocab_size") or 0))
         phases = (PhaseSpec("RetroMAE pre-training", pt.batch_size, pt.gradient_accumulation_steps,
                             (Usage("encoder", 1, length, trains=full or tr.train_dense_encoder),),
-                            extra_bytes_per_example=logits), *phases)
+                            extra_bytes_per_example=logits, per_device=pt.batch_size_scope == "per_device"),
+                  *phases)
         note = (f"RetroMAE pre-training: the MLM head's logits on the masked tokens are counted ({logits / 2**30:.3f} "
                 "GB per example); the one-layer decoder is not; the lexicon copy does not run there but is counted")
         notes += (note,)
@@ -57,6 +59,5 @@ def plan_spec(recipe: HyReCRecipe) -> PlanSpec:
                                      ("training", tr.batch_size_scope == "per_device")) if on]
     if scoped:
         notes += ((f"batch_size_scope: per_device ({', '.join(scoped)}): that batch_size is per device, the "
-                   "global batch is batch_size x devices; its memory per device is this plan's on one GPU "
-                   "(--gpus 1), as a plan on N GPUs splits the batch over them"),)
+                   "global batch is batch_size x gradient_accumulation_steps x devices"),)
     return PlanSpec(recipe.name, tuple(models), phases, tr.mixed_precision, notes)

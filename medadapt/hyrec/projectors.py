@@ -3,21 +3,20 @@
 * :class:`WeightProjector` — ``W_i = log(1 + ReLU(w_w · l_i + b_w))`` (eq. 5), one weight per token.
 * :class:`UnionProjector` — logits of ``U_i = softmax(W_u l_i + b_u)`` over ``{S, B, M, E}`` (eq. 4), or
   of a small MLP over a window of states (``context > 0``, for frozen lexicon encoders).
-* :class:`DenseProjector` — ``D_vec = W_d d + b_d`` (eq. 6) as a sentence-transformers module placed after
-  pooling and before ``Normalize``; identity-initialised by default, so an untrained projector returns
-  the backbone's embedding exactly. It declares ``operates_on_sentence_embedding``, so the
-  :class:`~medadapt.cache.EmbeddingCache` caches the backbone output before it and applies it on read.
+* :class:`DenseProjector` — ``D_vec = W_d d + b_d`` (eq. 6) after pooling and before ``Normalize``: the
+  identity-initialised :class:`~medadapt.adapters.linear.LinearHead` with a bias, so an untrained projector
+  returns the backbone's embedding exactly and the :class:`~medadapt.cache.EmbeddingCache` caches the
+  backbone output before it and applies it on read.
 """
 
 from __future__ import annotations
-
-from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from medadapt.adapters.stack import EmbeddingModule
+from medadapt.adapters.linear import LinearHead
+from medadapt.errors import ConfigError
 
 __all__ = ["WeightProjector", "UnionProjector", "DenseProjector"]
 
@@ -78,35 +77,18 @@ class UnionProjector(nn.Module):
         return self.mlp(window)
 
 
-class DenseProjector(EmbeddingModule):
-    """Linear dense projector on the pooled embedding (eq. 6), a sentence-transformers module.
-
-    Args:
-        in_features / out_features: dimensions.
-        identity_init: start as the identity (needs ``in_features == out_features``).
-    """
+class DenseProjector(LinearHead):
+    """The dense projector ``D = W_d d + b_d`` (eq. 6): a :class:`~medadapt.adapters.linear.LinearHead` with a
+    bias, saved under this class path with the configuration HyReC folders have always held
+    (``in_features``, ``out_features``, ``identity_init``); only the square, identity-initialised map."""
 
     config_keys: list[str] = ["in_features", "out_features", "identity_init"]
 
     def __init__(self, in_features: int, out_features: int | None = None, identity_init: bool = True):
-        super().__init__()
-        out_features = out_features or in_features
-        self.in_features, self.out_features, self.identity_init = in_features, out_features, identity_init
-        self.linear = nn.Linear(in_features, out_features)
-        if identity_init:
-            if in_features != out_features:
-                raise ValueError("identity_init needs in_features == out_features")
-            with torch.no_grad():
-                self.linear.weight.copy_(torch.eye(in_features))
-                self.linear.bias.zero_()
-
-    def forward(self, features: dict[str, Any], **kwargs: Any) -> dict[str, Any]:
-        features["sentence_embedding"] = self.linear(features["sentence_embedding"])
-        return features
-
-    def get_embedding_dimension(self) -> int:
-        return self.out_features
-
-    def get_config_dict(self) -> dict[str, Any]:
-        return {"in_features": self.in_features, "out_features": self.out_features,
-                "identity_init": self.identity_init}
+        if out_features not in (None, in_features) or identity_init is not True:
+            raise ConfigError(f"DenseProjector is square and identity-initialised (eq. 6 as HyReC uses it), got "
+                              f"in_features={in_features}, out_features={out_features}, "
+                              f"identity_init={identity_init}")
+        super().__init__(in_features, bias=True)
+        self.in_features = self.out_features = in_features
+        self.identity_init = True

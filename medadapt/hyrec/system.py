@@ -7,9 +7,10 @@ from pathlib import Path
 
 import medadapt.hyrec.branch as lexical
 from medadapt.adapters.compose import HEAD, BranchKind
-from medadapt.hyrec.evaluate import evaluate_hyrec
+from medadapt.hyrec.evaluate import evaluate, evaluate_hyrec
 from medadapt.hyrec.plan import plan_spec
-from medadapt.hyrec.recipe import HyReCRecipe, evaluate, train
+from medadapt.hyrec.sections import HyReCRecipe
+from medadapt.hyrec.train import train
 from medadapt.systems import System, load_paper, register_system
 
 __all__ = ["LEXICAL_BRANCH", "SYSTEM"]

@@ -1,10 +1,12 @@
-"""HyReC training (§3.2) as a :class:`~medadapt.training.loop.Step` of the one training loop.
+"""HyReC training (§3.2) on the one training loop, and the ``kind: hyrec`` recipe's run.
 
 Each item is one :class:`~medadapt.hyrec.data.Example` (query, positive, hard negatives): :class:`HyReCStep`
 encodes it, :meth:`HyReCStep.loss` computes :class:`~medadapt.losses.HyReCLoss` on the gathered step. The
 frozen variant reads cached states (:class:`~medadapt.hyrec.data.SharedStateCache`, ``dense_inputs``).
 :func:`pretrain_stage` is RetroMAE pre-training (§4.1.3, Appendix A; :mod:`medadapt.training.retromae`) as
-the first stage of the same loop; :func:`refreshed_stages` cuts a stage into self-mining rounds.
+the first stage of the same loop; :func:`refreshed_stages` cuts a stage into self-mining rounds. A recipe's
+:func:`train` runs the paper's three stages (Appendix A) in one loop, resumable across every boundary:
+:func:`pretrain_phase` -> :func:`prefinetune_phase` -> :func:`finetune_phase`.
 
 Example:
     >>> res = train_hyrec(model, examples, HyReCTrainingSection(epochs=2, lr=1e-4), HyReCLossSection())
@@ -12,24 +14,57 @@ Example:
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import math
+import random
+import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
 from torch import Tensor, nn
 
-from medadapt.errors import ConfigError
-from medadapt.hyrec.data import Example, SharedStateCache, UnionLabelCache
+import medadapt.training.loop as training_loop
+from medadapt.cache import backbone_view
+from medadapt.data import load_beir
+from medadapt.data.beir import BeirDataset
+from medadapt.data.jsonl import field, iter_jsonl
+from medadapt.errors import ConfigError, DataError
+from medadapt.hyrec.data import (
+    CachedDenseInputs,
+    Example,
+    SharedStateCache,
+    UnionLabelCache,
+    build_examples,
+    filter_pairs,
+    load_pairs,
+    remine_negatives,
+    score_pairs,
+    share_miner_encoding,
+)
+from medadapt.hyrec.evaluate import _STATE_CACHES
 from medadapt.hyrec.labels import IGNORE
-from medadapt.hyrec.sections import HyReCLossSection, HyReCTrainingSection
+from medadapt.hyrec.model import HyReCConfig, HyReCModel
+from medadapt.hyrec.sections import (
+    HyReCLossSection,
+    HyReCRecipe,
+    HyReCTrainingSection,
+    PrefinetuneSection,
+    PretrainSection,
+)
+from medadapt.io import atomic_write_json
 from medadapt.losses.hyrec import HyReCLoss
+from medadapt.models import load
 from medadapt.training.checkpoint import CheckpointConfig
-from medadapt.training.loop import Batch, LoopResult, Stage, train
+from medadapt.training.loop import Batch, LoopResult, Stage
 from medadapt.training.retromae import RetroMAEPretrainer, RetroMAESection, RetroMAEStep
 
-__all__ = ["HyReCPretraining", "HyReCStep", "copy_lexicon_from_dense", "hyrec_stage", "pretrain_stage",
-           "refreshed_stages", "train_hyrec"]
+__all__ = ["HyReCPretraining", "HyReCStep", "RunInputs", "copy_lexicon_from_dense", "finetune_phase",
+           "hyrec_stage", "model_config", "prefinetune_phase", "prepare_run", "pretrain_phase", "pretrain_stage",
+           "refreshed_stages", "train", "train_hyrec"]
 
 DenseInputs = Callable[[Sequence[str], str], Tensor]
 
@@ -276,8 +311,8 @@ def train_hyrec(model, examples: Sequence[Example], training: HyReCTrainingSecti
     stage = hyrec_stage(model, examples, training, loss, negatives=negatives, state_cache=state_cache,
                         dense_inputs=dense_inputs)
     try:
-        return train(model, [stage], seed=training.seed, accelerator=accelerator, checkpoint=checkpoint,
-                     fingerprint=fingerprint, progress=progress)
+        return training_loop.train(model, [stage], seed=training.seed, accelerator=accelerator,
+                                   checkpoint=checkpoint, fingerprint=fingerprint, progress=progress)
     finally:
         model.eval()
 
@@ -351,7 +386,7 @@ def pretrain_stage(model, texts: Sequence[str], section: RetroMAESection,
 
     Example:
         >>> module, pre = pretrain_stage(model, texts, PretrainSection(epochs=1), training)
-        >>> train(module, [pre, hyrec_stage(model, examples, training)], seed=training.seed)
+        >>> medadapt.training.loop.train(module, [pre, hyrec_stage(model, examples, training)], seed=training.seed)
     """
     training = training if training is not None else HyReCTrainingSection()
     if not texts:
@@ -383,3 +418,225 @@ def pretrain_stage(model, texts: Sequence[str], section: RetroMAESection,
     return HyReCPretraining(model, pretrainer), Stage(name, len(texts), _PretrainStep(step), params, section,
                                                       on_start=frozen_view.eval,
                                                       on_end=lambda: copy_lexicon_from_dense(model))
+
+
+# ------------------------------------------------------------------------------- the kind: hyrec run
+def model_config(spec, **overrides) -> HyReCConfig:
+    """The :class:`~medadapt.hyrec.model.HyReCConfig` of a recipe (or of a section with ``model`` and ``loss``,
+    as a branch's): the ``model`` section's architecture fields and ``overrides``, ``union`` iff
+    ``loss.union_weight > 0``."""
+    fields = {f.name for f in dataclasses.fields(HyReCConfig)}
+    settings = {**spec.model.model_dump(include=fields), **overrides}
+    return HyReCConfig(**settings, union=spec.loss.union_weight > 0)
+
+
+@dataclass
+class RunInputs:
+    """What a recipe's phases train (:func:`prepare_run`); ``None`` for what the recipe does not use."""
+
+    model: HyReCModel
+    data: BeirDataset
+    examples: list[Example]
+    state_cache: SharedStateCache | None
+    dense_inputs: DenseInputs | None
+    prefinetune_examples: list[Example] | None
+    pretrain_texts: list[str] | None
+
+
+def train(recipe: HyReCRecipe, ctx) -> HyReCModel:
+    """Train what a HyReC recipe describes through ``ctx.train``, one loop for every phase (pretrain, then
+    prefinetune, then the fine-tuning; each continues from the weights the one before left); returns the
+    model. ``ctx.result.details`` gets ``train_examples``, ``n_terms`` and ``steps`` (and ``prefinetune``:
+    pairs read / kept, steps; ``pretrain``: texts, steps, first and last loss; ``self_mining``)."""
+    run = prepare_run(recipe, ctx)
+    stages = [prefinetune_phase(recipe, run, ctx)] if run.prefinetune_examples is not None else []
+    stages += finetune_phase(recipe, run, ctx)
+    module = run.model
+    if run.pretrain_texts is not None:  # RetroMAE first: the loop trains the model plus the decoder and MLM head
+        module, stage = pretrain_phase(recipe, run, ctx)
+        stages.insert(0, stage)
+    res = ctx.train(module, stages)
+    details = ctx.result.details
+    details["steps"] = res.steps
+    if run.prefinetune_examples is not None:
+        details["prefinetune"]["steps"] = res.stage_steps.get("prefinetune", 0)
+    if run.pretrain_texts is not None:
+        rows = [r["loss"] for r in res.loss_history if r.get("stage") == "pretrain"]
+        details["pretrain"] = {"texts": len(run.pretrain_texts), "steps": res.stage_steps.get("pretrain", 0),
+                               "first_loss": rows[0] if rows else None, "last_loss": rows[-1] if rows else None}
+    del module, stages  # the decoder and MLM head are not part of the model
+    run.model.eval()
+    if run.state_cache is not None:
+        _STATE_CACHES[run.model] = run.state_cache
+    return run.model
+
+
+def prepare_run(recipe: HyReCRecipe, ctx) -> RunInputs:
+    """Build the model and what the phases train on: the examples with their hard negatives and, as the
+    recipe asks, the caches, the preliminary fine-tuning's pairs and the pre-training texts (the main process
+    mines and fills the caches first, the others read what it wrote)."""
+    tr, neg, m, cache = recipe.training, recipe.negatives, recipe.model, ctx.cache
+    split = recipe.data.train_split
+    t0 = time.perf_counter()
+    pre, pt = recipe.prefinetune, recipe.pretrain
+    pairs = load_pairs(ctx.resolve(pre.data), pre.split) if pre is not None else None  # fail before any load
+    pt_splits = (pt.query_splits if pt.query_splits is not None else [split]) if pt is not None else []
+    own = pt is not None and pt.data is None  # pre-training texts from the recipe's own data
+    data = load_beir(ctx.resolve(recipe.data.path), sorted({split, *(pt_splits if own else [])}))
+    pt_texts = _pretrain_texts(pt, data if own else None, pt_splits, ctx) if pt is not None else None
+    train_texts = data.doc_texts() + [data.queries[q] for q in data.qrels[split]] if m.extend_vocab else []
+    model = HyReCModel.from_backbone(m.backbone, model_config(recipe), extend_with=train_texts, seed=tr.seed,
+                                     num_layers=m.num_layers, scratch=m.init == "scratch")
+    model.to(ctx.device)
+    ctx.log(f"HyReC: {m.backbone}{' (architecture only, weights from scratch)' if m.init == 'scratch' else ''}, "
+            f"{model._n_shared} shared + {len(model.lexicon)} lexicon + "
+            f"{m.branch_layers} dense layers ({m.variant}), {model.vocab_size} tokenizer terms")
+    state_cache = None
+    if tr.state_cache != "off":
+        state_cache = SharedStateCache(cache if tr.state_cache == "disk" else None)
+    view = backbone_view(model.st) if tr.dense_inputs == "cache" else None
+    cached_dense = None
+    miner = share_miner_encoding(ctx, data, neg.source, neg.num, neg.miner)  # >1 process: shared corpus encode
+    with ctx.accelerator.main_process_first():  # mining and cache fills: the others then read the caches
+        examples = build_examples(data, split, negatives=neg.source if neg.num else "none", window=neg.window,
+                                  num_negatives=max(neg.num, 1), max_queries=recipe.data.max_train_examples,
+                                  miner_model=miner, language=m.language, cache=cache,
+                                  seed=tr.seed, show_progress=ctx.show_progress)
+        docs = sorted({t for e in examples for t in [e.positive, *e.negatives[: neg.num]]})
+        if state_cache is not None:
+            lex, pooled = not tr.train_lexicon_encoder, tr.dense_inputs == "states"
+            state_cache.warm(model, [e.query for e in examples], "query", lexicon=lex, pooled=pooled,
+                             show_progress=ctx.show_progress)
+            state_cache.warm(model, docs, "document", lexicon=lex, pooled=pooled, show_progress=ctx.show_progress)
+        if view is not None:  # read once here; training steps look their rows up in memory
+            cached_dense = CachedDenseInputs(cache, view, [e.query for e in examples], docs).fill(ctx.show_progress)
+        pre_examples = _prefinetune_examples(pre, pairs, ctx) if pre is not None else None
+    del miner  # mining is done: a miner loaded here leaves the device before training
+    ctx.result.encode_seconds += time.perf_counter() - t0
+    ctx.result.details.update(train_examples=len(examples), n_terms=model.n_terms)
+    ctx.log(f"training on {len(examples)} examples")
+
+    def pooled_states(texts, role):  # dense_inputs: states, the frozen dense encoder's pooled inputs
+        return state_cache.pooled(model, list(texts), role)
+
+    dense_inputs = {"model": None, "cache": cached_dense, "states": pooled_states}[tr.dense_inputs]
+    return RunInputs(model, data, examples, state_cache, dense_inputs, pre_examples, pt_texts)
+
+
+def pretrain_phase(recipe: HyReCRecipe, run: RunInputs, ctx) -> tuple[HyReCPretraining, Stage]:
+    """``(module, stage)`` of RetroMAE pre-training (:func:`pretrain_stage`) on the pre-training texts."""
+    pt = recipe.pretrain
+    ctx.log(f"RetroMAE pre-training on {len(run.pretrain_texts)} texts")
+    return pretrain_stage(run.model, run.pretrain_texts, _global_batch(pt, pt.batch_size_scope, ctx),
+                          recipe.training, name="pretrain")
+
+
+def prefinetune_phase(recipe: HyReCRecipe, run: RunInputs, ctx) -> Stage:
+    """The preliminary fine-tuning's stage: in-batch negatives only, its own optimiser and schedule."""
+    tr = recipe.training
+    ctx.log(f"preliminary fine-tuning on {len(run.prefinetune_examples)} of "
+            f"{ctx.result.details['prefinetune']['pairs']} pairs")
+    return hyrec_stage(run.model, run.prefinetune_examples,
+                       _global_batch(recipe.prefinetune.training(tr), tr.batch_size_scope, ctx), recipe.loss,
+                       negatives=0, state_cache=run.state_cache, dense_inputs=run.dense_inputs, name="prefinetune")
+
+
+def finetune_phase(recipe: HyReCRecipe, run: RunInputs, ctx) -> list[Stage]:
+    """The main fine-tuning's stage, or with ``negatives.refresh_every`` its ANCE-style self-mining rounds:
+    each round after the first re-mines the negatives with the model being trained (:func:`_self_mining`)."""
+    tr, neg = recipe.training, recipe.negatives
+    main = hyrec_stage(run.model, run.examples, _global_batch(tr, tr.batch_size_scope, ctx), recipe.loss,
+                       negatives=neg.num, state_cache=run.state_cache, dense_inputs=run.dense_inputs)
+    if neg.refresh_every is None:
+        return [main]
+    every = neg.refresh_every
+    if neg.refresh_unit == "epochs":
+        every *= -(-len(run.examples) // main.optim.effective_batch_size)
+    rounds = refreshed_stages(main, every, _self_mining(recipe, run, ctx), tr.seed)
+    ctx.log(f"self-mining: {len(rounds) - 1} refresh(es) of the negatives, every {every} steps")
+    ctx.result.details["self_mining"] = {"every_steps": every, "rounds": len(rounds), "changed": {}}
+    return rounds
+
+
+def _global_batch(section, scope: str, ctx):
+    """``section`` with its global batch: ``per_device`` scope multiplies ``batch_size`` by the processes."""
+    if scope != "per_device":
+        return section
+    world = ctx.accelerator.num_processes
+    ctx.log(f"batch_size {section.batch_size} per device x {world} process(es): global batch "
+            f"{section.batch_size * world}")
+    return section.model_copy(update={"batch_size": section.batch_size * world})
+
+
+def _self_mining(recipe: HyReCRecipe, run: RunInputs, ctx) -> Callable[[int], None]:
+    """``refresh(r)``: round ``r``'s negatives for every example, mined by the model being trained
+    (:func:`~medadapt.hyrec.data.remine_negatives`; the main process mines, the others read) and kept in
+    ``<checkpoints>/self-mining/round-<r>.json`` with the run's fingerprint, so a resume inside round ``r``
+    reuses them instead of mining with the weights it resumed from. The fraction of examples whose
+    negatives changed goes to ``details["self_mining"]["changed"]``."""
+    neg, examples = recipe.negatives, run.examples
+
+    def refresh(r: int) -> None:
+        path = ctx.checkpoint_dir / "self-mining" / f"round-{r}.json"
+        with ctx.accelerator.main_process_first():
+            saved = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
+            negatives = saved.get("negatives") if saved.get("fingerprint") == ctx.fingerprint else None
+            if negatives is None or len(negatives) != len(examples):
+                negatives = remine_negatives(examples, run.data, recipe.data.train_split, run.model,
+                                             window=neg.window, num_negatives=neg.num, seed=recipe.training.seed + r,
+                                             show_progress=ctx.show_progress)
+                if ctx.is_main:
+                    atomic_write_json(path, {"fingerprint": ctx.fingerprint, "round": r, "negatives": negatives})
+        changed = sum(e.negatives[: neg.num] != n[: neg.num] for e, n in zip(examples, negatives))
+        for e, n in zip(examples, negatives):
+            e.negatives = n
+        ctx.result.details["self_mining"]["changed"][str(r)] = changed / len(examples)
+        ctx.log(f"self-mining round {r}: the model's own negatives ({changed} of {len(examples)} examples changed)")
+
+    return refresh
+
+
+def _prefinetune_examples(pre: PrefinetuneSection, pairs: list[tuple[str, str]], ctx) -> list[Example]:
+    """The preliminary fine-tuning's examples: ``pairs`` scored by ``pre.scorer`` (through the run's
+    EmbeddingCache) and kept at cosine ``>= pre.min_score``; records the counts in
+    ``ctx.result.details["prefinetune"]``."""
+    scores = None
+    if pre.scorer is not None:
+        scorer = load(pre.scorer, device=ctx.device)
+        scores = score_pairs(scorer, pairs, cache=ctx.cache, batch_size=pre.score_batch_size,
+                             show_progress=ctx.show_progress)
+        del scorer
+    kept = filter_pairs(pairs, scores, pre.min_score, max_pairs=pre.max_pairs, seed=ctx.recipe.training.seed)
+    n_pass = len(pairs) if scores is None else sum(s >= pre.min_score for s in scores)
+    ctx.result.details["prefinetune"] = {"pairs": len(pairs), "passed_filter": n_pass, "train_examples": len(kept),
+                                         "scorer": pre.scorer, "min_score": pre.min_score}
+    return kept
+
+
+def _pretrain_texts(pt: PretrainSection, data, splits: list[str], ctx) -> list[str]:
+    """The pre-training texts (see :class:`~medadapt.hyrec.sections.PretrainSection`): distinct, shuffled
+    with the run's seed, capped at ``max_texts``. ``data``: the recipe's loaded BEIR data when ``pt.data`` is
+    unset."""
+    texts: list[str] = []
+    if data is None:
+        path = Path(ctx.resolve(pt.data))
+        if path.is_dir():
+            data = load_beir(path, splits or None)
+        elif path.is_file():
+            if pt.query_splits:
+                raise ConfigError(f"pretrain.query_splits needs a BEIR folder as pretrain.data, not a file "
+                                  f"({path})")
+            texts = [field(obj, "text", str, path, n) for n, obj in iter_jsonl(path, "pre-training texts")]
+        else:
+            raise DataError(f"pre-training texts not found: {path} (a BEIR folder or a JSONL file of "
+                            "{\"text\": ...} lines)")
+    if data is not None:
+        for s in splits:
+            texts += list(data.split_queries(s).values())
+        if pt.include_corpus:
+            texts += data.doc_texts()
+    texts = [t for t in dict.fromkeys(texts) if t.strip()]
+    if not texts:
+        raise DataError(f"pretrain: no texts ({pt.data or 'data.path'}: no corpus document or query)")
+    random.Random(ctx.recipe.training.seed).shuffle(texts)
+    return texts[: pt.max_texts] if pt.max_texts else texts

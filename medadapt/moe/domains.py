@@ -1,7 +1,7 @@
 """Domain routing of a trained MoE head: one residual scale per ``data.mix`` domain, chosen on its dev split, and
 a linear domain classifier giving each input ``gamma = sum_k p_k gamma_k`` (:meth:`MoEHead.scale_for`): domains
-want different interpolations ``v + gamma h``, and ``Router`` routes by task, not content. The classifier is a
-class-balanced logistic regression on the frozen embedding, fitted with deterministic L-BFGS in torch.
+want different interpolations ``v + gamma h``, and ``Router`` routes by task, not content. The classifier
+(:func:`medadapt.domains.fit_domain_classifier`) reads the frozen embedding.
 """
 
 from __future__ import annotations
@@ -11,9 +11,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import torch
-from torch import nn
 
 from medadapt.data import BeirDataset
+from medadapt.domains import fit_domain_classifier
 from medadapt.eval.retrieval import evaluate_retrieval
 from medadapt.moe.config import DOMAIN_SCALE_GRID
 from medadapt.moe.head import MoEHead
@@ -35,36 +35,6 @@ class DomainRouting:
     def as_dict(self) -> dict:
         return {"domains": self.domains, "scales": dict(zip(self.domains, self.scales)), "dev_ndcg@10": self.dev,
                 "dev_query_accuracy": self.dev_query_accuracy, "train_accuracy": round(self.train_accuracy, 4)}
-
-
-def fit_domain_classifier(features: Sequence[np.ndarray], l2: float = 1e-5, max_iter: int = 200
-                          ) -> tuple[torch.Tensor, torch.Tensor, float]:
-    """A multinomial logistic regression from rows of ``features[k]`` (domain ``k``'s embeddings) to ``k``:
-    class-balanced mean cross-entropy plus ``l2 * ||W||^2``, on L2-normalised rows, zero-initialised and
-    solved full-batch with L-BFGS (deterministic). Returns ``(weight, bias, training accuracy)``."""
-    if len(features) < 2 or any(len(f) == 0 for f in features):
-        raise ValueError("a domain classifier needs at least two domains, each with at least one text")
-    x = torch.nn.functional.normalize(torch.as_tensor(np.concatenate(features), dtype=torch.float32), dim=-1)
-    y = torch.cat([torch.full((len(f),), k, dtype=torch.long) for k, f in enumerate(features)])
-    counts = torch.tensor([len(f) for f in features], dtype=torch.float32)
-    weights = counts.sum() / (len(features) * counts)  # balanced: every domain weighs the same in the loss
-    linear = nn.Linear(x.shape[1], len(features))
-    nn.init.zeros_(linear.weight)
-    nn.init.zeros_(linear.bias)
-    opt = torch.optim.LBFGS(linear.parameters(), lr=1.0, max_iter=max_iter, line_search_fn="strong_wolfe")
-    loss_fn = nn.CrossEntropyLoss(weight=weights)
-
-    def closure():
-        opt.zero_grad()
-        loss = loss_fn(linear(x), y) + l2 * linear.weight.pow(2).sum()
-        loss.backward()
-        return loss
-
-    with torch.enable_grad():
-        opt.step(closure)
-    with torch.no_grad():
-        accuracy = float((linear(x).argmax(-1) == y).float().mean())
-    return linear.weight.detach().clone(), linear.bias.detach().clone(), accuracy
 
 
 def _best(scores: dict[float, float]) -> float:

@@ -14,6 +14,7 @@ import torch
 from torch import Tensor, nn
 
 from medadapt.adapters.stack import EmbeddingModule
+from medadapt.domains import domain_probabilities
 from medadapt.errors import ConfigError
 from medadapt.moe.config import MoEConfig
 from medadapt.moe.routing import RoutingMode, TopKRouter
@@ -106,8 +107,7 @@ class MoEHead(EmbeddingModule):
         """The domain classifier's probabilities (rows, domains) for raw embeddings ``v``."""
         if self.domain_router is None:
             raise ConfigError("this head has no domain routing (config.domains is empty)")
-        return torch.softmax(self.domain_router(nn.functional.normalize(v.reshape(-1, self.config.dim), dim=-1)),
-                             dim=-1)
+        return domain_probabilities(self.domain_router, v)
 
     def set_domains(self, domains: list[str], scales: list[float], weight: Tensor, bias: Tensor) -> None:
         """Install domain routing: ``domains`` with their residual ``scales`` and the fitted linear classifier

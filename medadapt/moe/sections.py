@@ -288,8 +288,6 @@ def _peers_problem(recipe: MoERecipe) -> str | None:
                 "fast path (model.freeze_backbone: true, no model.peft)")
     if recipe.head.kind == "none":
         return "eval.peers compares peer baselines with a trained head: set head.kind"
-    if recipe.branches:
-        return "eval.peers compares dense heads: a recipe with branches (per-mode metrics) takes no peers yet"
     return None
 
 

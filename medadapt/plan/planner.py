@@ -75,8 +75,10 @@ class PhasePlan:
         return self.weights_gb + self.gradients_gb + self.optimizer_gb + self.extra_gb
 
     def recipe_fix(self) -> str:
-        """The batch_size / gradient_accumulation_steps that keep the global batch with this accumulation."""
-        return (f"batch_size={math.ceil(self.global_batch / self.accumulation)} "
+        """The batch_size / gradient_accumulation_steps that keep the global batch with this accumulation (the
+        examples the recipe declares per step, global or per device, over the new accumulation)."""
+        declared = self.declared_batch_size * self.declared_accumulation
+        return (f"batch_size={math.ceil(declared / self.accumulation)} "
                 f"gradient_accumulation_steps={self.accumulation}")
 
 
@@ -198,11 +200,12 @@ def plan_recipe(recipe, hardware: Hardware | None = None, *, spec: PlanSpec | No
         act += ph.extra_bytes_per_example
         act_nockpt += ph.extra_bytes_per_example
         texts = sum(u.texts for u in ph.uses if archs[u.role] is not None)
+        batch = ph.batch_on(hw.num_gpus)  # a per-device batch_size: each device gets exactly its own
         # tokens through a transformer with gradients per optimizer step (cached / no-grad inputs excluded)
-        tokens = ph.global_batch * sum(u.texts * u.seq_len for u in ph.uses if archs[u.role] is not None and u.trains)
+        tokens = batch * sum(u.texts * u.seq_len for u in ph.uses if archs[u.role] is not None and u.trains)
         # GradCache keeps the whole optimizer step's embeddings and their gradients (float32), gathered
-        emb = ph.global_batch * texts * emb_dim * 4 * 2
-        pp = PhasePlan(ph.name, ph.global_batch, ph.batch_size, ph.gradient_accumulation_steps, tokens,
+        emb = batch * texts * emb_dim * 4 * 2
+        pp = PhasePlan(ph.name, batch, ph.batch_size, ph.gradient_accumulation_steps, tokens,
                        w / GiB, g / GiB, o / GiB, x / GiB, act / GiB, act_nockpt / GiB, embeddings_gb=emb / GiB,
                        checkpointing=ckpt)
         _fit(pp, hw, act, emb)

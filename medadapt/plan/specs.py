@@ -1,5 +1,6 @@
 """What a system's ``plan`` tells the planner about a recipe: the models it holds and the phases that train
-them. All sizes are global (the recipe's ``batch_size`` is split over the processes, as the trainers do).
+them. All sizes are global (the recipe's ``batch_size`` is split over the processes, as the trainers do), except
+a phase's ``batch_size`` when it is ``per_device``.
 """
 
 from __future__ import annotations
@@ -50,8 +51,8 @@ class Usage:
 
 @dataclass(frozen=True)
 class PhaseSpec:
-    """One training phase: ``batch_size`` examples per forward pass (global) and
-    ``gradient_accumulation_steps`` forward passes per optimizer step, as the recipe declares them."""
+    """One training phase: ``batch_size`` examples per forward pass (global; with ``per_device``, on each
+    device) and ``gradient_accumulation_steps`` forward passes per optimizer step, as the recipe declares them."""
 
     name: str
     batch_size: int
@@ -60,11 +61,17 @@ class PhaseSpec:
     embedding_dim: int = 0  # width of the embeddings GradCache keeps for the whole optimizer step
     #: activations per example outside the transformers of ``uses`` (e.g. RetroMAE's MLM logits), bytes
     extra_bytes_per_example: float = 0.0
+    #: ``batch_size`` is per device (HyReC's ``batch_size_scope: per_device``): N devices train N times as many
+    per_device: bool = False
 
     @property
     def global_batch(self) -> int:
-        """Examples per optimizer step (the paper's global batch)."""
+        """Examples per optimizer step as declared (on each device when ``per_device``)."""
         return self.batch_size * self.gradient_accumulation_steps
+
+    def batch_on(self, devices: int) -> int:
+        """Examples per optimizer step over ``devices`` devices (the paper's global batch)."""
+        return self.global_batch * (devices if self.per_device else 1)
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,7 @@ from medadapt.errors import ConfigError, MedAdaptError
 from medadapt.recipes.base import AlsoSection, RecipeBase
 
 __all__ = ["as_modes", "check_also_sets", "compare", "eval_set_name", "evaluate_also_sets", "metric_label",
-           "peer_warning", "primary_key", "redirect", "regression_warning"]
+           "peer_warning", "peers_as_modes", "primary_key", "redirect", "regression_warning"]
 
 _LABELS = {"ndcg": "nDCG", "mrr": "MRR", "map": "MAP", "recall": "Recall", "precision": "P", "f1": "F1",
            "accuracy": "Accuracy"}
@@ -97,7 +97,19 @@ def peer_warning(peer: str, label: str, trained: dict[str, float], scores: dict[
                  metric: str) -> str | None:
     """The warning line when peer baseline ``peer`` beats the trained model on ``metric`` on set ``label``, else
     ``None``."""
-    if metric not in trained or metric not in scores or not scores[metric] > trained[metric]:
+    key = metric if metric in trained else f"hybrid/{metric}"  # a composed model is served in hybrid mode
+    theirs = scores.get(metric, scores.get(f"dense/{metric}"))  # a peer is a dense model
+    if key not in trained or theirs is None or not theirs > trained[key]:
         return None
-    return (f"warning: the {peer} trained in this run beats the head on {label}: {metric_label(metric)} "
-            f"{scores[metric]:.4f} > {trained[metric]:.4f}")
+    return (f"warning: the {peer} trained in this run beats the head on {label}: {metric_label(key)} "
+            f"{theirs:.4f} > {trained[key]:.4f}")
+
+
+def peers_as_modes(metrics: dict[str, float], also: dict[str, dict[str, dict[str, float]]],
+                   peers: dict[str, dict]) -> dict[str, dict]:
+    """``peers`` with their (dense) metrics keyed as ``metrics`` and each ``also`` set's are (:func:`as_modes`),
+    so a composed model's card shows a peer beside its ``dense/`` rows."""
+    return {label: {**row, "metrics": as_modes(metrics, row["metrics"]),
+                    "also": {name: as_modes(also.get(name, {}).get("trained", {}), scores)
+                             for name, scores in row.get("also", {}).items()}}
+            for label, row in peers.items()}

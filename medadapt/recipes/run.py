@@ -28,7 +28,7 @@ from medadapt.io import (FolderKind, atomic_write_json, atomic_write_text, check
 from medadapt.models import check_device, load
 from medadapt.recipes import registry
 from medadapt.recipes.also import (as_modes, check_also_sets, eval_set_name, evaluate_also_sets, peer_warning,
-                                   regression_warning)
+                                   peers_as_modes, regression_warning)
 from medadapt.recipes.base import RecipeBase
 from medadapt.recipes.loader import load_recipe
 from medadapt.training.checkpoint import CheckpointConfig
@@ -346,7 +346,7 @@ def _write_card(recipe: RecipeBase, model, result: RunResult, output_dir: Path, 
     write_card(output_dir, descriptions=descriptions, adapter=adapter, recipe=recipe.model_dump(mode="json"),
                metrics=result.metrics, baseline=result.baseline, eval_split=ev.split,
                data=ev.data or recipe.data.path, train_seconds=result.train_seconds, standalone=not adapter_only,
-               also=result.also, peers=result.peers)
+               also=result.also, peers=peers_as_modes(result.metrics, result.also, result.peers))
 
 
 def _jsonable(obj):

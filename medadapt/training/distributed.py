@@ -5,6 +5,7 @@ computes the global loss and gradients are averaged (:func:`average_gradients`),
 
 from __future__ import annotations
 
+import functools
 import os
 from collections.abc import Iterable
 
@@ -12,9 +13,9 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-__all__ = ["average_gradients", "broadcast_parameters", "close_process_group", "fsdp_outside_modules",
-           "fsdp_requested", "fsdp_wrap_policy", "gather_with_grad", "is_distributed", "shard_bounds",
-           "use_fsdp_wrap_policy"]
+__all__ = ["average_gradients", "broadcast_parameters", "close_process_group", "closes_process_group",
+           "fsdp_outside_modules", "fsdp_requested", "fsdp_wrap_policy", "gather_with_grad", "is_distributed",
+           "shard_bounds", "use_fsdp_wrap_policy"]
 
 
 def is_distributed() -> bool:
@@ -123,6 +124,20 @@ def close_process_group() -> None:
     whole launch."""
     if dist.is_available() and dist.is_initialized():
         dist.destroy_process_group()
+
+
+def closes_process_group(command):
+    """Decorate a command that may run under ``accelerate launch``: every process closes the process group when
+    it returns or fails (:func:`close_process_group`)."""
+
+    @functools.wraps(command)
+    def run(*args, **kwargs):
+        try:
+            return command(*args, **kwargs)
+        finally:
+            close_process_group()
+
+    return run
 
 
 def shard_bounds(n: int, rank: int, world: int) -> tuple[int, int]:

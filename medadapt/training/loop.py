@@ -212,26 +212,14 @@ def _release(sch: _Schedule) -> None:
         p.grad = None
 
 
-class _ScaleGrad(torch.autograd.Function):
-    """Identity forward; backward multiplies the gradient by ``factor``."""
-
-    @staticmethod
-    def forward(ctx, tensor: Tensor, factor: float) -> Tensor:
-        ctx.factor = factor
-        return tensor.view_as(tensor)
-
-    @staticmethod
-    def backward(ctx, grad: Tensor):
-        return grad * ctx.factor, None
-
-
 def _gather(outputs: dict[str, Tensor], world: int = 1) -> dict[str, Tensor]:
     """Every process's outputs, in rank order; the local slice's gradient is scaled by ``world``, so the
     average of the processes' gradients is the global batch's (parameters the loss reads directly, such as a
     learnable temperature, keep their plain gradient)."""
     def one(v: Tensor) -> Tensor:
         if world > 1 and v.requires_grad:
-            v = _ScaleGrad.apply(v, float(world))
+            v = v.view_as(v)
+            v.register_hook(lambda grad: grad * float(world))
         return gather_with_grad(v)
 
     return {k: one(v) if isinstance(v, Tensor) else v for k, v in outputs.items()}
@@ -392,57 +380,38 @@ def train(
     was_training = model.training
     model.train()
     autocast = accelerator.autocast if accelerator is not None else contextlib.nullcontext
+    every = checkpoint.every_steps if checkpoint is not None else 0
     step = 0
     try:
         with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
             for stage_index, stage in enumerate(stages):
-                n_steps = stage.steps()
+                n_steps, sch = stage.steps(), schedule_of[id(stage)]
                 if step + n_steps <= resume:  # finished before the resume point
                     step += n_steps
-                    result.stage_steps[stage.name] = n_steps
-                    if last_stage_of[id(schedule_of[id(stage)])] == stage_index:
-                        _release(schedule_of[id(stage)])
-                    continue
-                sch = schedule_of[id(stage)]
-                if stage.on_start is not None:
-                    stage.on_start()
-                done_in_stage = 0
-                eff = stage.optim.effective_batch_size
-                k = stage.optim.gradient_accumulation_steps
-                epoch = 0
-                while done_in_stage < n_steps:
-                    if stage.batches is not None:
-                        plan = [list(b) for b in stage.batches(epoch)]
-                    else:
-                        gen = torch.Generator().manual_seed(seed * 1_000_003 + stage_index * 10_007 + epoch)
-                        order = torch.randperm(stage.n_items, generator=gen).tolist()
-                        plan = [order[begin: begin + eff] for begin in range(0, stage.n_items, eff)]
-                    for items in plan:
-                        if done_in_stage >= n_steps:
-                            break
+                else:
+                    if stage.on_start is not None:
+                        stage.on_start()
+                    for epoch, items in _stage_batches(stage, stage_index, seed, n_steps):
                         if step < resume:
                             step += 1
-                            done_in_stage += 1
                             continue
                         torch.manual_seed(seed * 7_919 + step)
                         if len(items) < world:  # a process would get no item: count the step, skip it
                             sch.scheduler.step()
                         else:
-                            row = _one_step(stage, sch, items, step, epoch, seed, k, rank, world, accelerator,
-                                            autocast, device)
+                            row = _one_step(stage, sch, items, step, epoch, seed, rank, world, accelerator, autocast,
+                                            device)
                             result.loss_history.append(row)
                             if progress is not None and rank == 0:
                                 progress(stage.name, step + 1, total, row)
                         step += 1
-                        done_in_stage += 1
-                        if checkpoint is not None and checkpoint.every_steps and step % checkpoint.every_steps == 0:
+                        if every and step % every == 0:
                             save(step)
-                    epoch += 1
+                    _check_finite_params(trained, step)  # nothing non-finite reaches a checkpoint or the model
+                    if stage.on_end is not None:
+                        stage.on_end()
+                    save(step)
                 result.stage_steps[stage.name] = n_steps
-                _check_finite_params(trained, step)  # nothing non-finite reaches a checkpoint or the model
-                if stage.on_end is not None:
-                    stage.on_end()
-                save(step)
                 if last_stage_of[id(sch)] == stage_index:
                     _release(sch)
             if not stages and not had_checkpoint:
@@ -453,6 +422,24 @@ def train(
         _unwrap_fsdp(wrapped["fsdp"], registry, accelerator)
     result.seconds = time.perf_counter() - start_time
     return result
+
+
+def _stage_batches(stage: Stage, stage_index: int, seed: int, n_steps: int):
+    """``(epoch, items)`` of the stage's first ``n_steps`` global batches: ``stage.batches``, else a seeded
+    permutation of the items cut into effective batches, epoch after epoch."""
+    done, epoch, eff = 0, 0, stage.optim.effective_batch_size
+    while done < n_steps:
+        if stage.batches is not None:
+            plan = [list(b) for b in stage.batches(epoch)]
+        else:
+            gen = torch.Generator().manual_seed(seed * 1_000_003 + stage_index * 10_007 + epoch)
+            order = torch.randperm(stage.n_items, generator=gen).tolist()
+            plan = [order[begin: begin + eff] for begin in range(0, stage.n_items, eff)]
+        plan = plan[: n_steps - done]
+        for items in plan:
+            yield epoch, items
+        done += len(plan)
+        epoch += 1
 
 
 def _torch_optimizer(optimizer):
@@ -599,10 +586,11 @@ def _unwrap_fsdp(root: nn.Module, registry: list[tuple[nn.Module, str, nn.Parame
         models[:] = [m for m in models if m is not root]
 
 
-def _one_step(stage: Stage, sch: _Schedule, items: list[int], step: int, epoch: int, seed: int, k: int, rank: int,
+def _one_step(stage: Stage, sch: _Schedule, items: list[int], step: int, epoch: int, seed: int, rank: int,
               world: int, accelerator, autocast, device) -> dict[str, Any]:
-    """Forward (in ``k`` chunks when accumulating), global loss, backward, clip, optimiser step."""
-    n_chunks = max(1, min(k, len(items) // world))
+    """Forward (in ``gradient_accumulation_steps`` chunks when accumulating), global loss, backward, clip,
+    optimiser step."""
+    n_chunks = max(1, min(stage.optim.gradient_accumulation_steps, len(items) // world))
     chunk_items = [items[a:b] for a, b in (shard_bounds(len(items), j, n_chunks) for j in range(n_chunks))]
     batches = []
     for chunk in chunk_items:

@@ -1,17 +1,26 @@
-"""What ``medadapt eval`` runs for its options: checks first (before any data or model is read), then one
-evaluation: a paired comparison, an MTEB task, a suite, or one task of any kind through
-:func:`medadapt.eval.tasks.evaluate` (any model or index, any mode it offers; formats: docs/evaluation.md)."""
+"""What ``medadapt eval`` runs for its options (:mod:`medadapt.cli.eval`): checks first (before any data or
+model is read), then one evaluation: a paired comparison, an MTEB task, a suite, or one task of any kind
+through :func:`medadapt.eval.tasks.evaluate` (any model or index, any mode it offers; formats:
+docs/evaluation.md)."""
 
 from __future__ import annotations
 
 import tempfile
 import time
 from contextlib import contextmanager
-from dataclasses import dataclass
 from pathlib import Path
+from types import SimpleNamespace
 
 from medadapt.cache import EmbeddingCache
-from medadapt.cli._common import check_backend_option, choices, console
+from medadapt.cli._common import (
+    Instructions,
+    Mode,
+    Task,
+    check_backend_option,
+    console,
+    quiet_libraries,
+    user_errors,
+)
 from medadapt.data.text import check_text
 from medadapt.encode import launch_state, launched_processes, process_device, share_encoding
 from medadapt.errors import MedAdaptError, warn
@@ -30,45 +39,14 @@ from medadapt.io import check_outputs
 from medadapt.models import check_device, load
 from medadapt.retrieval.encoders import offers_sparse
 from medadapt.retrieval.retriever import Retriever
+from medadapt.training.distributed import closes_process_group
 
 DEFAULT_MODEL = "minilm"
-Mode = choices("Mode", "dense", "lexical", "hybrid")  # which side of a model or index retrieval uses
-StsSimilarity = choices("StsSimilarity", "cosine", "dot", "model")
-Instructions = choices("Instructions", "auto", "on", "off")  # suites: the papers' instructions (auto: if aware)
-Route = choices("Route", "query", "document")
-Task = choices("Task", "retrieval", "rerank", "sts", "qa", "entity-linking", "recommendation")
 
 
-@dataclass(frozen=True)
-class EvalOptions:
-    """The options of ``medadapt eval``, as given (``model`` is ``None`` when not given)."""
-
-    model: str | None
-    data: str
-    split: str
-    task: Task
-    metrics: str | None
-    output: Path | None
-    plot: Path | None
-    batch_size: int
-    device: str | None
-    cache_dir: Path | None
-    no_cache: bool
-    quiet: bool
-    mode: Mode | None
-    query_prompt: str | None
-    similarity: StsSimilarity
-    route: Route | None
-    suite: str | None
-    data_dir: Path | None
-    suite_tasks: str | None
-    instructions: Instructions | None
-    no_instructions: bool
-    mteb_output: Path | None
-    mteb_task: str | None
-    compare: tuple[str, str] | None
-    backend: str
-    index: Path | None
+class EvalOptions(SimpleNamespace):
+    """The options of ``medadapt eval`` as given, one attribute per parameter of
+    :func:`medadapt.cli.eval.eval_cmd` (``model`` is ``None`` when not given)."""
 
     @property
     def model_name(self) -> str:
@@ -89,7 +67,15 @@ def cache_for(cache_dir: Path | None, no_cache: bool):
         yield EmbeddingCache(tmp)
 
 
-def run_eval(o: EvalOptions) -> None:
+@closes_process_group
+def run_eval(verbose: bool, **given) -> None:
+    """``medadapt eval`` with its options as given (:mod:`medadapt.cli.eval`)."""
+    quiet_libraries()
+    with user_errors():
+        evaluate_options(EvalOptions(**given))
+
+
+def evaluate_options(o: EvalOptions) -> None:
     """Check ``o`` and run the one evaluation it asks for."""
     check_options(o)
     if o.compare is not None or o.mteb_task is not None:
