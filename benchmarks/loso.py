@@ -99,6 +99,8 @@ def main() -> int:
                    help="folds and trained models go here (outside the repository)")
     p.add_argument("--moe-recipe", type=Path, default=REPO / "recipes" / "med-moe-embed.yaml")
     p.add_argument("--moe-label", default=None, help="row label of the moe model (default: from --moe-recipe)")
+    p.add_argument("--moe-set", action="append", default=[], metavar="KEY=VALUE",
+                   help="recipe override of the moe run (repeatable), e.g. eval.peers=[]")
     p.add_argument("--care-recipe", type=Path, default=REPO / "recipes" / "care-minilm-1layer.yaml")
     p.add_argument("--care-stage1", default="broad",
                    help="comma-separated: 'broad' (all documents and questions), 'recipe' (as shipped), "
@@ -191,7 +193,8 @@ def main() -> int:
         if "moe" in models:
             from medadapt.recipes import load_recipe, run_recipe
 
-            recipe = load_recipe(args.moe_recipe, [f"data.path={fold}", "eval.split=test-in", "eval.expected={}"])
+            recipe = load_recipe(args.moe_recipe, [f"data.path={fold}", "eval.split=test-in", "eval.expected={}",
+                                                    *args.moe_set])
             t = time.perf_counter()
             res = run_recipe(recipe, args.work / "runs" / f"moe-{source}", cache=cache, show_progress=False,
                              evaluate=False, overwrite=True, log=lambda _m: None)
