@@ -14,7 +14,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-__all__ = ["domain_probabilities", "fit_domain_classifier"]
+__all__ = ["domain_mix", "domain_probabilities", "fit_domain_classifier"]
 
 
 def fit_domain_classifier(features: Sequence[np.ndarray], l2: float = 1e-5, max_iter: int = 200
@@ -52,3 +52,9 @@ def domain_probabilities(classifier: nn.Linear, v: Tensor) -> Tensor:
     L2-normalised first as in :func:`fit_domain_classifier`."""
     v = v.reshape(-1, classifier.in_features).to(classifier.weight.dtype)
     return torch.softmax(classifier(nn.functional.normalize(v, dim=-1)), dim=-1)
+
+
+def domain_mix(classifier: nn.Linear, v: Tensor, values: Tensor) -> Tensor:
+    """Per row of ``v`` the per-domain ``values`` (domains,) mixed by the classifier: ``sum_k p_k values_k``."""
+    probs = domain_probabilities(classifier, v)
+    return probs @ values.to(device=probs.device, dtype=probs.dtype)

@@ -35,7 +35,7 @@ import medadapt.hyrec.train as hyrec_train
 from medadapt.adapters.compose import base_kind
 from medadapt.cache import backbone_view
 from medadapt.config import Section
-from medadapt.data import load_beir, merge_beir
+from medadapt.data import BeirDataset, load_beir, merge_beir
 from medadapt.domains import fit_domain_classifier
 from medadapt.errors import ConfigError
 from medadapt.hyrec.data import CachedDenseInputs, SharedStateCache, build_examples, share_miner_encoding
@@ -199,8 +199,9 @@ def build_and_train(model, section: HyReCLexicalBranch, recipe, ctx):
     if section.eval.domain_weights and len(domains) < 2:
         raise ConfigError("branches.hyrec_lexical.eval.domain_weights needs the recipe's data.mix (two or more "
                           "domains)")
-    data = (merge_beir({name: load_beir(path, [split]) for name, path in domains.items()}) if domains
-            else load_beir(ctx.resolve(recipe.data.path), [split]))
+    splits = [split, section.eval.tune_split] if section.eval.domain_weights else [split]
+    parts = {name: load_beir(path, splits) for name, path in domains.items()}  # loaded once, tuned on below
+    data = merge_beir(parts) if parts else load_beir(ctx.resolve(recipe.data.path), [split])
     state_cache = SharedStateCache(ctx.cache if tr.state_cache == "disk" else None)
     view = backbone_view(hy.st)
     cache = ctx.cache
@@ -237,7 +238,7 @@ def build_and_train(model, section: HyReCLexicalBranch, recipe, ctx):
     hy.eval()
     ev = section.eval
     if ev.domain_weights:
-        _fit_domain_weights(hy, section, domains, split, state_cache, ctx)
+        _fit_domain_weights(hy, section, parts, split, state_cache, ctx)
     elif ev.tune_dense_weight:
         t0 = time.perf_counter()
         tune_data = load_beir(ctx.resolve(recipe.eval.data or recipe.data.path), [ev.tune_split])
@@ -264,8 +265,8 @@ def mix_domains(recipe, ctx) -> dict[str, str]:
     return {name: ctx.resolve(path) for name, path in paths().items()}
 
 
-def _fit_domain_weights(hy: HyReCModel, section: HyReCLexicalBranch, domains: dict[str, str], split: str,
-                        state_cache, ctx) -> None:
+def _fit_domain_weights(hy: HyReCModel, section: HyReCLexicalBranch, domains: dict[str, BeirDataset],
+                        split: str, state_cache, ctx) -> None:
     """``eval.domain_weights``: each domain's dense weight on its own ``tune_split``, then a domain classifier
     (:func:`medadapt.domains.fit_domain_classifier`) on the frozen pooled embeddings of every domain's training
     queries and corpus, read from the run's cache, installed on the branch."""
@@ -273,7 +274,7 @@ def _fit_domain_weights(hy: HyReCModel, section: HyReCLexicalBranch, domains: di
     chosen, curves, feats, names = [], {}, [], list(domains)
     view = backbone_view(hy.st)
     for name in names:
-        tune_data = load_beir(domains[name], [split, ev.tune_split])
+        tune_data = domains[name]
         best, scores = tune_dense_weight(hy, tune_data, ev.tune_split, ev.tune_dense_weight, cache=ctx.cache,
                                          state_cache=state_cache, dense_source=ev.dense_source,
                                          batch_size=ev.batch_size, show_progress=ctx.show_progress,

@@ -36,7 +36,7 @@ from torch import Tensor, nn
 from medadapt.adapters.compose import base_kind
 from medadapt.adapters.files import ADAPTER_FOLDER, write_adapter
 from medadapt.checksums import SUMS, ChecksumError, verify_sums, write_sums
-from medadapt.domains import domain_probabilities
+from medadapt.domains import domain_mix
 from medadapt.errors import ConfigError, ModelLoadError, warn
 from medadapt.hyrec.bagging import WordVocab, group_words, sparse_from_tokens
 from medadapt.hyrec.data import UnionLabelCache
@@ -705,10 +705,9 @@ class HyReCModel(nn.Module):
         cfg, clf = self.config, self.branch.domain_classifier
         if clf is None:
             return torch.ones(pooled.shape[0])
+        inverse = 1.0 / torch.tensor(cfg.domain_dense_weights)
         with torch.no_grad():
-            probs = domain_probabilities(clf, pooled.float()).cpu()
-        inverse = 1.0 / torch.tensor(cfg.domain_dense_weights, dtype=probs.dtype)
-        return cfg.dense_weight * (probs @ inverse)
+            return cfg.dense_weight * domain_mix(clf, pooled.float(), inverse).cpu()
 
     def _label_cache(self):
         if getattr(self, "_labels", None) is None:

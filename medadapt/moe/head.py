@@ -14,7 +14,7 @@ import torch
 from torch import Tensor, nn
 
 from medadapt.adapters.stack import EmbeddingModule
-from medadapt.domains import domain_probabilities
+from medadapt.domains import domain_mix, domain_probabilities
 from medadapt.errors import ConfigError
 from medadapt.moe.config import MoEConfig
 from medadapt.moe.routing import RoutingMode, TopKRouter
@@ -100,8 +100,7 @@ class MoEHead(EmbeddingModule):
         the domain classifier's probabilities times the domains' scales, shape (rows, 1)."""
         if self.domain_router is None or not self.domain_routing:
             return self.residual_scale
-        probs = self.domain_probabilities(v)
-        return (probs @ self.domain_gammas.to(probs.dtype)).unsqueeze(-1)
+        return domain_mix(self.domain_router, v, self.domain_gammas).unsqueeze(-1)
 
     def domain_probabilities(self, v: Tensor) -> Tensor:
         """The domain classifier's probabilities (rows, domains) for raw embeddings ``v``."""
