@@ -114,6 +114,10 @@ def main() -> int:
                    help="held-out sources CARE runs on (default: the first fold only; CARE is slow on a CPU)")
     p.add_argument("--hybrid-recipe", type=Path, default=REPO / "recipes" / "med-moe-embed-hybrid.yaml")
     p.add_argument("--hybrid-sources", default=None, help="held-out sources the composed hybrid runs on (default: all)")
+    p.add_argument("--hybrid-label", default="MoE + learned lexical (med-moe-embed-hybrid.yaml), hybrid",
+                   help="row label of the hybrid model")
+    p.add_argument("--hybrid-set", action="append", default=[], metavar="KEY=VALUE",
+                   help="override of --hybrid-recipe (repeatable), e.g. eval.also=[]")
     p.add_argument("--composed-base-recipe", type=Path, default=REPO / "recipes" / "care-minilm-query-ft.yaml")
     p.add_argument("--composed-recipe", type=Path, default=REPO / "recipes" / "care-query-ft-moe-hybrid.yaml")
     p.add_argument("--composed-base", default=None,
@@ -222,8 +226,8 @@ def main() -> int:
                 suffix = f", {args.care_label}" if args.care_label else ""
                 row(f"CARE {tower}, {label}{suffix}", source, scores, seconds, reference)
         if "hybrid" in models and source in hybrid_held:
-            _hybrid_row(row, args.hybrid_recipe, [], args.work / "runs" / f"hybrid-{source}", fold, source, data,
-                        cache, reference, "MoE + learned lexical (med-moe-embed-hybrid.yaml), hybrid")
+            _hybrid_row(row, args.hybrid_recipe, args.hybrid_set, args.work / "runs" / f"hybrid-{source}", fold,
+                        source, data, cache, reference, args.hybrid_label)
         if "composed" in models and source in composed_held:
             from medadapt.recipes import load_recipe, run_recipe
 

@@ -63,8 +63,8 @@ def effective_prompt(model, role: Role, prompt: str | None = None, prompt_name: 
     for name in {"query": ("query",), "document": ("document", "passage", "corpus")}.get(role, ()):
         if name in prompts:
             return prompts[name]
-    default = getattr(model, "default_prompt_name", None)
-    return prompts.get(default, "") if role == "plain" and default else ""
+    default = getattr(model, "default_prompt_name", None)  # ST falls back to it for every role
+    return prompts.get(default, "") if default else ""
 
 
 def is_embedding_module(module) -> bool:

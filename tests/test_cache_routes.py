@@ -255,3 +255,19 @@ def test_plain_role_keys_the_whole_asym_model(towers, tmp_path):
     got = cache.encode(asym, DOCS, show_progress=False)
     np.testing.assert_allclose(got, asym.encode(DOCS), atol=1e-5)  # default route: document
     assert cache.namespace(asym, "plain", "")[1]["model"] != cache.fingerprint(d_st)
+
+
+@pytest.mark.parametrize("prompts,default", [({"cls": "classify: "}, "cls"),
+                                             ({"query": "query: ", "cls": "classify: "}, "cls"),
+                                             ({"document": "passage: "}, None)])
+def test_cached_prompts_match_sentence_transformers(tiny_bert, tmp_path, prompts, default):
+    """Per role the cache prepends what sentence-transformers' own encode_query / encode_document / encode do,
+    also for a model whose only prompt is its default one (ST applies it to ``encode`` alone)."""
+    tiny_bert.prompts, tiny_bert.default_prompt_name = dict(prompts), default
+    cache = EmbeddingCache(tmp_path)
+    for role, plain in (("query", tiny_bert.encode_query), ("document", tiny_bert.encode_document),
+                        ("plain", tiny_bert.encode)):
+        got = cache.encode(tiny_bert, QUERIES, role=role, show_progress=False)
+        np.testing.assert_allclose(got, plain(QUERIES, normalize_embeddings=True), atol=1e-5, err_msg=role)
+    without = tiny_bert.encode(QUERIES, prompt="")
+    assert not np.allclose(tiny_bert.encode(QUERIES), without) or default is None  # the prompt changes the output

@@ -160,3 +160,34 @@ def test_domain_routing_without_a_mix_is_one_clear_error(tiny_bert_dir, tmp_path
         load_recipe(data)
     with pytest.raises(ConfigError, match="domain_scale_grid"):
         load_recipe(_mix_recipe(tiny_bert_dir, alpha, alpha, domain_scale_grid=[1.5]))
+
+
+def test_default_grid_keeps_a_domain_the_head_hurts_frozen(tiny_bert_dir, tmp_path, monkeypatch):
+    """The default grid runs 0 ... 0.5: a domain whose dev score only falls with the scale gets 0 (the frozen
+    embedding), one whose dev score keeps rising gets the cap 0.5, never the full correction."""
+    import medadapt
+    from medadapt.moe import domains as routing_module
+    from medadapt.moe.config import DOMAIN_SCALE_GRID
+    from medadapt.recipes import load_recipe, run_recipe
+
+    monkeypatch.setenv("MEDADAPT_CACHE", str(tmp_path / "cache"))
+    alpha = build_synonym_beir(tmp_path / "alpha", 2, dev=True)
+    beta = build_synonym_beir(tmp_path / "beta", 3, TOPICS[: len(TOPICS) // 2], dev=True)
+    real = routing_module.evaluate_retrieval
+    seen = []
+
+    def scored(model, data, split, metrics, **kw):  # alpha gains with the scale, beta loses with it
+        head = next(m for m in model.modules() if isinstance(m, MoEHead))
+        seen.append((data.root.name, head.residual_scale))
+        sign = 1.0 if data.root.name == "alpha" else -1.0
+        return {"ndcg@10": 0.5 + sign * head.residual_scale}
+
+    monkeypatch.setattr(routing_module, "evaluate_retrieval", scored)
+    recipe = load_recipe(_mix_recipe(tiny_bert_dir, alpha, beta, domain_routing=True))
+    run_recipe(recipe, tmp_path / "run", show_progress=False, evaluate=False, log=lambda _m: None)
+    monkeypatch.setattr(routing_module, "evaluate_retrieval", real)
+    assert sorted({g for _, g in seen}) == sorted(DOMAIN_SCALE_GRID) and max(DOMAIN_SCALE_GRID) == 0.5
+    routing = json.loads((tmp_path / "run" / "train_log.json").read_text())["domain_routing"]
+    assert routing["scales"] == {"alpha": 0.5, "beta": 0.0}
+    head = next(m for m in medadapt.load(tmp_path / "run", device="cpu").modules() if isinstance(m, MoEHead))
+    assert head.config.domain_scales == [0.5, 0.0]

@@ -160,7 +160,9 @@ def test_every_kind_scores_its_sets_as_its_own_split(kind, tiny_bert_dir, tiny_q
             {k: row["trained"][k] - row["base"][k] for k in row["base"]}, abs=1e-12)
         if kind in ("hyrec", "moe-hybrid"):  # per mode; the base is the dense one
             assert {"lexical/ndcg@10", "dense/ndcg@10", "hybrid/ndcg@10"} <= set(row["trained"])
-            assert set(row["base"]) == set(row["delta"]) and all(k.startswith("dense/") for k in row["base"])
+            assert set(row["base"]) == set(row["delta"]) and all(k.startswith(("dense/", "hybrid/")) for k in row["base"])
+            for metric in ("ndcg@10",):  # the served hybrid and the dense side are each set beside the plain base
+                assert row["base"][f"hybrid/{metric}"] == row["base"][f"dense/{metric}"]
     assert json.loads((tmp_path / "run" / "metrics.json").read_text())["also"]["swapped/test"]["trained"] \
         == pytest.approx(res.also["swapped/test"]["trained"], abs=1e-6)
     if kind == "moe-care-query":
@@ -176,18 +178,23 @@ def test_every_kind_scores_its_sets_as_its_own_split(kind, tiny_bert_dir, tiny_q
         assert abs(trained.encode_document(docs) - base.encode_document(docs)).max() < 1e-6
 
 
-def test_per_mode_rows_compare_the_dense_mode_with_the_plain_base():
-    """A hybrid model's `<mode>/<metric>` beside a plain (dense) base: the base becomes `dense/`, the delta and
-    the warning use the first metric's dense mode; equal scores give no warning."""
+def test_per_mode_rows_compare_the_dense_and_hybrid_modes_with_the_plain_base():
+    """A hybrid model's `<mode>/<metric>` beside a plain (dense) base: the base stands beside `dense/` and the
+    served `hybrid/` rows, never `lexical/`; the warning reads the first metric's hybrid mode (what is served);
+    equal scores give no warning."""
     from medadapt.recipes.also import compare, regression_warning
 
     trained = {"lexical/ndcg@10": 0.5, "dense/ndcg@10": 0.375, "hybrid/ndcg@10": 0.9, "dense/mrr@10": 0.25,
-               "lexical/q_terms": 7.0}
+               "hybrid/mrr@10": 0.125, "lexical/q_terms": 7.0}
     row = compare(trained, {"ndcg@10": 0.4, "mrr@10": 0.2})
-    assert row["base"] == {"dense/ndcg@10": 0.4, "dense/mrr@10": 0.2}
-    assert row["delta"] == pytest.approx({"dense/ndcg@10": -0.025, "dense/mrr@10": 0.05})
-    assert regression_warning("x/test", row, "ndcg@10") == \
+    assert row["base"] == {"dense/ndcg@10": 0.4, "dense/mrr@10": 0.2, "hybrid/ndcg@10": 0.4, "hybrid/mrr@10": 0.2}
+    assert row["delta"] == pytest.approx({"dense/ndcg@10": -0.025, "dense/mrr@10": 0.05, "hybrid/ndcg@10": 0.5,
+                                          "hybrid/mrr@10": -0.075})
+    assert regression_warning("x/test", row, "ndcg@10") is None  # the dense side is below, the served model above
+    assert regression_warning("x/test", row, "mrr@10") == \
+        "warning: trained model is below the frozen base on x/test: hybrid/MRR@10 0.1250 < 0.2000 (-0.0750)"
+    dense_only = compare({"dense/ndcg@10": 0.375}, {"ndcg@10": 0.4})
+    assert regression_warning("x/test", dense_only, "ndcg@10") == \
         "warning: trained model is below the frozen base on x/test: dense/nDCG@10 0.3750 < 0.4000 (-0.0250)"
-    assert regression_warning("x/test", row, "mrr@10") is None
     same = compare({"ndcg@10": 0.4}, {"ndcg@10": 0.4})
     assert regression_warning("x/test", same, "ndcg@10") is None

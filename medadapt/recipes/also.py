@@ -36,10 +36,12 @@ def redirect(recipe: RecipeBase, entry: AlsoSection) -> RecipeBase:
 
 
 def as_modes(trained: dict[str, float], base: dict[str, float]) -> dict[str, float]:
-    """``base`` beside a hybrid model's per-mode metrics (``dense/…``, ...): a plain base is a dense model, so
-    its metrics become ``dense/<metric>``; otherwise ``base`` as it is."""
+    """``base`` beside a hybrid model's per-mode metrics (``dense/…``, ...): a plain base is a dense model, what
+    a user serves without the trained model, so its metrics stand beside both the ``dense/`` and the served
+    ``hybrid/`` rows (not the ``lexical/`` ones); otherwise ``base`` as it is."""
     if trained and all("/" in k for k in trained) and not any("/" in k for k in base):
-        return {f"dense/{k}": v for k, v in base.items()}
+        modes = [m for m in ("dense", "hybrid") if any(k.startswith(f"{m}/") for k in trained)]
+        return {f"{m}/{k}": v for m in modes for k, v in base.items()}
     return dict(base)
 
 
@@ -51,10 +53,12 @@ def compare(trained: dict[str, float], base: dict[str, float]) -> dict[str, dict
 
 
 def primary_key(row: dict[str, dict[str, float]], metric: str) -> str | None:
-    """The key of ``metric`` in ``row``'s delta: itself, or the first ``<mode>/<metric>``; ``None`` if neither."""
+    """The key of ``metric`` in ``row``'s delta: itself, else ``hybrid/<metric>`` (a composed model is served in
+    hybrid mode), else the first ``<mode>/<metric>``; ``None`` if none."""
     delta = row.get("delta", {})
-    if metric in delta:
-        return metric
+    for key in (metric, f"hybrid/{metric}"):
+        if key in delta:
+            return key
     return next((k for k in delta if k.rsplit("/", 1)[-1] == metric), None)
 
 
