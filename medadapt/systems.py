@@ -49,7 +49,8 @@ class System:
         report_notes: ``report_notes(run, analysis) -> [str]``: what ``medadapt report`` says about a run of
             this kind that shows no expert load (``None``: one neutral line).
         sparse_scorers: ``{encoder_tag: fn(encoder, data, split, mode, metrics, settings) -> metrics}``: how
-            evaluation scores the learned-sparse encoders it offers (default: an in-memory index).
+            evaluation scores the learned-sparse encoders it offers (default: an in-memory index); when
+            ``settings.runs`` is a list, the scorer appends the run it scored to it (paired comparisons).
     """
 
     kind: str

@@ -107,8 +107,9 @@ def test_cli_compare_runs_and_models(tmp_path, tiny_bert_dir, monkeypatch):
     from medadapt.cli import app
 
     monkeypatch.setenv("MEDADAPT_CACHE", str(tmp_path / "cache"))
-    corpus = {f"d{i}": ("", f"text {i}") for i in range(1, 6)} | {"x": ("", "noise")}
-    queries = {q: f"query {q}" for q in QRELS}
+    words = {"d1": "gout", "d2": "asthma", "d3": "anemia", "d4": "anemia", "d5": "migraine"}
+    corpus = {d: ("", f"{w} text {d}") for d, w in words.items()} | {"x": ("", "noise")}
+    queries = {q: f"query about {words[next(iter(rel))]}" for q, rel in QRELS.items()}  # BM25 finds them
     data = write_beir(tmp_path / "beir", corpus, queries, {"test": QRELS})
     for name, run in (("a.trec", RUN_A), ("b.trec", RUN_B)):
         lines = [f"{q} Q0 {d} {r} {s} t" for q, docs in run.items()
@@ -134,6 +135,21 @@ def test_cli_compare_runs_and_models(tmp_path, tiny_bert_dir, monkeypatch):
     ref = evaluate_retrieval(load(str(tiny_bert_dir)), load_beir(data, ["test"]), "test", ["ndcg@10"],
                              show_progress=False)["ndcg@10"]
     assert json.loads(out.read_text())["mean_b"] == pytest.approx(ref, abs=1e-6)
+    # --mode scores a model side as `medadapt eval --mode` does: the dense model's hybrid (dense + BM25) run
+    from medadapt.eval import evaluate
+    from medadapt.eval.tasks.retrieval import RetrievalTask
+
+    res = CliRunner().invoke(app, ["eval", "--compare", str(tmp_path / "a.trec"), str(tiny_bert_dir),
+                                   "--data", str(data), "--split", "test", "--mode", "hybrid", "--output", str(out),
+                                   "-q"])
+    assert res.exit_code == 0, res.output
+    task = RetrievalTask.create("beir").load_data(str(data), "test")
+    hybrid = evaluate(load(str(tiny_bert_dir)), task, metrics=["ndcg@10"], mode="hybrid").metrics["ndcg@10"]
+    assert json.loads(out.read_text())["mean_b"] == pytest.approx(hybrid, abs=1e-6)
+    assert abs(hybrid - ref) > 1e-6  # the BM25 side changed the ranking: the mode was not ignored
+    res = CliRunner().invoke(app, ["eval", "--compare", str(tmp_path / "a.trec"), str(tiny_bert_dir),
+                                   "--data", str(data), "--split", "test", "--mode", "lexical"])
+    assert res.exit_code == 1 and "error: mode lexical" in res.output
     res = CliRunner().invoke(app, ["eval", "--compare", str(tmp_path / "a.trec"), str(tmp_path / "b.trec"),
                                    "--data", str(data), "--metrics", "ndcg@10,map@10"])
     assert res.exit_code == 1 and "error: --compare takes one metric" in res.output

@@ -82,7 +82,8 @@ def evaluate_options(o: EvalOptions) -> None:
         with cache_for(o.cache_dir, o.no_cache) as cache:
             if o.compare is not None:
                 cli_compare(o.compare, o.data, o.split, o.metrics, o.output, cache=cache, device=o.device,
-                            batch_size=o.batch_size, quiet=o.quiet, console=console)
+                            batch_size=o.batch_size, quiet=o.quiet, console=console,
+                            mode=o.mode and o.mode.value)
             else:
                 cli_mteb_task(o.mteb_task, o.model_name, o.data, o.split, o.output, o.mteb_output, cache=cache,
                               device=o.device, batch_size=o.batch_size, quiet=o.quiet, console=console)

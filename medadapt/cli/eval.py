@@ -60,7 +60,8 @@ MtebTaskOpt = _opt(Optional[str], "Run this registered MTEB task (e.g. NFCorpus)
                                   "folder or a local copy of the task's dataset repository.")
 CompareOpt = _opt(Optional[tuple[str, str]], "Paired comparison of two runs (TREC run / JSON run files or models) "
                                              "on --data/--split: per-query nDCG@10 (or the first --metrics), "
-                                             "bootstrap CI, paired t-test.")
+                                             "bootstrap CI, paired t-test. A model is scored in --mode, else in its "
+                                             "own default mode (hybrid for a learned-lexical model).")
 IndexOpt = _opt(Optional[Path], "Evaluate this index folder (written by `medadapt index`) on --data / --split, "
                                 "searched with the model it records (or --model, checked against it).")
 

@@ -18,7 +18,8 @@ from medadapt.data.text import decode_json
 from medadapt.errors import DataError, MedAdaptError
 from medadapt.eval.metrics import Qrels, Run, parse_metric
 from medadapt.eval.metrics import per_query_values as per_query_scores
-from medadapt.eval.retrieval import evaluate_retrieval
+from medadapt.eval.tasks.base import evaluate
+from medadapt.eval.tasks.retrieval import RetrievalTask
 from medadapt.io import atomic_write_json
 from medadapt.models import load
 
@@ -190,22 +191,27 @@ def comparison_table(result: PairedComparison, title: str | None = None):
     return table
 
 
-def _run_of(source: str, data, split: str, metric: str, *, device, cache, batch_size: int, quiet: bool) -> Run:
-    """The run of ``source``: a run file (TREC or JSON), else a model (alias, folder, hub id) evaluated on
-    ``data`` (dense retrieval through the embedding cache)."""
+def _run_of(source: str, data, split: str, metric: str, mode: str | None, *, device, cache, batch_size: int,
+            quiet: bool) -> Run:
+    """The run of ``source``: a run file (TREC or JSON), else a model (alias, folder, hub id) scored on ``data``
+    as ``medadapt eval --mode`` scores it (``mode=None``: the model's own default, e.g. hybrid for a model with
+    a learned-lexical side), through the embedding cache."""
     path = Path(source).expanduser()
     if path.is_file():
         return read_run(path)
-    _, run = evaluate_retrieval(load(source, device=device), data, split, [metric], cache=cache,
-                                batch_size=batch_size, show_progress=not quiet, return_run=True)
-    return run
+    task = RetrievalTask.create(Path(str(data.root or 'data')).name).load_data(data, split)
+    runs: list = []
+    evaluate(load(source, device=device), task, metrics=[metric], mode=mode, cache=cache, batch_size=batch_size,
+             show_progress=not quiet, runs=runs)
+    return runs[-1]
 
 
 def cli_compare(runs: tuple[str, str], data: str, split: str, metrics: str | None, output: Path | None, *,
                 cache, device=None, batch_size: int = 64, quiet: bool = False, console=None,
-                n_resamples: int = 10_000, seed: int = 0) -> PairedComparison:
-    """``medadapt eval --compare RUN_A RUN_B --data DIR --split S``: the comparison table, and the JSON
-    (:meth:`PairedComparison.to_dict` with the per-query scores) with ``--output``."""
+                n_resamples: int = 10_000, seed: int = 0, mode: str | None = None) -> PairedComparison:
+    """``medadapt eval --compare RUN_A RUN_B --data DIR --split S [--mode M]``: the comparison table, and the JSON
+    (:meth:`PairedComparison.to_dict` with the per-query scores) with ``--output``. A model side is scored in
+    ``mode`` (default: its own, so a composed model in hybrid mode beside a dense one in dense mode)."""
     wanted = [m.strip() for m in metrics.split(",") if m.strip()] if metrics else ["ndcg@10"]
     if len(wanted) != 1:
         raise MedAdaptError("--compare takes one metric (--metrics ndcg@10, the default)")
@@ -215,8 +221,8 @@ def cli_compare(runs: tuple[str, str], data: str, split: str, metrics: str | Non
         raise MedAdaptError(str(exc)) from None
     dataset = load_beir(data, [split])
     qrels = dataset.qrels[split]
-    found = [_run_of(r, dataset, split, wanted[0], device=device, cache=cache, batch_size=batch_size, quiet=quiet)
-             for r in runs]
+    found = [_run_of(r, dataset, split, wanted[0], mode, device=device, cache=cache, batch_size=batch_size,
+                     quiet=quiet) for r in runs]
     judged = [r for r in found if set(r) & set(qrels)]
     if len(judged) < 2:
         raise MedAdaptError(f"a run shares no query id with the qrels of split {split!r} of {data}")

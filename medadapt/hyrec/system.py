@@ -37,8 +37,14 @@ def score_sparse(encoder, data, split: str, mode: str, metrics: list[str], setti
     side through the inverted index, hybrid as the NM sum, with ``q_terms`` / ``d_terms``. A dense side saved
     with its own token limit is the plain sentence-transformers model, read through the cache."""
     dense_source = "cache" if encoder.config.dense_max_length and settings.reuse_cache else "model"
-    return evaluate_hyrec(encoder, data, split, mode, metrics, cache=settings.cache, dense_source=dense_source,
-                          batch_size=settings.batch_size, show_progress=settings.show_progress)
+    want_run = settings.runs is not None
+    out = evaluate_hyrec(encoder, data, split, mode, metrics, cache=settings.cache, dense_source=dense_source,
+                         batch_size=settings.batch_size, show_progress=settings.show_progress, return_runs=want_run)
+    if not want_run:
+        return out
+    scores, runs = out
+    settings.runs.append(runs[mode])
+    return scores
 
 
 SYSTEM = register_system(System(

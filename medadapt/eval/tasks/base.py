@@ -99,6 +99,9 @@ class EvalSettings:
     show_progress: bool = False
     #: ``False``: the cache is thrown away after this run (``--no-cache``), so a model may compute instead
     reuse_cache: bool = True
+    #: a list: retrieval scorers also append each split's run (``{query id: {doc id: score}}``) to it, the
+    #: per-query input of a paired comparison (:func:`medadapt.eval.compare.cli_compare`)
+    runs: list | None = None
 
 
 @dataclass
@@ -221,13 +224,14 @@ def task_prompts(model, query_prompt: str | None, document_prompt: str | None) -
 def evaluate(model, task: EvalTask, *, metrics: Sequence[str] | None = None, mode: str | None = None,
              query_prompt: str | None = None, document_prompt: str | None = None, route: str | None = None,
              similarity: str = "cosine", cache=None, batch_size: int = 64, show_progress: bool = False,
-             reuse_cache: bool = True) -> TaskResult:
+             reuse_cache: bool = True, runs: list | None = None) -> TaskResult:
     """Score ``model`` on a loaded ``task``: the one evaluation entry point.
 
     ``model``: a SentenceTransformer (queries through ``encode_query``, documents through ``encode_document``),
     an index (:class:`~medadapt.retrieval.Retriever`) or an encoder with a learned-sparse side. ``mode``
     (retrieval): ``dense``, ``lexical`` or ``hybrid`` (default: an index's kind, a learned-sparse model's hybrid,
     else dense). The prompts are set on the model while the task runs; ``route`` and ``similarity`` are STS's.
+    ``runs``: a list that retrieval appends each scored run to.
     """
     if task.data is None:
         raise MedAdaptError(f"task {task.metadata.name} holds no data: load it first (task.load(folder, split) "
@@ -237,7 +241,7 @@ def evaluate(model, task: EvalTask, *, metrics: Sequence[str] | None = None, mod
     if metrics and task.fixed_metrics:
         raise MedAdaptError(f"metrics do not apply to {task.kind} (it reports {task.fixed_metrics})")
     settings = EvalSettings(tuple(metrics or task.metadata.metrics), mode, route, similarity, cache, batch_size,
-                            show_progress, reuse_cache)
+                            show_progress, reuse_cache, runs)
     with task_prompts(model, query_prompt, document_prompt):
         scores = task.score(model, settings)
     return TaskResult(task.metadata.name, task.kind, task.split or "", scores, query_prompt, document_prompt)

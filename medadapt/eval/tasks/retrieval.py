@@ -80,13 +80,17 @@ def corpus_documents(data: BeirDataset) -> Documents:
     return Documents(data.doc_ids, [d["text"] for d in docs], [d["title"] for d in docs])
 
 
-def retriever_metrics(retriever: Retriever, data: BeirDataset, split: str, metrics: list[str]) -> dict[str, float]:
-    """The metrics of ``retriever``'s results for the split's queries (depth: the largest cut-off, >= 100)."""
+def retriever_metrics(retriever: Retriever, data: BeirDataset, split: str, metrics: list[str],
+                      runs: list | None = None) -> dict[str, float]:
+    """The metrics of ``retriever``'s results for the split's queries (depth: the largest cut-off, >= 100);
+    the run is appended to ``runs`` when given."""
     depth = max([parse_metric(m)[1] for m in metrics] + [100])
     queries = data.split_queries(split)
     qids = list(queries)
     results = retriever.batch_search([queries[q] for q in qids], depth)
     run = {qid: {hit.id: hit.score for hit in res} for qid, res in zip(qids, results)}
+    if runs is not None:
+        runs.append(run)
     return evaluate_run(data.qrels[split], run, metrics)
 
 
@@ -104,7 +108,7 @@ def _in_memory(model, data: BeirDataset, split: str, metrics: list[str], s: Eval
     """``model`` through an index of the corpus built in memory (``build``: :meth:`Retriever.build`'s ``kind`` or
     ``config``), scored as it searches."""
     retriever = Retriever.build(corpus_documents(data), model, cache=s.cache, show_progress=s.show_progress, **build)
-    return retriever_metrics(retriever, data, split, metrics)
+    return retriever_metrics(retriever, data, split, metrics, s.runs)
 
 
 def _sparse_by_retriever(encoder, data: BeirDataset, split: str, mode: str, metrics: list[str],
@@ -125,14 +129,18 @@ def score_retrieval(model, data: BeirDataset, split: str, s: EvalSettings) -> di
     if mode not in modes:
         raise MedAdaptError(f"mode {mode}: {type(model).__name__} supports {' or '.join(modes)}")
     if isinstance(model, Retriever):
-        return retriever_metrics(one_side(model, mode), data, split, metrics)
+        return retriever_metrics(one_side(model, mode), data, split, metrics, s.runs)
     if encoder is not None:
         return sparse_scorer(encoder)(encoder, data, split, mode, metrics, s)
     if mode == "hybrid":  # dense + BM25, min-max fused with equal weights
         config = RetrieverConfig(kind="hybrid", batch_size=s.batch_size)
         return _in_memory(model, data, split, metrics, s, config=config)
-    return eval_retrieval.evaluate_retrieval(model, data, split, metrics, cache=s.cache, batch_size=s.batch_size,
-                                             show_progress=s.show_progress)
+    scores, run = eval_retrieval.evaluate_retrieval(model, data, split, metrics, cache=s.cache,
+                                                    batch_size=s.batch_size, show_progress=s.show_progress,
+                                                    return_run=True)
+    if s.runs is not None:
+        s.runs.append(run)
+    return scores
 
 
 @register_task_kind
