@@ -1,4 +1,4 @@
-"""Ablation on dev for recipes/medical-multidomain.yaml (issue 40): one head trained on MedQuAD + questiondoctors,
+"""Ablation on dev for recipes/medical-multidomain-dense.yaml (issue 40): one head trained on MedQuAD + questiondoctors,
 what each ingredient does on each domain's dev split.
 
     python benchmarks/multidomain.py --output benchmarks/results/multidomain_ablation.json

@@ -15,7 +15,7 @@ runs and scored here with the same metric code), the composed hybrid (``recipes/
 MoE head plus HyReC's learned-lexical branch, scored in hybrid mode with the fusion weight the recipe chooses on the
 training set's dev split) and the CARE query tower (``recipes/care-minilm-1layer.yaml``: a 1-layer query tower
 aligned to the frozen MiniLM document embeddings, read from the cache: documents are not re-encoded).
-``multidomain`` rows train on MedQuAD + questiondoctors together (``recipes/medical-multidomain.yaml``).
+``multidomain`` rows train on MedQuAD + questiondoctors together (``recipes/medical-multidomain-dense.yaml``).
 ``--rows`` picks the row groups to compute (the frozen model is always measured: every CI is against it).
 
 Every figure comes from one scorer (pytrec_eval through medadapt.eval) and one embedding cache; the paired
@@ -92,7 +92,7 @@ def main() -> int:
                    help=f"comma subset of the row groups {','.join(ROWS)} (frozen is always measured)")
     p.add_argument("--heads", default=",".join(HEADS), help="comma subset of head rows")
     p.add_argument("--care-variants", default=",".join(CARE_VARIANTS), help="comma subset of the CARE dev points")
-    p.add_argument("--multidomain", action="store_true", help="add recipes/medical-multidomain.yaml rows")
+    p.add_argument("--multidomain", action="store_true", help="add recipes/medical-multidomain-dense.yaml rows")
     p.add_argument("--finetune-results", default="", help="peers_finetune.py output folders, comma-separated")
     p.add_argument("--work", type=Path, default=Path("/tmp/medadapt-peers"), help="run folders go here")
     p.add_argument("--resamples", type=int, default=10_000)
@@ -318,12 +318,12 @@ def main() -> int:
                        "is the frozen document tower)"})
 
     if args.multidomain and not cached("multidomain"):
-        recipe = load_recipe(ROOT / "recipes" / "medical-multidomain.yaml")
+        recipe = load_recipe(ROOT / "recipes" / "medical-multidomain-dense.yaml")
         out = args.work / "multidomain"
         res = run_recipe(recipe, out, cache=cache, evaluate=False, overwrite=True, show_progress=False,
                          log=lambda *_: None)
         size = sum(f.stat().st_size for f in out.rglob("*") if f.is_file())
-        score("multidomain", "recipes/medical-multidomain.yaml", MULTI, model_runs(res.model),
+        score("multidomain", "recipes/medical-multidomain-dense.yaml", MULTI, model_runs(res.model),
               {"dev ndcg@10": round(dev_score(res.model, MULTI), 4), "train s": round(res.train_seconds, 1),
                "re-encode": "no", "size": f"{size / 1e6:.2f} MB"})
 

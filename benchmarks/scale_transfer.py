@@ -1,5 +1,5 @@
 """Residual scale vs transfer (issue 40): a domain-routed MoE head trained on a leave-one-source-out fold
-(``benchmarks/loso.py --moe-recipe recipes/medical-multidomain.yaml``), scored with domain routing off at each
+(``benchmarks/loso.py --moe-recipe recipes/medical-multidomain-dense.yaml``), scored with domain routing off at each
 residual scale on the fold's dev (in-source, what domain routing chooses on), test-in and test-out (the held-out
 source), beside the routed model.
 
