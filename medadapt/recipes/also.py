@@ -14,7 +14,7 @@ from medadapt.errors import ConfigError, MedAdaptError
 from medadapt.recipes.base import AlsoSection, RecipeBase
 
 __all__ = ["as_modes", "check_also_sets", "compare", "eval_set_name", "evaluate_also_sets", "metric_label",
-           "peer_warning", "peers_as_modes", "primary_key", "redirect", "regression_warning"]
+           "peer_warning", "peers_as_modes", "primary_key", "redirect", "regression_warning", "served_key"]
 
 _LABELS = {"ndcg": "nDCG", "mrr": "MRR", "map": "MAP", "recall": "Recall", "precision": "P", "f1": "F1",
            "accuracy": "Accuracy"}
@@ -53,13 +53,17 @@ def compare(trained: dict[str, float], base: dict[str, float]) -> dict[str, dict
 
 
 def primary_key(row: dict[str, dict[str, float]], metric: str) -> str | None:
-    """The key of ``metric`` in ``row``'s delta: itself, else ``hybrid/<metric>`` (a composed model is served in
-    hybrid mode), else the first ``<mode>/<metric>``; ``None`` if none."""
-    delta = row.get("delta", {})
+    """The key of ``metric`` in ``row``'s delta (:func:`served_key`)."""
+    return served_key(row.get("delta", {}), metric)
+
+
+def served_key(keys, metric: str) -> str | None:
+    """``metric`` among ``keys``: itself, else ``hybrid/<metric>`` (a composed model is served in hybrid mode),
+    else the first ``<mode>/<metric>``; ``None`` if none."""
     for key in (metric, f"hybrid/{metric}"):
-        if key in delta:
+        if key in keys:
             return key
-    return next((k for k in delta if k.rsplit("/", 1)[-1] == metric), None)
+    return next((k for k in keys if k.rsplit("/", 1)[-1] == metric), None)
 
 
 def metric_label(key: str) -> str:
@@ -101,9 +105,9 @@ def peer_warning(peer: str, label: str, trained: dict[str, float], scores: dict[
                  metric: str) -> str | None:
     """The warning line when peer baseline ``peer`` beats the trained model on ``metric`` on set ``label``, else
     ``None``."""
-    key = metric if metric in trained else f"hybrid/{metric}"  # a composed model is served in hybrid mode
+    key = served_key(trained, metric)
     theirs = scores.get(metric, scores.get(f"dense/{metric}"))  # a peer is a dense model
-    if key not in trained or theirs is None or not theirs > trained[key]:
+    if key is None or theirs is None or not theirs > trained[key]:
         return None
     return (f"warning: the {peer} trained in this run beats the head on {label}: {metric_label(key)} "
             f"{theirs:.4f} > {trained[key]:.4f}")
