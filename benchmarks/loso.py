@@ -43,7 +43,11 @@ held-out source. Every model is evaluated on both test splits, in the same run:
 * ``bmretriever``: ``recipes/bmretriever-minilm.yaml`` stage II only (``stage1.enabled=false``, as
   ``benchmarks/bmretriever.py --skip two-stage``) on ``--bmr-queries`` (2,000) fold-train queries, hard
   negatives mined inside the recipe by the frozen base retriever; the fully fine-tuned model re-encodes the
-  corpus once per fold (``--bmr-sources``, default the first fold only).
+  corpus once per fold (``--bmr-sources``, default the first fold only);
+* ``finetune``: a full or LoRA fine-tune of the whole backbone trained elsewhere (a GPU) by
+  ``benchmarks/peers_finetune.py --train SOURCE --eval-sets SOURCE --eval-splits dev,test-in,test-out`` on a
+  data folder holding the fold under the source's name; ``--finetune-results`` is the folder of those runs,
+  one sub-folder per held-out source; the epoch is chosen on the fold's dev split.
 
 ``--care-sources`` / ``--hybrid-sources`` / ``--composed-sources`` / ``--bmr-sources`` pick the folds a slow
 model runs on (the frozen reference is measured on every fold of ``--sources``). ``--merge`` keeps the rows of
@@ -68,7 +72,7 @@ from _common import base_parser, command_line, finish
 REPO = Path(__file__).resolve().parents[1]
 METRICS = ["ndcg@10", "recall@100"]
 SPLITS = ("test-in", "test-out")
-MODELS = ("frozen", "moe", "care", "hybrid", "composed", "bmretriever")
+MODELS = ("frozen", "moe", "care", "hybrid", "composed", "bmretriever", "finetune")
 MODES_HY = ("lexical", "dense", "hybrid")
 
 
@@ -129,6 +133,9 @@ def main() -> int:
     p.add_argument("--bmr-queries", type=int, default=2000, help="stage II train queries of the fold (stage I is off)")
     p.add_argument("--bmr-sources", default=None,
                    help="held-out sources BMRetriever runs on (default: the first fold only; it re-encodes the corpus)")
+    p.add_argument("--finetune-results", type=Path, default=None,
+                   help="folder of benchmarks/peers_finetune.py runs, one per fold (<source>/meta.json), read by "
+                        "--models finetune; folds without one are skipped")
     p.add_argument("--merge", action="store_true",
                    help="keep the rows of an existing --output that this run does not re-measure")
     args = p.parse_args()
@@ -263,6 +270,11 @@ def main() -> int:
                 reference, {"stage II rows": stage2.get("rows"), "wall s": round(wall, 1),
                             "eval s": round(time.perf_counter() - t, 1)})
 
+        if "finetune" in models and args.finetune_results and (args.finetune_results / source / "meta.json").exists():
+            label, scores, seconds, extra = _finetune_scores(args.finetune_results / source, source,
+                                                             load_beir(fold, ["dev", *SPLITS]))
+            row(label, source, scores, seconds, reference, extra)
+
     columns = ["model", "held-out source", "test-in ndcg@10", "test-out ndcg@10", "out/in", "% frozen in",
                "% frozen out", "train s"]
     rows = _merged(kept, rows)
@@ -273,6 +285,46 @@ def main() -> int:
                                  **({"commands": [*commands, command]} if args.merge else {})})
     return 0
 
+
+
+def _finetune_scores(folder: Path, source: str, data) -> tuple[str, dict, float, dict]:
+    """Score a fold's fine-tune written by ``benchmarks/peers_finetune.py --eval-splits dev,test-in,test-out``.
+
+    The epoch is the one with the best nDCG@10 on the fold's dev split (the five training sources); the extra
+    columns give the chosen epoch, the same machine's frozen model on test-out and the paired bootstrap CI of
+    the fine-tune minus that frozen model on test-out (per query, 10,000 resamples).
+    """
+    import json
+
+    import numpy as np
+
+    from medadapt.eval import evaluate_run
+    from medadapt.eval.compare import paired_comparison, per_query_scores
+
+    meta = json.loads((folder / "meta.json").read_text())
+    tag = next(t for t in meta["runs"] if t != "frozen")
+    info, ids = meta["runs"][tag], meta["doc_ids"][source]
+
+    def run_of(z, split: str, epoch: int) -> dict:
+        idx, sc = z[f"{source}.{split}.{epoch}.idx"], z[f"{source}.{split}.{epoch}.scores"]
+        return {q: {ids[int(i)]: float(v) for i, v in zip(idx[j], sc[j])}
+                for j, q in enumerate(meta["qids"][f"{source}.{split}"])}
+
+    z, z0 = np.load(folder / f"{tag}.npz"), np.load(folder / "frozen.npz")
+    dev = [evaluate_run(data.qrels["dev"], run_of(z, "dev", e), ["ndcg@10"])["ndcg@10"] for e in range(info["epochs"])]
+    epoch = int(np.argmax(dev))
+    scores = {s: evaluate_run(data.qrels[s], run_of(z, s, epoch), METRICS) for s in SPLITS}
+    frozen_out = run_of(z0, "test-out", 0)
+    c = paired_comparison(per_query_scores(data.qrels["test-out"], frozen_out, "ndcg@10"),
+                          per_query_scores(data.qrels["test-out"], run_of(z, "test-out", epoch), "ndcg@10"))
+    method = "full fine-tune" if tag.startswith("full") else "LoRA fine-tune (r 16)"
+    extra = {"chosen": f"epoch {epoch + 1} of {info['epochs']}", "dev ndcg@10": round(float(dev[epoch]), 4),
+             "device": meta["device"],
+             "device frozen test-out ndcg@10": round(evaluate_run(data.qrels["test-out"], frozen_out,
+                                                                  ["ndcg@10"])["ndcg@10"], 4),
+             "test-out delta 95% CI": f"[{c.ci_low:+.3f}, {c.ci_high:+.3f}]"}
+    seconds = info["train_seconds"] * (epoch + 1) / info["epochs"]
+    return f"{method} (ST MNRL, bf16, GPU)", scores, seconds, extra
 
 
 def _hybrid_row(row, recipe_path: Path, overrides: list[str], out: Path, fold: Path, source: str, data,

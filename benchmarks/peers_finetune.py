@@ -29,7 +29,7 @@ import numpy as np
 import torch
 
 
-def read_beir(folder: Path) -> dict:
+def read_beir(folder: Path, splits: tuple[str, ...] = ("train", "dev", "test")) -> dict:
     corpus = {}
     with open(folder / "corpus.jsonl", encoding="utf-8") as f:
         for line in f:
@@ -41,7 +41,7 @@ def read_beir(folder: Path) -> dict:
             d = json.loads(line)
             queries[d["_id"]] = d["text"]
     qrels = {}
-    for split in ("train", "dev", "test"):
+    for split in splits:
         rel: dict[str, dict[str, int]] = {}
         path = folder / "qrels" / f"{split}.tsv"
         for i, line in enumerate(path.read_text(encoding="utf-8").splitlines()):
@@ -94,7 +94,7 @@ def top100(model, data: dict, splits: list[str], doc_ids: list[str], batch_size:
         qids = sorted(data["qrels"][split])
         q = model.encode([data["queries"][x] for x in qids], batch_size=batch_size, convert_to_tensor=True,
                          normalize_embeddings=True, show_progress_bar=False)
-        scores, idx = (q @ docs.T).topk(100, dim=1)
+        scores, idx = (q @ docs.T).topk(min(100, len(doc_ids)), dim=1)
         out[split] = {"qids": qids, "idx": idx.cpu().numpy().astype(np.uint16),
                       "scores": scores.float().cpu().numpy().astype(np.float32)}
     model.train()
@@ -109,6 +109,9 @@ def main() -> int:
     p.add_argument("--train", default="questiondoctors,medquad,both",
                    help="comma list of data sets to train on; 'both' = medquad + questiondoctors together")
     p.add_argument("--eval-sets", default="medquad,questiondoctors")
+    p.add_argument("--eval-splits", default="dev,test",
+                   help="qrels splits to write top-100 for (the first one picks the epoch in peers.py / loso.py); "
+                        "a leave-one-source-out fold of benchmarks/loso.py: dev,test-in,test-out")
     p.add_argument("--methods", default="full,lora")
     p.add_argument("--epochs", type=int, default=3)
     p.add_argument("--batch-size", type=int, default=64)
@@ -128,13 +131,14 @@ def main() -> int:
     t_start = time.perf_counter()
     device = "cuda" if torch.cuda.is_available() else "cpu"
     args.out.mkdir(parents=True, exist_ok=True)
-    sets = {name: read_beir(args.data_dir / name) for name in args.eval_sets.split(",")}
+    eval_splits = args.eval_splits.split(",")
+    sets = {name: read_beir(args.data_dir / name, ("train", *eval_splits)) for name in args.eval_sets.split(",")}
     doc_ids = {name: sorted(d["corpus"]) for name, d in sets.items()}
     meta = {"device": torch.cuda.get_device_name(0) if device == "cuda" else "cpu", "torch": torch.__version__,
             "args": {k: str(v) for k, v in vars(args).items()}, "doc_ids": doc_ids, "runs": {}}
 
     def evaluate(model) -> dict:
-        return {name: top100(model, data, ["dev", "test"], doc_ids[name], 256) for name, data in sets.items()}
+        return {name: top100(model, data, eval_splits, doc_ids[name], 256) for name, data in sets.items()}
 
     def save(tag: str, per_epoch: list[dict]) -> None:
         arrays = {}
