@@ -10,12 +10,9 @@ from typer.testing import CliRunner
 
 from medadapt.cli import app
 
+pytestmark = pytest.mark.usefixtures("_isolated_cache")  # each test: its own $MEDADAPT_CACHE
+
 runner = CliRunner()
-
-
-@pytest.fixture(autouse=True)
-def _isolated_cache(tmp_path, monkeypatch):
-    monkeypatch.setenv("MEDADAPT_CACHE", str(tmp_path / "cache"))
 
 
 def invoke(*args):

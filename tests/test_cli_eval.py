@@ -15,13 +15,8 @@ from medadapt.data import load_beir
 from medadapt.eval import evaluate_run
 from medadapt.retrieval import Retriever, load_documents
 
-pytestmark = pytest.mark.usefixtures("_single_thread")
+pytestmark = pytest.mark.usefixtures("_single_thread", "_isolated_cache")
 METRICS = "ndcg@10,recall@10,mrr@10"
-
-
-@pytest.fixture(autouse=True)
-def _isolated_cache(tmp_path, monkeypatch):
-    monkeypatch.setenv("MEDADAPT_CACHE", str(tmp_path / "cache"))
 
 
 def _eval(*args):

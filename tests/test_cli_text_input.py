@@ -15,13 +15,10 @@ from medadapt.cli import app
 
 from conftest import build_tiny_beir
 
+pytestmark = pytest.mark.usefixtures("_isolated_cache")  # each test: its own $MEDADAPT_CACHE
+
 N_DOCS, N_QUERIES, N_TEST_QRELS = 12, 24, 13  # lines of the tiny BEIR set's files (qrels after the header)
 BUILTINS = re.escape("(medmini, medquad-mini, tiny-beir)")
-
-
-@pytest.fixture(autouse=True)
-def _isolated_cache(tmp_path, monkeypatch):
-    monkeypatch.setenv("MEDADAPT_CACHE", str(tmp_path / "cache"))
 
 
 def _beir(root: Path, file: str = "", line: str = "") -> Path:
