@@ -20,7 +20,8 @@ from medadapt.progress import level, set_level
 
 __all__ = ["console", "err_console", "tagged", "fail", "user_errors", "quiet_libraries", "body", "choices",
            "DeviceOpt", "QuietOpt", "VerboseOpt", "CACHE_DEFAULT", "CacheDirOpt", "BackendOption",
-           "check_backend_option", "PaperOpt", "SetOpt"]
+           "check_backend_option", "PaperOpt", "SetOpt", "Rerank", "RerankOpt", "RerankWeightOpt", "RerankDepthOpt",
+           "rerank_options"]
 
 
 def choices(name: str, *values: str) -> type[enum.Enum]:
@@ -38,6 +39,14 @@ def body(module: str, name: str):
 Mode = choices("Mode", "dense", "lexical", "hybrid")  # which side of a model or index retrieval uses
 Instructions = choices("Instructions", "auto", "on", "off")  # suites: the papers' instructions (auto: if aware)
 Task = choices("Task", "retrieval", "rerank", "sts", "qa", "entity-linking", "recommendation")
+Rerank = choices("Rerank", "maxsim")  # a second retrieval stage (medadapt.retrieval.late)
+RerankOpt = Annotated[Optional[Rerank], typer.Option(
+    help="Re-rank the first stage's results: maxsim (late interaction over the model's own token embeddings, "
+         "fused with the first-stage scores; no training; docs/retrieval.md).")]
+RerankWeightOpt = Annotated[Optional[float], typer.Option(
+    help="--rerank: MaxSim's share of the fused score, 0 to 1 (default 0.7; 0 keeps the first-stage order).")]
+RerankDepthOpt = Annotated[Optional[int], typer.Option(
+    help="--rerank: first-stage documents re-ranked per query (default 100).")]
 
 #: ``--device`` of every command that loads a model.
 DeviceOpt = Annotated[Optional[str], typer.Option(help="cpu, cuda, mps ... (default: auto).")]
@@ -137,3 +146,13 @@ def check_backend_option(backend: str, **unsupported: bool) -> None:
     for flag, used in unsupported.items():
         if used:
             raise MedAdaptError(f"--backend {backend} does not apply to {flag} (use --backend torch)")
+
+
+def rerank_options(rerank, weight: float | None, depth: int | None) -> dict | None:
+    """``--rerank`` / ``--rerank-weight`` / ``--rerank-depth`` as the options of a MaxSim re-ranker (``None``
+    without ``--rerank``); weight or depth without it is one :class:`MedAdaptError`."""
+    if rerank is None:
+        if weight is not None or depth is not None:
+            raise MedAdaptError("--rerank-weight / --rerank-depth apply with --rerank maxsim")
+        return None
+    return {k: v for k, v in (("weight", weight), ("depth", depth)) if v is not None}

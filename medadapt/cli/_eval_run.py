@@ -19,6 +19,7 @@ from medadapt.cli._common import (
     check_backend_option,
     console,
     quiet_libraries,
+    rerank_options,
     user_errors,
 )
 from medadapt.data.text import check_text
@@ -38,6 +39,7 @@ from medadapt.eval.tasks.retrieval import (
 from medadapt.io import check_outputs
 from medadapt.models import check_device, load
 from medadapt.retrieval.encoders import offers_sparse
+from medadapt.retrieval.late import MaxSimConfig
 from medadapt.retrieval.retriever import Retriever
 from medadapt.training.distributed import closes_process_group
 
@@ -55,6 +57,12 @@ class EvalOptions(SimpleNamespace):
     @property
     def uses_suite(self) -> bool:
         return self.suite is not None or self.data_dir is not None
+
+    @property
+    def rerank_config(self) -> MaxSimConfig | None:
+        """``--rerank maxsim`` with ``--rerank-weight`` / ``--rerank-depth`` (checked: one ConfigError)."""
+        options = rerank_options(self.rerank, self.rerank_weight, self.rerank_depth)
+        return None if options is None else MaxSimConfig.of(batch_size=self.batch_size, **options)
 
 
 @contextmanager
@@ -122,6 +130,7 @@ def check_options(o: EvalOptions) -> None:
                                 f"{', '.join(k for k, on in alone.items() if on)}: run without accelerate launch")
     if o.mteb_output is not None and o.mteb_output.exists() and not o.mteb_output.is_dir():
         raise MedAdaptError(f"--mteb-output {o.mteb_output} is a file; give a folder")
+    check_rerank(o)
     if o.index is not None:
         for flag, used in (("--compare", o.compare is not None), ("--mteb-task", o.mteb_task is not None),
                            ("--suite", o.uses_suite), ("--mteb-output", o.mteb_output is not None),
@@ -130,6 +139,18 @@ def check_options(o: EvalOptions) -> None:
             if used:
                 raise MedAdaptError(f"--index evaluates retrieval with the index's own documents and query model; "
                                     f"{flag} does not apply to it")
+
+
+def check_rerank(o: EvalOptions) -> None:
+    """``--rerank`` and its options: retrieval on one model or index only, values in range."""
+    if o.rerank_config is None:  # also checks --rerank-weight / --rerank-depth without --rerank
+        return
+    for flag, used in (("--compare", o.compare is not None), ("--mteb-task", o.mteb_task is not None),
+                       ("--suite", o.uses_suite), ("--mteb-output", o.mteb_output is not None),
+                       (f"--task {o.task.value}", o.task is not Task.retrieval),
+                       ("accelerate launch", launched_processes() > 1)):
+        if used:
+            raise MedAdaptError(f"--rerank applies to one retrieval evaluation; {flag} does not take it")
 
 
 def parse_metrics(metrics: str | None) -> list[str] | None:
@@ -195,8 +216,11 @@ def eval_one(o: EvalOptions) -> None:
                 return
         result = evaluate(model, task, metrics=metrics, mode=mode and mode.value, cache=cache,
                           batch_size=o.batch_size, show_progress=not o.quiet, reuse_cache=not o.no_cache,
-                          similarity=o.similarity.value, route=o.route and o.route.value)
+                          similarity=o.similarity.value, route=o.route and o.route.value,
+                          rerank=o.rerank_config)
         name = (o.index.name or str(o.index)) if o.index is not None else o.model_name
+        if o.rerank is not None:
+            name = f"{Path(name).name or name} + {o.rerank.value}"
         report(result.metrics, name, o, time.perf_counter() - t0)
         if o.mteb_output is not None:
             cli_write_mteb(model, task, o.split, result.metrics, o.mteb_output, cache, o.batch_size, o.quiet,

@@ -11,7 +11,7 @@ from pydantic import ValidationError
 from rich.table import Table
 
 from medadapt.cache import EmbeddingCache
-from medadapt.cli._common import check_backend_option, console, quiet_libraries, user_errors
+from medadapt.cli._common import check_backend_option, console, quiet_libraries, rerank_options, user_errors
 from medadapt.data import builtin_names, check_split, data_folder, load_beir, load_queries, resolve_data_dir
 from medadapt.data.jsonl import check_id, has_bad_id_chars, iter_lines, require_file
 from medadapt.data.text import check_text
@@ -22,6 +22,7 @@ from medadapt.models import check_device, load
 from medadapt.retrieval.config import RetrieverConfig
 from medadapt.retrieval.corpus import load_documents
 from medadapt.retrieval.encoders import ST_TAG, offers_sparse, open_encoder
+from medadapt.retrieval.late import MaxSimConfig, MaxSimReranker
 from medadapt.retrieval.retriever import Retriever, with_fusion_defaults
 from medadapt.retrieval.storage import INDEX_FOLDER, load_manifest
 from medadapt.retrieval.upgrade import upgrade_qdrant_queries, upgrade_queries
@@ -158,7 +159,8 @@ def read_queries(path: Path) -> dict[str, str]:
 
 def run_search(index: Path, query: str | None, queries: str | None, split: str | None, k: int,
                output: Path | None, tag: str, model: str | None, device: str | None, quiet: bool, verbose: bool,
-               backend: str) -> None:
+               backend: str, rerank=None, rerank_weight: float | None = None,
+               rerank_depth: int | None = None) -> None:
     """``medadapt search``."""
     quiet_libraries()
     with user_errors():
@@ -166,8 +168,10 @@ def run_search(index: Path, query: str | None, queries: str | None, split: str |
         check_device(device)
         check_backend_option(backend)
         check_output(output, what="--output")  # before loading the index and the model
+        maxsim = rerank_options(rerank, rerank_weight, rerank_depth)
+        config = MaxSimConfig.of(**maxsim) if maxsim is not None else None
         batch = load_search_queries(queries, split) if queries is not None else None
-        retriever = _open_index(index, model, device, backend)
+        retriever = _with_reranker(_open_index(index, model, device, backend), config, quiet)
         if batch is None:
             _print_hits(retriever.search(query, k), query)
             return
@@ -212,6 +216,17 @@ def load_search_queries(source: str, split: str | None = None) -> dict[str, str]
         raise DataError(f"queries not found: {source} is neither a file, a folder nor a builtin dataset "
                         f"({', '.join(builtin_names())})")
     return load_queries(require_file(data_folder(source) / "queries.jsonl", "queries file"))
+
+
+def _with_reranker(retriever: Retriever, config: MaxSimConfig | None, quiet: bool) -> Retriever:
+    """``retriever`` re-ranked with MaxSim over its own model (``--rerank maxsim``), token vectors in the
+    default embedding cache."""
+    if config is None:
+        return retriever
+    if retriever.model is None or not callable(getattr(retriever.model, "encode_query", None)):
+        raise MedAdaptError("--rerank maxsim needs the index's sentence-transformers model, and this index has none "
+                            "(BM25 only): build it with a model (kind dense or hybrid)")
+    return retriever.with_reranker(MaxSimReranker(retriever.model, config, show_progress=not quiet))
 
 
 def _open_index(index: Path, model: str | None, device: str | None, backend: str) -> Retriever:

@@ -17,6 +17,9 @@ from medadapt.cli._common import (
     Instructions,
     Mode,
     QuietOpt,
+    RerankDepthOpt,
+    RerankOpt,
+    RerankWeightOpt,
     Task,
     VerboseOpt,
     body,
@@ -94,6 +97,9 @@ def eval_cmd(
     compare: CompareOpt = None,
     backend: BackendOption = "torch",
     index: IndexOpt = None,
+    rerank: RerankOpt = None,
+    rerank_weight: RerankWeightOpt = None,
+    rerank_depth: RerankDepthOpt = None,
 ) -> None:
     """Evaluate a model or an index on retrieval (nDCG/Recall/MRR/MAP@k), rerank (MAP@10), STS
     (Pearson/Spearman), QA (Recall@5/20, nDCG@20), entity linking (Recall@1/5, MRR@5) or paper recommendation

@@ -8,7 +8,18 @@ from typing import Annotated, Optional
 
 import typer
 
-from medadapt.cli._common import BackendOption, CacheDirOpt, DeviceOpt, QuietOpt, VerboseOpt, body, choices
+from medadapt.cli._common import (
+    BackendOption,
+    CacheDirOpt,
+    DeviceOpt,
+    QuietOpt,
+    RerankDepthOpt,
+    RerankOpt,
+    RerankWeightOpt,
+    VerboseOpt,
+    body,
+    choices,
+)
 from medadapt.cli._help import App
 
 RUN = "medadapt.cli._index_run"
@@ -110,6 +121,9 @@ def search_cmd(
     quiet: QuietOpt = False,
     verbose: VerboseOpt = False,
     backend: BackendOption = "torch",
+    rerank: RerankOpt = None,
+    rerank_weight: RerankWeightOpt = None,
+    rerank_depth: RerankDepthOpt = None,
 ) -> None:
     """Search an index: one query as a table, or --queries as a TREC run (qid Q0 docid rank score tag)."""
     body(RUN, "run_search")(**locals())

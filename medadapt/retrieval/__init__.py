@@ -27,6 +27,7 @@ _MODULES = {
     "fusion": ("minmax_fusion", "zscore_fusion", "rrf_fusion", "sum_fusion", "fuse", "fuse_runs", "hybrid_score",
                "hybrid_topk"),
     "exact": ("exact_search",),
+    "late": ("MaxSimReranker", "MaxSimConfig", "TokenVectorCache"),
     "encoders": ("Encoder", "DenseEncoder", "SparseEncoder", "HybridEncoder", "SentenceTransformerEncoder",
                  "open_encoder"),
     "sharding": ("build_shard", "merge_shards", "train_shard_template"),
@@ -67,6 +68,7 @@ if TYPE_CHECKING:  # pragma: no cover
     )
     from medadapt.retrieval.inverted import InvertedIndex
     from medadapt.retrieval.langchain import MedAdaptEmbeddings, MedAdaptRetriever
+    from medadapt.retrieval.late import MaxSimConfig, MaxSimReranker, TokenVectorCache
     from medadapt.retrieval.langchain_qdrant import MedAdaptQdrantVectorStore, qdrant_vector_store
     from medadapt.retrieval.lexical import LexicalIndex
     from medadapt.retrieval.retriever import Hit, Retriever, SearchResult

@@ -9,6 +9,7 @@ fast tokenizers are not thread-safe) is behind a lock. See docs/retrieval.md.
 
 from __future__ import annotations
 
+import copy
 import json
 import shutil
 import threading
@@ -26,7 +27,7 @@ from medadapt.io import atomic_save_npy, atomic_write_json
 from medadapt.models import ALIASES
 from medadapt.retrieval.config import RetrieverConfig
 from medadapt.retrieval.dense import DenseIndex, embedding_dim, uses_cosine
-from medadapt.retrieval.docstore import Documents, DocStore
+from medadapt.retrieval.docstore import DocStore, Documents, doc_text
 from medadapt.retrieval.encoders import (
     ST_TAG,
     DenseEncoder,
@@ -40,6 +41,7 @@ from medadapt.retrieval.encoders import (
 from medadapt.retrieval.errors import IndexCorruptError, IndexMismatchError
 from medadapt.retrieval.fusion import fuse_positions, hybrid_topk
 from medadapt.retrieval.inverted import to_csr, topk_rows
+from medadapt.retrieval.late import MaxSimReranker
 from medadapt.retrieval.lexical import LexicalIndex
 from medadapt.retrieval.storage import (
     FORMAT,
@@ -192,8 +194,11 @@ class Retriever(Searcher):
 
     def __init__(self, config: RetrieverConfig, ids: list[str], docstore: DocStore | Documents,
                  model=None, dense: DenseIndex | None = None, lexical: LexicalIndex | None = None,
-                 manifest: Manifest | None = None):
+                 manifest: Manifest | None = None, reranker=None):
         self.config = config
+        #: re-ranks each query's first-stage top ``reranker.depth`` (:class:`~medadapt.retrieval.late.MaxSimReranker`
+        #: or anything with ``depth`` and ``rerank(query_texts, run, doc_texts)``); ``None``: the first stage alone
+        self.reranker = reranker
         self.ids = ids
         self.docstore = docstore
         #: the encoder (:mod:`medadapt.retrieval.encoders`); ``None`` for a BM25-only index
@@ -297,13 +302,50 @@ class Retriever(Searcher):
             vectors = self.encoder.encode_lexical(queries, "query", batch_size=self.config.batch_size)
         return to_csr(vectors, self.lexical.engine.n_terms)
 
+    def with_reranker(self, reranker: Any = None, **options: Any) -> Retriever:
+        """This retriever (indexes shared, not copied) with ``reranker`` re-ranking its results; ``options``
+        alone (``weight=0.7, depth=100, ...``) build a :class:`~medadapt.retrieval.late.MaxSimReranker` over the
+        index's own model; ``with_reranker(None)`` without options: the first stage alone."""
+        if reranker is None and options:
+            if self.model is None or not hasattr(self.model, "encode_query"):
+                raise MedAdaptError("MaxSim re-ranking needs the index's sentence-transformers model (a BM25 index "
+                                    "has none): pass MaxSimReranker(model, ...)")
+            reranker = MaxSimReranker(self.model, **options)
+        elif options:
+            raise MedAdaptError("with_reranker: give a reranker or its options, not both")
+        out = copy.copy(self)
+        out.reranker = reranker
+        return out
+
     def batch_search(self, queries: Sequence[str], k: int = 10, *, query_embeddings: np.ndarray | None = None
                      ) -> list[SearchResult]:
         """Top-``k`` documents for each query (ids, scores, texts, titles), best first; ``query_embeddings``
-        skips query encoding (e.g. embeddings from the cache)."""
+        skips query encoding (e.g. embeddings from the cache). With a :attr:`reranker`, the first stage's top
+        ``max(k, reranker.depth)`` are re-ranked and the best ``k`` returned (scores: the fused ones)."""
         queries = search_queries(queries, k)
         if not queries:
             return []
+        if self.reranker is None:
+            return self._first_stage(queries, k, query_embeddings)
+        first = self._first_stage(queries, max(k, self.reranker.depth), query_embeddings)
+        return self._reranked(queries, first, k)
+
+    def _reranked(self, queries: list[str], first: list[SearchResult], k: int) -> list[SearchResult]:
+        """``first`` re-ranked by :attr:`reranker`, ``k`` per query."""
+        hits = {h.id: h for res in first for h in res}
+        run = {str(i): dict(zip(res.ids, res.scores)) for i, res in enumerate(first)}
+        with self._encode_lock:  # the reranker's model may be the query encoder (tokenizers are not thread-safe)
+            reranked = self.reranker.rerank({str(i): q for i, q in enumerate(queries)}, run,
+                                            {d: doc_text(h.title, h.text) for d, h in hits.items()})
+        out = []
+        for i in range(len(queries)):
+            res = SearchResult()
+            for d, score in list(reranked[str(i)].items())[:k]:
+                res.append(d, score, hits[d].text, hits[d].title)
+            out.append(res)
+        return out
+
+    def _first_stage(self, queries: list[str], k: int, query_embeddings: np.ndarray | None) -> list[SearchResult]:
         if self.kind == "lexical":
             s, p = self.lexical.search(self._lexical_queries(queries), k)
             return [self._result(s[r], p[r]) for r in range(len(queries))]

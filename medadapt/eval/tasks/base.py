@@ -102,6 +102,9 @@ class EvalSettings:
     #: a list: retrieval scorers also append each split's run (``{query id: {doc id: score}}``) to it, the
     #: per-query input of a paired comparison (:func:`medadapt.eval.compare.cli_compare`)
     runs: list | None = None
+    #: retrieval: re-rank the first stage's run with ``rerank.build(model, cache=..., show_progress=...)``
+    #: (e.g. :class:`~medadapt.retrieval.late.MaxSimConfig`); metrics are those of the re-ranked run
+    rerank: Any = None
 
 
 @dataclass
@@ -224,14 +227,16 @@ def task_prompts(model, query_prompt: str | None, document_prompt: str | None) -
 def evaluate(model, task: EvalTask, *, metrics: Sequence[str] | None = None, mode: str | None = None,
              query_prompt: str | None = None, document_prompt: str | None = None, route: str | None = None,
              similarity: str = "cosine", cache=None, batch_size: int = 64, show_progress: bool = False,
-             reuse_cache: bool = True, runs: list | None = None) -> TaskResult:
+             reuse_cache: bool = True, runs: list | None = None, rerank=None) -> TaskResult:
     """Score ``model`` on a loaded ``task``: the one evaluation entry point.
 
     ``model``: a SentenceTransformer (queries through ``encode_query``, documents through ``encode_document``),
     an index (:class:`~medadapt.retrieval.Retriever`) or an encoder with a learned-sparse side. ``mode``
     (retrieval): ``dense``, ``lexical`` or ``hybrid`` (default: an index's kind, a learned-sparse model's hybrid,
     else dense). The prompts are set on the model while the task runs; ``route`` and ``similarity`` are STS's.
-    ``runs``: a list that retrieval appends each scored run to.
+    ``runs``: a list that retrieval appends each scored run to. ``rerank`` (retrieval): a re-ranking stage
+    applied to the first stage's run (:class:`~medadapt.retrieval.late.MaxSimConfig`; its token model is
+    ``model``, an index's own model for an index).
     """
     if task.data is None:
         raise MedAdaptError(f"task {task.metadata.name} holds no data: load it first (task.load(folder, split) "
@@ -240,8 +245,10 @@ def evaluate(model, task: EvalTask, *, metrics: Sequence[str] | None = None, mod
         raise MedAdaptError(f"mode {mode} applies to retrieval tasks, not to {task.kind}")
     if metrics and task.fixed_metrics:
         raise MedAdaptError(f"metrics do not apply to {task.kind} (it reports {task.fixed_metrics})")
+    if rerank is not None and not task.modes:
+        raise MedAdaptError(f"re-ranking applies to retrieval tasks, not to {task.kind}")
     settings = EvalSettings(tuple(metrics or task.metadata.metrics), mode, route, similarity, cache, batch_size,
-                            show_progress, reuse_cache, runs)
+                            show_progress, reuse_cache, runs, rerank)
     with task_prompts(model, query_prompt, document_prompt):
         scores = task.score(model, settings)
     return TaskResult(task.metadata.name, task.kind, task.split or "", scores, query_prompt, document_prompt)

@@ -7,6 +7,7 @@ a learned-sparse side any mode (:func:`sparse_scorer`); an index its kind, or on
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 
 from medadapt.data.beir import BeirDataset, available_splits, load_beir, load_corpus, load_qrels, load_queries
@@ -16,13 +17,14 @@ from medadapt.eval import retrieval as eval_retrieval
 from medadapt.eval.metrics import DEFAULT_METRICS, evaluate_run, parse_metric
 from medadapt.eval.tasks.base import EvalSettings, EvalTask, register_task_kind
 from medadapt.retrieval.config import RetrieverConfig
-from medadapt.retrieval.docstore import Documents
+from medadapt.retrieval.docstore import Documents, doc_text
 from medadapt.retrieval.encoders import SparseEncoder, as_encoder
 from medadapt.retrieval.retriever import Retriever
 from medadapt.systems import registered
 
-__all__ = ["MODES", "RetrievalTask", "corpus_documents", "default_mode", "register_sparse_scorer",
-           "retriever_metrics", "sparse_encoder", "sparse_scorer", "supported_modes"]
+__all__ = ["MODES", "RetrievalTask", "corpus_documents", "default_mode", "first_stage", "register_sparse_scorer",
+           "rerank_run", "retriever_metrics", "score_retrieval", "sparse_encoder", "sparse_scorer", "supported_modes",
+           "token_model"]
 
 MODES = ("dense", "lexical", "hybrid")
 
@@ -117,7 +119,47 @@ def _sparse_by_retriever(encoder, data: BeirDataset, split: str, mode: str, metr
     return _in_memory(encoder, data, split, metrics, s, kind=mode)
 
 
+def token_model(model):
+    """The model whose token vectors re-rank ``model``'s runs: an index's own model, else ``model`` itself."""
+    if isinstance(model, Retriever):
+        if model.model is None or not callable(getattr(model.model, "encode_query", None)):
+            raise MedAdaptError("re-ranking an index needs its sentence-transformers model, and this index has "
+                                "none (BM25 only): build it with a model (kind dense or hybrid)")
+        return model.model
+    return model
+
+
 def score_retrieval(model, data: BeirDataset, split: str, s: EvalSettings) -> dict[str, float]:
+    """The metrics of ``model`` (a model, a learned-sparse model or an index) on one BEIR split; with
+    ``s.rerank``, of its run re-ranked (:func:`rerank_run`)."""
+    if s.rerank is None:
+        return first_stage(model, data, split, s)
+    runs: list = []
+    depth = getattr(s.rerank, "depth", 0)  # the first stage lists at least the re-ranked depth
+    deeper = (f"recall@{depth}",) if depth > max([parse_metric(m)[1] for m in s.metrics] + [100]) else ()
+    first_stage(model, data, split, replace(s, runs=runs, metrics=(*s.metrics, *deeper)))
+    if not runs:
+        raise MedAdaptError(f"re-ranking needs the first stage's run; {type(model).__name__}'s scorer gives none")
+    run = rerank_run(model, data, split, runs[-1], s)
+    if s.runs is not None:
+        s.runs.append(run)
+    return evaluate_run(data.qrels[split], run, list(s.metrics))
+
+
+def rerank_run(model, data: BeirDataset, split: str, run: dict, s: EvalSettings) -> dict:
+    """``run`` re-ranked by ``s.rerank`` built over :func:`token_model` (documents as the corpus encode sees them)."""
+    reranker = s.rerank.build(token_model(model), cache=s.cache, show_progress=s.show_progress)
+    doc_texts = {d: data.doc_text(d) for hits in run.values() for d in hits if d in data.corpus}
+    others = {d for hits in run.values() for d in hits if d not in data.corpus}
+    if others and isinstance(model, Retriever):  # an index of another corpus: its own texts
+        position = {d: i for i, d in enumerate(model.ids) if d in others}
+        for d, i in position.items():
+            doc = model.document(i)
+            doc_texts[d] = doc_text(doc.get("title", ""), doc["text"])
+    return reranker.rerank(data.split_queries(split), run, doc_texts)
+
+
+def first_stage(model, data: BeirDataset, split: str, s: EvalSettings) -> dict[str, float]:
     """The metrics of ``model`` (a model, a learned-sparse model or an index) on one BEIR split."""
     metrics = list(s.metrics)
     if isinstance(model, Retriever):
