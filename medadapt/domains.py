@@ -50,7 +50,7 @@ def fit_domain_classifier(features: Sequence[np.ndarray], l2: float = 1e-5, max_
 def domain_probabilities(classifier: nn.Linear, v: Tensor) -> Tensor:
     """The probabilities (rows, domains) of a fitted ``classifier`` for raw embeddings ``v`` (rows, dim),
     L2-normalised first as in :func:`fit_domain_classifier`."""
-    v = v.reshape(-1, classifier.in_features).to(classifier.weight.dtype)
+    v = v.reshape(-1, classifier.in_features).to(device=classifier.weight.device, dtype=classifier.weight.dtype)
     return torch.softmax(classifier(nn.functional.normalize(v, dim=-1)), dim=-1)
 
 

@@ -21,7 +21,7 @@ from medadapt.progress import level, set_level
 __all__ = ["console", "err_console", "tagged", "fail", "user_errors", "quiet_libraries", "body", "choices",
            "DeviceOpt", "QuietOpt", "VerboseOpt", "CACHE_DEFAULT", "CacheDirOpt", "BackendOption",
            "check_backend_option", "PaperOpt", "SetOpt", "Rerank", "RerankOpt", "RerankWeightOpt", "RerankDepthOpt",
-           "rerank_options"]
+           "RerankDomainWeightsOpt", "parse_domain_weights", "rerank_options"]
 
 
 def choices(name: str, *values: str) -> type[enum.Enum]:
@@ -47,6 +47,10 @@ RerankWeightOpt = Annotated[Optional[float], typer.Option(
     help="--rerank: MaxSim's share of the fused score, 0 to 1 (default 0.7; 0 keeps the first-stage order).")]
 RerankDepthOpt = Annotated[Optional[int], typer.Option(
     help="--rerank: first-stage documents re-ranked per query (default 100).")]
+RerankDomainWeightsOpt = Annotated[Optional[str], typer.Option(
+    help="--rerank: MaxSim's share per domain instead of --rerank-weight, e.g. medquad=0,questiondoctors=0.7; "
+         "each query's weight mixes them by the model's own domain classifier (a model trained with domain "
+         "routing; one weight per domain it knows).")]
 
 #: ``--device`` of every command that loads a model.
 DeviceOpt = Annotated[Optional[str], typer.Option(help="cpu, cuda, mps ... (default: auto).")]
@@ -148,11 +152,40 @@ def check_backend_option(backend: str, **unsupported: bool) -> None:
             raise MedAdaptError(f"--backend {backend} does not apply to {flag} (use --backend torch)")
 
 
-def rerank_options(rerank, weight: float | None, depth: int | None) -> dict | None:
-    """``--rerank`` / ``--rerank-weight`` / ``--rerank-depth`` as the options of a MaxSim re-ranker (``None``
-    without ``--rerank``); weight or depth without it is one :class:`MedAdaptError`."""
+def parse_domain_weights(value: str) -> dict[str, float]:
+    """``--rerank-domain-weights NAME=WEIGHT,...`` as ``{name: weight}``; a malformed value is one
+    :class:`MedAdaptError` (the range is :class:`~medadapt.retrieval.late.MaxSimConfig`'s to check)."""
+    out: dict[str, float] = {}
+    usage = "--rerank-domain-weights takes NAME=WEIGHT pairs separated by commas (e.g. medquad=0,questiondoctors=0.7)"
+    for part in value.split(","):
+        name, sep, number = (x.strip() for x in part.partition("="))
+        if not sep or not name:
+            raise MedAdaptError(f"{usage}; got {part.strip()!r}")
+        try:
+            weight = float(number)
+        except ValueError:
+            raise MedAdaptError(f"{usage}; {name}'s weight {number!r} is not a number") from None
+        if name in out:
+            raise MedAdaptError(f"--rerank-domain-weights names {name!r} twice")
+        out[name] = weight
+    return out
+
+
+def rerank_options(rerank, weight: float | None, depth: int | None, domain_weights: str | None = None
+                   ) -> dict | None:
+    """``--rerank`` / ``--rerank-weight`` / ``--rerank-depth`` / ``--rerank-domain-weights`` as the options of a
+    MaxSim re-ranker (``None`` without ``--rerank``); any of them without it, or both weights, is one
+    :class:`MedAdaptError`."""
     if rerank is None:
         if weight is not None or depth is not None:
             raise MedAdaptError("--rerank-weight / --rerank-depth apply with --rerank maxsim")
+        if domain_weights is not None:
+            raise MedAdaptError("--rerank-domain-weights applies with --rerank maxsim")
         return None
-    return {k: v for k, v in (("weight", weight), ("depth", depth)) if v is not None}
+    if weight is not None and domain_weights is not None:
+        raise MedAdaptError("--rerank-weight and --rerank-domain-weights: give one (one weight for every query, or "
+                            "one per domain)")
+    options = {k: v for k, v in (("weight", weight), ("depth", depth)) if v is not None}
+    if domain_weights is not None:
+        options["domain_weights"] = parse_domain_weights(domain_weights)
+    return options

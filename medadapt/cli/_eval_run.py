@@ -60,8 +60,9 @@ class EvalOptions(SimpleNamespace):
 
     @property
     def rerank_config(self) -> MaxSimConfig | None:
-        """``--rerank maxsim`` with ``--rerank-weight`` / ``--rerank-depth`` (checked: one ConfigError)."""
-        options = rerank_options(self.rerank, self.rerank_weight, self.rerank_depth)
+        """``--rerank maxsim`` with ``--rerank-weight`` / ``--rerank-depth`` / ``--rerank-domain-weights`` (checked:
+        one ConfigError)."""
+        options = rerank_options(self.rerank, self.rerank_weight, self.rerank_depth, self.rerank_domain_weights)
         return None if options is None else MaxSimConfig.of(batch_size=self.batch_size, **options)
 
 

@@ -160,7 +160,7 @@ def read_queries(path: Path) -> dict[str, str]:
 def run_search(index: Path, query: str | None, queries: str | None, split: str | None, k: int,
                output: Path | None, tag: str, model: str | None, device: str | None, quiet: bool, verbose: bool,
                backend: str, rerank=None, rerank_weight: float | None = None,
-               rerank_depth: int | None = None) -> None:
+               rerank_depth: int | None = None, rerank_domain_weights: str | None = None) -> None:
     """``medadapt search``."""
     quiet_libraries()
     with user_errors():
@@ -168,7 +168,7 @@ def run_search(index: Path, query: str | None, queries: str | None, split: str |
         check_device(device)
         check_backend_option(backend)
         check_output(output, what="--output")  # before loading the index and the model
-        maxsim = rerank_options(rerank, rerank_weight, rerank_depth)
+        maxsim = rerank_options(rerank, rerank_weight, rerank_depth, rerank_domain_weights)
         config = MaxSimConfig.of(**maxsim) if maxsim is not None else None
         batch = load_search_queries(queries, split) if queries is not None else None
         retriever = _with_reranker(_open_index(index, model, device, backend), config, quiet)

@@ -18,6 +18,7 @@ from medadapt.cli._common import (
     Mode,
     QuietOpt,
     RerankDepthOpt,
+    RerankDomainWeightsOpt,
     RerankOpt,
     RerankWeightOpt,
     Task,
@@ -100,6 +101,7 @@ def eval_cmd(
     rerank: RerankOpt = None,
     rerank_weight: RerankWeightOpt = None,
     rerank_depth: RerankDepthOpt = None,
+    rerank_domain_weights: RerankDomainWeightsOpt = None,
 ) -> None:
     """Evaluate a model or an index on retrieval (nDCG/Recall/MRR/MAP@k), rerank (MAP@10), STS
     (Pearson/Spearman), QA (Recall@5/20, nDCG@20), entity linking (Recall@1/5, MRR@5) or paper recommendation

@@ -14,6 +14,7 @@ from medadapt.cli._common import (
     DeviceOpt,
     QuietOpt,
     RerankDepthOpt,
+    RerankDomainWeightsOpt,
     RerankOpt,
     RerankWeightOpt,
     VerboseOpt,
@@ -124,6 +125,7 @@ def search_cmd(
     rerank: RerankOpt = None,
     rerank_weight: RerankWeightOpt = None,
     rerank_depth: RerankDepthOpt = None,
+    rerank_domain_weights: RerankDomainWeightsOpt = None,
 ) -> None:
     """Search an index: one query as a table, or --queries as a TREC run (qid Q0 docid rank score tag)."""
     body(RUN, "run_search")(**locals())

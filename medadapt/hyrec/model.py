@@ -36,7 +36,7 @@ from torch import Tensor, nn
 from medadapt.adapters.compose import base_kind
 from medadapt.adapters.files import ADAPTER_FOLDER, write_adapter
 from medadapt.checksums import SUMS, ChecksumError, verify_sums, write_sums
-from medadapt.domains import domain_mix
+from medadapt.domains import domain_mix, domain_probabilities
 from medadapt.errors import ConfigError, ModelLoadError, warn
 from medadapt.hyrec.bagging import WordVocab, group_words, sparse_from_tokens
 from medadapt.hyrec.data import UnionLabelCache
@@ -165,6 +165,18 @@ class LexicalBranch(Module):
         self.domain_classifier: nn.Linear | None = None
         if config.domains:
             self._build_domain_classifier(hidden)
+
+    @property
+    def domain_names(self) -> list[str]:
+        """The domains of its classifier (empty without): with :meth:`domain_probabilities`, the domain
+        classifier protocol of :func:`medadapt.retrieval.late.domain_classifier`."""
+        return list(self.config.domains) if self.domain_classifier is not None else []
+
+    def domain_probabilities(self, pooled: Tensor) -> Tensor:
+        """The classifier's probabilities (rows, domains) for the frozen ``pooled`` embeddings (rows, hidden)."""
+        if self.domain_classifier is None:
+            raise ConfigError("this lexical branch has no domain classifier (config.domains is empty)")
+        return domain_probabilities(self.domain_classifier, pooled)
 
     def _build_domain_classifier(self, hidden: int) -> None:
         self.domain_classifier = nn.Linear(hidden, len(self.config.domains)).requires_grad_(False)

@@ -102,6 +102,12 @@ class MoEHead(EmbeddingModule):
             return self.residual_scale
         return domain_mix(self.domain_router, v, self.domain_gammas).unsqueeze(-1)
 
+    @property
+    def domain_names(self) -> list[str]:
+        """The domains of its domain routing (empty without): with :meth:`domain_probabilities`, the domain
+        classifier protocol of :func:`medadapt.retrieval.late.domain_classifier`."""
+        return list(self.config.domains) if self.domain_router is not None else []
+
     def domain_probabilities(self, v: Tensor) -> Tensor:
         """The domain classifier's probabilities (rows, domains) for raw embeddings ``v``."""
         if self.domain_router is None:

@@ -10,7 +10,10 @@ document route for documents) and fuses both scores per query::
 
 ``norm`` is a z-score over the query's candidates, ``(x - mean) / (std + 1e-9)``, or min-max, ``(x - min) / (max -
 min + 1e-9)``. ``weight`` 0 keeps the first-stage order (nothing is encoded); 1 orders by MaxSim alone (ties by the
-first stage). The maths is that of ``benchmarks/late_interaction.py`` (numbers: docs/benchmarks.md, "Late
+first stage). With ``domain_weights`` (a weight per domain of a model trained with domain routing) each query
+gets its own weight ``w_q = sum_k p_k(q) * domain_weights[k]``, ``p`` from the model's own domain classifier
+(:class:`DomainClassifier`) on the query's frozen pooled embedding; a query with ``w_q = 0`` keeps its
+first-stage order and encodes nothing. The maths is that of ``benchmarks/late_interaction.py`` (numbers: docs/benchmarks.md, "Late
 interaction over the frozen model's token vectors"): token vectors stored as float16, each token L2-normalised
 before scoring, ``special_tokens=False`` drops the first and last token ([CLS] / [SEP]) of texts longer than two.
 
@@ -36,10 +39,10 @@ import warnings
 import weakref
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal, Protocol
 
 import numpy as np
-from pydantic import Field, ValidationError
+from pydantic import Field, ValidationError, model_validator
 
 from medadapt.cache import (
     CacheCorruptionWarning,
@@ -58,8 +61,8 @@ from medadapt.io import atomic_open
 from medadapt.locks import model_lock
 from medadapt.progress import progress
 
-__all__ = ["MaxSimConfig", "MaxSimReranker", "TokenVectorCache", "fuse_candidates", "maxsim", "maxsim_scores",
-           "normalize_scores", "trim_special"]
+__all__ = ["DomainClassifier", "MaxSimConfig", "MaxSimReranker", "TokenVectorCache", "domain_classifier",
+           "fuse_candidates", "maxsim", "maxsim_scores", "normalize_scores", "trim_special"]
 
 Normalization = Literal["zscore", "minmax"]
 TOKEN_FORMAT = 1
@@ -77,6 +80,9 @@ class MaxSimConfig(Section):
         special_tokens: keep [CLS] / [SEP] (the first and last token); ``False`` drops them from texts of more
             than two tokens.
         batch_size: texts per encode batch.
+        domain_weights: a weight per domain (each in [0, 1]) instead of the one ``weight``: each query's weight
+            is ``sum_k p_k * domain_weights[k]``, ``p`` from the model's domain classifier
+            (:func:`domain_classifier`); the names must be exactly the model's domains. Not with ``weight``.
     """
 
     weight: float = Field(0.7, ge=0, le=1)
@@ -84,6 +90,16 @@ class MaxSimConfig(Section):
     normalization: Normalization = "zscore"
     special_tokens: bool = True
     batch_size: int = Field(32, ge=1)
+    domain_weights: dict[str, Annotated[float, Field(ge=0, le=1)]] | None = None
+
+    @model_validator(mode="after")
+    def _one_weight(self) -> MaxSimConfig:
+        if self.domain_weights is not None:
+            if not self.domain_weights:
+                raise ValueError("domain_weights names no domain")
+            if "weight" in self.model_fields_set:
+                raise ValueError("give weight or domain_weights, not both")
+        return self
 
     @classmethod
     def of(cls, **options: Any) -> MaxSimConfig:
@@ -97,6 +113,29 @@ class MaxSimConfig(Section):
     def build(self, model, *, cache: EmbeddingCache | None = None, show_progress: bool = False) -> MaxSimReranker:
         """A :class:`MaxSimReranker` of ``model`` with this config (what evaluation calls)."""
         return MaxSimReranker(model, self, cache=cache, show_progress=show_progress)
+
+
+# ------------------------------------------------------------------------------------------ domain classifier
+class DomainClassifier(Protocol):
+    """What a module of a model trained with domain routing exposes (found by :func:`domain_classifier`):
+    its domains' names, and the probabilities (rows, domains; rows sum to 1) of raw frozen pooled embeddings
+    (rows, dim) -- the backbone's pooled sentence embedding, before any head and ``Normalize``."""
+
+    domain_names: Sequence[str]
+
+    def domain_probabilities(self, pooled): ...
+
+
+def domain_classifier(model) -> DomainClassifier | None:
+    """The first module of ``model`` (in module order, submodules included) with a non-empty ``domain_names``
+    and a callable ``domain_probabilities``; ``None`` when it has none."""
+    modules = model.modules() if callable(getattr(model, "modules", None)) else ()
+    for module in modules:
+        names = getattr(module, "domain_names", None)
+        if (names and not isinstance(names, str) and all(isinstance(n, str) for n in names)
+                and callable(getattr(module, "domain_probabilities", None))):
+            return module
+    return None
 
 
 # --------------------------------------------------------------------------------------------------- the maths
@@ -353,15 +392,67 @@ class MaxSimReranker:
     ``rerank(query_texts, run, doc_texts)`` returns the run re-ordered (``{qid: {doc_id: fused score}}``, best
     first); documents of a query's run beyond ``depth`` follow below the re-ranked ones in their first-stage
     order. Queries absent from ``query_texts`` are a :class:`MedAdaptError`, as are candidates absent from
-    ``doc_texts``.
+    ``doc_texts``. With ``config.domain_weights`` the model must carry a domain classifier
+    (:func:`domain_classifier`) over exactly those domains, else a :class:`ConfigError` (at construction).
     """
 
     def __init__(self, model, config: MaxSimConfig | None = None, *, cache: EmbeddingCache | None = None,
                  show_progress: bool = False, **options: Any):
-        base = config.model_dump() if config is not None else {}
+        base = config.model_dump(exclude_unset=True) if config is not None else {}
         self.config = MaxSimConfig.of(**{**base, **options})
         self.model = model
         self.tokens = TokenVectorCache(cache, batch_size=self.config.batch_size, show_progress=show_progress)
+        self.classifier: DomainClassifier | None = None
+        self._domain_weights: np.ndarray | None = None  # in the classifier's domain order
+        self._pooled_view = None
+        if self.config.domain_weights is not None:
+            self._check_domains()
+
+    def _check_domains(self) -> None:
+        given = self.config.domain_weights
+        classifier = domain_classifier(self.model)
+        if classifier is None:
+            raise ConfigError(f"maxsim re-ranking: domain_weights needs a model with a domain classifier (trained "
+                              f"with domain routing, e.g. recipes/medical-multidomain.yaml); "
+                              f"{type(self.model).__name__} has none (use one weight)")
+        names = [str(n) for n in classifier.domain_names]
+        missing, extra = [n for n in names if n not in given], [n for n in given if n not in names]
+        if missing or extra:
+            why = "; ".join(part for part in (missing and f"missing: {', '.join(missing)}",
+                                              extra and f"not the model's: {', '.join(extra)}") if part)
+            raise ConfigError(f"maxsim re-ranking: domain_weights must name exactly the model's domains "
+                              f"({', '.join(names)}); {why}")
+        self.classifier = classifier
+        self._domain_weights = np.array([given[n] for n in names], np.float64)
+
+    def query_weights(self, query_texts: Sequence[str]) -> np.ndarray:
+        """MaxSim's share of each query's fused score: ``config.weight``, or with ``domain_weights``
+        ``sum_k p_k * domain_weights[k]`` (``p``: the model's domain classifier on the query's frozen pooled
+        embedding, read through the embedding cache)."""
+        import torch
+
+        texts = list(query_texts)
+        c = self.config
+        if c.domain_weights is None:
+            return np.full(len(texts), c.weight, np.float64)
+        if not texts or not self._domain_weights.any():  # every domain weighs 0: the first stage, nothing encoded
+            return np.zeros(len(texts), np.float64)
+        if self._pooled_view is None:  # the backbone alone: its encode gives the frozen pooled embedding
+            self._pooled_view = backbone_view(self.model)
+        _, fingerprint = self.tokens._encoder(self.model, "query")  # memoised: the weights are not hashed each call
+        pooled = self.tokens.cache.encode(self._pooled_view, texts, role="query", normalize=False,
+                                          batch_size=c.batch_size, show_progress=False, fingerprint=fingerprint)
+        with torch.no_grad():
+            probs = self.classifier.domain_probabilities(torch.from_numpy(np.ascontiguousarray(pooled)))
+        probs = np.asarray(probs.detach().double().cpu().numpy() if hasattr(probs, "detach") else probs, np.float64)
+        k = len(self._domain_weights)
+        if probs.shape != (len(texts), k) or not np.isfinite(probs).all() or (probs < 0).any():
+            raise MedAdaptError(f"the model's domain classifier gave probabilities of shape {list(probs.shape)} "
+                                f"(or non-finite / negative values); expected [{len(texts)}, {k}]")
+        probs = probs / np.maximum(probs.sum(1, keepdims=True), _EPS)
+        w, low = self._domain_weights, float(self._domain_weights.min())
+        # low + sum_k p_k (w_k - low) == sum_k p_k w_k, and exactly w when every domain weighs the same
+        return np.clip(low + probs @ (w - low), 0.0, 1.0)
 
     @property
     def depth(self) -> int:
@@ -376,6 +467,7 @@ class MaxSimReranker:
 
     def rerank(self, query_texts: Mapping[str, str], run: Mapping[str, Mapping[str, float]],
                doc_texts: Mapping[str, str]) -> dict[str, dict[str, float]]:
+        """``run`` re-ranked (see the class); each query fused with its :meth:`query_weights` weight."""
         c = self.config
         heads = {}
         for qid, hits in run.items():
@@ -386,22 +478,25 @@ class MaxSimReranker:
             for doc_id, _ in ranked[:c.depth]:
                 if doc_id not in doc_texts:
                     raise MedAdaptError(f"re-ranking: document {doc_id!r} of query {qid!r}'s run has no text")
-        if c.weight:  # encode every missing text in a few large batches, not one query at a time
-            self.tokens.vectors(self.model, [query_texts[q] for q in heads], "query", desc="token vectors (queries)")
-            cand = dict.fromkeys(d for ranked in heads.values() for d, _ in ranked[:c.depth])
+        weights = dict(zip(heads, self.query_weights([query_texts[q] for q in heads]).tolist()))
+        late = [q for q in heads if weights[q] > 0]  # only these need token vectors
+        if late:  # encode every missing text in a few large batches, not one query at a time
+            self.tokens.vectors(self.model, [query_texts[q] for q in late], "query", desc="token vectors (queries)")
+            cand = dict.fromkeys(d for q in late for d, _ in heads[q][:c.depth])
             self.tokens.vectors(self.model, [doc_texts[d] for d in cand], "document",
                                 desc="token vectors (documents)")
-        return {qid: self._rerank_one(query_texts[qid], ranked, doc_texts) for qid, ranked in heads.items()}
+        return {qid: self._rerank_one(query_texts[qid], ranked, doc_texts, weights[qid])
+                for qid, ranked in heads.items()}
 
-    def _rerank_one(self, query_text: str, ranked: list[tuple[str, float]], doc_texts: Mapping[str, str]
-                    ) -> dict[str, float]:
+    def _rerank_one(self, query_text: str, ranked: list[tuple[str, float]], doc_texts: Mapping[str, str],
+                    weight: float) -> dict[str, float]:
         c = self.config
         head, tail = ranked[:c.depth], ranked[c.depth:]
         if not head:
             return {}
         first = np.array([s for _, s in head], np.float64)
-        late = self.scores(query_text, [doc_texts[d] for d, _ in head]) if c.weight else None
-        order, fused = fuse_candidates(first, late, c.weight, c.normalization)
+        late = self.scores(query_text, [doc_texts[d] for d, _ in head]) if weight else None
+        order, fused = fuse_candidates(first, late, weight, c.normalization)
         out = {head[i][0]: float(s) for i, s in zip(order, fused)}
         if tail:  # below every re-ranked score, in first-stage order (ties stay ties)
             floor = float(fused.min()) - 1.0

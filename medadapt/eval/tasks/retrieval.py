@@ -137,18 +137,21 @@ def score_retrieval(model, data: BeirDataset, split: str, s: EvalSettings) -> di
     runs: list = []
     depth = getattr(s.rerank, "depth", 0)  # the first stage lists at least the re-ranked depth
     deeper = (f"recall@{depth}",) if depth > max([parse_metric(m)[1] for m in s.metrics] + [100]) else ()
+    reranker = s.rerank.build(token_model(model), cache=s.cache, show_progress=s.show_progress)  # checked first
     first_stage(model, data, split, replace(s, runs=runs, metrics=(*s.metrics, *deeper)))
     if not runs:
         raise MedAdaptError(f"re-ranking needs the first stage's run; {type(model).__name__}'s scorer gives none")
-    run = rerank_run(model, data, split, runs[-1], s)
+    run = rerank_run(model, data, split, runs[-1], s, reranker=reranker)
     if s.runs is not None:
         s.runs.append(run)
     return evaluate_run(data.qrels[split], run, list(s.metrics))
 
 
-def rerank_run(model, data: BeirDataset, split: str, run: dict, s: EvalSettings) -> dict:
-    """``run`` re-ranked by ``s.rerank`` built over :func:`token_model` (documents as the corpus encode sees them)."""
-    reranker = s.rerank.build(token_model(model), cache=s.cache, show_progress=s.show_progress)
+def rerank_run(model, data: BeirDataset, split: str, run: dict, s: EvalSettings, reranker=None) -> dict:
+    """``run`` re-ranked by ``reranker``, by default ``s.rerank`` built over :func:`token_model` (documents as the
+    corpus encode sees them)."""
+    if reranker is None:
+        reranker = s.rerank.build(token_model(model), cache=s.cache, show_progress=s.show_progress)
     doc_texts = {d: data.doc_text(d) for hits in run.values() for d in hits if d in data.corpus}
     others = {d for hits in run.values() for d in hits if d not in data.corpus}
     if others and isinstance(model, Retriever):  # an index of another corpus: its own texts
