@@ -40,6 +40,7 @@ from medadapt.data.training import load_training_groups
 from medadapt.errors import DataError, MedAdaptError, warn
 from medadapt.hyrec.labels import IGNORE, UnionLabeler
 from medadapt.identity import modules_fingerprint
+from medadapt.identity import weights_version as _versions
 from medadapt.io import atomic_open
 from medadapt.progress import progress
 
@@ -175,29 +176,6 @@ def filter_pairs(pairs: Sequence[tuple[str, str]], scores: Sequence[float] | Non
 
 def _hash(text: str) -> str:
     return hashlib.blake2b(text.encode("utf-8"), digest_size=16).hexdigest()
-
-
-def _versions(modules: Sequence[torch.nn.Module]) -> tuple | None:
-    """What changes whenever a parameter or buffer of ``modules`` is written: each tensor's identity, storage
-    and in-place version counter, and its L2 norm in float64 (``None`` where a tensor keeps no counter, e.g.
-    an inference-mode tensor: then nothing is memoised).
-
-    The counter sees every autograd-visible write (optimiser steps, ``load_state_dict``); the norm sees
-    writes through ``tensor.data``, which bypass the counter (one fused pass, ~4 ms for MiniLM's embeddings
-    and a layer on 2 CPU cores, where a full SHA-256 fingerprint takes ~80 ms). A write that only permutes
-    or flips signs of values inside one tensor through ``.data`` keeps the norm and is not seen."""
-    out, floats = [], []
-    for module in modules:
-        for t in (*module.parameters(), *module.buffers()):
-            try:
-                out.append((id(t), t.data_ptr(), t._version))
-            except RuntimeError:
-                return None
-            if t.is_floating_point() and t.numel():
-                wide = torch.float32 if t.device.type == "mps" else torch.float64  # MPS has no float64
-                floats.append(torch.linalg.vector_norm(t.detach(), dtype=wide).reshape(1).cpu())
-    norms = tuple(torch.cat(floats).tolist()) if floats else ()
-    return (tuple(out), norms)
 
 
 class CachedDenseInputs:

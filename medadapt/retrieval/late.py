@@ -57,6 +57,7 @@ from medadapt.cache import (
 )
 from medadapt.config import Section
 from medadapt.errors import ConfigError, MedAdaptError
+from medadapt.identity import weights_version
 from medadapt.io import atomic_open
 from medadapt.locks import model_lock
 from medadapt.progress import progress
@@ -234,14 +235,6 @@ def _read_shard(path: Path) -> dict[bytes, np.ndarray]:
     return {bytes(hashes[i]): tokens[offsets[i]:offsets[i + 1]] for i in range(n)}
 
 
-def _versions(model) -> tuple | None:
-    """The parameters' in-place version counters (changed by every optimizer step / load_state_dict)."""
-    try:
-        return tuple(p._version for p in model.parameters())
-    except Exception:  # noqa: BLE001 - not a torch module
-        return None
-
-
 class TokenVectorCache:
     """Per-token float16 vectors of texts for one model role, on disk in the :class:`EmbeddingCache` and in memory.
 
@@ -263,7 +256,7 @@ class TokenVectorCache:
     def _encoder(self, model, role: Role):
         """(encoder whose backbone gives the token vectors, its fingerprint), memoised while weights are unchanged."""
         encoder = EmbeddingCache.encoder_for(model, role)
-        key, versions = (id(model), role), _versions(encoder)
+        key, versions = (id(model), role), weights_version([encoder], norms=False)
         hit = self._fp.get(key)
         if hit is not None and versions is not None and hit[0]() is model and hit[1] == versions:
             return encoder, hit[2]
@@ -462,8 +455,7 @@ class MaxSimReranker:
         """MaxSim of one query against ``doc_texts`` (token vectors from the cache, encoded when missing)."""
         q = self.tokens.vectors(self.model, [query_text], "query", desc="token vectors (queries)")[0]
         docs = self.tokens.vectors(self.model, list(doc_texts), "document", desc="token vectors (documents)")
-        special = self.config.special_tokens
-        return maxsim_scores(trim_special(q, special), [trim_special(d, special) for d in docs])
+        return self._maxsim(q, docs)
 
     def rerank(self, query_texts: Mapping[str, str], run: Mapping[str, Mapping[str, float]],
                doc_texts: Mapping[str, str]) -> dict[str, dict[str, float]]:
@@ -480,22 +472,28 @@ class MaxSimReranker:
                     raise MedAdaptError(f"re-ranking: document {doc_id!r} of query {qid!r}'s run has no text")
         weights = dict(zip(heads, self.query_weights([query_texts[q] for q in heads]).tolist()))
         late = [q for q in heads if weights[q] > 0]  # only these need token vectors
-        if late:  # encode every missing text in a few large batches, not one query at a time
-            self.tokens.vectors(self.model, [query_texts[q] for q in late], "query", desc="token vectors (queries)")
-            cand = dict.fromkeys(d for q in late for d, _ in heads[q][:c.depth])
-            self.tokens.vectors(self.model, [doc_texts[d] for d in cand], "document",
-                                desc="token vectors (documents)")
-        return {qid: self._rerank_one(query_texts[qid], ranked, doc_texts, weights[qid])
+        qvec, dvec = {}, {}
+        if late:  # every vector fetched (missing ones encoded) in two large calls, not one query at a time
+            texts = list(dict.fromkeys(query_texts[q] for q in late))
+            qvec = dict(zip(texts, self.tokens.vectors(self.model, texts, "query", desc="token vectors (queries)")))
+            texts = list(dict.fromkeys(doc_texts[d] for q in late for d, _ in heads[q][:c.depth]))
+            dvec = dict(zip(texts, self.tokens.vectors(self.model, texts, "document",
+                                                       desc="token vectors (documents)")))
+        return {qid: self._rerank_one(qvec.get(query_texts[qid]), ranked, doc_texts, dvec, weights[qid])
                 for qid, ranked in heads.items()}
 
-    def _rerank_one(self, query_text: str, ranked: list[tuple[str, float]], doc_texts: Mapping[str, str],
-                    weight: float) -> dict[str, float]:
+    def _maxsim(self, query: np.ndarray, docs: Sequence[np.ndarray]) -> np.ndarray:
+        special = self.config.special_tokens
+        return maxsim_scores(trim_special(query, special), [trim_special(d, special) for d in docs])
+
+    def _rerank_one(self, query: np.ndarray | None, ranked: list[tuple[str, float]], doc_texts: Mapping[str, str],
+                    dvec: Mapping[str, np.ndarray], weight: float) -> dict[str, float]:
         c = self.config
         head, tail = ranked[:c.depth], ranked[c.depth:]
         if not head:
             return {}
         first = np.array([s for _, s in head], np.float64)
-        late = self.scores(query_text, [doc_texts[d] for d, _ in head]) if weight else None
+        late = self._maxsim(query, [dvec[doc_texts[d]] for d, _ in head]) if weight else None
         order, fused = fuse_candidates(first, late, weight, c.normalization)
         out = {head[i][0]: float(s) for i, s in zip(order, fused)}
         if tail:  # below every re-ranked score, in first-stage order (ties stay ties)
